@@ -1,0 +1,1 @@
+"""The ft runtime: model families, expert memory, execution (built in later issues)."""
