@@ -1,0 +1,285 @@
+"""Hugging Face safetensors checkpoint -> FTW, streaming, in bounded memory.
+
+Dense tensors are copied in 64 MiB chunks; experts are assembled one at a time into the
+runtime's record layout (gate and up fused as `w13` [2I, H], `down` as `w2` [H, I], FP8 block
+scales beside them), so peak memory is a few chunks plus one expert whatever the model size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import SourceError
+from .families import ExpertTensorName, Family, family_for_config, normalized_config, parse_expert_name
+from .format import Index
+from .reader import TORCH_DTYPES
+from .safetensors_source import CHUNK_BYTES, SafetensorsCheckpoint, SourceTensor
+from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
+
+FLOAT_DTYPES = ("f32", "f16", "bf16")
+FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
+TARGET_DTYPES = ("auto", *FLOAT_DTYPES, "fp8")
+MAX_CONFIG_BYTES = 4 << 20
+Progress = Callable[[int], None]
+
+
+def load_config(directory: Path) -> dict[str, Any]:
+    """The checkpoint's config.json, parsed defensively."""
+    path = Path(directory) / "config.json"
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SourceError(f"{path} is missing: a Hugging Face checkpoint needs its config.json") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise SourceError(f"{path} is {len(raw)} bytes, too large for a model config")
+    try:
+        config = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise SourceError(f"{path} is not valid JSON; re-download the checkpoint") from None
+    if not isinstance(config, dict):
+        raise SourceError(f"{path} is not a JSON object")
+    return config
+
+
+@dataclass
+class _LayerExperts:
+    """The source tensors of one layer's routed experts, in whichever layout the checkpoint uses."""
+
+    per_expert: dict[tuple[int, str, str], SourceTensor]  # (expert, proj, what) -> tensor
+    fused: dict[str, SourceTensor]  # proj -> [E, ...] tensor
+
+    def weight_dtype(self) -> str:
+        tensors = [t for (_, _, what), t in self.per_expert.items() if what == "weight"] or list(self.fused.values())
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise SourceError(f"expert weights of one layer mix dtypes {sorted(dtypes)}")
+        return dtypes.pop()
+
+
+class _Converter:
+    def __init__(self, src: Path, out: Path, dtype: str, max_shard_bytes: int, progress: Progress | None) -> None:
+        if dtype not in TARGET_DTYPES:
+            raise SourceError(f"dtype {dtype!r} is not supported; choose one of {', '.join(TARGET_DTYPES)}")
+        self.source_config = load_config(src)
+        self.family: Family = family_for_config(self.source_config)
+        self.config = normalized_config(self.family, self.source_config)
+        self.target = dtype
+        self.progress = progress or (lambda n: None)
+        self.ckpt = SafetensorsCheckpoint(src)
+        self.writer = FTWWriter(out, max_shard_bytes=max_shard_bytes)
+        quant = self.family.text_config(self.source_config).get("quantization_config") or self.source_config.get("quantization_config") or {}
+        self.fp8_block = list(quant.get("weight_block_size") or [128, 128]) if isinstance(quant, dict) else [128, 128]
+
+    # -- classification -------------------------------------------------------------------------
+
+    def classify(self) -> tuple[list[SourceTensor], dict[int, _LayerExperts], int]:
+        num_layers = self.config["num_layers"]
+        dense: list[SourceTensor] = []
+        experts: dict[int, _LayerExperts] = defaultdict(lambda: _LayerExperts({}, {}))
+        dropped = 0
+        for name, t in self.ckpt.tensors.items():
+            if not self.family.keeps(name, num_layers):
+                dropped += 1
+                continue
+            parsed = parse_expert_name(name)
+            if parsed is None:
+                dense.append(t)
+            else:
+                self._add_expert_tensor(experts[parsed.layer], parsed, t)
+        expected = self.config["moe_layers"]
+        if sorted(experts) != expected:
+            raise SourceError(
+                f"the checkpoint has routed experts in layers {sorted(experts)}, the config says {expected}; "
+                "the download is incomplete or the config does not belong to these weights"
+            )
+        return dense, dict(experts), dropped
+
+    def _add_expert_tensor(self, layer: _LayerExperts, parsed: ExpertTensorName, t: SourceTensor) -> None:
+        if parsed.expert is None:
+            layer.fused[parsed.proj] = t
+        else:
+            layer.per_expert[(parsed.expert, parsed.proj, parsed.what)] = t
+
+    # -- dtype handling -------------------------------------------------------------------------
+
+    def stored_dtype(self, source_dtype: str) -> str:
+        if source_dtype in FP8_DTYPES:
+            if self.target in ("auto", "fp8"):
+                return source_dtype
+            raise SourceError(
+                f"converting FP8 weights to {self.target} is not supported yet; use DTYPE auto or fp8 for this checkpoint"
+            )
+        if source_dtype in FLOAT_DTYPES:
+            if self.target == "fp8":
+                raise SourceError("quantizing to fp8 at pull time is not supported yet; pull an FP8 checkpoint instead")
+            return source_dtype if self.target == "auto" else self.target
+        return source_dtype
+
+    def cast_bytes(self, data: np.ndarray, source_dtype: str, target_dtype: str) -> np.ndarray:
+        if source_dtype == target_dtype:
+            return data
+        t = torch.from_numpy(data).view(TORCH_DTYPES[source_dtype]).to(TORCH_DTYPES[target_dtype])
+        return t.view(torch.uint8).numpy()
+
+    def chunks(self, t: SourceTensor, target_dtype: str):
+        """The bytes of `t` converted to `target_dtype`, chunked on element boundaries."""
+        itemsize = max(1, t.nbytes // max(1, math.prod(t.shape)))
+        for chunk in self.ckpt.iter_chunks(t, CHUNK_BYTES - CHUNK_BYTES % (itemsize * 8)):
+            yield self.cast_bytes(chunk, t.dtype, target_dtype)
+            self.progress(chunk.nbytes)
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def write_dense(self, t: SourceTensor) -> int:
+        target = self.stored_dtype(t.dtype) if not t.name.endswith("_scale_inv") else t.dtype
+        self.writer.add_tensor(t.name, target, t.shape, self.chunks(t, target))
+        return 0 if t.name.endswith("_scale_inv") else math.prod(t.shape)
+
+    def write_bank(self, layer: int, src: _LayerExperts) -> int:
+        """Write one layer's experts; returns the parameter count of one expert."""
+        cfg = self.config
+        num_experts, inter, hidden = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
+        source_dtype = src.weight_dtype()
+        dtype = self.stored_dtype(source_dtype)
+        parts: list[tuple[str, str, tuple[int, ...]]] = [("w13", dtype, (2 * inter, hidden)), ("w2", dtype, (hidden, inter))]
+        quant: dict[str, Any] = {}
+        if source_dtype in FP8_DTYPES:
+            if src.fused:
+                raise SourceError(f"layer {layer}: fused FP8 expert tensors are not supported yet")
+            for proj, part in (("gate_proj", "w1_scale"), ("up_proj", "w3_scale"), ("down_proj", "w2_scale")):
+                scale = src.per_expert.get((0, proj, "weight_scale_inv"))
+                if scale is None:
+                    raise SourceError(f"layer {layer}: FP8 expert weights without {proj}.weight_scale_inv block scales")
+                parts.append((part, scale.dtype, scale.shape))
+            quant = {"fp8_block": self.fp8_block, "scale": "weight_scale_inv"}
+        read_expert = self._fused_reader(layer, src, inter, hidden) if src.fused else self._per_expert_reader(layer, src)
+        with self.writer.expert_bank(layer, num_experts, parts, quant) as bank:
+            for e in range(num_experts):
+                pieces = read_expert(e)
+                bank.write_expert(e, {name: [self.cast_bytes(b, b_dtype, d) for b, b_dtype in pieces[name]]
+                                      for name, d, _ in parts})
+                self.progress(sum(b.nbytes for bufs in pieces.values() for b, _ in bufs))
+        return 3 * inter * hidden
+
+    def _per_expert_reader(self, layer: int, src: _LayerExperts):
+        def get(e: int, proj: str, what: str = "weight") -> tuple[np.ndarray, str]:
+            t = src.per_expert.get((e, proj, what))
+            if t is None:
+                raise SourceError(f"layer {layer} expert {e}: {proj}.{what} is missing from the checkpoint")
+            return self.ckpt.read_bytes(t), t.dtype
+
+        def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:
+            pieces = {"w13": [get(e, "gate_proj"), get(e, "up_proj")], "w2": [get(e, "down_proj")]}
+            if (0, "gate_proj", "weight_scale_inv") in src.per_expert:
+                pieces["w1_scale"] = [get(e, "gate_proj", "weight_scale_inv")]
+                pieces["w3_scale"] = [get(e, "up_proj", "weight_scale_inv")]
+                pieces["w2_scale"] = [get(e, "down_proj", "weight_scale_inv")]
+            return pieces
+
+        return read
+
+    def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int):
+        num_experts = self.config["num_experts"]
+        gate_up, down = src.fused.get("gate_up_proj"), src.fused.get("down_proj")
+        if gate_up is None or down is None:
+            raise SourceError(f"layer {layer}: fused experts need both gate_up_proj and down_proj")
+        # transformers' layout is gate_up [E, 2I, H] and down [E, H, I]; some exporters transpose.
+        gate_up_t = _orientation(gate_up, num_experts, (2 * inter, hidden), layer)
+        down_t = _orientation(down, num_experts, (hidden, inter), layer)
+
+        def slice_expert(t: SourceTensor, e: int, transposed: bool) -> np.ndarray:
+            per = t.nbytes // num_experts
+            data = self.ckpt.read_bytes(t, e * per, per)
+            if not transposed:
+                return data
+            rows, cols = t.shape[1], t.shape[2]
+            m = torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).view(rows, cols)
+            return m.t().contiguous().view(torch.uint8).numpy()
+
+        def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:
+            return {"w13": [(slice_expert(gate_up, e, gate_up_t), gate_up.dtype)],
+                    "w2": [(slice_expert(down, e, down_t), down.dtype)]}
+
+        return read
+
+    def run(self) -> Index:
+        dense, experts, dropped = self.classify()
+        by_layer: dict[int, list[SourceTensor]] = defaultdict(list)
+        for t in dense:
+            m = _layer_of(t.name)
+            by_layer[m].append(t)
+        dense_params = expert_params = 0
+        # embeddings first, then layer by layer (dense weights, then the bank), then the head
+        order = sorted(by_layer, key=lambda k: (k == -2, k))
+        try:
+            for key in order:
+                for t in sorted(by_layer[key], key=lambda t: t.name):
+                    dense_params += self.write_dense(t)
+                if key in experts:
+                    expert_params += self.config["num_experts"] * self.write_bank(key, experts.pop(key))
+            for key in sorted(experts):  # MoE layers with no dense tensors of their own
+                expert_params += self.config["num_experts"] * self.write_bank(key, experts[key])
+        except BaseException:
+            self.writer.abort()
+            raise
+        finally:
+            self.ckpt.close()
+        cfg = self.config
+        active = dense_params + expert_params // max(1, cfg["num_experts"]) * cfg["num_experts_per_tok"]
+        first_weight = next((t.dtype for t in dense if t.name.endswith("weight") and len(t.shape) == 2), "f32")
+        config = {**cfg, "num_params_total": dense_params + expert_params, "num_params_active": active,
+                  "dtype": self.stored_dtype(first_weight) if first_weight in FLOAT_DTYPES + FP8_DTYPES else first_weight}
+        metadata = {"converter": "ft", "dropped_tensors": dropped, "target_dtype": self.target}
+        return self.writer.finish(family=self.family.name, config=config, source_config=self.source_config, metadata=metadata)
+
+
+def _layer_of(name: str) -> int:
+    """Sort key: -1 before the layers (embeddings), the layer number, -2 after (norm, head)."""
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p == "layers" and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return -1 if "embed" in name else -2
+
+
+def _orientation(t: SourceTensor, num_experts: int, expected: tuple[int, int], layer: int) -> bool:
+    """False when `t` is [E, *expected], True when it is [E, *reversed(expected)]."""
+    if t.shape == (num_experts, *expected):
+        return False
+    if t.shape == (num_experts, expected[1], expected[0]):
+        return True
+    raise SourceError(f"layer {layer}: {t.name} has shape {list(t.shape)}, expected [{num_experts}, {expected[0]}, {expected[1]}]")
+
+
+def convert_checkpoint(
+    src: Path,
+    out: Path,
+    *,
+    dtype: str = "auto",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: Progress | None = None,
+) -> Index:
+    """Convert the Hugging Face checkpoint in `src` to an FTW directory `out`; returns its index.
+
+    `dtype` is "auto" (keep the source's), a float dtype to cast to, or "fp8" (source must be
+    FP8). `progress` is called with the number of source bytes consumed as work proceeds.
+    """
+    return _Converter(Path(src), Path(out), dtype, max_shard_bytes, progress).run()
+
+
+def source_dtype_summary(src: Path) -> dict[str, int]:
+    """Bytes per source dtype, e.g. to size a download or describe a checkpoint."""
+    totals: dict[str, int] = defaultdict(int)
+    with SafetensorsCheckpoint(src) as ckpt:
+        for t in ckpt.tensors.values():
+            totals[t.dtype] += t.nbytes
+    return dict(totals)

@@ -1,0 +1,271 @@
+"""The FTW index: constants, dtypes, and the typed, validated view of `model.ftw.json`.
+
+The full specification is docs/FTW.md. This module is the single place that turns index JSON
+into objects and back; the writer produces these objects and the reader validates them against
+the shards before anything is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import CorruptIndexError, UnsupportedVersionError
+
+FORMAT_NAME = "ftw"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+ALIGNMENT = 4096  # every tensor, bank and expert record starts on this boundary
+PART_ALIGNMENT = 256  # parts inside one expert record
+INDEX_FILENAME = "model.ftw.json"
+MAX_INDEX_BYTES = 256 << 20
+
+# FTW dtype name -> bytes per element. Block quants (GGUF) are stored as raw bytes ("u8").
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "f32": 4,
+    "f16": 2,
+    "bf16": 2,
+    "f8_e4m3": 1,
+    "f8_e5m2": 1,
+    "i64": 8,
+    "i32": 4,
+    "i16": 2,
+    "i8": 1,
+    "u8": 1,
+    "bool": 1,
+}
+
+
+def shard_filename(number: int) -> str:
+    return f"model-{number:05d}.ftw"
+
+
+def align_up(value: int, alignment: int = ALIGNMENT) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
+    return DTYPE_ITEMSIZE[dtype] * math.prod(shape)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One dense tensor: `nbytes` bytes at `offset` in `shard`."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: str
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ExpertPart:
+    """One piece of an expert record (e.g. `w13`, the fused gate+up projection)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # from the start of the expert record
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ExpertBank:
+    """All experts of one MoE layer: `num_experts` records of `expert_stride` bytes each.
+
+    Expert `e` of this layer is the byte range
+    `[offset + e * expert_stride, offset + e * expert_stride + record_bytes)` of `shard`.
+    """
+
+    layer: int
+    num_experts: int
+    expert_stride: int
+    shard: str
+    offset: int
+    parts: tuple[ExpertPart, ...]
+    quant: dict[str, Any] = field(default_factory=dict)  # e.g. {"fp8_block": [128, 128]}
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_experts * self.expert_stride
+
+    @property
+    def record_bytes(self) -> int:
+        return max(p.offset + p.nbytes for p in self.parts)
+
+    def part(self, name: str) -> ExpertPart:
+        for p in self.parts:
+            if p.name == name:
+                return p
+        raise KeyError(f"expert bank of layer {self.layer} has no part {name!r}")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Index:
+    """The parsed, validated content of `model.ftw.json`."""
+
+    family: str
+    config: dict[str, Any]  # normalized: see docs/FTW.md "config"
+    source_config: dict[str, Any]  # the checkpoint's config.json, as shipped
+    tensors: tuple[TensorEntry, ...]
+    banks: tuple[ExpertBank, ...]
+    shards: tuple[ShardEntry, ...]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    def tensor(self, name: str) -> TensorEntry:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"FTW index has no tensor {name!r}")
+
+    def bank(self, layer: int) -> ExpertBank:
+        for b in self.banks:
+            if b.layer == layer:
+                return b
+        raise KeyError(f"FTW index has no expert bank for layer {layer}")
+
+    def shard(self, name: str) -> ShardEntry:
+        for s in self.shards:
+            if s.name == name:
+                return s
+        raise KeyError(f"FTW index has no shard {name!r}")
+
+    def to_json(self) -> str:
+        doc = {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "family": self.family,
+            "config": self.config,
+            "source_config": self.source_config,
+            "metadata": self.metadata,
+            "shards": [asdict(s) for s in self.shards],
+            "tensors": [asdict(t) for t in self.tensors],
+            "banks": [asdict(b) for b in self.banks],
+        }
+        return json.dumps(doc, indent=1, sort_keys=False) + "\n"
+
+    @staticmethod
+    def from_json(text: str | bytes, *, origin: str = "model.ftw.json") -> Index:
+        """Parse and structurally validate index JSON; shard contents are checked by the reader."""
+        if len(text) > MAX_INDEX_BYTES:
+            raise CorruptIndexError(f"{origin}: index is {len(text)} bytes, over the {MAX_INDEX_BYTES} limit")
+        try:
+            doc = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptIndexError(f"{origin}: not valid JSON ({e}); re-pull the model") from None
+        return _IndexParser(origin).parse(doc)
+
+
+class _IndexParser:
+    """Defensive JSON -> Index conversion: every field is type- and range-checked."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def fail(self, message: str) -> CorruptIndexError:
+        return CorruptIndexError(f"{self.origin}: {message}; the file is damaged or not FTW (re-pull the model)")
+
+    def get(self, obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if not isinstance(obj, dict) or key not in obj:
+            raise self.fail(f"{where} lacks {key!r}")
+        value = obj[key]
+        if isinstance(value, bool) and kind is int:
+            raise self.fail(f"{where}.{key} must be an integer")
+        if not isinstance(value, kind):
+            raise self.fail(f"{where}.{key} has the wrong type ({type(value).__name__})")
+        return value
+
+    def uint(self, obj: Any, key: str, where: str) -> int:
+        value = self.get(obj, key, int, where)
+        if value < 0:
+            raise self.fail(f"{where}.{key} is negative")
+        return value
+
+    def shape(self, obj: Any, where: str) -> tuple[int, ...]:
+        raw = self.get(obj, "shape", list, where)
+        if len(raw) > 8 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
+            raise self.fail(f"{where}.shape is not a list of non-negative integers")
+        return tuple(raw)
+
+    def dtype(self, obj: Any, where: str) -> str:
+        value = self.get(obj, "dtype", str, where)
+        if value not in DTYPE_ITEMSIZE:
+            raise self.fail(f"{where}.dtype {value!r} is unknown (known: {', '.join(DTYPE_ITEMSIZE)})")
+        return value
+
+    def parse(self, doc: Any) -> Index:
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+            raise self.fail("not an FTW index (missing \"format\": \"ftw\")")
+        version = self.get(doc, "version", int, "index")
+        if version not in SUPPORTED_VERSIONS:
+            raise UnsupportedVersionError(
+                f"{self.origin}: FTW version {version} is not supported by this ft "
+                f"(supported: {sorted(SUPPORTED_VERSIONS)}); upgrade ft or re-pull the model"
+            )
+        shards = tuple(self.parse_shard(s, f"shards[{i}]") for i, s in enumerate(self.get(doc, "shards", list, "index")))
+        tensors = tuple(self.parse_tensor(t, f"tensors[{i}]") for i, t in enumerate(self.get(doc, "tensors", list, "index")))
+        banks = tuple(self.parse_bank(b, f"banks[{i}]") for i, b in enumerate(self.get(doc, "banks", list, "index")))
+        return Index(
+            family=self.get(doc, "family", str, "index"),
+            config=self.get(doc, "config", dict, "index"),
+            source_config=self.get(doc, "source_config", dict, "index"),
+            metadata=self.get(doc, "metadata", dict, "index"),
+            tensors=tensors,
+            banks=banks,
+            shards=shards,
+            version=version,
+        )
+
+    def parse_shard(self, raw: Any, where: str) -> ShardEntry:
+        name = self.get(raw, "name", str, where)
+        if "/" in name or "\\" in name or name.startswith(".") or not name:
+            raise self.fail(f"{where}.name {name!r} is not a plain file name")
+        sha = self.get(raw, "sha256", str, where)
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise self.fail(f"{where}.sha256 is not 64 lowercase hex digits")
+        return ShardEntry(name=name, size=self.uint(raw, "size", where), sha256=sha)
+
+    def parse_tensor(self, raw: Any, where: str) -> TensorEntry:
+        return TensorEntry(
+            name=self.get(raw, "name", str, where),
+            dtype=self.dtype(raw, where),
+            shape=self.shape(raw, where),
+            shard=self.get(raw, "shard", str, where),
+            offset=self.uint(raw, "offset", where),
+            nbytes=self.uint(raw, "nbytes", where),
+        )
+
+    def parse_bank(self, raw: Any, where: str) -> ExpertBank:
+        parts = tuple(
+            ExpertPart(
+                name=self.get(p, "name", str, f"{where}.parts[{j}]"),
+                dtype=self.dtype(p, f"{where}.parts[{j}]"),
+                shape=self.shape(p, f"{where}.parts[{j}]"),
+                offset=self.uint(p, "offset", f"{where}.parts[{j}]"),
+                nbytes=self.uint(p, "nbytes", f"{where}.parts[{j}]"),
+            )
+            for j, p in enumerate(self.get(raw, "parts", list, where))
+        )
+        if not parts:
+            raise self.fail(f"{where} has no parts")
+        return ExpertBank(
+            layer=self.uint(raw, "layer", where),
+            num_experts=self.uint(raw, "num_experts", where),
+            expert_stride=self.uint(raw, "expert_stride", where),
+            shard=self.get(raw, "shard", str, where),
+            offset=self.uint(raw, "offset", where),
+            parts=parts,
+            quant=self.get(raw, "quant", dict, where) if "quant" in raw else {},
+        )

@@ -1,0 +1,210 @@
+"""FTWReader: validates an FTW index against its shards and reads tensors and expert banks.
+
+Opening checks the layout only (sizes, bounds, alignment, no overlaps), which costs nothing
+per byte; `verify()` re-hashes the shards. The registry hashes every blob when it is stored
+and `ft verify` re-hashes on demand, so the runtime's load path need not hash again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from .errors import CorruptIndexError, CorruptShardError
+from .format import ALIGNMENT, DTYPE_ITEMSIZE, INDEX_FILENAME, ExpertBank, Index, TensorEntry, nbytes_of
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f8_e4m3": torch.float8_e4m3fn,
+    "f8_e5m2": torch.float8_e5m2,
+    "i64": torch.int64,
+    "i32": torch.int32,
+    "i16": torch.int16,
+    "i8": torch.int8,
+    "u8": torch.uint8,
+    "bool": torch.bool,
+}
+
+READ_CHUNK_BYTES = 64 << 20
+
+
+def check_layout(index: Index, origin: str = INDEX_FILENAME) -> None:
+    """Raise CorruptIndexError unless every range is aligned, in bounds and disjoint."""
+    shards = {s.name: s for s in index.shards}
+    if len(shards) != len(index.shards):
+        raise CorruptIndexError(f"{origin}: a shard is listed twice")
+    ranges: dict[str, list[tuple[int, int, str]]] = {name: [] for name in shards}
+
+    def claim(shard: str, offset: int, nbytes: int, what: str) -> None:
+        if shard not in shards:
+            raise CorruptIndexError(f"{origin}: {what} refers to unknown shard {shard!r}")
+        if offset % ALIGNMENT:
+            raise CorruptIndexError(f"{origin}: {what} starts at {offset}, not {ALIGNMENT}-aligned")
+        if offset + nbytes > shards[shard].size:
+            raise CorruptIndexError(
+                f"{origin}: {what} ends at byte {offset + nbytes}, past the end of {shard} ({shards[shard].size} bytes)"
+            )
+        ranges[shard].append((offset, offset + nbytes, what))
+
+    names: set[str] = set()
+    for t in index.tensors:
+        if t.name in names:
+            raise CorruptIndexError(f"{origin}: tensor {t.name!r} is listed twice")
+        names.add(t.name)
+        if nbytes_of(t.dtype, t.shape) != t.nbytes:
+            raise CorruptIndexError(f"{origin}: tensor {t.name!r} is {t.nbytes} bytes but {t.dtype}{list(t.shape)} needs {nbytes_of(t.dtype, t.shape)}")
+        claim(t.shard, t.offset, t.nbytes, f"tensor {t.name!r}")
+    layers: set[int] = set()
+    for b in index.banks:
+        what = f"expert bank of layer {b.layer}"
+        if b.layer in layers:
+            raise CorruptIndexError(f"{origin}: {what} is listed twice")
+        layers.add(b.layer)
+        if b.num_experts < 1 or b.expert_stride < 1 or b.expert_stride % ALIGNMENT:
+            raise CorruptIndexError(f"{origin}: {what} has {b.num_experts} experts of stride {b.expert_stride}")
+        end = 0
+        for p in sorted(b.parts, key=lambda p: p.offset):
+            if nbytes_of(p.dtype, p.shape) != p.nbytes or p.offset < end:
+                raise CorruptIndexError(f"{origin}: {what} part {p.name!r} is inconsistent or overlaps")
+            end = p.offset + p.nbytes
+        if end > b.expert_stride:
+            raise CorruptIndexError(f"{origin}: {what} parts need {end} bytes, stride is {b.expert_stride}")
+        claim(b.shard, b.offset, b.nbytes, what)
+    for shard, spans in ranges.items():
+        spans.sort()
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+            if start < end:
+                raise CorruptIndexError(f"{origin}: {a} and {b} overlap in {shard}")
+
+
+class FTWReader:
+    """Read access to one FTW model. `shard_paths` maps shard names to files (default: beside the index)."""
+
+    def __init__(self, index: Index, shard_paths: Mapping[str, Path], *, origin: str = INDEX_FILENAME) -> None:
+        check_layout(index, origin)
+        self.index = index
+        self.shard_paths = {s.name: Path(shard_paths[s.name]) for s in index.shards if s.name in shard_paths}
+        for s in index.shards:
+            path = self.shard_paths.get(s.name)
+            if path is None:
+                raise CorruptShardError(f"shard {s.name} of {origin} has no file; run `ft verify` and re-pull the model")
+            try:
+                size = path.stat().st_size
+            except OSError:
+                raise CorruptShardError(f"shard {s.name} is missing ({path}); run `ft verify` and re-pull the model") from None
+            if size != s.size:
+                raise CorruptShardError(
+                    f"shard {s.name} ({path}) is {size} bytes, the index says {s.size}: the file is truncated "
+                    "or damaged; run `ft verify` and re-pull the model"
+                )
+        self._fds: dict[str, int] = {}
+
+    @classmethod
+    def open(cls, directory: Path) -> FTWReader:
+        """Open an FTW directory as the writer left it (index and shards side by side)."""
+        directory = Path(directory)
+        path = directory / INDEX_FILENAME
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            raise CorruptIndexError(f"{path} does not exist: not an FTW directory") from None
+        index = Index.from_json(text, origin=str(path))
+        return cls(index, {s.name: directory / s.name for s in index.shards}, origin=str(path))
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> FTWReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _fd(self, shard: str) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = self._fds[shard] = os.open(self.shard_paths[shard], os.O_RDONLY)
+        return fd
+
+    def read_into(self, shard: str, offset: int, out: memoryview) -> None:
+        """Fill `out` with bytes from `shard` at `offset` (large sequential preads, GIL released)."""
+        fd = self._fd(shard)
+        done = 0
+        total = out.nbytes
+        while done < total:
+            n = os.preadv(fd, [out[done : done + READ_CHUNK_BYTES]], offset + done)
+            if n <= 0:
+                raise CorruptShardError(f"shard {shard} ended early at byte {offset + done}; run `ft verify`")
+            done += n
+
+    def tensor(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Read a dense tensor (into `out` when given: same dtype and shape, contiguous)."""
+        return self._read_entry(self.index.tensor(name), out)
+
+    def _read_entry(self, entry: TensorEntry, out: torch.Tensor | None) -> torch.Tensor:
+        dtype = TORCH_DTYPES[entry.dtype]
+        if out is None:
+            out = torch.empty(entry.shape, dtype=dtype)
+        elif out.dtype != dtype or tuple(out.shape) != entry.shape or not out.is_contiguous():
+            raise ValueError(f"{entry.name}: out must be contiguous {dtype}{list(entry.shape)}")
+        if entry.nbytes:
+            self.read_into(entry.shard, entry.offset, _byte_view(out))
+        return out
+
+    def bank_bytes(self, layer: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Read the whole expert bank of `layer` as uint8 [num_experts, expert_stride].
+
+        `out` may be any contiguous uint8 tensor of that size, e.g. pinned host memory; the
+        bytes land there directly, with no intermediate copy.
+        """
+        bank = self.index.bank(layer)
+        if out is None:
+            out = torch.empty((bank.num_experts, bank.expert_stride), dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or out.numel() != bank.nbytes or not out.is_contiguous():
+            raise ValueError(f"layer {layer}: out must be a contiguous uint8 tensor of {bank.nbytes} bytes")
+        self.read_into(bank.shard, bank.offset, _byte_view(out))
+        return out.view(bank.num_experts, bank.expert_stride)
+
+    def expert_part(self, bank_bytes: torch.Tensor, bank: ExpertBank, expert: int, part: str) -> torch.Tensor:
+        """A typed view of one part of one expert inside bytes returned by `bank_bytes`."""
+        p = bank.part(part)
+        record = bank_bytes.view(-1)[expert * bank.expert_stride : (expert + 1) * bank.expert_stride]
+        raw = record[p.offset : p.offset + p.nbytes]
+        return raw.view(TORCH_DTYPES[p.dtype]).view(p.shape)
+
+    # -- integrity ----------------------------------------------------------------------------
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> None:
+        """Re-hash every shard; raise CorruptShardError naming the first bad one."""
+        buf = bytearray(READ_CHUNK_BYTES)
+        view = memoryview(buf)
+        for s in self.index.shards:
+            h = hashlib.sha256()
+            with open(self.shard_paths[s.name], "rb", buffering=0) as f:
+                while n := f.readinto(view):
+                    h.update(view[:n])
+                    if progress:
+                        progress(n)
+            if h.hexdigest() != s.sha256:
+                raise CorruptShardError(
+                    f"shard {s.name} ({self.shard_paths[s.name]}) does not match its sha256: the file is corrupt; "
+                    "re-pull the model"
+                )
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor (works for every dtype incl. bf16/fp8)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+assert set(TORCH_DTYPES) == set(DTYPE_ITEMSIZE)
