@@ -1,0 +1,161 @@
+"""HF checkpoint -> FTW round trips: every source tensor comes back bit for bit."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftw import FTWReader, SourceError, UnsupportedArchitectureError, convert_checkpoint
+from ftw.format import ALIGNMENT
+from tests.checkpoints import FAMILIES, load_all, save_checkpoint, to_fp8
+
+# Written independently of ftw/families.py: how each on-disk name maps into the expert record.
+PER_EXPERT = re.compile(
+    r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|weight_scale_inv)$"
+)
+FUSED = re.compile(r"layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+HALF = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1}
+SCALE_PART = {"gate_proj": "w1_scale", "w1": "w1_scale", "up_proj": "w3_scale", "w3": "w3_scale",
+              "down_proj": "w2_scale", "w2": "w2_scale"}
+
+
+def assert_round_trip(src: Path, out: Path) -> FTWReader:
+    source = load_all(src)
+    reader = FTWReader.open(out)
+    index = reader.index
+    banks = {b.layer: (b, reader.bank_bytes(b.layer)) for b in index.banks}
+    dense_names = {t.name for t in index.tensors}
+    seen = 0
+    for name, want in source.items():
+        if name in dense_names:
+            got = reader.tensor(name)
+        elif m := PER_EXPERT.search(name):
+            layer, expert, proj, what = int(m[1]), int(m[2]), m[3], m[4]
+            bank, data = banks[layer]
+            if what == "weight_scale_inv":
+                got = reader.expert_part(data, bank, expert, SCALE_PART[proj])
+            elif proj in HALF:
+                w13 = reader.expert_part(data, bank, expert, "w13")
+                half = w13.shape[0] // 2
+                got = w13[:half] if HALF[proj] == 0 else w13[half:]
+            else:
+                got = reader.expert_part(data, bank, expert, "w2")
+        elif m := FUSED.search(name):
+            bank, data = banks[int(m[1])]
+            part = "w13" if m[2] == "gate_up_proj" else "w2"
+            got = torch.stack([reader.expert_part(data, bank, e, part) for e in range(bank.num_experts)])
+        else:
+            assert name.startswith(("model.visual.", "mtp.")), f"{name} was dropped"
+            continue
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert torch.equal(got.view(torch.uint8), want.contiguous().view(torch.uint8)), name
+        seen += 1
+    assert seen > 0
+    return reader
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
+    src = save_checkpoint(family, tmp_path / "hf")
+    index = convert_checkpoint(src, tmp_path / "ftw")
+    reader = assert_round_trip(src, tmp_path / "ftw")
+    config = json.loads((src / "config.json").read_text())
+    assert index.family == family
+    assert index.config["num_experts"] == reader.index.banks[0].num_experts
+    assert [b.layer for b in index.banks] == index.config["moe_layers"]
+    assert index.source_config == config
+    reader.verify()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3"])
+def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
+    src = save_checkpoint(family, tmp_path / "hf", fused=True)
+    assert any(".experts.gate_up_proj" in n for n in load_all(src)), "transformers no longer writes the fused layout"
+    convert_checkpoint(src, tmp_path / "ftw")
+    assert_round_trip(src, tmp_path / "ftw")
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
+def test_round_trip_fp8_block_scaled(family: str, tmp_path: Path) -> None:
+    src = to_fp8(save_checkpoint(family, tmp_path / "hf"), tmp_path / "fp8")
+    index = convert_checkpoint(src, tmp_path / "ftw")
+    assert index.banks[0].part("w13").dtype == "f8_e4m3"
+    assert index.banks[0].quant["fp8_block"] == [128, 128]
+    assert {p.name for p in index.banks[0].parts} == {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
+    assert_round_trip(src, tmp_path / "ftw")
+    with pytest.raises(SourceError, match="FP8"):
+        convert_checkpoint(src, tmp_path / "bf16", dtype="bf16")
+
+
+def test_sharded_source_and_output(tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf", max_shard_size="100KB")
+    assert (src / "model.safetensors.index.json").exists()
+    index = convert_checkpoint(src, tmp_path / "ftw", max_shard_bytes=64 << 10)
+    assert len(index.shards) > 2
+    assert_round_trip(src, tmp_path / "ftw")
+
+
+def test_layout_is_aligned_and_experts_contiguous(tmp_path: Path) -> None:
+    src = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    index = convert_checkpoint(src, tmp_path / "ftw")
+    for t in index.tensors:
+        assert t.offset % ALIGNMENT == 0
+    for b in index.banks:
+        assert b.offset % ALIGNMENT == 0 and b.expert_stride % ALIGNMENT == 0
+        assert b.nbytes == b.num_experts * b.expert_stride
+
+
+def test_cast_to_bf16(tmp_path: Path) -> None:
+    src = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    index = convert_checkpoint(src, tmp_path / "ftw", dtype="bf16")
+    reader = FTWReader.open(tmp_path / "ftw")
+    source = load_all(src)
+    assert index.config["dtype"] == "bf16"
+    name = "model.embed_tokens.weight"
+    assert torch.equal(reader.tensor(name), source[name].to(torch.bfloat16))
+    bank = index.banks[0]
+    w2 = reader.expert_part(reader.bank_bytes(bank.layer), bank, 3, "w2")
+    assert torch.equal(w2, source[f"model.layers.{bank.layer}.mlp.experts.3.down_proj.weight"].to(torch.bfloat16))
+
+
+def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    config = json.loads((src / "config.json").read_text())
+    config["model_type"] = "llama4"
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="supported families: deepseek_v3, glm_moe_dsa, mixtral"):
+        convert_checkpoint(src, tmp_path / "ftw")
+
+
+def test_truncated_source_is_refused(tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    path = src / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(SourceError, match="truncated"):
+        convert_checkpoint(src, tmp_path / "ftw")
+
+
+def test_missing_expert_is_refused(tmp_path: Path) -> None:
+    full = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    tensors = load_all(full)
+    del tensors["model.layers.2.mlp.experts.3.up_proj.weight"]
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    shutil.copy(full / "config.json", partial / "config.json")
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(partial / "model.safetensors"))
+    with pytest.raises(SourceError, match="layer 2 expert 3: up_proj.weight is missing"):
+        convert_checkpoint(partial, tmp_path / "ftw")
+
+
+def test_garbage_header_is_refused(tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+    with pytest.raises(SourceError, match="not valid JSON"):
+        convert_checkpoint(src, tmp_path / "ftw")
