@@ -1,0 +1,175 @@
+"""Registry across processes: model locks, pull sessions against gc, stale temp cleanup."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from registry import Descriptor, LockTimeoutError, Manifest, Store, digest_bytes
+
+# spawn: children start clean instead of inheriting the parent's open lock descriptors
+CTX = mp.get_context("spawn")
+CHILD_START_S = 30.0
+
+
+def _hold_model_lock(root: str, name: str, held, release) -> None:
+    store = Store(Path(root))
+    with store.lock(name, timeout_s=5):
+        held.set()
+        release.wait(30)
+
+
+def _hold_pull_session(root: str, held, release) -> None:
+    store = Store(Path(root))
+    with store.pull_session(), store.lock("pulling:1"):
+        store.add_blob_bytes(b"blob of a pull in progress")
+        held.set()
+        release.wait(30)
+
+
+def _noop() -> None:
+    pass
+
+
+def _start(target, *args):
+    held, release = CTX.Event(), CTX.Event()
+    proc = CTX.Process(target=target, args=(*args, held, release), daemon=True)
+    proc.start()
+    assert held.wait(CHILD_START_S), "child process did not take its lock"
+    return proc, release
+
+
+def test_second_process_times_out_then_gets_the_lock(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    proc, release = _start(_hold_model_lock, str(tmp_path), "qwen3:30b")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LockTimeoutError) as info, store.lock("qwen3:30b", timeout_s=0.3):
+            pass
+        assert time.monotonic() - t0 >= 0.3
+        msg = str(info.value)
+        assert "qwen3:30b" in msg and f"pid {proc.pid}" in msg
+
+        # another model is not blocked
+        with store.lock("other", timeout_s=0.3) as held:
+            assert held
+
+        # a waiter gets the lock as soon as the holder lets go
+        threading.Timer(0.3, release.set).start()
+        t0 = time.monotonic()
+        with store.lock("qwen3:30b", timeout_s=20):
+            waited = time.monotonic() - t0
+        assert 0.2 <= waited < 20
+    finally:
+        release.set()
+        proc.join(10)
+    assert proc.exitcode == 0
+
+
+def test_lock_is_reentrant_in_one_thread_but_excludes_other_threads(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with store.lock("m"), store.lock("parse_me:latest"):
+        with store.lock("ft.local/library/m:latest", timeout_s=0.1):
+            pass  # same thread, same model: no deadlock
+        outcome: list[str] = []
+
+        def other_thread() -> None:
+            try:
+                with store.lock("m", timeout_s=0.2):
+                    outcome.append("got it")
+            except LockTimeoutError:
+                outcome.append("timed out")
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        assert outcome == ["timed out"]
+    with store.lock("m", timeout_s=0.1):
+        pass
+
+
+def test_gc_waits_for_a_pull_session_in_another_process(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    orphan = store.add_blob_bytes(b"left by a crashed pull")
+    proc, release = _start(_hold_pull_session, str(tmp_path))
+    in_progress = digest_bytes(b"blob of a pull in progress")
+    try:
+        assert store.has_blob(in_progress)
+        assert store.gc(wait=False) == []  # skipped, not blocked
+        with pytest.raises(LockTimeoutError, match=f"pid {proc.pid}"):
+            store.gc(timeout_s=0.3)
+        assert store.has_blob(in_progress) and store.has_blob(orphan.digest)
+        # remove() while a pull runs: the manifest goes, its blobs wait for a later gc
+        store.add_blob_bytes(b"cfg")
+        cfg = Descriptor("application/json", digest_bytes(b"cfg"), 3)
+        store.write_manifest("victim", Manifest(config=cfg, layers=[]))
+        assert store.remove("victim") == []
+        assert store.has_blob(cfg.digest)
+
+        # a blocking gc proceeds once the pull session ends
+        threading.Timer(0.3, release.set).start()
+        removed = store.gc(timeout_s=20)
+    finally:
+        release.set()
+        proc.join(10)
+    assert proc.exitcode == 0
+    # the child never wrote its manifest, so its blob is an orphan by now too
+    assert sorted(removed) == sorted([orphan.digest, in_progress, cfg.digest])
+
+
+def test_gc_inside_own_pull_session(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.add_blob_bytes(b"new")
+    with store.pull_session():
+        assert store.gc(wait=False) == []
+        with pytest.raises(RuntimeError, match="pull_session"):
+            store.gc()
+    assert store.gc() == [digest_bytes(b"new")]
+
+
+def test_cleanup_stale_removes_dead_pids_only(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    proc = CTX.Process(target=_noop)
+    proc.start()
+    proc.join(30)
+    dead = proc.pid
+    assert dead is not None and proc.exitcode == 0
+
+    dead_dir = store.tmp_dir / f"convert-pid{dead}-deadbeef"
+    (dead_dir / "sub").mkdir(parents=True)
+    (dead_dir / "sub" / "half-written.ftw").write_bytes(b"x" * 100)
+    dead_blob_tmp = store.blobs_dir / f".sha256-{'0' * 64}.tmp-{dead}-abcd1234"
+    dead_blob_tmp.write_bytes(b"partial")
+    manifest_dir = store.manifests_dir / "ft.local" / "library" / "m"
+    manifest_dir.mkdir(parents=True)
+    dead_manifest_tmp = manifest_dir / f".latest.tmp-{dead}-00ff00ff"
+    dead_manifest_tmp.write_bytes(b"{")
+    live_blob_tmp = store.blobs_dir / f".sha256-{'1' * 64}.tmp-{os.getpid()}-abcd1234"
+    live_blob_tmp.write_bytes(b"in progress")
+    unrelated = store.tmp_dir / "notes"
+    unrelated.mkdir()
+
+    with store.temp_dir("convert") as live_dir:
+        (live_dir / "f").write_bytes(b"busy")
+        removed = store.cleanup_stale()
+        assert sorted(removed) == sorted([dead_dir, dead_blob_tmp, dead_manifest_tmp])
+        assert live_dir.is_dir() and (live_dir / "f").exists()
+        assert f"pid{os.getpid()}" in live_dir.name
+    assert not live_dir.exists()
+    assert live_blob_tmp.exists() and unrelated.exists()
+
+
+def test_temp_dir_removed_on_exception(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with pytest.raises(ValueError, match="boom"), store.temp_dir("pull") as work:
+        (work / "a").write_bytes(b"1")
+        raise ValueError("boom")
+    assert not work.exists()
+    assert list(store.tmp_dir.iterdir()) == []
+    with pytest.raises(ValueError), store.temp_dir("../escape"):
+        pass
