@@ -1,0 +1,162 @@
+"""Talking to the Hugging Face Hub: metadata before the download, then the files, resumably.
+
+Everything goes through the real `huggingface_hub` client. The endpoint is read from
+`HF_ENDPOINT` at call time (the client reads it once, at import). Every network step has a
+timeout and transient failures are retried with backoff; an interrupted download leaves the
+client's `.incomplete` file in the download directory, which the next attempt resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_ATTEMPTS = int(os.environ.get("FT_PULL_RETRIES", "5"))
+METADATA_TIMEOUT_S = float(os.environ.get("FT_HUB_TIMEOUT", "30"))
+# Files a checkpoint needs besides its weights. Pickled weights (*.bin, *.pt) are never fetched.
+AUX_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "LICENSE",
+)
+
+
+class HubError(Exception):
+    """A Hub request failed for good; the message says what and what to try."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RemoteCheckpoint:
+    """What the Hub says about a repository, before any weights are downloaded."""
+
+    repo_id: str
+    revision: str  # the commit sha the branch or tag resolved to
+    config: dict[str, Any]
+    files: tuple[RemoteFile, ...]  # the ones a pull downloads
+    tensors: dict[str, tuple[str, tuple[int, ...], int]]  # name -> (safetensors dtype, shape, nbytes)
+
+    @property
+    def download_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _permanent(e: BaseException) -> bool:
+    if isinstance(e, (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError, GatedRepoError)):
+        return True
+    if isinstance(e, HfHubHTTPError) and e.response is not None:
+        return 400 <= e.response.status_code < 500 and e.response.status_code not in (408, 429)
+    return False
+
+
+def with_retries(what: str, fn: Callable[[], T], attempts: int = MAX_ATTEMPTS) -> T:
+    """Run `fn`, retrying transient failures (network, 5xx, 429) with exponential backoff."""
+    delay = 1.0
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (RepositoryNotFoundError, GatedRepoError) as e:
+            raise HubError(
+                f"{what}: the repository does not exist or needs access ({type(e).__name__}); check the name, "
+                "accept its license on huggingface.co and set HF_TOKEN if it is gated"
+            ) from None
+        except (RevisionNotFoundError, EntryNotFoundError) as e:
+            raise HubError(f"{what}: {e}".splitlines()[0]) from None
+        except Exception as e:  # network errors come in many types across client versions
+            if _permanent(e) or attempt == attempts:
+                raise HubError(
+                    f"{what} failed after {attempt} attempt(s): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                    f"check the network (endpoint {endpoint()}) and run the pull again: it resumes"
+                ) from e
+            log.warning("%s: %s (attempt %d of %d), retrying in %.0fs", what, type(e).__name__, attempt, attempts, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+    raise AssertionError("unreachable")
+
+
+def _api() -> HfApi:
+    return HfApi(endpoint=endpoint())
+
+
+def fetch_checkpoint_info(repo_id: str, revision: str | None) -> RemoteCheckpoint:
+    """Resolve the revision, list the files and read config + safetensors headers (no weights)."""
+    api = _api()
+    info = with_retries(f"looking up {repo_id}", lambda: api.model_info(
+        repo_id, revision=revision, files_metadata=True, timeout=METADATA_TIMEOUT_S))
+    commit = info.sha or revision or "main"
+    sizes = {s.rfilename: int(s.size or 0) for s in (info.siblings or [])}
+    if "config.json" not in sizes:
+        raise HubError(f"{repo_id}@{commit[:12]} has no config.json: it is not a Transformers checkpoint")
+    config_path = with_retries(f"downloading {repo_id}/config.json", lambda: hf_hub_download(
+        repo_id, "config.json", revision=commit, endpoint=endpoint(), etag_timeout=METADATA_TIMEOUT_S))
+    try:
+        config = json.loads(Path(config_path).read_text())
+    except ValueError:
+        raise HubError(f"{repo_id}/config.json is not valid JSON") from None
+    meta = with_retries(f"reading safetensors headers of {repo_id}", lambda: api.get_safetensors_metadata(
+        repo_id, revision=commit, timeout=METADATA_TIMEOUT_S))
+    tensors: dict[str, tuple[str, tuple[int, ...], int]] = {}
+    for file_meta in meta.files_metadata.values():
+        for name, t in file_meta.tensors.items():
+            begin, end = t.data_offsets
+            tensors[name] = (t.dtype, tuple(t.shape), end - begin)
+    weight_files = sorted(set(meta.weight_map.values()))
+    wanted = [*weight_files, *(["model.safetensors.index.json"] if meta.sharded else []),
+              *(f for f in AUX_FILES if f in sizes)]
+    files = tuple(RemoteFile(f, sizes.get(f, 0)) for f in wanted)
+    return RemoteCheckpoint(repo_id=repo_id, revision=commit, config=config, files=files, tensors=tensors)
+
+
+def download_files(
+    repo_id: str,
+    revision: str,
+    files: Iterable[RemoteFile],
+    local_dir: Path,
+    on_file: Callable[[RemoteFile, int, int], None] | None = None,
+) -> None:
+    """Download `files` into `local_dir`, skipping complete ones; interrupted ones resume."""
+    files = list(files)
+    for i, f in enumerate(files):
+        if on_file:
+            on_file(f, i, len(files))
+        target = local_dir / f.name
+        if target.is_file() and f.size and target.stat().st_size == f.size:
+            continue
+        with_retries(f"downloading {repo_id}/{f.name}", lambda f=f: hf_hub_download(
+            repo_id, f.name, revision=revision, local_dir=local_dir, endpoint=endpoint(),
+            etag_timeout=METADATA_TIMEOUT_S))
+        size = (local_dir / f.name).stat().st_size
+        if f.size and size != f.size:
+            raise HubError(f"{repo_id}/{f.name}: downloaded {size} bytes, the Hub lists {f.size}; pull again")

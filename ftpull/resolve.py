@@ -1,0 +1,83 @@
+"""From what the user typed to what to pull: a registry name and a recipe.
+
+    qwen3.6-35b, qwen3.6-35b:fp8     a shipped Modelfile (Modelfiles/), by name and tag
+    hf://Qwen/Qwen3-30B-A3B[@rev]    any Hugging Face repository, family read from its config
+    hf.co/Qwen/Qwen3-30B-A3B[:tag]   the same, written as a registry name
+    ./path/to/checkpoint             a local Hugging Face checkpoint directory
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry import InvalidNameError, ModelName, parse_name
+from registry.names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG
+
+from .modelfile import Recipe, Source, builtin_modelfiles, load_modelfile, parse_source
+
+HF_HOST = "hf.co"
+FAMILY_FROM_CONFIG = "auto"
+_TAG_SAFE = re.compile(r"[^a-z0-9._-]+")
+
+
+class ResolveError(ValueError):
+    """The name matches nothing pullable; the message lists what would."""
+
+
+@dataclass(frozen=True)
+class PullTarget:
+    name: ModelName  # where the model is registered
+    recipe: Recipe
+
+
+def _registry_name(namespace: str, model: str, tag: str = DEFAULT_TAG, host: str = DEFAULT_HOST) -> ModelName:
+    return parse_name(f"{host}/{namespace.lower()}/{model.lower()}:{tag}")
+
+
+def _hf_target(source: Source, tag: str | None = None) -> PullTarget:
+    assert source.repo_id is not None
+    org, repo = source.repo_id.split("/")
+    tag = tag or (_TAG_SAFE.sub("-", source.revision.lower()).strip("-.") if source.revision else DEFAULT_TAG)
+    name = _registry_name(org, repo, tag, host=HF_HOST)
+    recipe = Recipe(name=name.model, tag=name.tag, source=source, family=FAMILY_FROM_CONFIG, template="checkpoint")
+    return PullTarget(name, recipe)
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith(("/", "./", "../", "~")) or os.path.isdir(text)
+
+
+def resolve(text: str) -> PullTarget:
+    """Resolve a model reference; ResolveError (with suggestions) or InvalidNameError when it cannot."""
+    text = text.strip()
+    if not text:
+        raise ResolveError("no model name given (try `ft pull tiny`, or `ft list` for local models)")
+    if text.startswith("hf://"):
+        return _hf_target(parse_source(text))
+    if _looks_like_path(text):
+        path = Path(os.path.expanduser(text)).resolve()
+        if not (path / "config.json").is_file():
+            raise ResolveError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+        name = _registry_name("local", _TAG_SAFE.sub("-", path.name.lower()).strip("-.") or "model")
+        recipe = Recipe(name=name.model, tag=name.tag, source=Source("local", path=str(path)),
+                        family=FAMILY_FROM_CONFIG, template="checkpoint")
+        return PullTarget(name, recipe)
+    name = parse_name(text)
+    if name.host == HF_HOST:
+        return _hf_target(parse_source(f"hf://{name.namespace}/{name.model}"), None if name.tag == DEFAULT_TAG else name.tag)
+    if name.host != DEFAULT_HOST or name.namespace != DEFAULT_NAMESPACE:
+        raise InvalidNameError(f"{text!r}: ft pulls shipped models (e.g. qwen3.6-35b:fp8), hf://org/repo, or a local path")
+    recipes = builtin_modelfiles()
+    if name.model not in recipes:
+        close = difflib.get_close_matches(name.model, list(recipes), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ResolveError(
+            f"no model named {name.model!r}; {hint}shipped models: {', '.join(sorted(recipes))} "
+            "(or pull any Hugging Face repository as hf://org/repo)"
+        )
+    recipe = load_modelfile(recipes[name.model]).recipe(name.tag)
+    return PullTarget(name, recipe)

@@ -1,0 +1,65 @@
+"""A registered model's files: the manifest's layers, seen as an FTW model plus its side files.
+
+The manifest names every file by title (its original file name) and digest; this module is the
+one place that maps titles to blob paths and opens the FTW index. `ft pull` writes manifests
+with these media types; the runtime, `ft show` and `ft verify` read them through here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftw import FTWReader, Index
+from ftw.errors import CorruptIndexError
+from registry import Manifest, ModelName, Store
+
+MEDIA_CONFIG = "application/vnd.ft.config.v1+json"
+MEDIA_FTW_INDEX = "application/vnd.ft.ftw.index.v1+json"
+MEDIA_FTW_SHARD = "application/vnd.ft.ftw.shard"
+MEDIA_MODELFILE = "application/vnd.ft.modelfile"
+MEDIA_TEMPLATE = "application/vnd.ft.template"
+MEDIA_FILE = "application/vnd.ft.file"  # tokenizer, generation config, license, ...
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """One model in the store: its manifest, the summary config, and paths of its files."""
+
+    name: ModelName
+    manifest: Manifest
+    config: dict[str, Any]
+    files: dict[str, Path]  # title -> blob path, for every layer
+
+    def file(self, title: str) -> Path | None:
+        return self.files.get(title)
+
+    def text(self, title: str) -> str | None:
+        path = self.files.get(title)
+        return path.read_text(encoding="utf-8") if path else None
+
+    def open_ftw(self) -> FTWReader:
+        """The FTW reader over this model's shards (layout checked, shards not re-hashed)."""
+        index_path = next((self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX), None)
+        if index_path is None:
+            raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")
+        index = Index.from_json(index_path.read_bytes(), origin=f"{self.name.display}: model.ftw.json")
+        shards = {d.title: self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_SHARD}
+        return FTWReader(index, shards, origin=f"{self.name.display}: model.ftw.json")
+
+
+def open_model(store: Store, name: ModelName | str) -> RegisteredModel:
+    """Look up `name` in `store`; ModelNotFoundError / CorruptManifestError when it cannot."""
+    from registry.names import as_name
+
+    model_name = as_name(name)
+    manifest = store.read_manifest(model_name)
+    files = {d.title: store.blob_path(d.digest) for d in manifest.layers}
+    config_path = store.blob_path(manifest.config.digest)
+    try:
+        config = json.loads(config_path.read_bytes())
+    except (OSError, ValueError):
+        config = {}
+    return RegisteredModel(model_name, manifest, config if isinstance(config, dict) else {}, files)
