@@ -25,11 +25,11 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from tqdm.auto import tqdm
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MAX_ATTEMPTS = int(os.environ.get("FT_PULL_RETRIES", "5"))
 METADATA_TIMEOUT_S = float(os.environ.get("FT_HUB_TIMEOUT", "30"))
 # Files a checkpoint needs besides its weights. Pickled weights (*.bin, *.pt) are never fetched.
 AUX_FILES = (
@@ -81,9 +81,14 @@ def _permanent(e: BaseException) -> bool:
     return False
 
 
-def with_retries(what: str, fn: Callable[[], T], attempts: int = MAX_ATTEMPTS) -> T:
-    """Run `fn`, retrying transient failures (network, 5xx, 429) with exponential backoff."""
-    delay = 1.0
+def with_retries(what: str, fn: Callable[[], T]) -> T:
+    """Run `fn`, retrying transient failures (network, 5xx, 429) with exponential backoff.
+
+    `FT_PULL_RETRIES` (default 5 attempts) and `FT_PULL_RETRY_DELAY_S` (first backoff, default 1 s)
+    tune it.
+    """
+    attempts = max(1, int(os.environ.get("FT_PULL_RETRIES", "5")))
+    delay = float(os.environ.get("FT_PULL_RETRY_DELAY_S", "1.0"))
     for attempt in range(1, attempts + 1):
         try:
             return fn()
@@ -100,7 +105,7 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int = MAX_ATTEMPTS) -
                     f"{what} failed after {attempt} attempt(s): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
                     f"check the network (endpoint {endpoint()}) and run the pull again: it resumes"
                 ) from e
-            log.warning("%s: %s (attempt %d of %d), retrying in %.0fs", what, type(e).__name__, attempt, attempts, delay)
+            log.warning("%s: %s (attempt %d of %d), retrying in %.1fs", what, type(e).__name__, attempt, attempts, delay)
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
     raise AssertionError("unreachable")
@@ -139,24 +144,46 @@ def fetch_checkpoint_info(repo_id: str, revision: str | None) -> RemoteCheckpoin
     return RemoteCheckpoint(repo_id=repo_id, revision=commit, config=config, files=files, tensors=tensors)
 
 
+def _forwarding_tqdm(on_position: Callable[[int], None]) -> type[tqdm]:
+    """A silent tqdm class that reports the client's position in the file to `on_position`."""
+
+    class Forward(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            self.position_bytes = int(kwargs.get("initial") or 0)  # > 0 when resuming
+            on_position(self.position_bytes)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.position_bytes += int(n or 0)
+            on_position(self.position_bytes)
+            return super().update(n)
+
+    return Forward
+
+
 def download_files(
     repo_id: str,
     revision: str,
     files: Iterable[RemoteFile],
     local_dir: Path,
-    on_file: Callable[[RemoteFile, int, int], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Download `files` into `local_dir`, skipping complete ones; interrupted ones resume."""
-    files = list(files)
-    for i, f in enumerate(files):
-        if on_file:
-            on_file(f, i, len(files))
+    """Download `files` into `local_dir`, skipping complete ones; interrupted ones resume.
+
+    `on_progress(bytes)` gets the bytes present so far over all `files` as they arrive.
+    """
+    report = on_progress or (lambda n: None)
+    finished = 0
+    for f in files:
         target = local_dir / f.name
-        if target.is_file() and f.size and target.stat().st_size == f.size:
-            continue
-        with_retries(f"downloading {repo_id}/{f.name}", lambda f=f: hf_hub_download(
-            repo_id, f.name, revision=revision, local_dir=local_dir, endpoint=endpoint(),
-            etag_timeout=METADATA_TIMEOUT_S))
-        size = (local_dir / f.name).stat().st_size
-        if f.size and size != f.size:
-            raise HubError(f"{repo_id}/{f.name}: downloaded {size} bytes, the Hub lists {f.size}; pull again")
+        if not (target.is_file() and f.size and target.stat().st_size == f.size):
+            tqdm_class = _forwarding_tqdm(lambda pos, base=finished: report(base + pos))
+            with_retries(f"downloading {repo_id}/{f.name}", lambda f=f, tqdm_class=tqdm_class: hf_hub_download(
+                repo_id, f.name, revision=revision, local_dir=local_dir, endpoint=endpoint(),
+                etag_timeout=METADATA_TIMEOUT_S, tqdm_class=tqdm_class))
+            size = target.stat().st_size
+            if f.size and size != f.size:
+                raise HubError(f"{repo_id}/{f.name}: downloaded {size} bytes, the Hub lists {f.size}; pull again")
+        finished += f.size
+        report(finished)

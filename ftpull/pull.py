@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftw import INDEX_FILENAME, Index, convert_checkpoint, family_for_config, load_config
-from ftw.families import FAMILIES
 from registry import ANNOTATION_TITLE, Descriptor, Manifest, ModelName, Store, parse_name
 from runtime.weights import (
     MEDIA_CONFIG,
@@ -128,12 +127,8 @@ def _fetch(target: PullTarget, store: Store, work: Path, force: bool, report: Re
     refuse_unless_fits(target.name.display, fp, Resources.probe(store.disk_free_bytes()), force=force,
                        already_downloaded_bytes=present)
     download_dir.mkdir(parents=True, exist_ok=True)
-    done = 0
-    for i, f in enumerate(remote.files):
-        report(PullEvent(f"downloading {f.name} ({i + 1}/{len(remote.files)})", remote.download_bytes, done))
-        hub.download_files(source.repo_id, remote.revision, [f], download_dir)
-        done += f.size
-    report(PullEvent("download complete", remote.download_bytes, remote.download_bytes))
+    counter = _Counter(report, f"pulling {source.repo_id}", remote.download_bytes)
+    hub.download_files(source.repo_id, remote.revision, remote.files, download_dir, on_progress=counter.at)
     return download_dir
 
 
@@ -204,18 +199,17 @@ def _summary(recipe: Recipe, index: Index, checkpoint: Path) -> dict:
 
 
 class _Counter:
-    """Turns the converter's byte counts into throttled PullEvents."""
+    """Turns byte counts (download, conversion) into PullEvents, at most one per 0.1%."""
 
     def __init__(self, report: Report, status: str, total: int) -> None:
         self.report, self.status, self.total, self.done, self.last = report, status, total, 0, -1
 
     def __call__(self, n: int) -> None:
-        self.done += n
-        step = self.done * 100 // max(1, self.total)
+        self.at(self.done + n)
+
+    def at(self, done: int) -> None:
+        self.done = done
+        step = self.done * 1000 // max(1, self.total)
         if step != self.last:
             self.last = step
             self.report(PullEvent(self.status, self.total, min(self.done, self.total)))
-
-
-def supported_families() -> list[str]:
-    return sorted(FAMILIES)

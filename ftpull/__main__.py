@@ -1,0 +1,5 @@
+"""`python -m ftpull ...` is `ft ...`."""
+
+from .cli import main
+
+main()

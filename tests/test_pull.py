@@ -1,0 +1,226 @@
+"""`ft pull` end to end against a local Hub, with the real huggingface_hub client, and its faults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftpull.hub import HubError
+from ftpull.preflight import FitError, Resources
+from ftpull.pull import pull
+from ftw import UnsupportedArchitectureError
+from ftw.sink import DiskFullError
+from registry import Store
+from runtime.weights import open_model
+from tests.checkpoints import load_all, save_checkpoint, to_fp8
+from tests.fakehub import skip_client_backoff
+
+REPO = "Qwen/Qwen3-30B-A3B"  # the repository the shipped qwen3-30b-a3b recipe names
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("FT_HOME", str(tmp_path / "ft_home"))
+    monkeypatch.setenv("FT_PULL_RETRY_DELAY_S", "0")
+    return Store.default()
+
+
+@pytest.fixture
+def qwen_repo(tmp_path: Path) -> Path:
+    src = save_checkpoint("qwen3_moe", tmp_path / "repo", max_shard_size="200KB")
+    (src / "tokenizer.json").write_text('{"version": "1.0"}')
+    (src / "pytorch_model.bin").write_bytes(b"pickles are never downloaded")
+    (src / "README.md").write_text("# a model card")
+    return src
+
+
+def weights_requested(hub) -> list[str]:
+    """Weight files whose tensor data was requested (the fit check reads headers by small Range requests)."""
+    return [r.path for r in hub.log
+            if r.method == "GET" and r.path.endswith(".safetensors") and not (r.range or "").startswith("bytes=0-")]
+
+
+def test_pull_shipped_name_from_hub(fake_hub, store: Store, qwen_repo: Path) -> None:
+    fake_hub.add_repo(REPO, qwen_repo)
+    events = []
+    result = pull("qwen3-30b-a3b", store, report=events.append)
+    assert not result.already_present and str(result.name) == "ft.local/library/qwen3-30b-a3b:latest"
+    assert any(e.status.startswith("pulling Qwen/Qwen3-30B-A3B") and e.total for e in events)
+    downloaded = fake_hub.downloaded_files()
+    assert "config.json" in downloaded and "tokenizer.json" in downloaded
+    assert "pytorch_model.bin" not in downloaded and "README.md" not in downloaded
+    model = open_model(store, "qwen3-30b-a3b")
+    assert model.config["family"] == "qwen3_moe" and model.config["revision"] == fake_hub.commit_sha(REPO)
+    assert {"model.ftw.json", "tokenizer.json", "Modelfile"} <= set(model.files)
+    reader = model.open_ftw()
+    reader.verify()
+    source = load_all(qwen_repo)
+    emb = source["model.embed_tokens.weight"].to(torch.bfloat16)  # the recipe says DTYPE bf16
+    assert torch.equal(reader.tensor("model.embed_tokens.weight"), emb)
+    assert not (store.root / "downloads" / "hf" / REPO).exists() or not any((store.root / "downloads" / "hf" / REPO).iterdir())
+    assert list(store.tmp_dir.iterdir()) == []
+
+    fake_hub.clear_log()
+    start = time.perf_counter()
+    again = pull("qwen3-30b-a3b", store)
+    assert again.already_present and time.perf_counter() - start < 0.5
+    assert fake_hub.requests == []  # a present model costs no network at all
+
+
+def test_pull_hf_uri_fp8(fake_hub, store: Store, tmp_path: Path) -> None:
+    src = to_fp8(save_checkpoint("deepseek_v3", tmp_path / "hf"), tmp_path / "fp8")
+    fake_hub.add_repo("deepseek-ai/DeepSeek-V3", src)
+    result = pull("hf://deepseek-ai/DeepSeek-V3", store)
+    assert str(result.name) == "hf.co/deepseek-ai/deepseek-v3:latest"
+    model = open_model(store, "hf.co/deepseek-ai/deepseek-v3")
+    assert model.open_ftw().index.banks[0].part("w13").dtype == "f8_e4m3"
+
+
+def test_dropped_connection_is_resumed(fake_hub, store: Store, qwen_repo: Path, monkeypatch) -> None:
+    skip_client_backoff(monkeypatch)
+    fake_hub.add_repo(REPO, qwen_repo)
+    shard = sorted(p.name for p in qwen_repo.glob("*.safetensors"))[0]
+    fake_hub.fail_next(shard, after_bytes=50_000)
+    pull(f"hf://{REPO}", store)
+    ranges = [r for m, p, r in fake_hub.requests if m == "GET" and p.endswith(shard)]
+    assert len(ranges) >= 2 and any(r and r.startswith("bytes=") for r in ranges[1:])
+    open_model(store, f"hf.co/{REPO}").open_ftw().verify()
+
+
+def test_interrupted_pull_resumes_next_time(fake_hub, store: Store, qwen_repo: Path, monkeypatch) -> None:
+    skip_client_backoff(monkeypatch)
+    monkeypatch.setenv("FT_PULL_RETRIES", "1")
+    fake_hub.add_repo(REPO, qwen_repo)
+    shard = sorted(p.name for p in qwen_repo.glob("*.safetensors"))[-1]
+    fake_hub.fail_next(shard, after_bytes=30_000, times=10)
+    with pytest.raises(HubError, match="run the pull again: it resumes"):
+        pull(f"hf://{REPO}", store)
+    assert store.list_models() == []  # nothing half-listed
+    fake_hub.clear_faults()
+    fake_hub.clear_log()
+    pull(f"hf://{REPO}", store)
+    resumed = [r for m, p, r in fake_hub.requests if m == "GET" and p.endswith(shard)]
+    assert resumed and resumed[0] and resumed[0].startswith("bytes=")  # picked up where it stopped
+    open_model(store, f"hf.co/{REPO}").open_ftw().verify()
+
+
+def test_fit_check_refuses_before_download(fake_hub, store: Store, qwen_repo: Path, monkeypatch) -> None:
+    fake_hub.add_repo(REPO, qwen_repo)
+    tiny_machine = Resources(disk_free_bytes=10_000, ram_total_bytes=1 << 30, ram_available_bytes=1 << 30, has_gpu=False)
+    monkeypatch.setattr(Resources, "probe", staticmethod(lambda disk_free_bytes: tiny_machine))
+    with pytest.raises(FitError) as err:
+        pull("qwen3-30b-a3b", store)
+    message = str(err.value)
+    assert "disk: needs" in message and "free" in message and "FT_HOME" in message
+    assert "RAM: needs" in message and "--force" in message
+    assert weights_requested(fake_hub) == []
+    assert pull("qwen3-30b-a3b", store, force=True).name.model == "qwen3-30b-a3b"
+
+
+def test_unknown_architecture_refused_before_download(fake_hub, store: Store, tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    config = (src / "config.json").read_text().replace('"mixtral"', '"dbrx"')
+    (src / "config.json").write_text(config)
+    fake_hub.add_repo("databricks/dbrx-instruct", src)
+    with pytest.raises(UnsupportedArchitectureError, match="supported families"):
+        pull("hf://databricks/dbrx-instruct", store)
+    assert weights_requested(fake_hub) == []
+
+
+def test_unknown_repository(fake_hub, store: Store) -> None:
+    with pytest.raises(HubError, match="does not exist or needs access"):
+        pull("hf://nobody/nothing", store)
+
+
+def test_disk_full_during_conversion_leaves_nothing(store: Store, tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    real_write = os.write
+    left = {"bytes": 100_000}
+
+    def write(fd: int, data) -> int:
+        left["bytes"] -= len(data)
+        if left["bytes"] < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr("ftw.sink.os.write", write)
+    with pytest.raises(DiskFullError, match="disk full .* free some space or point FT_HOME"):
+        pull(str(src), store)
+    assert store.list_models() == [] and list(store.tmp_dir.iterdir()) == []
+    assert list(store.blobs_dir.iterdir()) == []
+
+
+KILL_DURING_CONVERSION = textwrap.dedent("""
+    import os, signal, sys
+    import ftw.convert as convert
+    real = convert._Converter.write_bank
+    def write_bank(self, layer, src):
+        if layer >= 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, layer, src)
+    convert._Converter.write_bank = write_bank
+    from ftpull.cli import _run
+    _run(["pull", sys.argv[1]])
+""")
+
+
+def test_killed_conversion_is_cleaned_up_by_next_pull(store: Store, tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_CONVERSION, str(src)], env=os.environ.copy(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert store.list_models() == []
+    assert any(store.tmp_dir.iterdir())  # the dead process's work dir
+    pull(str(src), store)
+    assert [e.name.model for e in store.list_models()] == ["hf"]
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_concurrent_pulls_of_one_model(store: Store, tmp_path: Path) -> None:
+    src = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    cmd = [sys.executable, "-m", "ftpull", "pull", str(src)]
+    procs = [subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    assert sum("pulled" in out for out, _ in outputs) == 1  # the others waited, then found it present
+    assert len(store.list_models()) == 1
+    assert store.verify("local/hf") == []
+
+
+def test_verify_names_corrupt_and_truncated_shards(store: Store, tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    pull(str(src), store)
+    model = open_model(store, "local/hf")
+    shard = model.files["model-00001.ftw"]
+    shard.chmod(0o644)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    bad = store.verify("local/hf")
+    assert [(b.title, b.problem) for b in bad] == [("model-00001.ftw", "corrupt")]
+    shard.write_bytes(bytes(data[:-4096]))
+    bad = store.verify("local/hf")
+    assert [(b.title, b.problem) for b in bad] == [("model-00001.ftw", "truncated")]
+
+
+def test_local_directory_with_missing_files(store: Store, tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    shutil.rmtree(src / "model.safetensors", ignore_errors=True)
+    (src / "model.safetensors").unlink(missing_ok=True)
+    from ftw import SourceError
+
+    with pytest.raises(SourceError, match="no \\*.safetensors files"):
+        pull(str(src), store)
+    assert store.list_models() == []
