@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from .errors import SourceError
 from .families import ExpertTensorName, Family, family_for_config, normalized_config, parse_expert_name
-from .format import Index
+from .format import Index, nbytes_of
 from .reader import TORCH_DTYPES
 from .safetensors_source import CHUNK_BYTES, SafetensorsCheckpoint, SourceTensor
 from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
@@ -29,7 +30,10 @@ FLOAT_DTYPES = ("f32", "f16", "bf16")
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 TARGET_DTYPES = ("auto", *FLOAT_DTYPES, "fp8")
 MAX_CONFIG_BYTES = 4 << 20
+READAHEAD_BYTES = 256 << 20  # source bytes read ahead of the writer
+READ_THREADS = 4
 Progress = Callable[[int], None]
+T = TypeVar("T")
 
 
 def load_config(directory: Path) -> dict[str, Any]:
@@ -133,9 +137,30 @@ class _Converter:
     def chunks(self, t: SourceTensor, target_dtype: str):
         """The bytes of `t` converted to `target_dtype`, chunked on element boundaries."""
         itemsize = max(1, t.nbytes // max(1, math.prod(t.shape)))
-        for chunk in self.ckpt.iter_chunks(t, CHUNK_BYTES - CHUNK_BYTES % (itemsize * 8)):
+        step = CHUNK_BYTES - CHUNK_BYTES % (itemsize * 8)
+        starts = range(0, t.nbytes, step)
+        read = lambda i: self.ckpt.read_bytes(t, starts[i], min(step, t.nbytes - starts[i]))  # noqa: E731
+        for chunk in self.readahead(read, len(starts), depth=2):
             yield self.cast_bytes(chunk, t.dtype, target_dtype)
             self.progress(chunk.nbytes)
+
+    def readahead(self, read: Callable[[int], T], count: int, depth: int) -> Iterator[T]:
+        """read(0), ..., read(count - 1) in order, with up to `depth` reads in flight on the pool.
+
+        Several reads outstanding keep the disk busy while the main thread and the sink threads
+        work on what has arrived; `depth` bounds the memory they hold.
+        """
+        window: deque[Future[T]] = deque()
+        submitted = 0
+        try:
+            for _ in range(count):
+                while submitted < count and len(window) < depth:
+                    window.append(self.pool.submit(read, submitted))
+                    submitted += 1
+                yield window.popleft().result()
+        finally:
+            for future in window:
+                future.cancel()
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -162,9 +187,10 @@ class _Converter:
                 parts.append((part, scale.dtype, scale.shape))
             quant = {"fp8_block": self.fp8_block, "scale": "weight_scale_inv"}
         read_expert = self._fused_reader(layer, src, inter, hidden) if src.fused else self._per_expert_reader(layer, src)
+        expert_bytes = sum(nbytes_of(d, shape) for _, d, shape in parts)
+        depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
         with self.writer.expert_bank(layer, num_experts, parts, quant) as bank:
-            for e in range(num_experts):
-                pieces = read_expert(e)
+            for e, pieces in enumerate(self.readahead(read_expert, num_experts, depth)):
                 bank.write_expert(e, {name: [self.cast_bytes(b, b_dtype, d) for b, b_dtype in pieces[name]]
                                       for name, d, _ in parts})
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b, _ in bufs))
@@ -220,6 +246,7 @@ class _Converter:
         dense_params = expert_params = 0
         # embeddings first, then layer by layer (dense weights, then the bank), then the head
         order = sorted(by_layer, key=lambda k: (k == -2, k))
+        self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ftw-read")
         try:
             for key in order:
                 for t in sorted(by_layer[key], key=lambda t: t.name):
@@ -232,6 +259,7 @@ class _Converter:
             self.writer.abort()
             raise
         finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
             self.ckpt.close()
         cfg = self.config
         active = dense_params + expert_params // max(1, cfg["num_experts"]) * cfg["num_experts_per_tok"]

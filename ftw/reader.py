@@ -7,11 +7,14 @@ and `ft verify` re-hashes on demand, so the runtime's load path need not hash ag
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import mmap
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .errors import CorruptIndexError, CorruptShardError
@@ -32,6 +35,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 READ_CHUNK_BYTES = 64 << 20
+USE_DIRECT_IO = os.environ.get("FT_DIRECT_IO", "1") != "0"
 
 
 def check_layout(index: Index, origin: str = INDEX_FILENAME) -> None:
@@ -103,7 +107,7 @@ class FTWReader:
                     f"shard {s.name} ({path}) is {size} bytes, the index says {s.size}: the file is truncated "
                     "or damaged; run `ft verify` and re-pull the model"
                 )
-        self._fds: dict[str, int] = {}
+        self._fds: dict[tuple[str, bool], int | None] = {}
 
     @classmethod
     def open(cls, directory: Path) -> FTWReader:
@@ -119,7 +123,8 @@ class FTWReader:
 
     def close(self) -> None:
         for fd in self._fds.values():
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         self._fds.clear()
 
     def __enter__(self) -> FTWReader:
@@ -130,22 +135,60 @@ class FTWReader:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _fd(self, shard: str) -> int:
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._fds[shard] = os.open(self.shard_paths[shard], os.O_RDONLY)
-        return fd
+    def _fd(self, shard: str, direct: bool = False) -> int | None:
+        """The shard's file descriptor; with `direct`, an O_DIRECT one (None if unsupported)."""
+        key = (shard, direct)
+        if key not in self._fds:
+            flags = os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if direct else 0)
+            try:
+                self._fds[key] = os.open(self.shard_paths[shard], flags)
+            except OSError:
+                if not direct:
+                    raise
+                self._fds[key] = None  # e.g. tmpfs: no O_DIRECT; buffered reads it is
+        return self._fds[key]
 
     def read_into(self, shard: str, offset: int, out: memoryview) -> None:
-        """Fill `out` with bytes from `shard` at `offset` (large sequential preads, GIL released)."""
-        fd = self._fd(shard)
-        done = 0
+        """Fill `out` with bytes from `shard` at `offset`.
+
+        When `out` starts on a page boundary (pinned memory does; see `page_aligned_empty`), the
+        aligned bulk is read with O_DIRECT: the device writes straight into `out`, with no copy
+        through the page cache, and the weights do not also fill the page cache. The rest, and
+        unaligned buffers, use ordinary large preads.
+        """
         total = out.nbytes
+        done = 0
+        if USE_DIRECT_IO and offset % ALIGNMENT == 0 and _address(out) % ALIGNMENT == 0 and total >= ALIGNMENT:
+            fd = self._fd(shard, direct=True)
+            if fd is not None:
+                try:
+                    done = self._pread_all(fd, shard, offset, out[: total - total % ALIGNMENT])
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    os.close(fd)
+                    self._fds[(shard, True)] = None  # the filesystem refuses O_DIRECT after all
+        if done < total:
+            fd = self._fd(shard)
+            assert fd is not None
+            self._pread_all(fd, shard, offset + done, out[done:])
+
+    @staticmethod
+    def _pread_all(fd: int, shard: str, offset: int, out: memoryview) -> int:
+        done, total = 0, out.nbytes
         while done < total:
             n = os.preadv(fd, [out[done : done + READ_CHUNK_BYTES]], offset + done)
             if n <= 0:
                 raise CorruptShardError(f"shard {shard} ended early at byte {offset + done}; run `ft verify`")
             done += n
+        return done
+
+    def in_file_order(self) -> list[TensorEntry | ExpertBank]:
+        """Every dense tensor and bank, sorted by (shard, offset): load in this order so the
+        reads are one sequential pass over each shard (kernel readahead stays effective)."""
+        shard_rank = {s.name: i for i, s in enumerate(self.index.shards)}
+        items: list[TensorEntry | ExpertBank] = [*self.index.tensors, *self.index.banks]
+        return sorted(items, key=lambda item: (shard_rank[item.shard], item.offset))
 
     def tensor(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Read a dense tensor (into `out` when given: same dtype and shape, contiguous)."""
@@ -200,6 +243,17 @@ class FTWReader:
                     f"shard {s.name} ({self.shard_paths[s.name]}) does not match its sha256: the file is corrupt; "
                     "re-pull the model"
                 )
+
+
+def page_aligned_empty(nbytes: int) -> torch.Tensor:
+    """A uint8 CPU tensor of `nbytes` starting on a page boundary (anonymous mmap), so
+    `read_into` can fill it with O_DIRECT. Pinned CUDA host memory is page-aligned already."""
+    region = mmap.mmap(-1, max(nbytes, 1))
+    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:

@@ -147,3 +147,20 @@ def test_disk_full_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         w.finish(family="t", config={}, source_config={})
     w.abort()
     assert not (tmp_path / INDEX_FILENAME).exists()
+
+
+def test_direct_io_into_page_aligned_buffers(tmp_path: Path) -> None:
+    from ftw.reader import page_aligned_empty
+
+    emb, experts = write_small(tmp_path)
+    with FTWReader.open(tmp_path) as r:
+        bank = r.index.bank(0)
+        buf = page_aligned_empty(bank.nbytes)
+        data = r.bank_bytes(0, out=buf)
+        assert (r.shard_paths["model-00001.ftw"], True) and r._fds.get(("model-00001.ftw", True)) is not None
+        for e in range(3):
+            assert torch.equal(r.expert_part(data, bank, e, "w13"), experts[e])
+        entry = r.index.tensor("emb")  # 240 bytes: shorter than a page, read through the page cache
+        out = page_aligned_empty(entry.nbytes)
+        r.read_into(entry.shard, entry.offset, memoryview(out.numpy()))
+        assert torch.equal(out.view(torch.float32).view(10, 6), emb)
