@@ -16,6 +16,7 @@ from .errors import (
 from .families import FAMILIES, family_for_config
 from .format import (
     ALIGNMENT,
+    BLOCK_DTYPES,
     FORMAT_VERSION,
     INDEX_FILENAME,
     ExpertBank,
@@ -24,12 +25,17 @@ from .format import (
     ShardEntry,
     TensorEntry,
 )
+from .gguf_convert import GGUF_SIDE_FILES, convert_gguf
+from .gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
+from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
 from .reader import FTWReader
 from .writer import FTWWriter
 
 __all__ = [
-    "ALIGNMENT", "FAMILIES", "FORMAT_VERSION", "INDEX_FILENAME", "CorruptIndexError", "CorruptShardError",
+    "ALIGNMENT", "BLOCK_DTYPES", "FAMILIES", "FORMAT_VERSION", "GGUF_ARCHITECTURES", "GGUF_SIDE_FILES", "INDEX_FILENAME",
+    "CorruptIndexError", "CorruptShardError",
     "ExpertBank", "ExpertPart", "FTWError", "FTWReader", "FTWWriter", "Index", "ShardEntry", "SourceError",
     "TensorEntry", "UnsupportedArchitectureError", "UnsupportedVersionError", "WriterStateError",
-    "convert_checkpoint", "family_for_config", "load_config",
+    "convert_checkpoint", "convert_gguf", "family_for_config", "gguf_tokenizer_config", "gguf_tokenizer_json",
+    "load_config",
 ]

@@ -22,7 +22,7 @@ PART_ALIGNMENT = 256  # parts inside one expert record
 INDEX_FILENAME = "model.ftw.json"
 MAX_INDEX_BYTES = 256 << 20
 
-# FTW dtype name -> bytes per element. Block quants (GGUF) are stored as raw bytes ("u8").
+# FTW dtype name -> bytes per element.
 DTYPE_ITEMSIZE: dict[str, int] = {
     "f32": 4,
     "f16": 2,
@@ -38,6 +38,38 @@ DTYPE_ITEMSIZE: dict[str, int] = {
 }
 
 
+# GGML block-quantized dtypes, kept byte for byte as GGUF stores them (docs/FTW.md, "Block-quantized
+# tensors"): name -> (elements per block, bytes per block), as in gguf-py's GGML_QUANT_SIZES. A
+# tensor's shape is its logical element shape; each row (last dimension) is a whole number of
+# blocks, quantized independently of the other rows. Only types with a reference dequantizer in
+# gguf-py are listed (tests check the numbers against it).
+BLOCK_DTYPES: dict[str, tuple[int, int]] = {
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "q8_0": (32, 34),
+    "q2_k": (256, 84),
+    "q3_k": (256, 110),
+    "q4_k": (256, 144),
+    "q5_k": (256, 176),
+    "q6_k": (256, 210),
+    "iq2_xxs": (256, 66),
+    "iq2_xs": (256, 74),
+    "iq2_s": (256, 82),
+    "iq3_xxs": (256, 98),
+    "iq3_s": (256, 110),
+    "iq1_s": (256, 50),
+    "iq1_m": (256, 56),
+    "iq4_nl": (32, 18),
+    "iq4_xs": (256, 136),
+    "tq1_0": (256, 54),
+    "tq2_0": (256, 66),
+    "mxfp4": (32, 17),
+}
+KNOWN_DTYPES = frozenset(DTYPE_ITEMSIZE) | frozenset(BLOCK_DTYPES)
+
+
 def shard_filename(number: int) -> str:
     return f"model-{number:05d}.ftw"
 
@@ -47,7 +79,23 @@ def align_up(value: int, alignment: int = ALIGNMENT) -> int:
 
 
 def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a C-contiguous `dtype` tensor of logical `shape`.
+
+    ValueError when a block-quantized shape's rows are not a whole number of blocks."""
+    if dtype in BLOCK_DTYPES:
+        return math.prod(storage_shape(dtype, shape))
     return DTYPE_ITEMSIZE[dtype] * math.prod(shape)
+
+
+def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape the reader returns: `shape` itself, or for a block-quantized dtype the raw
+    bytes as uint8 `[*shape[:-1], row_bytes]` (what `gguf.quants.dequantize` takes)."""
+    if dtype not in BLOCK_DTYPES:
+        return tuple(shape)
+    block_size, type_size = BLOCK_DTYPES[dtype]
+    if not shape or shape[-1] % block_size:
+        raise ValueError(f"{dtype} needs a last dimension that is a multiple of {block_size}, got {list(shape)}")
+    return (*shape[:-1], shape[-1] // block_size * type_size)
 
 
 @dataclass(frozen=True)
@@ -201,8 +249,15 @@ class _IndexParser:
 
     def dtype(self, obj: Any, where: str) -> str:
         value = self.get(obj, "dtype", str, where)
-        if value not in DTYPE_ITEMSIZE:
-            raise self.fail(f"{where}.dtype {value!r} is unknown (known: {', '.join(DTYPE_ITEMSIZE)})")
+        if value not in KNOWN_DTYPES:
+            raise self.fail(
+                f"{where}.dtype {value!r} is unknown (known: {', '.join([*DTYPE_ITEMSIZE, *BLOCK_DTYPES])})"
+            )
+        if value in BLOCK_DTYPES:
+            try:
+                storage_shape(value, self.shape(obj, where))
+            except ValueError as e:
+                raise self.fail(f"{where}: {e}") from None
         return value
 
     def parse(self, doc: Any) -> Index:

@@ -1,5 +1,8 @@
 """FTWReader: validates an FTW index against its shards and reads tensors and expert banks.
 
+Block-quantized (GGML) tensors and parts come back as their raw bytes, uint8 of
+`format.storage_shape(dtype, shape)` = `[*shape[:-1], row_bytes]`; the runtime dequantizes them.
+
 Opening checks the layout only (sizes, bounds, alignment, no overlaps), which costs nothing
 per byte; `verify()` re-hashes the shards. The registry hashes every blob when it is stored
 and `ft verify` re-hashes on demand, so the runtime's load path need not hash again.
@@ -18,7 +21,16 @@ import numpy as np
 import torch
 
 from .errors import CorruptIndexError, CorruptShardError
-from .format import ALIGNMENT, DTYPE_ITEMSIZE, INDEX_FILENAME, ExpertBank, Index, TensorEntry, nbytes_of
+from .format import (
+    ALIGNMENT,
+    DTYPE_ITEMSIZE,
+    INDEX_FILENAME,
+    ExpertBank,
+    Index,
+    TensorEntry,
+    nbytes_of,
+    storage_shape,
+)
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "f32": torch.float32,
@@ -36,6 +48,18 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 
 READ_CHUNK_BYTES = 64 << 20
 USE_DIRECT_IO = os.environ.get("FT_DIRECT_IO", "1") != "0"
+
+
+def torch_dtype_of(dtype: str) -> torch.dtype:
+    """The torch dtype the reader returns for an FTW dtype (uint8 for block-quantized ones)."""
+    return TORCH_DTYPES.get(dtype, torch.uint8)
+
+
+def _expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
+    try:
+        return nbytes_of(dtype, shape)
+    except (KeyError, ValueError):
+        return None  # unknown dtype, or a block-quantized row that is not whole blocks
 
 
 def check_layout(index: Index, origin: str = INDEX_FILENAME) -> None:
@@ -61,8 +85,8 @@ def check_layout(index: Index, origin: str = INDEX_FILENAME) -> None:
         if t.name in names:
             raise CorruptIndexError(f"{origin}: tensor {t.name!r} is listed twice")
         names.add(t.name)
-        if nbytes_of(t.dtype, t.shape) != t.nbytes:
-            raise CorruptIndexError(f"{origin}: tensor {t.name!r} is {t.nbytes} bytes but {t.dtype}{list(t.shape)} needs {nbytes_of(t.dtype, t.shape)}")
+        if (expected := _expected_nbytes(t.dtype, t.shape)) != t.nbytes:
+            raise CorruptIndexError(f"{origin}: tensor {t.name!r} is {t.nbytes} bytes but {t.dtype}{list(t.shape)} needs {expected}")
         claim(t.shard, t.offset, t.nbytes, f"tensor {t.name!r}")
     layers: set[int] = set()
     for b in index.banks:
@@ -74,7 +98,7 @@ def check_layout(index: Index, origin: str = INDEX_FILENAME) -> None:
             raise CorruptIndexError(f"{origin}: {what} has {b.num_experts} experts of stride {b.expert_stride}")
         end = 0
         for p in sorted(b.parts, key=lambda p: p.offset):
-            if nbytes_of(p.dtype, p.shape) != p.nbytes or p.offset < end:
+            if _expected_nbytes(p.dtype, p.shape) != p.nbytes or p.offset < end:
                 raise CorruptIndexError(f"{origin}: {what} part {p.name!r} is inconsistent or overlaps")
             end = p.offset + p.nbytes
         if end > b.expert_stride:
@@ -191,15 +215,17 @@ class FTWReader:
         return sorted(items, key=lambda item: (shard_rank[item.shard], item.offset))
 
     def tensor(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Read a dense tensor (into `out` when given: same dtype and shape, contiguous)."""
+        """Read a dense tensor (into `out` when given: same dtype and shape, contiguous).
+
+        A block-quantized tensor comes back as uint8 `[*shape[:-1], row_bytes]`, its raw bytes."""
         return self._read_entry(self.index.tensor(name), out)
 
     def _read_entry(self, entry: TensorEntry, out: torch.Tensor | None) -> torch.Tensor:
-        dtype = TORCH_DTYPES[entry.dtype]
+        dtype, shape = torch_dtype_of(entry.dtype), storage_shape(entry.dtype, entry.shape)
         if out is None:
-            out = torch.empty(entry.shape, dtype=dtype)
-        elif out.dtype != dtype or tuple(out.shape) != entry.shape or not out.is_contiguous():
-            raise ValueError(f"{entry.name}: out must be contiguous {dtype}{list(entry.shape)}")
+            out = torch.empty(shape, dtype=dtype)
+        elif out.dtype != dtype or tuple(out.shape) != shape or not out.is_contiguous():
+            raise ValueError(f"{entry.name}: out must be contiguous {dtype}{list(shape)}")
         if entry.nbytes:
             self.read_into(entry.shard, entry.offset, _byte_view(out))
         return out
@@ -219,11 +245,12 @@ class FTWReader:
         return out.view(bank.num_experts, bank.expert_stride)
 
     def expert_part(self, bank_bytes: torch.Tensor, bank: ExpertBank, expert: int, part: str) -> torch.Tensor:
-        """A typed view of one part of one expert inside bytes returned by `bank_bytes`."""
+        """A typed view of one part of one expert inside bytes returned by `bank_bytes`
+        (block-quantized parts: their raw bytes, uint8 `[*shape[:-1], row_bytes]`)."""
         p = bank.part(part)
         record = bank_bytes.view(-1)[expert * bank.expert_stride : (expert + 1) * bank.expert_stride]
         raw = record[p.offset : p.offset + p.nbytes]
-        return raw.view(TORCH_DTYPES[p.dtype]).view(p.shape)
+        return raw.view(torch_dtype_of(p.dtype)).view(storage_shape(p.dtype, p.shape))
 
     # -- integrity ----------------------------------------------------------------------------
 

@@ -1,0 +1,307 @@
+"""GGUF -> FTW, streaming, in bounded memory, block quants kept byte for byte.
+
+The FTW layout is the one the safetensors converter writes: dense tensors under Hugging Face
+names, each MoE layer's routed experts as one bank of expert records. A record's `w13` is the
+expert's gate rows then its up rows, both GGML-quantized row blocks copied as stored (each row is
+quantized on its own, so concatenating rows is valid); `w2` is its down projection. When gate and
+up have different GGML types (some mixed quantizations), the record has `w1` and `w3` instead of
+`w13`. The tokenizer files are written beside the index (GGUF_SIDE_FILES).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import SourceError
+from .families import family_for_config, normalized_config
+from .format import BLOCK_DTYPES, Index, storage_shape
+from .gguf_file import GGUFModel, GGUFTensor
+from .gguf_source import (
+    DROPPED_BLOCK,
+    DROPPED_GLOBAL,
+    EXPERT_ROWS,
+    KV_B_HF,
+    KV_B_SPLIT,
+    LAYER_PREFIX_HF,
+    GGUFArchitecture,
+    architecture_for,
+    hf_rows_of_llama_qk,
+)
+from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
+from .reader import TORCH_DTYPES
+from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
+
+GGUF_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json")
+PER_EXPERT_NAME = re.compile(r"^ffn_(?:gate|up|down)\.\d+\.weight$")  # old Mixtral GGUFs: blk.N.ffn_gate.E.weight
+READAHEAD_BYTES = 256 << 20
+READ_THREADS = 4
+FLOAT_DTYPES = ("f32", "f16", "bf16")
+Progress = Callable[[int], None]
+Chunks = Callable[[], Iterable[np.ndarray]]
+
+
+@dataclass
+class _Dense:
+    name: str  # Hugging Face name
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: Chunks
+
+
+def _split_block_name(name: str) -> tuple[int, str] | None:
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        return int(parts[1]), parts[2]
+    return None
+
+
+class _GGUFConverter:
+    def __init__(self, path: Path, out: Path, max_shard_bytes: int, progress: Progress | None, tokenizer: bool) -> None:
+        self.model = GGUFModel(path)
+        try:
+            self.arch: GGUFArchitecture = architecture_for(self.model)
+            self.source_config = self.arch.hf_config(self.model)
+            self.family = family_for_config(self.source_config)
+            self.config = normalized_config(self.family, self.source_config)
+            # built before any weight is written, so an unsupported tokenizer fails fast
+            self.side_files = self._tokenizer_files() if tokenizer else {}
+        except BaseException:
+            self.model.close()
+            raise
+        self.out = Path(out)
+        self.progress = progress or (lambda n: None)
+        self.writer = FTWWriter(self.out, max_shard_bytes=max_shard_bytes)
+        self.params_by_dtype: dict[str, int] = defaultdict(int)
+
+    def _tokenizer_files(self) -> dict[str, dict[str, Any]]:
+        context = self.config["context_length"] or None
+        return {"tokenizer.json": gguf_tokenizer_json(self.model),
+                "tokenizer_config.json": gguf_tokenizer_config(self.model, context_length=context)}
+
+    # -- classification -------------------------------------------------------------------------
+
+    def classify(self) -> tuple[dict[int, list[_Dense]], dict[int, dict[str, GGUFTensor]], int]:
+        """Dense tensors by layer (-1 before the layers, num_layers after), expert tensors by layer."""
+        num_layers = self.config["num_layers"]
+        names = self.arch.tensor_names(num_layers)
+        dense: dict[int, list[_Dense]] = defaultdict(list)
+        experts: dict[int, dict[str, GGUFTensor]] = defaultdict(dict)
+        kv_b: dict[int, dict[str, GGUFTensor]] = defaultdict(dict)
+        dropped = 0
+        for name, t in self.model.tensors.items():
+            block = _split_block_name(name)
+            if name in names:
+                layer = block[0] if block else (-1 if name.startswith("token_embd") else num_layers)
+                dense[layer].append(self._dense(names[name], t, block[1] if block else name))
+            elif (block and block[0] >= num_layers) or name in DROPPED_GLOBAL or (block and block[1] in DROPPED_BLOCK):
+                dropped += 1  # multi-token-prediction blocks, llama.cpp-only tables
+            elif block and block[1] in EXPERT_ROWS:
+                experts[block[0]][EXPERT_ROWS[block[1]]] = t
+            elif block and block[1] in KV_B_SPLIT:
+                kv_b[block[0]][KV_B_SPLIT[block[1]]] = t
+            elif block and PER_EXPERT_NAME.match(block[1]):
+                raise SourceError(f"{self.model.path}: {name!r} is in the old per-expert GGUF layout (before "
+                                  "llama.cpp fused experts in 2024); download a GGUF made by a recent llama.cpp")
+            else:
+                raise SourceError(
+                    f"{self.model.path}: tensor {name!r} has no Hugging Face name in ft's {self.arch.name} table "
+                    "(ftw/gguf_source.py); this GGUF variant is not supported"
+                )
+        for layer, halves in kv_b.items():
+            hf = LAYER_PREFIX_HF.format(layer=layer) + KV_B_HF
+            if any(d.name == hf for d in dense[layer]):
+                raise SourceError(f"{self.model.path}: layer {layer} has both attn_kv_b and attn_k_b/attn_v_b")
+            dense[layer].append(self._kv_b(layer, hf, halves))
+        expected = self.config["moe_layers"]
+        if sorted(experts) != expected:
+            raise SourceError(
+                f"{self.model.path}: routed experts in layers {sorted(experts)}, the metadata implies {expected}; "
+                "the file is incomplete or not a model ft knows"
+            )
+        return dense, experts, dropped
+
+    def _dense(self, hf_name: str, t: GGUFTensor, gguf_name: str) -> _Dense:
+        if self.arch.permute_qk and gguf_name in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
+            heads = self.config["num_attention_heads" if gguf_name.startswith("attn_q") else "num_key_value_heads"]
+            order = hf_rows_of_llama_qk(t.shape[0], heads)
+
+            def unpermuted() -> list[np.ndarray]:
+                data = self.model.read_bytes(t)
+                self.progress(data.nbytes)
+                return [np.ascontiguousarray(data.reshape(t.shape[0], -1)[order]).reshape(-1)]
+
+            return _Dense(hf_name, t.dtype, t.shape, unpermuted)
+        return _Dense(hf_name, t.dtype, t.shape, lambda: self._chunks(t))
+
+    def _chunks(self, t: GGUFTensor) -> Iterator[np.ndarray]:
+        for chunk in self.model.iter_chunks(t):
+            yield chunk
+            self.progress(chunk.nbytes)
+
+    def _kv_b(self, layer: int, hf_name: str, halves: dict[str, GGUFTensor]) -> _Dense:
+        """DeepSeek MLA's kv_b_proj [heads * (nope + v), kv_lora_rank] from llama.cpp's split halves.
+
+        Float halves are transposed exactly in their dtype; block-quantized ones cannot be
+        transposed as bytes, so they are dequantized (gguf-py's reference) and kv_b is float32."""
+        if set(halves) != {"k_b", "v_b"}:
+            raise SourceError(f"{self.model.path}: layer {layer} has {sorted(halves)} of attn_k_b/attn_v_b, needs both")
+        c = self.source_config
+        heads, nope, v_dim, rank = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+        k_t, v_t = halves["k_b"], halves["v_b"]
+        for t, shape in ((k_t, (heads, rank, nope)), (v_t, (heads, v_dim, rank))):
+            if math.prod(t.shape) != math.prod(shape) or t.shape[-1] != shape[-1]:
+                raise SourceError(f"{self.model.path}: {t.name} has shape {list(t.shape)}, expected {list(shape)}")
+        same_float = k_t.dtype == v_t.dtype and k_t.dtype in FLOAT_DTYPES
+        dtype = k_t.dtype if same_float else "f32"
+
+        def build() -> list[np.ndarray]:
+            k = self._as_float(k_t, dtype).reshape(heads, rank, nope).transpose(1, 2)  # [heads, nope, rank]
+            v = self._as_float(v_t, dtype).reshape(heads, v_dim, rank)
+            kv = torch.cat([k, v], dim=1).reshape(heads * (nope + v_dim), rank).contiguous()
+            return [kv.view(torch.uint8).numpy().reshape(-1)]
+
+        return _Dense(hf_name, dtype, (heads * (nope + v_dim), rank), build)
+
+    def _as_float(self, t: GGUFTensor, dtype: str) -> torch.Tensor:
+        data = self.model.read_bytes(t)
+        self.progress(data.nbytes)
+        if t.dtype in BLOCK_DTYPES:
+            from gguf.constants import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            values = dequantize(data.reshape(storage_shape(t.dtype, t.shape)), GGMLQuantizationType(t.ggml_type))
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        if t.dtype not in FLOAT_DTYPES:
+            raise SourceError(f"{self.model.path}: {t.name} has dtype {t.dtype}, expected a float or block-quantized type")
+        return torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).to(TORCH_DTYPES[dtype])
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def write_dense(self, d: _Dense) -> int:
+        self.writer.add_tensor(d.name, d.dtype, d.shape, d.chunks())
+        self.params_by_dtype[d.dtype] += math.prod(d.shape)
+        return math.prod(d.shape)
+
+    def write_bank(self, layer: int, src: dict[str, GGUFTensor]) -> int:
+        """Write one layer's experts; returns the parameter count of one expert."""
+        cfg = self.config
+        num_experts, inter, hidden = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
+
+        def need(role: str, rows: int, cols: int) -> GGUFTensor:
+            t = src.get(role)
+            if t is None:
+                raise SourceError(f"{self.model.path}: layer {layer} lacks ffn_{role}_exps")
+            if t.shape != (num_experts, rows, cols):
+                raise SourceError(f"{self.model.path}: {t.name} has shape {list(t.shape)}, "
+                                  f"expected [{num_experts}, {rows}, {cols}]")
+            return t
+
+        down = need("down", hidden, inter)
+        if "gate_up" in src:
+            gate_up = need("gate_up", 2 * inter, hidden)
+            sources = {"w13": [gate_up], "w2": [down]}
+        else:
+            gate, up = need("gate", inter, hidden), need("up", inter, hidden)
+            sources = {"w13": [gate, up], "w2": [down]} if gate.dtype == up.dtype else {"w1": [gate], "w3": [up], "w2": [down]}
+        shapes = {"w13": (2 * inter, hidden), "w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
+        parts = [(name, ts[0].dtype, shapes[name]) for name, ts in sources.items()]
+        for _, dtype, shape in parts:
+            self.params_by_dtype[dtype] += num_experts * math.prod(shape)
+
+        def read(e: int) -> dict[str, list[np.ndarray]]:
+            return {name: [self.model.read_bytes(t, e * (t.nbytes // num_experts), t.nbytes // num_experts) for t in ts]
+                    for name, ts in sources.items()}
+
+        expert_bytes = sum(t.nbytes for ts in sources.values() for t in ts) // num_experts
+        depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
+        with self.writer.expert_bank(layer, num_experts, parts) as bank:
+            for e, pieces in enumerate(self._readahead(read, num_experts, depth)):
+                bank.write_expert(e, pieces)
+                self.progress(sum(b.nbytes for bufs in pieces.values() for b in bufs))
+        return 3 * inter * hidden
+
+    def _readahead(self, read: Callable[[int], Any], count: int, depth: int) -> Iterator[Any]:
+        """read(0), ..., read(count - 1) in order, up to `depth` reads in flight on the pool."""
+        window: deque[Future[Any]] = deque()
+        submitted = 0
+        try:
+            for _ in range(count):
+                while submitted < count and len(window) < depth:
+                    window.append(self.pool.submit(read, submitted))
+                    submitted += 1
+                yield window.popleft().result()
+        finally:
+            for future in window:
+                future.cancel()
+
+    def run(self) -> Index:
+        self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ftw-gguf-read")
+        try:
+            dense, experts, dropped = self.classify()
+            dense_params = expert_params = 0
+            for layer in sorted(set(dense) | set(experts)):
+                for d in sorted(dense.get(layer, []), key=lambda d: d.name):
+                    dense_params += self.write_dense(d)
+                if layer in experts:
+                    expert_params += self.config["num_experts"] * self.write_bank(layer, experts[layer])
+            for name, doc in self.side_files.items():
+                _write_json_atomic(self.out / name, doc)
+        except BaseException:
+            self.writer.abort()
+            raise
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.model.close()
+        cfg = self.config
+        active = dense_params + expert_params // max(1, cfg["num_experts"]) * cfg["num_experts_per_tok"]
+        config = {**cfg, "num_params_total": dense_params + expert_params, "num_params_active": active,
+                  "dtype": max(self.params_by_dtype, key=lambda k: self.params_by_dtype[k])}
+        metadata = {
+            "converter": "ft", "source_format": "gguf", "dropped_tensors": dropped, "target_dtype": "auto",
+            "gguf_architecture": self.arch.name, "params_by_dtype": dict(self.params_by_dtype),
+            "side_files": sorted(self.side_files),
+            "gguf_metadata": {k: v for k, v in self.model.metadata.items()
+                              if not isinstance(v, list) and not k.startswith("tokenizer.")},
+        }
+        return self.writer.finish(family=self.family.name, config=config, source_config=self.source_config, metadata=metadata)
+
+
+def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def convert_gguf(
+    path: Path,
+    out: Path,
+    *,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: Progress | None = None,
+    tokenizer: bool = True,
+) -> Index:
+    """Convert the GGUF model `path` (one file, or any part of a split model) to an FTW directory `out`.
+
+    Returns the index. Tensors keep their GGUF dtypes (block quants byte for byte); the config in
+    the index is rebuilt from GGUF metadata (`source_config` is a Hugging Face-style config.json).
+    With `tokenizer`, the embedded tokenizer is also written to `out` as GGUF_SIDE_FILES
+    (`tokenizer.json`, `tokenizer_config.json` with the chat template); a tokenizer ft cannot rebuild
+    is refused before any weight is written. `progress` gets source bytes consumed.
+    """
+    return _GGUFConverter(Path(path), Path(out), max_shard_bytes, progress, tokenizer).run()

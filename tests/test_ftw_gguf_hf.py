@@ -1,0 +1,286 @@
+"""HF checkpoint -> GGUF (as llama.cpp's convert_hf_to_gguf.py writes it) -> FTW gives back the HF tensors.
+
+`export_gguf` is written independently of ftw/gguf_source.py: GGUF names come from gguf-py's own
+TensorNameMap, and it applies llama.cpp's transformations (expert stacking, the llama Q/K row
+permutation, DeepSeek's kv_b split). Converting its output with `convert_gguf` must give the HF
+tensors bit for bit under their HF names, and the same normalized config as converting the HF
+checkpoint directly: that checks the name tables, the transposition conventions and the config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, GGMLQuantizationType
+
+from ftw import FTWReader, convert_checkpoint
+from ftw.gguf_convert import convert_gguf
+from tests.checkpoints import load_all, save_checkpoint
+from tests.test_ftw_convert import assert_round_trip
+
+ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2}
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
+    """llama.cpp's LlamaModel.permute, verbatim in effect."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_name(maps: list, hf_name: str) -> str:
+    for m in maps:
+        name = m.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is not None:
+            return name
+    raise AssertionError(f"gguf-py has no GGUF name for {hf_name}")
+
+
+def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, mtp: bool) -> None:
+    rope = c.get("rope_parameters") or {}
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(c["num_hidden_layers"] + mtp)  # llama.cpp counts MTP blocks in block_count
+    if mtp:
+        w.add_nextn_predict_layers(1)
+        # DeepSeek-V3's YaRN, as DeepseekV2Model.set_gguf_parameters writes it
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(40.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_rope_scaling_yarn_log_mul(0.1)
+    w.add_head_count(c["num_attention_heads"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(rope.get("rope_theta", c.get("rope_theta")))
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if family == "qwen3_moe":
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+        w.add_expert_count(c["num_local_experts"] if "num_local_experts" in c else c["num_experts"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    elif family == "mixtral":
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
+        w.add_expert_count(c["num_local_experts"])
+    else:  # deepseek_v3, as DeepseekV2Model.set_gguf_parameters writes it
+        w.add_expert_count(c["n_routed_experts"])
+        w.add_leading_dense_block_count(c["first_k_dense_replace"])
+        w.add_q_lora_rank(c["q_lora_rank"])
+        w.add_kv_lora_rank(c["kv_lora_rank"])
+        if kv_b_split:
+            w.add_head_count_kv(1)
+            w.add_key_length(c["kv_lora_rank"] + c["qk_rope_head_dim"])
+            w.add_value_length(c["kv_lora_rank"])
+            w.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+            w.add_value_length_mla(c["v_head_dim"])
+        else:
+            w.add_head_count_kv(c["num_key_value_heads"])
+            w.add_key_length(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+            w.add_value_length(c["v_head_dim"])
+        w.add_rope_dimension_count(c["qk_rope_head_dim"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_count(c["n_shared_experts"])
+        w.add_expert_weights_scale(c["routed_scaling_factor"])
+        w.add_expert_weights_norm(c["norm_topk_prob"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_group_count(c["n_group"])
+        w.add_expert_group_used_count(c["topk_group"])
+
+
+def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
+    """A trivial byte-level BPE vocabulary (the tokenizer test uses a real one)."""
+    tokens = [f"t{i}" for i in range(vocab_size - 1)] + ["<|endoftext|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (vocab_size - 1) + [3])
+    w.add_token_merges(["t 0"])
+    w.add_eos_token_id(vocab_size - 1)
+    w.add_chat_template("{{ messages[0]['content'] }}")
+
+
+def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GGMLQuantizationType | None = None,
+                mtp: bool = False) -> Path:
+    """Write the HF checkpoint `src` as an F32 GGUF the way llama.cpp's converter would; with
+    `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN."""
+    c = json.loads((src / "config.json").read_text())
+    family = c["model_type"]
+    arch = ARCH[family]
+    num_layers = c["num_hidden_layers"]
+    maps = [gguf.get_tensor_name_map(arch, num_layers), gguf.get_tensor_name_map(MODEL_ARCH.LLAMA, num_layers)]
+    w = gguf.GGUFWriter(out, MODEL_ARCH_NAMES[arch])
+    _write_metadata(w, c, family, kv_b_split, mtp)
+    if mtp:
+        w.add_tensor(f"blk.{num_layers}.nextn.eh_proj.weight", np.zeros((c["hidden_size"], 2 * c["hidden_size"]), np.float32))
+        w.add_tensor(f"blk.{num_layers}.attn_norm.weight", np.ones(c["hidden_size"], np.float32))
+    _add_byte_level_tokenizer(w, c["vocab_size"])
+    tensors = load_all(src)
+    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        parts = name.split(".")
+        if ".experts." in name and "shared_experts" not in name:  # model.layers.L.{mlp|block_sparse_moe}.experts.E.proj.weight
+            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            continue
+        if family == "mixtral" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            kv = c["num_key_value_heads"] if "k_proj" in name else None
+            t = llama_cpp_permute(t, c["num_attention_heads"], kv)
+        if family == "deepseek_v3" and name.endswith("kv_b_proj.weight") and kv_b_split:
+            heads, nope, v_dim = c["num_key_value_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+            kv_b = t.view(heads, nope + v_dim, t.shape[-1])
+            k_b, v_b = torch.split(kv_b, [nope, v_dim], dim=1)
+            for half, data in (("k_b_proj", k_b.transpose(1, 2)), ("v_b_proj", v_b)):
+                array = data.contiguous().numpy()
+                gname = _gguf_name(maps, name.replace("kv_b_proj", half))
+                if kv_b_qtype is None:
+                    w.add_tensor(gname, array)
+                else:
+                    w.add_tensor(gname, gguf.quants.quantize(array, kv_b_qtype), raw_dtype=kv_b_qtype)
+            continue
+        name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as llama.cpp does
+        w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
+    for (_, merged), by_expert in sorted(experts.items()):
+        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
+        w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
+    src = save_checkpoint(family, tmp_path / "hf")
+    path = export_gguf(src, tmp_path / "model.gguf")
+    index = convert_gguf(path, tmp_path / "ftw")
+    reader = assert_round_trip(src, tmp_path / "ftw")
+    reader.verify()
+    direct = convert_checkpoint(src, tmp_path / "ftw-hf")
+    assert index.family == direct.family == family
+    assert index.config == direct.config
+    assert {t.name for t in index.tensors} == {t.name for t in direct.tensors}
+    assert [(b.layer, [(p.name, p.dtype, p.shape) for p in b.parts]) for b in index.banks] == \
+        [(b.layer, [(p.name, p.dtype, p.shape) for p in b.parts]) for b in direct.banks]
+    hf_config = json.loads((src / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "rms_norm_eps", "vocab_size",
+                "num_experts_per_tok", "tie_word_embeddings", "max_position_embeddings", "model_type", "architectures"):
+        assert index.source_config[key] == hf_config[key], key
+    assert index.metadata["source_format"] == "gguf"
+
+
+def test_deepseek_legacy_kv_b(tmp_path: Path) -> None:
+    src = save_checkpoint("deepseek_v3", tmp_path / "hf")
+    path = export_gguf(src, tmp_path / "model.gguf", kv_b_split=False)
+    index = convert_gguf(path, tmp_path / "ftw")
+    assert_round_trip(src, tmp_path / "ftw")
+    assert index.config == convert_checkpoint(src, tmp_path / "ftw-hf").config
+
+
+def test_deepseek_quantized_kv_b_is_dequantized(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    # kv_b's halves need rows of whole Q8_0 blocks (32): wider MLA sizes than the stock tiny model
+    config = dict(FAMILY_CONFIGS["deepseek_v3"], kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=32)
+    torch.manual_seed(0)
+    src = tmp_path / "hf"
+    AutoModelForCausalLM.from_config(AutoConfig.for_model("deepseek_v3", **config)).save_pretrained(src)
+    path = export_gguf(src, tmp_path / "model.gguf", kv_b_qtype=GGMLQuantizationType.Q8_0)
+    index = convert_gguf(path, tmp_path / "ftw")
+    reader = FTWReader.open(tmp_path / "ftw")
+    for layer in range(config["num_hidden_layers"]):
+        name = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+        assert index.tensor(name).dtype == "f32"
+        want = load_all(src)[name]
+        heads, nope, v_dim = config["num_key_value_heads"], 32, 32
+        k_b, v_b = torch.split(want.view(heads, nope + v_dim, -1), [nope, v_dim], dim=1)
+        q = GGMLQuantizationType.Q8_0
+        k_ref = gguf.quants.dequantize(gguf.quants.quantize(k_b.transpose(1, 2).contiguous().numpy(), q), q)
+        v_ref = gguf.quants.dequantize(gguf.quants.quantize(v_b.contiguous().numpy(), q), q)
+        ref = np.concatenate([k_ref.transpose(0, 2, 1), v_ref], axis=1).reshape(want.shape)
+        assert np.array_equal(reader.tensor(name).numpy(), ref)
+        assert torch.allclose(reader.tensor(name), want, atol=0.01)
+
+
+def test_qwen3_moe_config_agrees_with_transformers_gguf_loader(tmp_path: Path) -> None:
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = export_gguf(save_checkpoint("qwen3_moe", tmp_path / "hf"), tmp_path / "model.gguf")
+    theirs = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    ours = convert_gguf(path, tmp_path / "ftw").source_config
+    shared = set(theirs) & set(ours)
+    assert len(shared) >= 14
+    for key in shared:
+        want = theirs[key]
+        assert ours[key] == (pytest.approx(want, rel=1e-6) if isinstance(want, float) else want), key
+
+
+def test_byte_level_bpe_tokenizer_round_trip(tmp_path: Path) -> None:
+    """The tiny model's byte-level BPE, stored in GGUF as llama.cpp stores a gpt2 vocabulary, comes
+    back as a tokenizer.json that encodes and decodes like the original."""
+    from tokenizers import Tokenizer
+
+    from ftpull.tiny import CHAT_TEMPLATE, ENDOFTEXT_ID, IM_END_ID, build_tiny_tokenizer
+    from ftw.gguf_file import GGUFModel
+    from ftw.gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
+
+    original = build_tiny_tokenizer()
+    vocab = original.get_vocab(with_added_tokens=True)
+    added = original.get_added_tokens_decoder()
+    tokens = [""] * len(vocab)
+    for token, i in vocab.items():
+        tokens[i] = token
+    types = [(3 if added[i].special else 4) if i in added else 1 for i in range(len(tokens))]
+    merges = [" ".join(pair) for pair in json.loads(original.to_str())["model"]["merges"]]
+    w = gguf.GGUFWriter(tmp_path / "tok.gguf", "qwen3moe")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(ENDOFTEXT_ID)
+    w.add_eos_token_id(IM_END_ID)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFModel(tmp_path / "tok.gguf") as model:
+        rebuilt = Tokenizer.from_str(json.dumps(gguf_tokenizer_json(model)))
+        config = gguf_tokenizer_config(model)
+    texts = [
+        "Hello, world! It's 2025 and we'll test   spaces\n\nand newlines.\r\n",
+        "<|im_start|>user\nWhat is 12345 * 678?<|im_end|>\n<think>\n</think>",
+        "naïve café, 東京, Ελληνικά, emoji 🙂 and tabs\there",
+        "'S 'LL contractions' edge-cases... ---> ==> \u00a0",
+    ]
+    for text in texts:
+        want = original.encode(text)
+        got = rebuilt.encode(text)
+        assert got.ids == want.ids, text
+        assert rebuilt.decode(got.ids, skip_special_tokens=False) == text
+    assert config["chat_template"] == CHAT_TEMPLATE
+    assert (config["bos_token"], config["eos_token"]) == ("<|endoftext|>", "<|im_end|>")
+    assert config["added_tokens_decoder"][str(IM_END_ID)]["special"] is True
+    assert config["added_tokens_decoder"][str(IM_END_ID + 4)]["special"] is False  # <think>
+
+
+def test_deepseek_mtp_block_dropped_and_yarn_config(tmp_path: Path) -> None:
+    src = save_checkpoint("deepseek_v3", tmp_path / "hf")
+    index = convert_gguf(export_gguf(src, tmp_path / "model.gguf", mtp=True), tmp_path / "ftw")
+    assert_round_trip(src, tmp_path / "ftw")
+    assert index.metadata["dropped_tensors"] == 2
+    assert index.source_config["num_hidden_layers"] == 3 and index.source_config["num_nextn_predict_layers"] == 1
+    assert index.source_config["rope_scaling"] == {
+        "type": "yarn", "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+        "mscale": 1.0, "mscale_all_dim": 1.0}
