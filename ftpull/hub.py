@@ -22,10 +22,14 @@ from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
+    NotASafetensorsRepoError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
+    SafetensorsParsingError,
 )
 from tqdm.auto import tqdm
+
+from ftw.safetensors_source import SAFETENSORS_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ class RemoteCheckpoint:
     revision: str  # the commit sha the branch or tag resolved to
     config: dict[str, Any]
     files: tuple[RemoteFile, ...]  # the ones a pull downloads
-    tensors: dict[str, tuple[str, tuple[int, ...], int]]  # name -> (safetensors dtype, shape, nbytes)
+    tensors: dict[str, tuple[str, int]]  # name -> (FTW dtype, nbytes)
 
     @property
     def download_bytes(self) -> int:
@@ -99,6 +103,13 @@ def with_retries(what: str, fn: Callable[[], T]) -> T:
             ) from None
         except (RevisionNotFoundError, EntryNotFoundError) as e:
             raise HubError(f"{what}: {e}".splitlines()[0]) from None
+        except NotASafetensorsRepoError:
+            raise HubError(
+                f"{what}: the repository has no safetensors weights (ft never loads pickled .bin/.pt files); "
+                "look for a safetensors or GGUF variant of the model"
+            ) from None
+        except SafetensorsParsingError as e:
+            raise HubError(f"{what}: a safetensors header on the Hub is malformed ({e})") from None
         except Exception as e:  # network errors come in many types across client versions
             if _permanent(e) or attempt == attempts:
                 raise HubError(
@@ -115,13 +126,17 @@ def _api() -> HfApi:
     return HfApi(endpoint=endpoint())
 
 
+def fetch_file_sizes(repo_id: str, revision: str | None) -> tuple[str, dict[str, int]]:
+    """The commit `revision` resolves to, and the size of every file in the repository then."""
+    info = with_retries(f"looking up {repo_id}", lambda: _api().model_info(
+        repo_id, revision=revision, files_metadata=True, timeout=METADATA_TIMEOUT_S))
+    return info.sha or revision or "main", {s.rfilename: int(s.size or 0) for s in (info.siblings or [])}
+
+
 def fetch_checkpoint_info(repo_id: str, revision: str | None) -> RemoteCheckpoint:
     """Resolve the revision, list the files and read config + safetensors headers (no weights)."""
     api = _api()
-    info = with_retries(f"looking up {repo_id}", lambda: api.model_info(
-        repo_id, revision=revision, files_metadata=True, timeout=METADATA_TIMEOUT_S))
-    commit = info.sha or revision or "main"
-    sizes = {s.rfilename: int(s.size or 0) for s in (info.siblings or [])}
+    commit, sizes = fetch_file_sizes(repo_id, revision)
     if "config.json" not in sizes:
         raise HubError(f"{repo_id}@{commit[:12]} has no config.json: it is not a Transformers checkpoint")
     config_path = with_retries(f"downloading {repo_id}/config.json", lambda: hf_hub_download(
@@ -132,11 +147,11 @@ def fetch_checkpoint_info(repo_id: str, revision: str | None) -> RemoteCheckpoin
         raise HubError(f"{repo_id}/config.json is not valid JSON") from None
     meta = with_retries(f"reading safetensors headers of {repo_id}", lambda: api.get_safetensors_metadata(
         repo_id, revision=commit, timeout=METADATA_TIMEOUT_S))
-    tensors: dict[str, tuple[str, tuple[int, ...], int]] = {}
+    tensors: dict[str, tuple[str, int]] = {}
     for file_meta in meta.files_metadata.values():
         for name, t in file_meta.tensors.items():
             begin, end = t.data_offsets
-            tensors[name] = (t.dtype, tuple(t.shape), end - begin)
+            tensors[name] = (SAFETENSORS_DTYPES.get(t.dtype, t.dtype.lower()), end - begin)
     weight_files = sorted(set(meta.weight_map.values()))
     wanted = [*weight_files, *(["model.safetensors.index.json"] if meta.sharded else []),
               *(f for f in AUX_FILES if f in sizes)]

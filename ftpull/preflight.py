@@ -12,9 +12,8 @@ import psutil
 
 from ftw.families import Family, parse_expert_name
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
-               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}
+FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, activations and KV on the CPU path
 DISK_SLACK = 1.02  # alignment padding, index, tokenizer files
 
@@ -27,7 +26,7 @@ class FitError(Exception):
 class Footprint:
     """Sizes of a checkpoint as ft will store and load it."""
 
-    download_bytes: int
+    download_bytes: int  # still to download (what is already on disk is not counted)
     expert_bytes: int  # routed experts, as stored in FTW
     dense_bytes: int  # everything else, as stored in FTW
 
@@ -58,19 +57,19 @@ class Resources:
 def footprint(
     family: Family,
     num_layers: int,
-    tensors: dict[str, tuple[str, tuple[int, ...], int]],
+    tensors: dict[str, tuple[str, int]],
     download_bytes: int,
     target_dtype: str = "auto",
 ) -> Footprint:
-    """Expert and dense bytes after conversion, from (dtype, shape, nbytes) per source tensor."""
+    """Expert and dense bytes after conversion, from (FTW dtype, nbytes) per source tensor."""
     cast = CAST_BYTES.get(target_dtype)
     expert = dense = 0
-    for name, (dtype, _shape, nbytes) in tensors.items():
+    for name, (dtype, nbytes) in tensors.items():
         if not family.keeps(name, num_layers):
             continue
         stored = nbytes
-        if cast and dtype in ("F32", "F16", "BF16") and not name.endswith("_scale_inv"):
-            stored = nbytes // DTYPE_BYTES[dtype] * cast
+        if cast and dtype in FLOAT_BYTES and not name.endswith("_scale_inv"):
+            stored = nbytes // FLOAT_BYTES[dtype] * cast
         if parse_expert_name(name) is not None:
             expert += stored
         else:
@@ -82,13 +81,13 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_fit(fp: Footprint, res: Resources, *, already_downloaded_bytes: int = 0) -> list[str]:
+def check_fit(fp: Footprint, res: Resources) -> list[str]:
     """Every reason the model cannot be pulled and run here (empty when it fits)."""
     problems = []
-    disk_needed = max(0, fp.download_bytes - already_downloaded_bytes) + fp.ftw_bytes
+    disk_needed = fp.download_bytes + fp.ftw_bytes
     if disk_needed > res.disk_free_bytes:
         problems.append(
-            f"disk: needs {gib(disk_needed)} ({gib(fp.download_bytes - already_downloaded_bytes)} download + "
+            f"disk: needs {gib(disk_needed)} ({gib(fp.download_bytes)} still to download + "
             f"{gib(fp.ftw_bytes)} converted), {gib(res.disk_free_bytes)} free; free space or set FT_HOME to a larger disk"
         )
     # All experts live in host RAM; without a GPU the dense weights do too.
@@ -102,7 +101,7 @@ def check_fit(fp: Footprint, res: Resources, *, already_downloaded_bytes: int = 
     return problems
 
 
-def refuse_unless_fits(model: str, fp: Footprint, res: Resources, *, force: bool, already_downloaded_bytes: int = 0) -> None:
-    problems = check_fit(fp, res, already_downloaded_bytes=already_downloaded_bytes)
+def refuse_unless_fits(model: str, fp: Footprint, res: Resources, *, force: bool) -> None:
+    problems = check_fit(fp, res)
     if problems and not force:
         raise FitError(f"{model} does not fit this machine:\n  - " + "\n  - ".join(problems) + "\n(--force pulls anyway)")

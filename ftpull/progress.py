@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
-from .pull import PullEvent
+from .events import PullEvent
 
 
 class ProgressPrinter:

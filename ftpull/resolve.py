@@ -4,6 +4,7 @@
     hf://Qwen/Qwen3-30B-A3B[@rev]    any Hugging Face repository, family read from its config
     hf.co/Qwen/Qwen3-30B-A3B[:tag]   the same, written as a registry name
     ./path/to/checkpoint             a local Hugging Face checkpoint directory
+    ./model-Q4_K_M.gguf              a local GGUF file (the first part of a split one)
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _hf_target(source: Source, tag: str | None = None) -> PullTarget:
 
 
 def _looks_like_path(text: str) -> bool:
-    return text.startswith(("/", "./", "../", "~")) or os.path.isdir(text)
+    return text.startswith(("/", "./", "../", "~")) or os.path.isdir(text) or text.lower().endswith(".gguf")
 
 
 def resolve(text: str) -> PullTarget:
@@ -60,9 +61,11 @@ def resolve(text: str) -> PullTarget:
         return _hf_target(parse_source(text))
     if _looks_like_path(text):
         path = Path(os.path.expanduser(text)).resolve()
-        if not (path / "config.json").is_file():
-            raise ResolveError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-        name = _registry_name("local", _TAG_SAFE.sub("-", path.name.lower()).strip("-.") or "model")
+        is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+        if not is_gguf and not (path / "config.json").is_file():
+            raise ResolveError(f"{path} is neither a Hugging Face checkpoint directory (no config.json) nor a .gguf file")
+        stem = path.stem if is_gguf else path.name
+        name = _registry_name("local", _TAG_SAFE.sub("-", stem.lower()).strip("-.") or "model")
         recipe = Recipe(name=name.model, tag=name.tag, source=Source("local", path=str(path)),
                         family=FAMILY_FROM_CONFIG, template="checkpoint")
         return PullTarget(name, recipe)

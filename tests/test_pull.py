@@ -224,3 +224,42 @@ def test_local_directory_with_missing_files(store: Store, tmp_path: Path) -> Non
     with pytest.raises(SourceError, match="no \\*.safetensors files"):
         pull(str(src), store)
     assert store.list_models() == []
+
+
+def test_pull_gguf_recipe_from_hub(fake_hub, store: Store, tmp_path: Path) -> None:
+    from tests.test_ftw_gguf import tiny_qwen3_moe_tensors, write_gguf
+
+    repo = tmp_path / "gguf-repo"
+    repo.mkdir()
+    write_gguf(repo / "Qwen3-30B-A3B-Q4_K_M.gguf", tiny_qwen3_moe_tensors())
+    (repo / "Qwen3-30B-A3B-Q8_0.gguf").write_bytes(b"another quant, not needed")
+    fake_hub.add_repo("Qwen/Qwen3-30B-A3B-GGUF", repo)
+    result = pull("qwen3-30b-a3b:q4_k_m", store)  # the shipped recipe's gguf:// source
+    assert str(result.name) == "ft.local/library/qwen3-30b-a3b:q4_k_m"
+    assert "Qwen3-30B-A3B-Q8_0.gguf" not in fake_hub.downloaded_files()
+    model = open_model(store, "qwen3-30b-a3b:q4_k_m")
+    assert model.config["family"] == "qwen3_moe" and model.config["dtype"] in ("q4_k", "q8_0", "q6_k")
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(model.files)
+    reader = model.open_ftw()
+    assert reader.index.banks[0].part("w13").dtype == "q4_k"
+    reader.verify()
+
+
+def test_pull_local_gguf_file(store: Store, tmp_path: Path) -> None:
+    from tests.test_ftw_gguf import tiny_qwen3_moe_tensors, write_gguf
+
+    path = write_gguf(tmp_path / "My-Model-Q4_K_M.gguf", tiny_qwen3_moe_tensors())
+    result = pull(str(path), store)
+    assert str(result.name) == "ft.local/local/my-model-q4_k_m:latest"
+    assert store.verify(result.name) == []
+
+
+def test_repository_without_safetensors(fake_hub, store: Store, tmp_path: Path) -> None:
+    repo = tmp_path / "pickles"
+    repo.mkdir()
+    (repo / "config.json").write_text('{"model_type": "mixtral"}')
+    (repo / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    fake_hub.add_repo("someone/pickled", repo)
+    with pytest.raises(HubError, match="no safetensors weights"):
+        pull("hf://someone/pickled", store)
+    assert "pytorch_model.bin" not in fake_hub.downloaded_files()

@@ -1,0 +1,149 @@
+"""Getting a recipe's source onto the disk: downloaded, built, or the user's own files.
+
+Every remote source is fit-checked from metadata before its weights are downloaded.
+Downloads land in `$FT_HOME/downloads/...` so an interrupted pull resumes there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ftw import family_for_config, load_config
+from ftw.families import Family
+from ftw.safetensors_source import SafetensorsCheckpoint
+from registry import Store
+
+from . import hub
+from .events import ByteCounter, PullEvent, Report
+from .modelfile import Recipe
+from .preflight import Footprint, Resources, footprint, refuse_unless_fits
+from .resolve import FAMILY_FROM_CONFIG, PullTarget
+
+SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class PullError(Exception):
+    """A pull could not complete; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A source ready to convert: a safetensors checkpoint directory or a (first) GGUF file."""
+
+    path: Path
+    format: Literal["safetensors", "gguf"]
+    revision: str | None = None  # the Hub commit, for remote sources
+    download_dir: Path | None = None  # removed once the model is registered
+
+
+def fetch(target: PullTarget, store: Store, work: Path, force: bool, report: Report) -> Fetched:
+    source = target.recipe.source
+    if source.scheme == "builtin":
+        if source.path != "tiny":
+            raise PullError(f"unknown builtin model {source.path!r} (ft ships builtin://tiny)")
+        from .tiny import build_tiny_checkpoint
+
+        report(PullEvent("building the tiny model locally"))
+        return Fetched(build_tiny_checkpoint(work / "builtin"), "safetensors")
+    if source.scheme == "local":
+        return _local(target, Path(source.path or ""), store, force)
+    assert source.repo_id is not None
+    if source.scheme == "gguf":
+        return _remote_gguf(target, store, force, report)
+    return _remote_safetensors(target, store, force, report)
+
+
+def check_family(recipe: Recipe, config: dict[str, Any]) -> Family:
+    """The checkpoint's family, refusing a checkpoint that is not what the recipe says."""
+    family = family_for_config(config)  # unknown architectures are refused here, before downloading
+    if recipe.family not in (FAMILY_FROM_CONFIG, family.name) and recipe.family not in family.model_types:
+        raise PullError(
+            f"{recipe.ref}: the recipe says family {recipe.family!r} but the checkpoint is {config.get('model_type')!r}; "
+            "fix FAMILY in the Modelfile"
+        )
+    return family
+
+
+def _fit(target: PullTarget, store: Store, fp: Footprint, force: bool) -> None:
+    refuse_unless_fits(target.name.display, fp, Resources.probe(store.disk_free_bytes()), force=force)
+
+
+def _safetensors_footprint(target: PullTarget, family: Family, config: dict[str, Any],
+                           tensors: dict[str, tuple[str, int]], download_bytes: int) -> Footprint:
+    num_layers = int(family.text_config(config).get("num_hidden_layers", 0))
+    return footprint(family, num_layers, tensors, download_bytes, target.recipe.dtype)
+
+
+def _local(target: PullTarget, path: Path, store: Store, force: bool) -> Fetched:
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        size = sum(p.stat().st_size for p in gguf_parts(path))
+        _fit(target, store, Footprint(download_bytes=0, expert_bytes=size, dense_bytes=0), force)
+        return Fetched(path, "gguf")
+    if not (path / "config.json").is_file():
+        raise PullError(f"{path} is neither a Hugging Face checkpoint directory (no config.json) nor a .gguf file")
+    config = load_config(path)
+    family = check_family(target.recipe, config)
+    with SafetensorsCheckpoint(path) as ckpt:
+        tensors = {name: (t.dtype, t.nbytes) for name, t in ckpt.tensors.items()}
+    _fit(target, store, _safetensors_footprint(target, family, config, tensors, 0), force)
+    return Fetched(path, "safetensors")
+
+
+def gguf_parts(path: Path) -> list[Path]:
+    """All files of a (possibly split: NAME-00001-of-00003.gguf) GGUF model."""
+    m = SPLIT_GGUF.match(path.name)
+    if not m:
+        return [path]
+    return [path.with_name(f"{m['stem']}-{k:05d}-of-{m['count']}.gguf") for k in range(1, int(m["count"]) + 1)]
+
+
+def _download(target: PullTarget, store: Store, revision: str, files: tuple[hub.RemoteFile, ...], report: Report) -> Path:
+    source = target.recipe.source
+    assert source.repo_id is not None
+    download_dir = store.root / "downloads" / "hf" / source.repo_id / revision
+    download_dir.mkdir(parents=True, exist_ok=True)
+    counter = ByteCounter(report, f"pulling {source.repo_id}", sum(f.size for f in files))
+    hub.download_files(source.repo_id, revision, files, download_dir, on_progress=counter.at)
+    return download_dir
+
+
+def _remaining(store: Store, repo_id: str, revision: str, files: tuple[hub.RemoteFile, ...]) -> int:
+    download_dir = store.root / "downloads" / "hf" / repo_id / revision
+    present = sum((download_dir / f.name).stat().st_size for f in files if (download_dir / f.name).is_file())
+    return max(0, sum(f.size for f in files) - present)
+
+
+def _remote_safetensors(target: PullTarget, store: Store, force: bool, report: Report) -> Fetched:
+    source = target.recipe.source
+    assert source.repo_id is not None
+    report(PullEvent(f"pulling manifest of {source.repo_id}"))
+    remote = hub.fetch_checkpoint_info(source.repo_id, source.revision)
+    family = check_family(target.recipe, remote.config)
+    remaining = _remaining(store, source.repo_id, remote.revision, remote.files)
+    _fit(target, store, _safetensors_footprint(target, family, remote.config, remote.tensors, remaining), force)
+    download_dir = _download(target, store, remote.revision, remote.files, report)
+    return Fetched(download_dir, "safetensors", remote.revision, download_dir)
+
+
+def _remote_gguf(target: PullTarget, store: Store, force: bool, report: Report) -> Fetched:
+    source = target.recipe.source
+    assert source.repo_id is not None and source.path is not None
+    report(PullEvent(f"pulling manifest of {source.repo_id}"))
+    revision, sizes = hub.fetch_file_sizes(source.repo_id, source.revision)
+    m = SPLIT_GGUF.match(Path(source.path).name)
+    names = [source.path] if not m else [
+        str(Path(source.path).with_name(f"{m['stem']}-{k:05d}-of-{m['count']}.gguf")) for k in range(1, int(m["count"]) + 1)
+    ]
+    missing = [n for n in names if n not in sizes]
+    if missing:
+        raise PullError(f"{source.repo_id}@{revision[:12]} has no {', '.join(missing)}; check the file name in the recipe")
+    files = tuple(hub.RemoteFile(n, sizes[n]) for n in names)
+    # GGUF headers are not read before the download: count every byte as host-resident (conservative).
+    total = sum(f.size for f in files)
+    _fit(target, store, Footprint(download_bytes=_remaining(store, source.repo_id, revision, files),
+                                  expert_bytes=total, dense_bytes=0), force)
+    download_dir = _download(target, store, revision, files, report)
+    return Fetched(download_dir / names[0], "gguf", revision, download_dir)

@@ -1,0 +1,90 @@
+"""Converting a fetched source to FTW and registering it: blobs first, the manifest last."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from ftw import GGUF_SIDE_FILES, INDEX_FILENAME, Index, convert_checkpoint, convert_gguf
+from registry import ANNOTATION_TITLE, Descriptor, Manifest, Store
+from runtime.weights import (
+    MEDIA_CONFIG,
+    MEDIA_FILE,
+    MEDIA_FTW_INDEX,
+    MEDIA_FTW_SHARD,
+    MEDIA_MODELFILE,
+    MEDIA_TEMPLATE,
+)
+
+from . import hub
+from .events import ByteCounter, PullEvent, Report
+from .fetch import Fetched, PullError, check_family, gguf_parts
+from .modelfile import DEFAULT_TAG, Modelfile, Recipe
+from .resolve import PullTarget
+
+HF_SIDE_FILES = hub.AUX_FILES[1:]  # everything but config.json, which lives in the FTW index
+
+
+def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, work: Path, report: Report) -> Manifest:
+    recipe = target.recipe
+    out = work / "ftw"
+    if fetched.format == "gguf":
+        total = sum(p.stat().st_size for p in gguf_parts(fetched.path) if p.is_file())
+        index = convert_gguf(fetched.path, out, progress=ByteCounter(report, "converting to FTW", total))
+        check_family(recipe, index.source_config)  # GGUF metadata names the architecture only now
+        side_files = [out / name for name in GGUF_SIDE_FILES if (out / name).is_file()]
+    else:
+        total = sum(p.stat().st_size for p in fetched.path.glob("*.safetensors"))
+        index = convert_checkpoint(fetched.path, out, dtype=recipe.dtype,
+                                   progress=ByteCounter(report, "converting to FTW", total))
+        side_files = []
+        for name in HF_SIDE_FILES:
+            if (fetched.path / name).is_file():
+                shutil.copyfile(fetched.path / name, work / name)  # the source keeps its copy
+                side_files.append(work / name)
+    if recipe.dtype not in ("auto", index.config.get("dtype")) and fetched.format == "gguf":
+        raise PullError(f"{recipe.ref}: DTYPE {recipe.dtype} was asked for, the GGUF file holds {index.config.get('dtype')}")
+
+    report(PullEvent("verifying sha256 digests"))
+    layers = [_add(store, out / INDEX_FILENAME, MEDIA_FTW_INDEX, INDEX_FILENAME)]
+    layers += [_add(store, out / s.name, MEDIA_FTW_SHARD, s.name, "sha256:" + s.sha256) for s in index.shards]
+    layers += [_add(store, path, MEDIA_FILE, path.name) for path in side_files]
+    layers.append(_add_bytes(store, modelfile_text(recipe, index.family).encode(), MEDIA_MODELFILE, "Modelfile"))
+    if recipe.template and recipe.template != "checkpoint":
+        layers.append(_add_bytes(store, recipe.template.encode(), MEDIA_TEMPLATE, "template.jinja"))
+    config = store.add_blob_bytes(json.dumps(summary(recipe, index, fetched.revision), indent=1, sort_keys=True).encode())
+    manifest = Manifest(config=config.descriptor(MEDIA_CONFIG), layers=layers)
+    report(PullEvent("writing manifest"))
+    store.write_manifest(target.name, manifest)
+    return manifest
+
+
+def _add(store: Store, path: Path, media_type: str, title: str, digest: str | None = None) -> Descriptor:
+    return store.add_blob_file(path, digest=digest).descriptor(media_type, {ANNOTATION_TITLE: title})
+
+
+def _add_bytes(store: Store, data: bytes, media_type: str, title: str) -> Descriptor:
+    return store.add_blob_bytes(data).descriptor(media_type, {ANNOTATION_TITLE: title})
+
+
+def modelfile_text(recipe: Recipe, family: str) -> str:
+    """The recipe as canonical Modelfile text, stored with the model so `ft show` can print it."""
+    single = replace(recipe, tag=DEFAULT_TAG, family=family)
+    return Modelfile(path=None, default=single, tags={DEFAULT_TAG: single}).to_text()
+
+
+def summary(recipe: Recipe, index: Index, revision: str | None) -> dict:
+    """The manifest's config blob: what `ft list` and `ft show` print without opening the index."""
+    c = index.config
+    keys = ("family", "model_type", "dtype", "num_layers", "hidden_size", "vocab_size", "num_experts",
+            "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size", "context_length",
+            "num_params_total", "num_params_active")
+    out = {k: c.get(k) for k in keys}
+    out.update(format="ftw", ftw_version=index.version, source=recipe.source.uri(),
+               description=recipe.description, parameters=dict(recipe.parameters),
+               context_length=recipe.context_length or c.get("context_length"))
+    if revision:
+        out["revision"] = revision
+    return out

@@ -1,0 +1,130 @@
+"""The `ft` command line on the built-in and local models: output, exit codes, error messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ftpull.cli import _run
+from registry import Store
+from tests.checkpoints import save_checkpoint
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FT_HOME", str(tmp_path / "ft_home"))
+    return tmp_path / "ft_home"
+
+
+def ft(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = 0
+    try:
+        _run(list(args))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tiny_lifecycle(home: Path, capsys) -> None:
+    code, out, err = ft(capsys, "pull", "tiny")
+    assert code == 0 and out.startswith("pulled tiny:latest"), err
+    code, out, _ = ft(capsys, "pull", "tiny")
+    assert code == 0 and out == ""  # up to date: nothing on stdout
+
+    code, out, _ = ft(capsys, "list")
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "ID", "SIZE", "FAMILY", "DTYPE", "MODIFIED"]
+    assert row.split()[0] == "tiny:latest" and "qwen3_moe" in row and "f32" in row
+
+    code, out, _ = ft(capsys, "show", "tiny")
+    assert "qwen3_moe" in out and "16 routed, 4 active" in out and "context length" in out
+
+    code, out, _ = ft(capsys, "show", "tiny", "--json")
+    info = json.loads(out)
+    assert info["num_experts"] == 16 and info["parameters_total"] > info["parameters_active"] > 0
+    assert "<|im_start|>" in info["template"]
+
+    code, out, _ = ft(capsys, "show", "tiny", "--modelfile")
+    assert "FROM builtin://tiny" in out and "FAMILY qwen3_moe" in out
+
+    assert ft(capsys, "cp", "tiny", "myteam/tiny2:v1")[0] == 0
+    code, out, _ = ft(capsys, "list", "--json")
+    assert sorted(m["name"] for m in json.loads(out)["models"]) == ["myteam/tiny2:v1", "tiny:latest"]
+
+    code, out, _ = ft(capsys, "verify", "tiny", "myteam/tiny2:v1")
+    assert code == 0 and out.splitlines() == ["tiny: ok", "myteam/tiny2:v1: ok"]
+
+    code, out, _ = ft(capsys, "rm", "tiny")
+    assert code == 0
+    code, out, _ = ft(capsys, "verify", "myteam/tiny2:v1")  # shared blobs survived the rm
+    assert code == 0
+    code, out, _ = ft(capsys, "rm", "myteam/tiny2:v1")
+    assert code == 0 and "blobs freed" in out
+    assert list((home / "blobs").iterdir()) == []
+
+
+def test_verify_names_the_bad_file(home: Path, capsys) -> None:
+    ft(capsys, "pull", "tiny")
+    store = Store(home)
+    manifest = store.read_manifest("tiny")
+    shard = next(d for d in manifest.layers if d.title == "model-00001.ftw")
+    path = store.blob_path(shard.digest)
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff")
+    code, out, err = ft(capsys, "verify", "tiny")
+    assert code == 1 and "model-00001.ftw: corrupt" in err and "ft rm tiny" in err
+
+
+def test_create_from_modelfile(home: Path, tmp_path: Path, capsys) -> None:
+    save_checkpoint("mixtral", tmp_path / "ckpt")
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text('FROM ./ckpt\nFAMILY mixtral\nDTYPE bf16\nPARAMETER temperature 0.2\nSYSTEM "Be brief."\n')
+    code, out, err = ft(capsys, "create", "mymix", "-f", str(modelfile))
+    assert code == 0 and out.startswith("created mymix:latest"), err
+    code, out, _ = ft(capsys, "show", "mymix", "--json")
+    info = json.loads(out)
+    assert info["dtype"] == "bf16" and info["parameters"] == {"temperature": 0.2}
+    assert "SYSTEM" in info["modelfile"]
+
+
+def test_create_malformed_modelfile(home: Path, tmp_path: Path, capsys) -> None:
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM ./ckpt\nFAMILY mixtral\nPARAMETER temperature hot\n")
+    code, _, err = ft(capsys, "create", "bad", "-f", str(modelfile))
+    assert code == 1 and f"{modelfile}:3:" in err and "temperature" in err
+    assert Store(home).list_models() == []
+
+
+def test_create_family_mismatch(home: Path, tmp_path: Path, capsys) -> None:
+    save_checkpoint("mixtral", tmp_path / "ckpt")
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM ./ckpt\nFAMILY qwen3_moe\n")
+    code, _, err = ft(capsys, "create", "bad", "-f", str(modelfile))
+    assert code == 1 and "family 'qwen3_moe'" in err and "'mixtral'" in err
+
+
+@pytest.mark.parametrize("args", [
+    ("pull", "../../etc/passwd:latest"),
+    ("rm", "../escape"),
+    ("cp", "tiny", "../../outside"),
+    ("show", "a/b/c/d/e"),
+    ("pull", "model:tag/../../x"),
+])
+def test_names_cannot_escape_the_store(home: Path, tmp_path: Path, capsys, args) -> None:
+    ft(capsys, "pull", "tiny")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code, _, err = ft(capsys, *args)
+    assert code == 1 and err.startswith("Error:")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_unknown_model_suggests(home: Path, capsys) -> None:
+    code, _, err = ft(capsys, "pull", "qwen3-30b")
+    assert code == 1 and "did you mean" in err and "qwen3-30b-a3b" in err
+    code, _, err = ft(capsys, "show", "nothing")
+    assert code == 1 and "ft list" in err
