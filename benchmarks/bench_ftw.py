@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +109,17 @@ def pair_ratios(baseline_s: list[float], measured_s: list[float]) -> dict[str, f
     return {"median": round(statistics.median(ratios), 3), "min": round(ratios[0], 3), "max": round(ratios[-1], 3)}
 
 
+def interleaved(steps: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
+    """Run every step `reps` times from a cold page cache, rotating their order each repetition."""
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            drop_caches()
+            times[name].append(steps[name]())
+    return times
+
+
 def drop_caches() -> bool:
     try:
         os.sync()
@@ -133,16 +146,27 @@ def plain_copy(files: list[Path], out_dir: Path) -> float:
     return elapsed
 
 
-def plain_read(files: list[Path]) -> tuple[int, float]:
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+def plain_read(files: list[Path], direct: bool = False) -> tuple[int, float]:
+    """dd of=/dev/null: 64 MiB sequential reads into one reused buffer (O_DIRECT: dd iflag=direct)."""
+    region = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+    view = memoryview(region)
     total = 0
     start = time.perf_counter()
     for path in files:
-        with open(path, "rb", buffering=0) as f:
-            while n := f.readinto(view):
-                total += n
-    return total, time.perf_counter() - start
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset < size:
+            n = os.preadv(fd, [view], offset)
+            if n <= 0:
+                break
+            offset += n
+        os.close(fd)
+        total += offset
+    elapsed = time.perf_counter() - start
+    view.release()
+    region.close()
+    return total, elapsed
 
 
 CONVERT_CHILD = """
@@ -181,7 +205,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=3, help="MoE layers (1.2 GB of experts each)")
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/ftw-bench"))
-    ap.add_argument("--reps", type=int, default=5, help="alternating repetitions of each pair")
+    ap.add_argument("--reps", type=int, default=6, help="alternating repetitions of each pair")
     ap.add_argument("--keep", action="store_true", help="keep the files afterwards")
     args = ap.parse_args()
     src, out = args.dir / "hf", args.dir / "ftw"
@@ -189,31 +213,38 @@ def main() -> None:
     size = build_checkpoint(src, args.layers)
     sources = sorted(src.glob("*.safetensors"))
     cold = drop_caches()
-    # The disk of a VM drifts by 2x from minute to minute: alternate the two sides and take medians.
-    read_s, copy_s, convert_s, peak_rss = [], [], [], 0
-    for _ in range(args.reps):
-        drop_caches()
-        read_s.append(plain_read(sources)[1])
-        drop_caches()
-        copy_s.append(plain_copy(sources, args.dir / "copy"))
+    # The VM's disk drifts by 2x from minute to minute, and its host caches what was read last:
+    # run the steps of a comparison in a rotating order, cold each time, and compare adjacent runs.
+    peak_rss = 0
+
+    def convert() -> float:
+        nonlocal peak_rss
         shutil.rmtree(out, ignore_errors=True)
         drop_caches()
         proc = subprocess.run([sys.executable, "-c", CONVERT_CHILD, str(src), str(out)],
                               capture_output=True, text=True, check=True)
         seconds, rss = proc.stdout.split()
-        convert_s.append(float(seconds))
         peak_rss = max(peak_rss, int(rss))
+        return float(seconds)
+
+    conv = interleaved({"read": lambda: plain_read(sources)[1], "copy": lambda: plain_copy(sources, args.dir / "copy"),
+                        "convert": convert}, args.reps)
+    read_s, copy_s, convert_s = conv["read"], conv["copy"], conv["convert"]
     base_rss = int(subprocess.run([sys.executable, "-c", IMPORT_CHILD], capture_output=True, text=True, check=True).stdout)
 
     shards = sorted(out.glob("*.ftw"))
-    shard_read_s, load_s = [], []
-    for _ in range(args.reps):
-        drop_caches()
-        shard_bytes, seconds = plain_read(shards)
-        shard_read_s.append(seconds)
-        drop_caches()
-        load_bytes, seconds = ftw_load(out)
-        load_s.append(seconds)
+    shard_bytes = sum(p.stat().st_size for p in shards)
+    loaded: list[int] = []
+
+    def load() -> float:
+        nbytes, seconds = ftw_load(out)
+        loaded.append(nbytes)
+        return seconds
+
+    ld = interleaved({"read": lambda: plain_read(shards)[1], "direct": lambda: plain_read(shards, direct=True)[1],
+                      "load": load}, args.reps)
+    shard_read_s, shard_direct_s, load_s = ld["read"], ld["direct"], ld["load"]
+    load_bytes = loaded[0]
     read_bytes = size
     med = statistics.median
 
@@ -231,7 +262,9 @@ def main() -> None:
         "convert_ratio_to_copy": pair_ratios(copy_s, convert_s),
         "plain_read_ftw_gbps": round(gbps(shard_bytes, med(shard_read_s)), 3),
         "load_gbps": round(gbps(load_bytes, med(load_s)), 3),
+        "plain_read_ftw_direct_gbps": round(gbps(shard_bytes, med(shard_direct_s)), 3),
         "load_ratio": pair_ratios([t * load_bytes / shard_bytes for t in shard_read_s], load_s),
+        "load_ratio_to_direct_read": pair_ratios([t * load_bytes / shard_bytes for t in shard_direct_s], load_s),
         "convert_peak_rss_mb": round(peak_rss / 1e6),
         "import_rss_mb": round(base_rss / 1e6),
         "one_layer_experts_mb": round(layer_expert_bytes / 1e6),
