@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,8 +22,9 @@ import torch
 from .errors import SourceError
 from .families import ExpertTensorName, Family, family_for_config, normalized_config, parse_expert_name
 from .format import Index, nbytes_of
+from .rangeio import CHUNK_BYTES, readahead
 from .reader import TORCH_DTYPES
-from .safetensors_source import CHUNK_BYTES, SafetensorsCheckpoint, SourceTensor
+from .safetensors_source import SafetensorsCheckpoint, SourceTensor
 from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
 
 FLOAT_DTYPES = ("f32", "f16", "bf16")
@@ -140,27 +141,9 @@ class _Converter:
         step = CHUNK_BYTES - CHUNK_BYTES % (itemsize * 8)
         starts = range(0, t.nbytes, step)
         read = lambda i: self.ckpt.read_bytes(t, starts[i], min(step, t.nbytes - starts[i]))  # noqa: E731
-        for chunk in self.readahead(read, len(starts), depth=2):
+        for chunk in readahead(self.pool, read, len(starts), depth=2):
             yield self.cast_bytes(chunk, t.dtype, target_dtype)
             self.progress(chunk.nbytes)
-
-    def readahead(self, read: Callable[[int], T], count: int, depth: int) -> Iterator[T]:
-        """read(0), ..., read(count - 1) in order, with up to `depth` reads in flight on the pool.
-
-        Several reads outstanding keep the disk busy while the main thread and the sink threads
-        work on what has arrived; `depth` bounds the memory they hold.
-        """
-        window: deque[Future[T]] = deque()
-        submitted = 0
-        try:
-            for _ in range(count):
-                while submitted < count and len(window) < depth:
-                    window.append(self.pool.submit(read, submitted))
-                    submitted += 1
-                yield window.popleft().result()
-        finally:
-            for future in window:
-                future.cancel()
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -190,7 +173,7 @@ class _Converter:
         expert_bytes = sum(nbytes_of(d, shape) for _, d, shape in parts)
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
         with self.writer.expert_bank(layer, num_experts, parts, quant) as bank:
-            for e, pieces in enumerate(self.readahead(read_expert, num_experts, depth)):
+            for e, pieces in enumerate(readahead(self.pool, read_expert, num_experts, depth)):
                 bank.write_expert(e, {name: [self.cast_bytes(b, b_dtype, d) for b, b_dtype in pieces[name]]
                                       for name, d, _ in parts})
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b, _ in bufs))

@@ -14,9 +14,9 @@ import json
 import math
 import os
 import re
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from .gguf_source import (
     hf_rows_of_llama_qk,
 )
 from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
+from .rangeio import readahead
 from .reader import TORCH_DTYPES
 from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
 
@@ -227,24 +228,10 @@ class _GGUFConverter:
         expert_bytes = sum(t.nbytes for ts in sources.values() for t in ts) // num_experts
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
         with self.writer.expert_bank(layer, num_experts, parts) as bank:
-            for e, pieces in enumerate(self._readahead(read, num_experts, depth)):
+            for e, pieces in enumerate(readahead(self.pool, read, num_experts, depth)):
                 bank.write_expert(e, pieces)
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b in bufs))
         return 3 * inter * hidden
-
-    def _readahead(self, read: Callable[[int], Any], count: int, depth: int) -> Iterator[Any]:
-        """read(0), ..., read(count - 1) in order, up to `depth` reads in flight on the pool."""
-        window: deque[Future[Any]] = deque()
-        submitted = 0
-        try:
-            for _ in range(count):
-                while submitted < count and len(window) < depth:
-                    window.append(self.pool.submit(read, submitted))
-                    submitted += 1
-                yield window.popleft().result()
-        finally:
-            for future in window:
-                future.cancel()
 
     def run(self) -> Index:
         self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ftw-gguf-read")

@@ -11,10 +11,8 @@ GGUF stores dimensions fastest-first (`ne`); `GGUFTensor.shape` is the PyTorch o
 from __future__ import annotations
 
 import mmap
-import os
 import re
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import numpy as np
 
 from .errors import SourceError
 from .format import align_up, nbytes_of
+from .rangeio import TensorFiles
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -31,7 +30,6 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_STRING_BYTES = 64 << 20
 MAX_ARRAY_ITEMS = 1 << 26
 MAX_COUNT = 1 << 24  # tensors or metadata keys in one file
-CHUNK_BYTES = 64 << 20
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 # GGML type id -> FTW dtype: the types ft stores (floats, ints, and block quants with a reference
@@ -219,10 +217,11 @@ def split_files(path: Path) -> list[Path]:
     return files
 
 
-class GGUFModel:
+class GGUFModel(TensorFiles):
     """One GGUF model (one file or all parts of a split one): metadata, tensors, and their bytes."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = Path(path)
         self.files = split_files(self.path)
         self.metadata: dict[str, Any] = {}
@@ -241,38 +240,3 @@ class GGUFModel:
                 f"{self.path}: split.count says {declared} parts, the file names say {len(self.files)}; "
                 "keep the parts' original names (NAME-00001-of-0000N.gguf) side by side"
             )
-        self._fds: dict[Path, int] = {}
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-    def __enter__(self) -> GGUFModel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def read_bytes(self, t: GGUFTensor, start: int = 0, length: int | None = None) -> np.ndarray:
-        """Bytes [start, start+length) of tensor `t`, as a fresh uint8 array."""
-        length = t.nbytes - start if length is None else length
-        if start < 0 or length < 0 or start + length > t.nbytes:
-            raise ValueError(f"{t.name}: byte range {start}+{length} outside {t.nbytes}")
-        out = np.empty(length, dtype=np.uint8)
-        view = memoryview(out)
-        fd = self._fds.get(t.file)
-        if fd is None:
-            fd = self._fds[t.file] = os.open(t.file, os.O_RDONLY)
-        done = 0
-        while done < length:
-            n = os.preadv(fd, [view[done : done + CHUNK_BYTES]], t.offset + start + done)
-            if n <= 0:
-                raise SourceError(f"{t.file}: ended early while reading {t.name!r}; re-download it")
-            done += n
-        return out
-
-    def iter_chunks(self, t: GGUFTensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
-        """The bytes of `t` in fresh chunks of at most `chunk_bytes` (bounded memory)."""
-        for start in range(0, t.nbytes, chunk_bytes):
-            yield self.read_bytes(t, start, min(chunk_bytes, t.nbytes - start))

@@ -31,6 +31,7 @@ from .format import (
     nbytes_of,
     storage_shape,
 )
+from .rangeio import pread_into
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "f32": torch.float32,
@@ -186,7 +187,7 @@ class FTWReader:
             fd = self._fd(shard, direct=True)
             if fd is not None:
                 try:
-                    done = self._pread_all(fd, shard, offset, out[: total - total % ALIGNMENT])
+                    done = pread_into(fd, out[: total - total % ALIGNMENT], offset, self._ended_early(shard))
                 except OSError as e:
                     if e.errno != errno.EINVAL:
                         raise
@@ -195,17 +196,11 @@ class FTWReader:
         if done < total:
             fd = self._fd(shard)
             assert fd is not None
-            self._pread_all(fd, shard, offset + done, out[done:])
+            pread_into(fd, out[done:], offset + done, self._ended_early(shard))
 
     @staticmethod
-    def _pread_all(fd: int, shard: str, offset: int, out: memoryview) -> int:
-        done, total = 0, out.nbytes
-        while done < total:
-            n = os.preadv(fd, [out[done : done + READ_CHUNK_BYTES]], offset + done)
-            if n <= 0:
-                raise CorruptShardError(f"shard {shard} ended early at byte {offset + done}; run `ft verify`")
-            done += n
-        return done
+    def _ended_early(shard: str) -> Callable[[int], Exception]:
+        return lambda position: CorruptShardError(f"shard {shard} ended early at byte {position}; run `ft verify`")
 
     def in_file_order(self) -> list[TensorEntry | ExpertBank]:
         """Every dense tensor and bank, sorted by (shard, offset): load in this order so the

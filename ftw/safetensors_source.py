@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .errors import SourceError
 from .format import DTYPE_ITEMSIZE
+from .rangeio import TensorFiles
 from .reader import TORCH_DTYPES
 
 MAX_HEADER_BYTES = 100 << 20
-CHUNK_BYTES = 64 << 20
 
 # safetensors dtype -> FTW dtype
 SAFETENSORS_DTYPES = {
@@ -108,10 +105,11 @@ def _parse_entry(path: Path, name: str, entry: object, base: int, size: int) -> 
     return SourceTensor(name, path, ftw_dtype, tuple(shape), base + offsets[0], nbytes)
 
 
-class SafetensorsCheckpoint:
+class SafetensorsCheckpoint(TensorFiles):
     """All tensors of a checkpoint directory (sharded with an index, or single-file)."""
 
     def __init__(self, directory: Path) -> None:
+        super().__init__()
         self.directory = Path(directory)
         self.tensors: dict[str, SourceTensor] = {}
         for file in self._files():
@@ -119,7 +117,6 @@ class SafetensorsCheckpoint:
                 if name in self.tensors:
                     raise SourceError(f"tensor {name!r} appears in both {self.tensors[name].file.name} and {file.name}")
                 self.tensors[name] = t
-        self._fds: dict[Path, int] = {}
 
     def _files(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
@@ -140,43 +137,6 @@ class SafetensorsCheckpoint:
         if not files:
             raise SourceError(f"{self.directory}: no *.safetensors files (a Hugging Face checkpoint is expected)")
         return files
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-    def __enter__(self) -> SafetensorsCheckpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _fd(self, file: Path) -> int:
-        fd = self._fds.get(file)
-        if fd is None:
-            fd = self._fds[file] = os.open(file, os.O_RDONLY)
-        return fd
-
-    def read_bytes(self, t: SourceTensor, start: int = 0, length: int | None = None) -> np.ndarray:
-        """Bytes [start, start+length) of tensor `t`, as a fresh uint8 array."""
-        length = t.nbytes - start if length is None else length
-        if start < 0 or length < 0 or start + length > t.nbytes:
-            raise ValueError(f"{t.name}: byte range {start}+{length} outside {t.nbytes}")
-        out = np.empty(length, dtype=np.uint8)
-        view = memoryview(out)
-        fd, done = self._fd(t.file), 0
-        while done < length:
-            n = os.preadv(fd, [view[done : done + CHUNK_BYTES]], t.offset + start + done)
-            if n <= 0:
-                raise SourceError(f"{t.file}: ended early while reading {t.name!r}; re-download it")
-            done += n
-        return out
-
-    def iter_chunks(self, t: SourceTensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
-        """The bytes of `t` in fresh chunks of at most `chunk_bytes` (bounded memory)."""
-        for start in range(0, t.nbytes, chunk_bytes):
-            yield self.read_bytes(t, start, min(chunk_bytes, t.nbytes - start))
 
     def read(self, name: str, start_row: int = 0, num_rows: int | None = None) -> torch.Tensor:
         """Tensor `name`, or rows [start_row, start_row+num_rows) of its first dimension."""
