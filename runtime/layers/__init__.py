@@ -1,0 +1,1 @@
+"""Blocks shared by the model families: norms, rotary embeddings, attention, MLPs, routers."""

@@ -1,0 +1,47 @@
+"""Dense SwiGLU MLP (dense layers, shared experts) and MoE routers."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def softmax_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen/Mixtral routing: softmax over all experts (float32), top-k, optionally renormalized.
+    Returns (ids [T, k], weights [T, k] float32)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
+def sigmoid_group_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    k: int,
+    num_groups: int,
+    topk_groups: int,
+    normalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3/GLM routing: sigmoid scores; choose with the correction bias, restricted to the
+    best `topk_groups` of `num_groups` groups (a group scores the sum of its top-2); weigh with the
+    unbiased scores, optionally renormalized, times `scaling`."""
+    scores = torch.sigmoid(logits.to(torch.float32))
+    choice = scores + bias.to(torch.float32)
+    t, e = choice.shape
+    if num_groups > 1:
+        grouped = choice.view(t, num_groups, e // num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, 1.0)
+        choice = choice.masked_fill(~keep.bool().repeat_interleave(e // num_groups, dim=1), 0.0)
+    ids = torch.topk(choice, k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if normalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return ids, weights * scaling

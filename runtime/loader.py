@@ -1,0 +1,87 @@
+"""Loading an FTW model into memory: dense weights as compute tensors, experts as host banks.
+
+Reads go in file order, straight into their final buffers (page-aligned, so O_DIRECT applies;
+the GPU runtime passes pinned memory instead). Expert banks stay in the FTW layout: the same
+bytes the CPU executor reads and a GPU cache fill copies, never a second copy in another format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ftw import ExpertBank, FTWReader, TensorEntry
+from ftw.format import BLOCK_DTYPES, storage_shape
+from ftw.reader import page_aligned_empty, torch_dtype_of
+
+from .config import ModelConfig
+from .experts.bank import HostExpertBank
+from .experts.dequant import dequantize
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+Allocator = Callable[[int], torch.Tensor]  # nbytes -> contiguous uint8 tensor
+
+
+class MissingWeightError(KeyError):
+    """A family asked for a tensor the model does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class ModelWeights:
+    config: ModelConfig
+    dense: dict[str, torch.Tensor]
+    banks: dict[int, HostExpertBank]
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return self.dense[name]
+        except KeyError:
+            raise MissingWeightError(
+                f"the model has no tensor {name!r}; its files do not match its family ({self.config.family})"
+            ) from None
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.dense.get(name)
+
+
+def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = page_aligned_empty) -> ModelWeights:
+    """Read every tensor of `reader`'s model: floats cast to `dtype`, quantized dense weights
+    dequantized (FP8 with its `weight_scale_inv`), expert banks kept as stored."""
+    index = reader.index
+    raw: dict[str, torch.Tensor] = {}
+    banks: dict[int, HostExpertBank] = {}
+    for item in reader.in_file_order():
+        if isinstance(item, ExpertBank):
+            data = reader.bank_bytes(item.layer, out=allocate(item.nbytes))
+            banks[item.layer] = HostExpertBank(item.layer, item, data)
+        else:
+            raw[item.name] = _read_dense(reader, item, allocate)
+    dense = {}
+    entries = {t.name: t for t in index.tensors}
+    for name, tensor in raw.items():
+        if name.endswith("_scale_inv"):
+            continue  # folded into the weight it scales
+        entry = entries[name]
+        scale = raw.get(name + "_scale_inv") if name.endswith(".weight") else None
+        if entry.dtype in BLOCK_DTYPES or scale is not None:
+            block = tuple(index.source_config.get("quantization_config", {}).get("weight_block_size", (128, 128)))
+            dense[name] = dequantize(tensor, entry.dtype, entry.shape, dtype, scales=[scale] if scale is not None else None,
+                                     block=block)  # type: ignore[arg-type]
+        elif tensor.dtype in FLOAT_DTYPES and tensor.dtype != dtype:
+            dense[name] = tensor.to(dtype)
+        else:
+            dense[name] = tensor
+    return ModelWeights(ModelConfig.from_index(index), dense, banks)
+
+
+def _read_dense(reader: FTWReader, entry: TensorEntry, allocate: Allocator) -> torch.Tensor:
+    buffer = allocate(entry.nbytes)
+    reader.read_into(entry.shard, entry.offset, memoryview(buffer.numpy()))
+    dtype = torch_dtype_of(entry.dtype)
+    shape = storage_shape(entry.dtype, entry.shape)
+    return buffer.view(dtype).view(shape) if dtype != torch.uint8 else buffer.view(shape)

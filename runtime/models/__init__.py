@@ -1,0 +1,43 @@
+"""Model families: one module per family, each with `build(config, weights, executor, dtype)`.
+
+Families are looked up by the FTW index's `family` and imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..loader import ModelWeights
+from .base import ContextOverflowError, DecoderModel, DecodeState
+
+FAMILY_MODULES = {
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
+    "deepseek_v3": "deepseek_v3",
+    "glm_moe_dsa": "glm_moe_dsa",
+    "qwen3_5_moe": "qwen3_5_moe",
+}
+
+
+class UnsupportedFamilyError(ValueError):
+    """The runtime has no implementation of this family."""
+
+
+def build_model(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    module_name = FAMILY_MODULES.get(config.family)
+    if module_name is None:
+        raise UnsupportedFamilyError(
+            f"the runtime cannot run family {config.family!r} yet; it runs: {', '.join(sorted(FAMILY_MODULES))}"
+        )
+    try:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+    except ModuleNotFoundError as e:
+        raise UnsupportedFamilyError(f"family {config.family!r} is not implemented yet ({e.name})") from None
+    return module.build(config, weights, executor, dtype)
+
+
+__all__ = ["ContextOverflowError", "DecodeState", "DecoderModel", "UnsupportedFamilyError", "build_model"]

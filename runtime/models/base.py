@@ -1,0 +1,90 @@
+"""The decoder skeleton every family shares: embed, blocks, final norm, head; one sequence.
+
+A family supplies, per layer, a mixer (attention or a linear-attention variant) and an FFN
+(dense MLP or MoE), and the per-layer decode state each needs. Nothing here knows a family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..layers.norm import rms_norm
+from ..loader import ModelWeights
+
+
+class ContextOverflowError(ValueError):
+    """More tokens than the decode state was sized for."""
+
+
+class Mixer(Protocol):
+    """Token mixing of one layer (attention): x [T, H] at positions -> [T, H], updating `cache`."""
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: int) -> torch.Tensor: ...
+
+    def new_cache(self, max_tokens: int) -> Any: ...
+
+
+FFN = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DecodeState:
+    """Everything one sequence carries between forward calls: per-layer caches and its length."""
+
+    max_tokens: int
+    caches: list[Any]
+    length: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Block:
+    input_norm: torch.Tensor
+    mixer: Mixer
+    post_norm: torch.Tensor
+    ffn: FFN
+
+
+class DecoderModel:
+    """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x))."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, blocks: list[Block], dtype: torch.dtype,
+                 *, prefix: str = "model.", norm_offset: float = 0.0) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.blocks = blocks
+        self.norm_offset = norm_offset
+        self.embed = weights.get(prefix + "embed_tokens.weight")
+        self.final_norm = weights.get(prefix + "norm.weight")
+        head = weights.maybe("lm_head.weight")
+        self.lm_head = self.embed if head is None or config.tie_word_embeddings else head
+        self.eps = config.rms_norm_eps
+
+    def new_state(self, max_tokens: int) -> DecodeState:
+        return DecodeState(max_tokens, [b.mixer.new_cache(max_tokens) for b in self.blocks])
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.eps, offset=self.norm_offset)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Logits [T, V] (float32) for `input_ids` [T] following the `state.length` tokens before."""
+        t, start = input_ids.shape[0], state.length
+        if start + t > state.max_tokens:
+            raise ContextOverflowError(
+                f"{start + t} tokens do not fit the context of {state.max_tokens}; shorten the prompt, "
+                "clear the conversation, or raise num_ctx"
+            )
+        positions = torch.arange(start, start + t)
+        x = F.embedding(input_ids, self.embed)
+        for block, cache in zip(self.blocks, state.caches, strict=True):
+            x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
+            x = x + block.ffn(self.norm(x, block.post_norm))
+        state.length = start + t
+        return F.linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)

@@ -1,0 +1,27 @@
+"""Mixtral: the Qwen3-MoE block without q/k norms; routers and experts under `block_sparse_moe`;
+top-k weights always renormalized."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..layers.rope import RotaryEmbedding
+from ..loader import ModelWeights
+from .base import Block, DecoderModel
+from .qwen3_moe import GQAAttention, SoftmaxMoE
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    if config.get("sliding_window"):
+        raise NotImplementedError("Mixtral with a sliding attention window is not supported yet")
+    rope = RotaryEmbedding(config.head_dim, config.rope_parameters, config.context_length)
+    blocks = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        moe = SoftmaxMoE(config, weights, i, p + "block_sparse_moe.gate.weight", executor, normalize=True)
+        attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=False)
+        blocks.append(Block(weights.get(p + "input_layernorm.weight"), attention,
+                            weights.get(p + "post_attention_layernorm.weight"), moe))
+    return DecoderModel(config, weights, blocks, dtype)

@@ -1,0 +1,78 @@
+"""Qwen3-MoE: GQA attention with per-head q/k RMSNorm; softmax top-k MoE (dense MLP on
+`mlp_only_layers`). Mixtral is the same block without the q/k norms (see mixtral.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..layers.attention import KVCache, causal_attention
+from ..layers.mlp import softmax_topk, swiglu_mlp
+from ..layers.norm import rms_norm
+from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..loader import ModelWeights
+from .base import FFN, Block, DecoderModel
+
+
+class GQAAttention:
+    """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
+                 dtype: torch.dtype, *, qk_norm: bool) -> None:
+        self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkvo")
+        self.q_bias, self.k_bias, self.v_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkv")
+        self.q_norm = weights.get(prefix + "q_norm.weight") if qk_norm else None
+        self.k_norm = weights.get(prefix + "k_norm.weight") if qk_norm else None
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.eps, self.rope, self.dtype = config.rms_norm_eps, rope, dtype
+        self.scale = self.head_dim ** -0.5
+
+    def new_cache(self, max_tokens: int) -> KVCache:
+        return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        t = x.shape[0]
+        q = F.linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
+        k = F.linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = F.linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        cos, sin = self.rope(positions, x.dtype)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        keys, values = cache.append(start, k, v)
+        out = causal_attention(q, keys, values, start, self.scale)
+        return F.linear(out.reshape(t, self.heads * self.head_dim), self.o)
+
+
+class SoftmaxMoE:
+    """Router (softmax top-k) + routed experts through the executor."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, router: str,
+                 executor: ExpertExecutor, *, normalize: bool) -> None:
+        self.router = weights.get(router)
+        self.layer, self.executor = layer, executor
+        self.k, self.normalize = config.num_experts_per_tok, normalize
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = softmax_topk(F.linear(x, self.router), self.k, self.normalize)
+        return self.executor(self.layer, x, ids, weights.to(x.dtype))
+
+
+def dense_mlp(weights: ModelWeights, prefix: str) -> FFN:
+    gate, up, down = (weights.get(f"{prefix}{p}_proj.weight") for p in ("gate", "up", "down"))
+    return lambda x: swiglu_mlp(x, gate, up, down)
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    rope = RotaryEmbedding(config.head_dim, config.rope_parameters, config.context_length)
+    blocks = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        ffn = (SoftmaxMoE(config, weights, i, p + "mlp.gate.weight", executor, normalize=bool(config.get("norm_topk_prob")))
+               if i in config.moe_layers else dense_mlp(weights, p + "mlp."))
+        attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=True)
+        blocks.append(Block(weights.get(p + "input_layernorm.weight"), attention,
+                            weights.get(p + "post_attention_layernorm.weight"), ffn))
+    return DecoderModel(config, weights, blocks, dtype)
