@@ -83,7 +83,7 @@ def summary(recipe: Recipe, index: Index, revision: str | None) -> dict:
             "num_params_total", "num_params_active")
     out = {k: c.get(k) for k in keys}
     out.update(format="ftw", ftw_version=index.version, source=recipe.source.uri(),
-               description=recipe.description, parameters=dict(recipe.parameters),
+               description=recipe.description, parameters=dict(recipe.parameters), system=recipe.system,
                context_length=recipe.context_length or c.get("context_length"))
     if revision:
         out["revision"] = revision
