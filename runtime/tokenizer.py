@@ -1,0 +1,270 @@
+"""A model's tokenizer: tokenizer.json through the `tokenizers` library, plus the chat template,
+special tokens and stop ids from the files beside it, read the way transformers 5 reads them.
+
+- Text <-> ids is tokenizer.json alone (normalizer, pre-tokenizer, model, post-processor,
+  decoder), which is what transformers' fast tokenizers run. As in transformers 5, the
+  post-processor decides whether `add_special_tokens=True` adds a BOS; tokenizer_config.json's
+  `add_bos_token` is only compared with it.
+- The chat template comes from, in order: a template override (a Modelfile TEMPLATE),
+  chat_template.jinja plus additional_chat_templates/*.jinja, tokenizer_config.json's
+  `chat_template` (a string, or a list of named templates).
+- Special tokens (bos_token, eos_token, ... and any other `*_token`) are tokenizer_config.json's,
+  or special_tokens_map.json's for configs without `added_tokens_decoder`; they are the variables
+  a template sees.
+- Stop ids are the eos token plus every `eos_token_id` of generation_config.json (an int or a
+  list), or of config.json when there is no generation config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tokenizers
+
+from .chat_template import ChatTemplateError, render_chat
+
+if TYPE_CHECKING:
+    from .weights import RegisteredModel
+
+log = logging.getLogger(__name__)
+
+STANDARD_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+TEMPLATE_DIR = "additional_chat_templates"
+
+
+class TokenizerError(ValueError):
+    """A model whose tokenizer files are missing or unreadable; the message names the file."""
+
+
+def _gather_files(files: Path | str | Mapping[str, Path | str]) -> dict[str, Path]:
+    if isinstance(files, Mapping):
+        return {str(title): Path(path) for title, path in files.items()}
+    directory = Path(files)
+    if not directory.is_dir():
+        raise TokenizerError(f"{directory} is not a directory of model files")
+    found = {p.name: p for p in directory.iterdir() if p.is_file()}
+    if (directory / TEMPLATE_DIR).is_dir():
+        found.update({f"{TEMPLATE_DIR}/{p.name}": p for p in (directory / TEMPLATE_DIR).glob("*.jinja")})
+    return found
+
+
+def _read_text(files: Mapping[str, Path], title: str, origin: str) -> str | None:
+    path = files.get(title)
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{origin}: cannot read {title}: {e}") from None
+
+
+def _read_json(files: Mapping[str, Path], title: str, origin: str) -> dict[str, Any] | None:
+    text = _read_text(files, title, origin)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise TokenizerError(f"{origin}: {title} is not valid JSON ({e}); re-pull the model") from None
+    if not isinstance(value, dict):
+        raise TokenizerError(f"{origin}: {title} must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def special_tokens_from_config(config: Mapping[str, Any], special_map: Mapping[str, Any] | None) -> dict[str, str]:
+    """The named special tokens a chat template sees as variables (transformers' special_tokens_map)."""
+    tokens: dict[str, str] = {}
+
+    def take(key: str, value: Any) -> None:
+        content = _token_content(value)
+        if key in STANDARD_SPECIAL_TOKENS or (key.endswith("_token") and content is not None):
+            if content is None:
+                tokens.pop(key, None)
+            else:
+                tokens[key] = content
+
+    for key, value in config.items():
+        take(key, value)
+    if isinstance(config.get("extra_special_tokens"), Mapping):
+        for key, value in config["extra_special_tokens"].items():
+            if (content := _token_content(value)) is not None:
+                tokens[key] = content
+    # Legacy checkpoints keep their special tokens in special_tokens_map.json; transformers reads
+    # it only when the config has no added_tokens_decoder, and then it wins.
+    if special_map and "added_tokens_decoder" not in config:
+        for key, value in special_map.items():
+            if key in STANDARD_SPECIAL_TOKENS or key.endswith("_token"):
+                take(key, value)
+    return tokens
+
+
+def _chat_templates(files: Mapping[str, Path], config: Mapping[str, Any], origin: str) -> str | dict[str, str] | None:
+    from_files: dict[str, str] = {}
+    if (text := _read_text(files, "chat_template.jinja", origin)) is not None:
+        from_files["default"] = text
+    for title in sorted(files):
+        if title.startswith(TEMPLATE_DIR + "/") and title.endswith(".jinja"):
+            from_files[title[len(TEMPLATE_DIR) + 1 : -len(".jinja")]] = _read_text(files, title, origin) or ""
+    if from_files:  # template files take precedence over the config, as in transformers
+        return from_files["default"] if list(from_files) == ["default"] else from_files
+    template = config.get("chat_template")
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, list) and all(isinstance(t, Mapping) and isinstance(t.get("name"), str)
+                                          and isinstance(t.get("template"), str) for t in template):
+        return {t["name"]: t["template"] for t in template}
+    raise TokenizerError(f"{origin}: tokenizer_config.json's chat_template must be a string or a list of "
+                         "{name, template} objects")
+
+
+def _ids(value: Any, title: str, origin: str) -> list[int]:
+    if value is None:
+        return []
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise TokenizerError(f"{origin}: {title} eos_token_id must be a token id or a list of them, got {value!r}")
+    return values
+
+
+class Tokenizer:
+    """Encode, decode and chat-template text for one model. Build it with `from_files`/`from_model`.
+
+    Attributes: `eos_token_ids` (every stop id), `bos_token_id`/`eos_token_id` (None when the model
+    names none), `vocab_size` (highest id + 1, added tokens included; a model's embedding may be
+    padded beyond it), `add_bos_token` (whether `encode(..., add_special_tokens=True)` prepends the
+    BOS), `special_tokens` (the template variables), `chat_template` (str, dict of named ones, or None).
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        chat_template: str | Mapping[str, str] | None = None,
+        special_tokens: Mapping[str, str] | None = None,
+        eos_token_ids: Iterable[int] = (),
+        config_add_bos_token: bool | None = None,
+        origin: str = "tokenizer",
+    ) -> None:
+        self.backend = backend
+        self.origin = origin
+        self.chat_template = dict(chat_template) if isinstance(chat_template, Mapping) else chat_template
+        self.special_tokens: dict[str, str] = dict(special_tokens or {})
+        self.bos_token: str | None = self.special_tokens.get("bos_token")
+        self.eos_token: str | None = self.special_tokens.get("eos_token")
+        self.bos_token_id: int | None = self.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_id: int | None = self.token_to_id(self.eos_token) if self.eos_token else None
+        stops = set(eos_token_ids)
+        if self.eos_token_id is not None:
+            stops.add(self.eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(stops)
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self.vocab_size: int = max(vocab.values()) + 1 if vocab else 0
+        self.add_bos_token: bool = self.bos_token_id is not None and self.encode("a", True)[:1] == [self.bos_token_id]
+        if config_add_bos_token is not None and config_add_bos_token != self.add_bos_token:
+            log.info("%s: tokenizer_config.json says add_bos_token=%s, tokenizer.json's post-processor %s a BOS; "
+                     "following tokenizer.json as transformers does", origin, config_add_bos_token,
+                     "adds" if self.add_bos_token else "does not add")
+
+    @classmethod
+    def from_files(cls, files: Path | str | Mapping[str, Path | str], *, template: str | None = None,
+                   origin: str | None = None) -> Tokenizer:
+        """Build from a checkpoint directory, or a mapping file title -> path (RegisteredModel.files).
+
+        `template` overrides every chat template the files carry (a Modelfile TEMPLATE).
+        """
+        gathered = _gather_files(files)
+        origin = origin or (str(files) if not isinstance(files, Mapping) else "model")
+        path = gathered.get("tokenizer.json")
+        if path is None:
+            raise TokenizerError(f"{origin} has no tokenizer.json; ft needs a Hugging Face fast tokenizer "
+                                 "(tokenizer.json) to encode text for this model")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:  # the library raises plain Exception for bad files
+            raise TokenizerError(f"{origin}: tokenizer.json cannot be loaded: {e}") from None
+        config = _read_json(gathered, "tokenizer_config.json", origin) or {}
+        special_map = _read_json(gathered, "special_tokens_map.json", origin)
+        generation = _read_json(gathered, "generation_config.json", origin)
+        eos_ids = _ids((generation or {}).get("eos_token_id"), "generation_config.json", origin)
+        if generation is None:
+            eos_ids = _ids((_read_json(gathered, "config.json", origin) or {}).get("eos_token_id"), "config.json", origin)
+        add_bos = config.get("add_bos_token")
+        return cls(
+            backend,
+            chat_template=template if template is not None else _chat_templates(gathered, config, origin),
+            special_tokens=special_tokens_from_config(config, special_map),
+            eos_token_ids=eos_ids,
+            config_add_bos_token=add_bos if isinstance(add_bos, bool) else None,
+            origin=origin,
+        )
+
+    @classmethod
+    def from_model(cls, model: RegisteredModel) -> Tokenizer:
+        """Build from a registered model's files; its Modelfile TEMPLATE, if any, is the chat template."""
+        from .weights import MEDIA_TEMPLATE
+
+        override = next((model.files[d.title] for d in model.manifest.layers if d.media_type == MEDIA_TEMPLATE), None)
+        template = override.read_text(encoding="utf-8") if override is not None else None
+        return cls.from_files(model.files, template=template, origin=model.name.display)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. a special token), None if there is none."""
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of one id, as the model sees it (byte-level pieces for BPE)."""
+        return self.backend.id_to_token(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` runs the post-processor (a BOS, for some models)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; ids the vocabulary does not have decode to nothing."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def select_chat_template(self, tools: Sequence[Any] | None = None) -> str:
+        """The template transformers would use: "tool_use" when tools are given and it exists, else "default"."""
+        templates = self.chat_template
+        if templates is None:
+            raise ChatTemplateError(
+                f"{self.origin} has no chat template (no chat_template in tokenizer_config.json, no "
+                "chat_template.jinja); give one with TEMPLATE in a Modelfile, or send a raw prompt")
+        if isinstance(templates, str):
+            return templates
+        if tools is not None and "tool_use" in templates:
+            return templates["tool_use"]
+        if "default" in templates:
+            return templates["default"]
+        raise ChatTemplateError(f"{self.origin} has several chat templates ({', '.join(sorted(templates))}) "
+                                "and none is named default")
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The prompt text, as transformers' `apply_chat_template(..., tokenize=False)` renders it.
+
+        `kwargs` are template variables (enable_thinking, documents, continue_final_message, ...).
+        """
+        return render_chat(self.select_chat_template(tools), messages, tools=tools,
+                           add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens, **kwargs)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+        """Prompt ids, as `apply_chat_template(tokenize=True)` gives them: the template writes any BOS
+        itself, so the post-processor does not run."""
+        return self.encode(self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs))
