@@ -15,7 +15,13 @@ import click
 
 from ftw import FTWError
 from registry import RegistryError, Store
+from runtime.chat_template import ChatTemplateError
+from runtime.models import ContextOverflowError, UnsupportedFamilyError
+from runtime.plan import PlanOverrides
+from runtime.sampling import InvalidParameterError
+from runtime.tokenizer import TokenizerError
 
+from . import fit as fit_mod
 from . import show as show_mod
 from .hub import HubError
 from .modelfile import ModelfileError
@@ -24,7 +30,8 @@ from .progress import ProgressPrinter
 from .pull import PullError, create, pull
 from .resolve import ResolveError
 
-USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError)
+USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError,
+               ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError)
 
 
 def _store() -> Store:
@@ -105,6 +112,30 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
         click.echo(show_mod.format_show(info))
 
 
+@cli.command("fit")
+@click.argument("name")
+@click.option("--vram-gib", type=click.FloatRange(min=0), default=None, help="Cap the VRAM ft may use (0: CPU only).")
+@click.option("--ram-gib", type=click.FloatRange(min=0, min_open=True), default=None, help="Cap the host RAM ft may use.")
+@click.option("--num-ctx", type=click.IntRange(min=1), default=None, help="Context length to plan for.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for expert kernels.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
+              help="gpu refuses a plan that would fall back to the CPU or thrash the expert cache.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def fit_cmd(name: str, vram_gib: float | None, ram_gib: float | None, num_ctx: int | None, threads: int | None,
+            device: str, as_json: bool) -> None:
+    """What this machine can do with NAME: where experts live, cache slots, context, threads. Exit 1 if it cannot run.
+
+    A model not in the store is planned from its metadata only (no weights are downloaded)."""
+    overrides = PlanOverrides(
+        vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30),
+        ram_budget_bytes=None if ram_gib is None else int(ram_gib * 2**30),
+        num_ctx=num_ctx, num_threads=threads, device=device)
+    report = fit_mod.fit(name, _store(), overrides)
+    click.echo(json.dumps(fit_mod.report_dict(report), indent=1) if as_json else fit_mod.format_report(report))
+    if not report.plan.fits:
+        sys.exit(1)
+
+
 @cli.command("rm")
 @click.argument("names", nargs=-1, required=True)
 def rm_cmd(names: tuple[str, ...]) -> None:
@@ -147,6 +178,40 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
         click.echo(json.dumps(report, indent=1))
     if failed:
         sys.exit(1)
+
+
+@cli.command("run")
+@click.argument("name")
+@click.argument("prompt", nargs=-1)
+@click.option("--verbose", is_flag=True, help="Print load time, prompt and eval tokens/s.")
+@click.option("--num-ctx", type=click.IntRange(min=16), default=None, help="Context length in tokens.")
+@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16"]), default=None, help="Compute dtype.")
+@click.option("--temperature", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--num-predict", type=int, default=None, help="Most tokens to generate.")
+def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | None, dtype: str | None,
+            temperature: float | None, seed: int | None, num_predict: int | None) -> None:
+    """Chat with a model (pulled first if missing), or answer PROMPT (or stdin) and exit."""
+    from . import run as run_mod
+
+    store = _store()
+    with ProgressPrinter() as printer:
+        pull(name, store, report=printer)
+    overrides = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict))
+                 if v is not None}
+    loaded, chat, load_seconds = run_mod.load_for_chat(store, name, dtype=dtype, num_ctx=num_ctx, overrides=overrides)
+    text = " ".join(prompt)
+    if not text and not sys.stdin.isatty():
+        text = sys.stdin.read()
+    if not text:
+        run_mod.repl(chat, verbose, load_seconds)
+        return
+    if not text.strip():
+        raise click.UsageError("the prompt is empty")
+    result = chat.ask(text, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    sys.stdout.write("\n")
+    if verbose:
+        click.echo("\n".join(run_mod.stats_lines(result, load_seconds)), err=True)
 
 
 def _run(args: list[str] | None = None) -> None:

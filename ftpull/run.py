@@ -1,0 +1,185 @@
+"""`ft run`: load a model and answer one prompt, or chat in a REPL, streaming the answer.
+
+Only presentation lives here; the conversation state is a `runtime.engine.Session`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from registry import Store
+from runtime.engine import Generation, Session
+from runtime.load import LoadedModel, load_registered
+from runtime.sampling import SamplingParams
+from runtime.tokenizer import Tokenizer
+from runtime.weights import open_model
+
+DEFAULT_NUM_CTX = 4096
+HELP = """Available commands:
+  /set parameter NAME VALUE   set a sampling parameter (temperature, top_k, top_p, min_p,
+                              repeat_penalty, repeat_last_n, seed, num_predict, stop)
+  /set system TEXT            set the system prompt
+  /show parameters            show the current parameters
+  /clear                      forget the conversation
+  /bye                        exit
+  /?, /help                   this help
+Use \"\"\" to begin and end a multi-line message."""
+
+
+@dataclass
+class Chat:
+    """One `ft run` conversation: messages so far, options, and the session that runs them."""
+
+    session: Session
+    tokenizer: Tokenizer
+    options: dict[str, Any]
+    system: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def params(self) -> SamplingParams:
+        return SamplingParams.from_options(self.options)
+
+    def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
+        history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
+        conversation = history + [{"role": "user", "content": text}]
+        prompt = self.tokenizer.encode_chat(conversation, add_generation_prompt=True)
+        result = self.session.generate(prompt, self.params(), on_text)
+        self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
+        return result
+
+    def clear(self) -> None:
+        self.messages.clear()
+        self.session.reset()
+
+
+def compute_dtype(config: dict[str, Any], requested: str | None) -> torch.dtype:
+    """f32 models compute in f32; everything else in bf16 unless the user says otherwise."""
+    names = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    if requested:
+        return names[requested]
+    return torch.float32 if config.get("dtype") == "f32" else torch.bfloat16
+
+
+def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | None,
+                  overrides: dict[str, Any]) -> tuple[LoadedModel, Chat, float]:
+    registered = open_model(store, name)
+    start = time.perf_counter()
+    loaded = load_registered(registered, compute_dtype(registered.config, dtype))
+    tokenizer = Tokenizer.from_model(registered)
+    load_seconds = time.perf_counter() - start
+    options = {**(registered.config.get("parameters") or {}), **overrides}
+    context = int(options.pop("num_ctx", 0) or num_ctx or min(DEFAULT_NUM_CTX, loaded.config.context_length or DEFAULT_NUM_CTX))
+    session = Session(loaded.model, tokenizer, context)
+    return loaded, Chat(session, tokenizer, options, registered.config.get("system")), load_seconds
+
+
+def stats_lines(result: Generation, load_seconds: float | None) -> list[str]:
+    s = result.stats
+    lines = []
+    if load_seconds is not None:
+        lines.append(f"load duration:        {load_seconds:.3f}s")
+    lines += [
+        f"prompt eval count:    {s.prompt_tokens} token(s)" + (f" (+{s.cached_tokens} cached)" if s.cached_tokens else ""),
+        f"prompt eval duration: {s.prompt_seconds:.3f}s",
+        f"prompt eval rate:     {s.prompt_tokens_per_second:.2f} tokens/s",
+        f"eval count:           {s.eval_tokens} token(s)",
+        f"eval duration:        {s.eval_seconds:.3f}s",
+        f"eval rate:            {s.eval_tokens_per_second:.2f} tokens/s",
+    ]
+    return lines
+
+
+def read_message(lines: Iterable[str], prompt: Callable[[str], None]) -> str | None:
+    """One user message from `lines`: a line, or a \"\"\"-delimited block. None at end of input."""
+    prompt(">>> ")
+    for line in lines:
+        line = line.rstrip("\n")
+        if not line.startswith('"""'):
+            return line
+        block = [line[3:]]
+        if block[0].endswith('"""') and len(block[0]) >= 3:
+            return block[0][:-3]
+        prompt("... ")
+        for more in lines:
+            more = more.rstrip("\n")
+            if more.endswith('"""'):
+                block.append(more[:-3])
+                return "\n".join(block).strip("\n")
+            block.append(more)
+            prompt("... ")
+        return "\n".join(block).strip("\n")
+    return None
+
+
+def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
+    """Run a /command; False when the user wants to leave."""
+    parts = text.split(maxsplit=3)
+    command = parts[0].lower()
+    if command in ("/bye", "/exit"):
+        return False
+    if command in ("/?", "/help"):
+        say(HELP)
+    elif command == "/clear":
+        chat.clear()
+        say("Cleared session context")
+    elif command == "/set" and len(parts) >= 3 and parts[1] == "system":
+        chat.system = text.split(maxsplit=2)[2]
+        say("Set system message.")
+    elif command == "/set" and len(parts) == 4 and parts[1] == "parameter":
+        key, value = parts[2], parts[3]
+        candidate = dict(chat.options)
+        candidate[key] = [*candidate.get("stop", []), value] if key == "stop" else _number(value)
+        try:
+            SamplingParams.from_options(candidate)
+        except ValueError as e:
+            say(f"Error: {e}")
+            return True
+        chat.options = candidate
+        say(f"Set parameter '{key}' to '{value}'")
+    elif command == "/show" and len(parts) >= 2 and parts[1] == "parameters":
+        say("\n".join(f"{k:<16}{v}" for k, v in sorted(chat.options.items())) or "(defaults)")
+    else:
+        say(f"Unknown command '{text}'. Type /? for help")
+    return True
+
+
+def _number(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def repl(chat: Chat, verbose: bool, load_seconds: float) -> None:
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    lines = iter(sys.stdin.readline, "")
+    show_load: float | None = load_seconds
+    while True:
+        message = read_message(lines, write)
+        if message is None:
+            write("\n")
+            return
+        if not message.strip():
+            continue
+        if message.startswith("/"):
+            if not handle_command(chat, message.strip(), lambda s: write(s + "\n")):
+                return
+            continue
+        result = chat.ask(message, write)
+        write("\n\n")
+        if result.stop_reason == "context":
+            write("(the context is full: /clear to start over, or run with a larger --num-ctx)\n\n")
+        if verbose:
+            sys.stderr.write("\n".join(stats_lines(result, show_load)) + "\n\n")
+            show_load = None

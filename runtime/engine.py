@@ -1,0 +1,132 @@
+"""Generation: prefill a prompt, decode token by token, stream text, stop where asked.
+
+A `Session` is one sequence: it owns the model's decode state and remembers which tokens the
+state holds, so a chat turn whose prompt extends the previous one (the usual case: history +
+new message) only prefills the new tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .detokenize import IncrementalDetokenizer, StopStringMatcher
+from .models import ContextOverflowError, DecoderModel
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+OnText = Callable[[str], None]
+
+
+class EmptyPromptError(ValueError):
+    """Generation was asked for with no prompt tokens."""
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0  # tokens actually prefilled (a reused prefix is not counted)
+    cached_tokens: int = 0  # prompt tokens reused from the previous turn
+    prompt_seconds: float = 0.0
+    eval_tokens: int = 0
+    eval_seconds: float = 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def eval_tokens_per_second(self) -> float:
+        return self.eval_tokens / self.eval_seconds if self.eval_seconds else 0.0
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    stop_reason: str  # "stop" (EOS or a stop string), "length" (max_tokens), "context" (context full)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class Session:
+    """One sequence of a loaded model; not thread-safe (the server queues requests per session)."""
+
+    def __init__(self, model: DecoderModel, tokenizer: Tokenizer, context_length: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.state = model.new_state(context_length)
+        self.tokens: list[int] = []  # what `state` holds
+
+    def reset(self) -> None:
+        self.state = self.model.new_state(self.context_length)
+        self.tokens = []
+
+    def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
+        """Logits of the last prompt token, reusing the state when it holds a prefix of `prompt`."""
+        if len(prompt) > self.context_length:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt)} tokens, the context is {self.context_length}; shorten it or raise num_ctx"
+            )
+        if len(self.tokens) >= len(prompt) or self.tokens != prompt[: len(self.tokens)]:
+            self.reset()  # states are append-only (recurrent layers cannot rewind): start over
+        new = prompt[len(self.tokens):]
+        stats.cached_tokens, stats.prompt_tokens = len(self.tokens), len(new)
+        start = time.perf_counter()
+        logits = self.model.forward(torch.tensor(new, dtype=torch.long), self.state)[-1]
+        stats.prompt_seconds = time.perf_counter() - start
+        self.tokens = list(prompt)
+        return logits
+
+    def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None) -> Generation:
+        """Continue `prompt` until EOS, a stop string, max_tokens or the end of the context."""
+        if not prompt:
+            raise EmptyPromptError("the prompt is empty: give some text (an empty chat still renders a template)")
+        stats = GenerationStats()
+        logits = self._prefill(prompt, stats)
+        sampler = Sampler(params)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        stops = StopStringMatcher(list(params.stop))
+        limit = params.max_tokens if params.max_tokens and params.max_tokens > 0 else None
+        out_tokens: list[int] = []
+        pieces: list[str] = []
+        reason = "length"
+        start = time.perf_counter()
+
+        def emit(text: str) -> bool:
+            shown, stopped = stops.feed(text)
+            if shown:
+                pieces.append(shown)
+                if on_text:
+                    on_text(shown)
+            return stopped
+
+        while True:
+            if limit is not None and len(out_tokens) >= limit:
+                reason = "length"
+                break
+            token = sampler.sample(logits, self.tokens)
+            if token in self.tokenizer.eos_token_ids:
+                reason = "stop"
+                break
+            out_tokens.append(token)
+            if emit(detok.push(token)):
+                reason = "stop"
+                break
+            if len(self.tokens) + 1 > self.context_length:
+                reason = "context"
+                break
+            self.tokens.append(token)
+            logits = self.model.forward(torch.tensor([token], dtype=torch.long), self.state)[-1]
+        if not stops.stopped:
+            emit(detok.flush())
+            tail = stops.flush()  # text held back in case it began a stop string
+            if tail:
+                pieces.append(tail)
+                if on_text:
+                    on_text(tail)
+        stats.eval_tokens = len(out_tokens)
+        stats.eval_seconds = time.perf_counter() - start
+        return Generation("".join(pieces), out_tokens, reason, stats)
