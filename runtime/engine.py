@@ -115,7 +115,7 @@ class Session:
             if emit(detok.push(token)):
                 reason = "stop"
                 break
-            if len(self.tokens) + 1 > self.context_length:
+            if len(self.tokens) + 1 >= self.context_length:  # prompt + answer fill the context
                 reason = "context"
                 break
             self.tokens.append(token)

@@ -1,0 +1,164 @@
+"""`ft run` end to end on the built-in tiny model, and the engine's stopping and reuse rules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftpull.cli import _run
+from registry import Store
+from runtime.engine import EmptyPromptError, Session
+from runtime.load import load
+from runtime.models import ContextOverflowError
+from runtime.sampling import SamplingParams
+from runtime.tokenizer import Tokenizer
+from runtime.weights import open_model
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ft_home")
+    os.environ["FT_HOME"] = str(root)
+    try:
+        _run(["pull", "tiny"])
+    except SystemExit as e:
+        assert not e.code
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny(home: Path):
+    store = Store(home)
+    return load(store, "tiny"), Tokenizer.from_model(open_model(store, "tiny"))
+
+
+def ft(capsys, *args: str) -> tuple[int, str, str]:
+    code = 0
+    try:
+        _run(list(args))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_one_prompt_streams_an_answer(home: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("FT_HOME", str(home))
+    code, out, err = ft(capsys, "run", "tiny", "Hello there", "--seed", "3", "--num-predict", "12", "--verbose")
+    assert code == 0 and out.strip()
+    assert "eval rate:" in err and "prompt eval rate:" in err and "load duration:" in err
+    # same seed, same answer
+    assert ft(capsys, "run", "tiny", "Hello there", "--seed", "3", "--num-predict", "12")[1] == out
+
+
+def test_prompt_from_stdin_and_repl(home: Path) -> None:
+    env = {**os.environ, "FT_HOME": str(home)}
+    cmd = [sys.executable, "-m", "ftpull", "run", "tiny", "--num-predict", "8", "--seed", "1"]
+    piped = subprocess.run(cmd + ["--verbose"], input="Why is the sky blue?", env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 0 and piped.stdout.strip() and "eval count:           8 token(s)" in piped.stderr
+
+
+def test_repl_commands(tiny, monkeypatch, capsys) -> None:
+    from ftpull.run import Chat, repl
+
+    loaded, tokenizer = tiny
+    chat = Chat(Session(loaded.model, tokenizer, 512), tokenizer, {"num_predict": 6, "seed": 0})
+    script = '\n'.join([
+        "/set parameter temperature 0", "/set parameter top_k banana", "/show parameters",
+        '"""first line', 'second line"""', "another question", "/clear", "/nonsense", "/bye", "never read",
+    ]) + "\n"
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(script))
+    repl(chat, verbose=False, load_seconds=0.0)
+    out = capsys.readouterr().out
+    assert "Set parameter 'temperature' to '0'" in out
+    assert "Error:" in out and "top_k" in out  # invalid value refused, the REPL goes on
+    assert "temperature     0" in out
+    assert "Cleared session context" in out and "Unknown command '/nonsense'" in out
+    assert chat.messages == []  # /clear forgot the two exchanges
+    assert chat.options["temperature"] == 0
+
+
+def test_history_is_kept_and_prefix_reused(tiny) -> None:
+    from ftpull.run import Chat
+
+    loaded, tokenizer = tiny
+    chat = Chat(Session(loaded.model, tokenizer, 1024), tokenizer, {"num_predict": 5, "temperature": 0})
+    first = chat.ask("What is two plus two?", lambda s: None)
+    second = chat.ask("And three plus three?", lambda s: None)
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+    assert first.stats.cached_tokens == 0
+    assert second.stats.cached_tokens > first.stats.prompt_tokens  # the first turn was not recomputed
+
+
+def test_cached_generation_equals_fresh(tiny) -> None:
+    loaded, tokenizer = tiny
+    prompt = tokenizer.encode_chat([{"role": "user", "content": "Count to five"}], add_generation_prompt=True)
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    fresh = Session(loaded.model, tokenizer, 256).generate(prompt, greedy)
+    session = Session(loaded.model, tokenizer, 256)
+    session.generate(prompt[:-3], SamplingParams(temperature=0, max_tokens=1))
+    assert session.generate(prompt, greedy).tokens == fresh.tokens
+
+
+def test_stop_conditions(tiny) -> None:
+    loaded, tokenizer = tiny
+    prompt = tokenizer.encode("Once upon a time")
+    free = Session(loaded.model, tokenizer, 256).generate(prompt, SamplingParams(temperature=0, max_tokens=24))
+    assert free.stop_reason == "length" and len(free.tokens) == 24
+    cut = free.text[len(free.text) // 2:][:3]
+    if cut:
+        stopped = Session(loaded.model, tokenizer, 256).generate(prompt, SamplingParams(temperature=0, max_tokens=24,
+                                                                                        stop=(cut,)))
+        assert stopped.stop_reason == "stop" and cut not in stopped.text
+        assert free.text.startswith(stopped.text)
+    full = Session(loaded.model, tokenizer, len(prompt) + 5).generate(prompt, SamplingParams(temperature=0))
+    assert full.stop_reason == "context" and len(full.tokens) == 5
+
+
+def test_bad_input(tiny, home: Path, capsys, monkeypatch) -> None:
+    loaded, tokenizer = tiny
+    with pytest.raises(EmptyPromptError):
+        Session(loaded.model, tokenizer, 64).generate([], SamplingParams())
+    with pytest.raises(ContextOverflowError, match="the prompt is 100 tokens, the context is 64"):
+        Session(loaded.model, tokenizer, 64).generate([5] * 100, SamplingParams())
+    monkeypatch.setenv("FT_HOME", str(home))
+    code, _, err = ft(capsys, "run", "tiny", "hi", "--temperature", "-1")
+    assert code == 1 and "temperature" in err
+    code, _, err = ft(capsys, "run", "tiny", "x " * 3000, "--num-ctx", "64")
+    assert code == 1 and "context" in err
+
+
+def test_corrupted_model_names_the_file(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("FT_HOME", str(tmp_path))
+    ft(capsys, "pull", "tiny")
+    store = Store(tmp_path)
+    shard = next(d for d in store.read_manifest("tiny").layers if d.title == "model-00001.ftw")
+    path = store.blob_path(shard.digest)
+    path.chmod(0o644)
+    os.truncate(path, path.stat().st_size - 8192)
+    code, _, err = ft(capsys, "run", "tiny", "hello")
+    assert code == 1 and "model-00001.ftw" in err and "ft verify" in err
+
+
+def test_greedy_matches_transformers_on_tiny(home: Path, tiny) -> None:
+    """The built-in model through `ft pull` + runtime equals transformers on its source checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from ftpull.tiny import build_tiny_checkpoint
+
+    src = build_tiny_checkpoint(home / "tiny-src")
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    loaded, tokenizer = tiny
+    prompt = tokenizer.encode_chat([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+    ours = Session(loaded.model, tokenizer, 256).generate(prompt, SamplingParams(temperature=0, max_tokens=20))
+    with torch.no_grad():
+        theirs = ref.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                              eos_token_id=sorted(tokenizer.eos_token_ids), pad_token_id=0)[0, len(prompt):].tolist()
+    eos = set(tokenizer.eos_token_ids)
+    assert ours.tokens == [t for t in theirs if t not in eos][: len(ours.tokens)]
