@@ -1,25 +1,31 @@
 """Will it fit? Disk and host RAM checks made from the config and safetensors headers alone.
 
-Runs before a single weight byte is downloaded. The numbers come from the tensor table, so a
-refusal can say exactly what is needed, what the machine has, and what to change.
+Runs before a single weight byte is downloaded. The disk check is here; RAM (and, on a probed
+machine, VRAM and context) is the fit planner's (`runtime.plan`), the same function `ft fit`
+and loading use, so pull and run agree. A refusal says what is needed, what the machine has, and
+what to change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import psutil
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ftw.families import Family, parse_expert_name
+from runtime.plan import (
+    CAST_BYTES,
+    FLOAT_BYTES,
+    RAM_RESERVE_BYTES,
+    FitError,
+    ModelFootprint,
+    PlanOverrides,
+    plan,
+)
+from runtime.resources import GPU, Machine
 
-CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}
-FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
-RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, activations and KV on the CPU path
+__all__ = ["RAM_RESERVE_BYTES", "FitError", "Footprint", "Resources", "check_fit", "footprint", "refuse_unless_fits"]
+
 DISK_SLACK = 1.02  # alignment padding, index, tokenizer files
-
-
-class FitError(Exception):
-    """The model does not fit this machine; the message has the numbers and the way out."""
 
 
 @dataclass(frozen=True)
@@ -29,29 +35,30 @@ class Footprint:
     download_bytes: int  # still to download (what is already on disk is not counted)
     expert_bytes: int  # routed experts, as stored in FTW
     dense_bytes: int  # everything else, as stored in FTW
+    model: ModelFootprint | None = None  # the planner's view, when the config is known
 
     @property
     def ftw_bytes(self) -> int:
         return int((self.expert_bytes + self.dense_bytes) * DISK_SLACK)
 
+    def for_planner(self) -> ModelFootprint:
+        return self.model or ModelFootprint.from_sizes(expert_bytes=self.expert_bytes, dense_bytes=self.dense_bytes)
+
 
 @dataclass(frozen=True)
 class Resources:
+    """Disk plus the machine. Made by hand (no `machine`), it knows only RAM and whether there is a GPU."""
+
     disk_free_bytes: int
     ram_total_bytes: int
     ram_available_bytes: int
     has_gpu: bool
+    machine: Machine | None = None  # measured by probe()
 
     @staticmethod
     def probe(disk_free_bytes: int) -> Resources:
-        vm = psutil.virtual_memory()
-        try:
-            import torch
-
-            has_gpu = bool(torch.cuda.is_available())
-        except Exception:  # a broken CUDA install must not stop a pull
-            has_gpu = False
-        return Resources(disk_free_bytes, vm.total, vm.available, has_gpu)
+        m = Machine.probe()
+        return Resources(disk_free_bytes, m.ram_total_bytes, m.ram_available_bytes, m.gpu is not None, m)
 
 
 def footprint(
@@ -60,8 +67,11 @@ def footprint(
     tensors: dict[str, tuple[str, int]],
     download_bytes: int,
     target_dtype: str = "auto",
+    config: dict[str, Any] | None = None,
 ) -> Footprint:
-    """Expert and dense bytes after conversion, from (FTW dtype, nbytes) per source tensor."""
+    """Expert and dense bytes after conversion, from (FTW dtype, nbytes) per source tensor.
+
+    With the checkpoint's `config` the planner also gets the expert layout and the KV size."""
     cast = CAST_BYTES.get(target_dtype)
     expert = dense = 0
     for name, (dtype, nbytes) in tensors.items():
@@ -74,14 +84,15 @@ def footprint(
             expert += stored
         else:
             dense += stored
-    return Footprint(download_bytes=download_bytes, expert_bytes=expert, dense_bytes=dense)
+    model = ModelFootprint.from_checkpoint(config, tensors, target_dtype=target_dtype) if config is not None else None
+    return Footprint(download_bytes=download_bytes, expert_bytes=expert, dense_bytes=dense, model=model)
 
 
 def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_fit(fp: Footprint, res: Resources) -> list[str]:
+def check_fit(fp: Footprint, res: Resources, overrides: PlanOverrides | None = None) -> list[str]:
     """Every reason the model cannot be pulled and run here (empty when it fits)."""
     problems = []
     disk_needed = fp.download_bytes + fp.ftw_bytes
@@ -90,14 +101,15 @@ def check_fit(fp: Footprint, res: Resources) -> list[str]:
             f"disk: needs {gib(disk_needed)} ({gib(fp.download_bytes)} still to download + "
             f"{gib(fp.ftw_bytes)} converted), {gib(res.disk_free_bytes)} free; free space or set FT_HOME to a larger disk"
         )
-    # All experts live in host RAM; without a GPU the dense weights do too.
-    ram_needed = fp.expert_bytes + (0 if res.has_gpu else fp.dense_bytes) + RAM_RESERVE_BYTES
-    if ram_needed > res.ram_total_bytes:
-        where = "experts" if res.has_gpu else "experts + dense weights (no GPU found)"
-        problems.append(
-            f"RAM: needs {gib(ram_needed)} ({where} + {gib(RAM_RESERVE_BYTES)} reserve), the machine has "
-            f"{gib(res.ram_total_bytes)}; choose a smaller or more quantized variant (e.g. an :fp8 tag)"
-        )
+    overrides = overrides or PlanOverrides()
+    if res.machine is not None:
+        machine, ram_only = res.machine, False
+    else:  # only RAM is known: a GPU is taken to hold the dense weights, as DESIGN.md §5 places them
+        gpu = GPU("GPU", 0, 0) if res.has_gpu else None
+        machine, ram_only = Machine(res.ram_total_bytes, res.ram_available_bytes, 1, gpu), True
+        overrides = replace(overrides, device="gpu") if res.has_gpu else overrides
+    fit = plan(fp.for_planner(), machine, replace(overrides, force=True))
+    problems += [str(p) for p in fit.problems if not ram_only or p.resource == "RAM"]
     return problems
 
 

@@ -1,0 +1,151 @@
+"""`ft fit NAME`: what this machine can do with a model, before or after pulling it.
+
+A model in the store is planned from its FTW index (exact sizes). Any other name is resolved as
+`ft pull` would and planned from metadata only: config.json and the safetensors headers from the
+Hub (small requests, never a weight byte), a local checkpoint's headers, or a GGUF file's size.
+The planner is `runtime.plan.plan`, the same function a pull and a load use.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import textwrap
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ftw import load_config
+from ftw.safetensors_source import SafetensorsCheckpoint
+from registry import InvalidNameError, ModelNotFoundError, Store
+from runtime.plan import ModelFootprint, Plan, PlanOverrides, plan, size
+from runtime.resources import Machine
+from runtime.weights import RegisteredModel, open_model
+
+from . import hub
+from .fetch import check_family, gguf_parts
+from .resolve import PullTarget, resolve
+
+WIDTH = 80
+SOURCES = {"ftw": "the FTW index in the store (exact)", "checkpoint": "config.json and safetensors headers (estimate)",
+           "sizes": "file sizes only (estimate)"}
+
+
+@dataclass(frozen=True)
+class FitReport:
+    name: str
+    present: bool  # planned from the local FTW index
+    footprint: ModelFootprint
+    machine: Machine
+    plan: Plan
+
+
+def fit(text: str, store: Store, overrides: PlanOverrides, machine: Machine | None = None) -> FitReport:
+    """Plan `text` on `machine` (probed when None). Always returns the plan; `plan.problems` says
+    whether it can run. The recipe's `num_ctx` parameter is the default context."""
+    name, present, fp, num_ctx = _footprint(text, store)
+    if overrides.num_ctx is None and num_ctx:
+        overrides = replace(overrides, num_ctx=num_ctx)
+    machine = machine or Machine.probe()
+    return FitReport(name, present, fp, machine, plan(fp, machine, replace(overrides, force=True)))
+
+
+def _footprint(text: str, store: Store) -> tuple[str, bool, ModelFootprint, int | None]:
+    model = _local_model(text, store)
+    if model is None:
+        target = resolve(text)
+        if store.has_model(target.name):
+            model = open_model(store, target.name)
+        else:
+            return target.name.display, False, _remote_footprint(target), _int(target.recipe.parameters.get("num_ctx"))
+    index = model.open_ftw().index
+    name = model.name.display
+    fp = ModelFootprint.from_index(index, name=name, context_length=_int(model.config.get("context_length")))
+    return name, True, fp, _int((model.config.get("parameters") or {}).get("num_ctx"))
+
+
+def _local_model(text: str, store: Store) -> RegisteredModel | None:
+    try:
+        return open_model(store, text)
+    except (InvalidNameError, ModelNotFoundError):  # hf://..., a path, or not pulled yet
+        return None
+
+
+def _remote_footprint(target: PullTarget) -> ModelFootprint:
+    recipe, source = target.recipe, target.recipe.source
+    name, ctx = target.name.display, recipe.context_length
+    if source.scheme == "builtin":  # built locally in a second: read what `ft pull` would convert
+        from .tiny import build_tiny_checkpoint
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return _local_checkpoint(target, build_tiny_checkpoint(Path(tmp) / "builtin"))
+    if source.scheme == "local":
+        path = Path(source.path or "")
+        if path.is_file():
+            total = sum(p.stat().st_size for p in gguf_parts(path))
+            return ModelFootprint.from_sizes(expert_bytes=total, name=name, context_length=ctx or 0)
+        return _local_checkpoint(target, path)
+    assert source.repo_id is not None
+    if source.scheme == "gguf":
+        assert source.path is not None
+        _, sizes = hub.fetch_file_sizes(source.repo_id, source.revision)
+        parts = [str(p) for p in gguf_parts(Path(source.path))]
+        total = sum(sizes.get(p, 0) for p in parts)
+        return ModelFootprint.from_sizes(expert_bytes=total, name=name, context_length=ctx or 0)
+    remote = hub.fetch_checkpoint_info(source.repo_id, source.revision)
+    check_family(recipe, remote.config)
+    return ModelFootprint.from_checkpoint(remote.config, remote.tensors, target_dtype=recipe.dtype, name=name,
+                                          context_length=ctx)
+
+
+def _local_checkpoint(target: PullTarget, path: Path) -> ModelFootprint:
+    config = load_config(path)
+    check_family(target.recipe, config)
+    with SafetensorsCheckpoint(path) as ckpt:
+        tensors = {name: (t.dtype, t.nbytes) for name, t in ckpt.tensors.items()}
+    return ModelFootprint.from_checkpoint(config, tensors, target_dtype=target.recipe.dtype,
+                                          name=target.name.display, context_length=target.recipe.context_length)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def machine_rows(m: Machine) -> list[tuple[str, str]]:
+    rows = [("machine", f"{m.num_physical_cores} cores, {size(m.ram_total_bytes)} RAM "
+                        f"({size(m.ram_available_bytes)} available)")]
+    if m.gpu:
+        rows.append(("GPU", f"{m.gpu.name}, {size(m.gpu.vram_free_bytes)} of {size(m.gpu.vram_total_bytes)} free"))
+    return rows
+
+
+def _wrap(prefix: str, text: str) -> str:
+    return textwrap.fill(text, width=WIDTH, initial_indent=prefix, subsequent_indent=" " * 4)
+
+
+def format_report(r: FitReport) -> str:
+    """The table `ft fit` prints: one row per decision, then notes, warnings and problems."""
+    fp = r.footprint
+    shape = (f"{fp.family}, {fp.num_moe_layers} MoE layers x {fp.num_experts} experts, top-{fp.num_experts_per_tok}, "
+             f"{fp.dtype}" if fp.layout_known else f"{fp.family}, layout unknown")
+    rows = [("model", shape), ("sizes from", SOURCES.get(fp.source, fp.source) + ("" if r.present else ", not pulled")),
+            *machine_rows(r.machine), *r.plan.describe()]
+    if fp.kv.bytes_per_token:
+        rows.append(("KV per token", fp.kv.formula))
+    width = max(len(label) for label, _ in rows)
+    indent = " " * (width + 4)
+    lines = [r.name] + [f"  {label.ljust(width)}  " + f"\n{indent}".join(textwrap.wrap(value, WIDTH - len(indent)))
+                        for label, value in rows]
+    lines += [_wrap("note: ", n) for n in r.plan.notes] + [_wrap("warning: ", w) for w in r.plan.warnings]
+    if r.plan.problems:
+        lines.append(f"{r.name} does not fit this machine:")
+        lines += [_wrap("  - ", str(p)) for p in r.plan.problems]
+        lines.append("(pull or run with --force to try anyway)")
+    else:
+        lines.append(f"fits: {'on the GPU' if r.plan.device == 'gpu' else 'on the CPU'}")
+    return "\n".join(lines)
+
+
+def report_dict(r: FitReport) -> dict[str, Any]:
+    """`ft fit --json`."""
+    return {"name": r.name, "present": r.present, "footprint": asdict(r.footprint), "machine": asdict(r.machine),
+            "plan": r.plan.to_dict()}

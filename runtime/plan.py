@@ -1,0 +1,566 @@
+"""The fit planner (DESIGN.md §6): where a model's bytes live on one machine, decided by one pure function.
+
+    fp = ModelFootprint.from_index(index)                  # exact, from a pulled model's FTW index
+       | ModelFootprint.from_checkpoint(config, tensors)   # before a download: config.json + header sizes
+       | ModelFootprint.from_sizes(expert_bytes=gguf_size) # a GGUF file's size, nothing else known
+    plan(fp, Machine.probe(), PlanOverrides(num_ctx=8192)) -> Plan, or FitError with the numbers
+
+With a GPU (DESIGN.md §5) every expert lives in host RAM (pinned up to any cap); the dense weights,
+the KV cache and an activation workspace go on the GPU, and all VRAM left is one expert cache of
+fixed slots (one FTW expert record each) shared by every MoE layer. VRAM is claimed in that order:
+dense + workspace, KV for the context (never squeezed below MIN_CONTEXT_TOKENS while VRAM lasts),
+then the cache takes the rest; more cache is bought with a smaller --num-ctx. Without a GPU, or
+when the dense weights do not fit in VRAM, everything lives in RAM and runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ftw.families import FAMILIES, family_for_config, normalized_config, parse_expert_name
+from ftw.format import PART_ALIGNMENT, Index, align_up
+
+from .resources import Machine
+
+RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activations of the GPU path
+GPU_RESERVE_BYTES = 512 << 20  # cuBLAS/Triton workspaces, CUDA-graph pools, allocator slack
+PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
+DEFAULT_NUM_CTX = 32768  # when neither the user nor the recipe says; agents need long contexts
+MIN_CONTEXT_TOKENS = 2048  # below this a chat template and one answer do not fit: refuse instead
+FEEDER_THREADS = 1  # a core that launches GPU work and copies expert misses, kept off the CPU kernels
+PAGEABLE_SLOWDOWN = 8  # pageable host->GPU copies run at about 1/8 of pinned speed (DESIGN.md §5)
+DEVICES = ("auto", "gpu", "cpu")
+
+CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
+FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+EMBEDDINGS = "embed_tokens.weight"
+EXPERT_PARTS = {("gate_proj", "weight"): "w13", ("up_proj", "weight"): "w13", ("gate_up_proj", "weight"): "w13",
+                ("down_proj", "weight"): "w2", ("gate_proj", "weight_scale_inv"): "w1_scale",
+                ("up_proj", "weight_scale_inv"): "w3_scale", ("down_proj", "weight_scale_inv"): "w2_scale"}
+
+
+def size(n: float) -> str:
+    """Bytes for people: '59.0 GiB', '9.0 MiB', '512 B'."""
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+# -- KV cache per family ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KVLayout:
+    """KV bytes of one sequence: `bytes_per_token` per context token plus a fixed `state_bytes`."""
+
+    kind: str  # "gqa" | "mla" | "hybrid" | "unknown"
+    bytes_per_token: int
+    state_bytes: int = 0  # recurrent state of linear-attention layers, whatever the length
+    formula: str = ""  # how bytes_per_token was computed, for `ft fit`
+
+    def bytes_for(self, tokens: int) -> int:
+        return tokens * self.bytes_per_token + self.state_bytes
+
+    def max_tokens(self, budget_bytes: int) -> int | None:
+        """Tokens whose KV fits in `budget_bytes`; None when the size per token is unknown."""
+        if self.bytes_per_token == 0:
+            return None
+        return max(0, (budget_bytes - self.state_bytes) // self.bytes_per_token)
+
+
+UNKNOWN_KV = KVLayout("unknown", 0, 0, "unknown until the model's config is read")
+
+
+def _gqa(c: dict[str, Any], b: int) -> KVLayout:
+    layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    return KVLayout("gqa", 2 * layers * kv_heads * head_dim * b,
+                    formula=f"GQA: 2 x {layers} layers x {kv_heads} KV heads x {head_dim} x {b} B")
+
+
+def _mla(c: dict[str, Any], b: int) -> KVLayout:
+    """DeepSeek MLA caches one compressed latent + the RoPE key per layer; DSA (GLM-5) adds the
+    indexer's keys on the layers that run their own indexer ("full"; "shared" ones reuse them)."""
+    layers, rank, rope = int(c["num_hidden_layers"]), int(c["kv_lora_rank"]), int(c["qk_rope_head_dim"])
+    per_token, formula = layers * (rank + rope) * b, f"MLA: {layers} layers x ({rank} + {rope}) x {b} B"
+    if c.get("index_head_dim"):
+        kinds = c.get("indexer_types") or c.get("index_topk_pattern")
+        if kinds:
+            indexed = sum(k in ("full", "F") for k in kinds)
+        else:  # transformers' GlmMoeDsaConfig schedule
+            freq, offset = max(int(c.get("index_topk_freq") or 1), 1), int(c.get("index_skip_topk_offset", 2))
+            indexed = sum(max(i - offset + 1, 0) % freq == 0 for i in range(layers))
+        per_token += indexed * int(c["index_head_dim"]) * b
+        formula += f" + indexer {indexed} layers x {c['index_head_dim']} x {b} B"
+    return KVLayout("mla", per_token, formula=formula)
+
+
+def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
+    """Qwen3.5/3.6: only full-attention layers keep a KV cache; each Gated DeltaNet layer keeps a
+    fixed recurrent state (f32, as the chunked kernels keep it) and a short-convolution window."""
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or [
+        "full_attention" if (i + 1) % int(c.get("full_attention_interval") or 4) == 0 else "linear_attention"
+        for i in range(layers)]
+    full = sum(t == "full_attention" for t in types)
+    linear = len(types) - full
+    kv = _gqa({**c, "num_hidden_layers": full}, b)
+    k_dim, v_dim = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+    k_heads, v_heads = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+    recurrent = v_heads * k_dim * v_dim * 4
+    conv = (int(c.get("linear_conv_kernel_dim") or 4) - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * b
+    return KVLayout("hybrid", kv.bytes_per_token, linear * (recurrent + conv),
+                    f"{kv.formula.replace('GQA', f'{full} full-attention')}; + {linear} linear layers x "
+                    f"{size(recurrent + conv)} state")
+
+
+KV_LAYOUTS = {"qwen3_moe": _gqa, "mixtral": _gqa, "qwen3_5_moe": _hybrid, "deepseek_v3": _mla, "glm_moe_dsa": _mla}
+
+
+def kv_layout(family: str, text_config: dict[str, Any], dtype_bytes: int) -> KVLayout:
+    """The KV layout of `family` from its (text) config.json; GQA for families not listed."""
+    return KV_LAYOUTS.get(family, _gqa)(text_config, dtype_bytes)
+
+
+def kv_dtype_bytes(weight_dtype: str) -> int:
+    """KV is kept in the compute dtype: f32 for f32 models, 16-bit for everything else (fp8 and block
+    quants compute in bf16)."""
+    return 4 if weight_dtype == "f32" else 2
+
+
+# -- what a model needs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """A model's sizes as the runtime will hold them. Zero geometry fields mean "not known yet"."""
+
+    name: str
+    source: str  # "ftw" (exact) | "checkpoint" (config + safetensors headers) | "sizes" (file size only)
+    family: str
+    dtype: str  # of the token embeddings: f32 models compute (and keep KV) in f32, the rest in 16 bits
+    dense_bytes: int  # every tensor that is not a routed expert
+    expert_pool_bytes: int  # all routed experts, FTW records included padding
+    expert_stride_bytes: int  # one expert record = one cache slot (the largest bank's stride)
+    num_moe_layers: int
+    num_experts: int  # routed experts per MoE layer
+    num_experts_per_tok: int
+    kv: KVLayout = UNKNOWN_KV
+    context_length: int = 0  # the model's (or recipe's) maximum
+    activation_bytes_per_token: int = 0
+
+    @property
+    def layout_known(self) -> bool:
+        return self.expert_stride_bytes > 0 and self.num_moe_layers > 0 and self.num_experts_per_tok > 0
+
+    @property
+    def num_expert_records(self) -> int:
+        return self.num_moe_layers * self.num_experts
+
+    @property
+    def min_cache_slots(self) -> int:
+        """One token's experts: below this a global LRU evicts what the next layer needs."""
+        return self.num_moe_layers * self.num_experts_per_tok
+
+    @staticmethod
+    def from_index(index: Index, *, name: str = "", context_length: int | None = None) -> ModelFootprint:
+        """Exact sizes from a converted model's FTW index."""
+        c = index.config
+        family = FAMILIES.get(index.family)
+        text = family.text_config(index.source_config) if family else index.source_config
+        embed = [t.dtype for t in index.tensors if t.name.endswith(EMBEDDINGS)]
+        dtype = embed[0] if embed else str(c.get("dtype") or "bf16")
+        return ModelFootprint(
+            name=name or index.family, source="ftw", family=index.family, dtype=dtype,
+            dense_bytes=sum(t.nbytes for t in index.tensors),
+            expert_pool_bytes=sum(b.nbytes for b in index.banks),
+            expert_stride_bytes=max((b.expert_stride for b in index.banks), default=0),
+            num_moe_layers=len(index.banks), num_experts=max((b.num_experts for b in index.banks), default=0),
+            num_experts_per_tok=int(c.get("num_experts_per_tok") or 0),
+            kv=kv_layout(index.family, text, kv_dtype_bytes(dtype)),
+            context_length=context_length or int(c.get("context_length") or 0),
+            activation_bytes_per_token=_activation_bytes_per_token(c))
+
+    @staticmethod
+    def from_checkpoint(config: dict[str, Any], tensors: dict[str, tuple[str, int]], *, target_dtype: str = "auto",
+                        name: str = "", context_length: int | None = None) -> ModelFootprint:
+        """Sizes after conversion, from config.json and (FTW dtype, nbytes) per safetensors tensor.
+
+        Expert records are laid out as the FTW writer will (parts on 256 bytes, records on 4096),
+        so slot sizes match the converted model's."""
+        family = family_for_config(config)
+        c = normalized_config(family, config)
+        cast = CAST_BYTES.get(target_dtype)
+        dense, by_dtype, embed = 0, Counter(), None
+        parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # layer -> part -> bytes of one expert
+        for tensor_name, (dtype, nbytes) in tensors.items():
+            if not family.keeps(tensor_name, c["num_layers"]):
+                continue
+            if cast and dtype in FLOAT_BYTES and not tensor_name.endswith("_scale_inv"):
+                dtype, nbytes = target_dtype, nbytes // FLOAT_BYTES[dtype] * cast
+            by_dtype[dtype] += nbytes
+            embed = dtype if tensor_name.endswith(EMBEDDINGS) else embed
+            expert = parse_expert_name(tensor_name)
+            if expert is None:
+                dense += nbytes
+            elif expert.expert is None:  # fused: [E, ...] holds every expert of the layer
+                parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] = nbytes // c["num_experts"]
+            elif expert.expert == 0:
+                parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes
+        strides = [align_up(sum(align_up(n, PART_ALIGNMENT) for n in p.values())) for p in parts.values()]
+        dtype = embed or (max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "bf16")
+        return ModelFootprint(
+            name=name or family.name, source="checkpoint", family=family.name, dtype=dtype, dense_bytes=dense,
+            expert_pool_bytes=sum(strides) * c["num_experts"], expert_stride_bytes=max(strides, default=0),
+            num_moe_layers=len(strides), num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
+            kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),
+            context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c))
+
+    @staticmethod
+    def from_sizes(*, expert_bytes: int, dense_bytes: int = 0, name: str = "model", context_length: int = 0,
+                   family: str = "?", dtype: str = "?") -> ModelFootprint:
+        """Only sizes known (a GGUF file before its header is read: pass its size as `expert_bytes`,
+        so every byte counts as host-resident). No cache slots or KV can be planned from this."""
+        return ModelFootprint(name=name, source="sizes", family=family, dtype=dtype, dense_bytes=dense_bytes,
+                              expert_pool_bytes=expert_bytes, expert_stride_bytes=0, num_moe_layers=0, num_experts=0,
+                              num_experts_per_tok=0, context_length=context_length)
+
+
+def _activation_bytes_per_token(c: dict[str, Any]) -> int:
+    """f32 activations of one token in flight: residual, norms and attention output (4 x hidden),
+    q, k and v, router logits, and the routed experts' gate/up/act intermediates. An estimate."""
+    head_dim = int(c.get("head_dim") or 0)
+    width = (4 * int(c.get("hidden_size") or 0) + (int(c.get("num_attention_heads") or 0)
+             + 2 * int(c.get("num_key_value_heads") or 0)) * head_dim + int(c.get("num_experts") or 0)
+             + 3 * int(c.get("num_experts_per_tok") or 0) * int(c.get("moe_intermediate_size") or 0))
+    return 4 * width
+
+
+# -- what the user asks, what comes back -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanOverrides:
+    """What the user asked for; None means "decide"."""
+
+    vram_budget_bytes: int | None = None  # a cap on the VRAM ft uses (benchmarks fix 8 or 32 GiB); 0: CPU only
+    ram_budget_bytes: int | None = None  # a cap on host RAM
+    num_ctx: int | None = None
+    num_threads: int | None = None
+    max_pinned_bytes: int | None = None
+    device: str = "auto"  # "gpu" refuses what "auto" only warns about (or moves to the CPU)
+    force: bool = False  # return the plan even when it cannot run (its `problems` say why)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason the model cannot run as planned, with the numbers and the way out."""
+
+    resource: str  # "RAM" | "VRAM" | "expert cache"
+    needed: int
+    available: int
+    unit: str  # "bytes" | "slots"
+    detail: str  # what the need is made of
+    have: str  # what there is, in words: "the machine has 32.0 GiB"
+    fix: str
+
+    def __str__(self) -> str:
+        needed = size(self.needed) if self.unit == "bytes" else f"{self.needed} {self.unit}"
+        return f"{self.resource}: needs {needed} ({self.detail}), {self.have}; {self.fix}"
+
+
+class FitError(Exception):
+    """The model does not fit this machine; the message has the numbers and the way out."""
+
+    def __init__(self, message: str, problems: tuple[Problem, ...] = (), plan: Plan | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems
+        self.plan = plan  # what would be done with force=True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where everything lives and how big it is. Made by `plan`, never mutated."""
+
+    model: str
+    source: str  # the footprint's: "ftw" sizes are exact, the others estimates
+    device: str  # "gpu" | "cpu"
+    device_reason: str  # why the CPU, when it is ("" on the GPU)
+    gpu_name: str | None
+    ram_budget_bytes: int
+    ram_needed_bytes: int
+    vram_budget_bytes: int
+    expert_pool_bytes: int  # in host RAM, always
+    pinned_bytes: int  # of the expert pool
+    dense_bytes: int  # on the GPU, or in RAM on the CPU path
+    workspace_bytes: int  # activations (+ GPU reserve on the GPU path)
+    kv_bytes: int
+    kv_bytes_per_token: int
+    kv_formula: str
+    context_length: int  # planned: min(model, num_ctx, what fits)
+    model_context_length: int
+    max_kv_tokens: int | None  # the most context the KV budget allows (None: KV size unknown)
+    slot_bytes: int
+    cache_slots: int
+    min_cache_slots: int
+    num_expert_records: int
+    num_threads: int
+    num_physical_cores: int
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache_slots * self.slot_bytes
+
+    @property
+    def cache_fraction(self) -> float:
+        return self.cache_slots / self.num_expert_records if self.num_expert_records else 0.0
+
+    @property
+    def vram_needed_bytes(self) -> int:
+        return self.dense_bytes + self.workspace_bytes + self.kv_bytes + self.cache_bytes if self.device == "gpu" else 0
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(label, value) rows for a terminal table."""
+        on_gpu = self.device == "gpu"
+        where = "on the GPU" if on_gpu else "in RAM"
+        if not on_gpu:
+            pinned = "" if self.num_expert_records == 0 else f" ({self.num_expert_records} records)"
+        elif self.pinned_bytes >= self.expert_pool_bytes:
+            pinned = ", all pinned"
+        else:
+            pinned = f", {size(self.pinned_bytes)} pinned"
+        if not on_gpu:
+            cache = "none: the CPU computes every expert"
+        elif not self.slot_bytes:
+            cache = "unknown until the model is pulled"
+        else:
+            cache = (f"{self.cache_slots} slots x {size(self.slot_bytes)} = {size(self.cache_bytes)}, "
+                     f"{100 * self.cache_fraction:.1f}% of {self.num_expert_records} experts")
+        context = f"{self.context_length} tokens (model {self.model_context_length or '?'}"
+        if self.max_kv_tokens is not None and self.context_length < self.max_kv_tokens < self.model_context_length:
+            context += f", up to {self.max_kv_tokens} fit"  # how far --num-ctx can go
+        cores = f"{self.num_physical_cores} physical cores" + (", 1 feeds the GPU" if on_gpu else "")
+        rows = [
+            ("device", f"GPU, VRAM budget {size(self.vram_budget_bytes)}" if on_gpu else f"CPU only: {self.device_reason}"),
+            ("experts", f"{size(self.expert_pool_bytes)} in RAM{pinned}"),
+            ("dense weights", f"{size(self.dense_bytes)} {where}"),
+            ("KV cache", f"{size(self.kv_bytes)} {where}, {self._per_token()}"),
+            ("workspace", f"{size(self.workspace_bytes)} {where}"),
+            ("expert cache", cache),
+            ("context", context + ")"),
+            ("threads", f"{self.num_threads} ({cores})"),
+            ("RAM", f"{size(self.ram_needed_bytes)} of {size(self.ram_budget_bytes)}"),
+        ]
+        if on_gpu:
+            rows.append(("VRAM", f"{size(self.vram_needed_bytes)} of {size(self.vram_budget_bytes)}"))
+        return rows
+
+    def _per_token(self) -> str:
+        return f"{size(self.kv_bytes_per_token)}/token" if self.kv_bytes_per_token else "size per token unknown"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["problems"] = [{**asdict(p), "message": str(p)} for p in self.problems]
+        out.update(fits=self.fits, cache_bytes=self.cache_bytes, cache_fraction=self.cache_fraction,
+                   vram_needed_bytes=self.vram_needed_bytes)
+        return out
+
+
+# -- the planner ------------------------------------------------------------------------------------
+
+@dataclass
+class _Log:
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def plan(footprint: ModelFootprint, machine: Machine, overrides: PlanOverrides = PlanOverrides()) -> Plan:
+    """Decide where `footprint` lives on `machine`. Pure: no I/O, same inputs give the same plan.
+
+    Raises FitError (carrying the numbers and the forced plan) when the model cannot run, unless
+    `overrides.force`, which returns that plan with its `problems` filled in."""
+    if overrides.device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {overrides.device!r}")
+    log = _Log()
+    target = _target_context(footprint, overrides, log)
+    ram_budget = min(machine.ram_total_bytes, overrides.ram_budget_bytes or machine.ram_total_bytes)
+    vram_budget = _vram_budget(machine, overrides, log)
+    args = (footprint, machine, overrides, ram_budget, target, log)
+    result = _gpu_plan(*args, vram_budget) if vram_budget is not None else None
+    if result is None:
+        result = _cpu_plan(*args, why=_cpu_reason(machine, overrides))
+    if result.ram_needed_bytes <= ram_budget and result.ram_needed_bytes > machine.ram_available_bytes:
+        log.warnings.append(f"other programs hold memory now: {size(machine.ram_available_bytes)} available, the plan "
+                            f"needs {size(result.ram_needed_bytes)}; close some or the system will swap")
+    if not footprint.layout_known:
+        log.notes.append("only sizes are known before the download: every byte counts as host RAM; cache slots "
+                         "and KV come from the FTW index after `ft pull`")
+    final = replace(result, notes=tuple(log.notes), warnings=tuple(log.warnings), problems=tuple(log.problems))
+    if final.problems and not overrides.force:
+        lines = "\n  - ".join(map(str, final.problems))
+        raise FitError(f"{footprint.name} does not fit this machine:\n  - {lines}\n(--force runs it anyway)",
+                       final.problems, final)
+    return final
+
+
+def _target_context(fp: ModelFootprint, o: PlanOverrides, log: _Log) -> int:
+    if o.num_ctx is None:
+        return min(DEFAULT_NUM_CTX, fp.context_length) if fp.context_length else DEFAULT_NUM_CTX
+    if fp.context_length and o.num_ctx > fp.context_length:
+        log.notes.append(f"num_ctx {o.num_ctx} is above the model's context of {fp.context_length}: clamped to it")
+        return fp.context_length
+    return o.num_ctx
+
+
+def _vram_budget(machine: Machine, o: PlanOverrides, log: _Log) -> int | None:
+    """VRAM ft may use; None plans for the CPU."""
+    if machine.gpu is None:
+        if o.vram_budget_bytes:
+            log.notes.append("no GPU found: the VRAM budget is ignored")
+        return 0 if o.device == "gpu" else None
+    free = machine.gpu.vram_free_bytes
+    if o.vram_budget_bytes is None:
+        budget = free
+    else:
+        budget = min(o.vram_budget_bytes, free)
+        if o.vram_budget_bytes > free:
+            log.notes.append(f"VRAM budget {size(o.vram_budget_bytes)} asked, {size(free)} free: planning with {size(free)}")
+    if o.device == "cpu" or (budget == 0 and o.device == "auto"):
+        return None
+    return budget
+
+
+def _cpu_reason(machine: Machine, o: PlanOverrides) -> str:
+    if o.device == "cpu":
+        return "--device cpu"
+    if machine.gpu is None:
+        return "no GPU found"
+    if o.vram_budget_bytes == 0:
+        return "VRAM budget 0"
+    return "the dense weights do not fit in VRAM"
+
+
+def _threads(machine: Machine, o: PlanOverrides, on_gpu: bool, log: _Log) -> int:
+    cores = max(1, machine.num_physical_cores)
+    if o.num_threads is None:
+        return max(1, cores - FEEDER_THREADS) if on_gpu else cores
+    if o.num_threads > cores:
+        log.warnings.append(f"{o.num_threads} threads on {cores} physical cores: hyper-threads share the "
+                            "memory bandwidth expert kernels need, and usually slow them")
+    return o.num_threads
+
+
+def _clamp_context(target: int, max_kv: int | None, floor: int, what: str, o: PlanOverrides, log: _Log) -> int:
+    """The context: `target`, or what the KV budget allows but at least `floor` (the caller checks that fits)."""
+    if max_kv is None or max_kv >= target:
+        return target
+    context = max(max_kv, floor)
+    if context < target:
+        (log.warnings if o.num_ctx else log.notes).append(
+            f"context {target} does not fit beside the rest of {what}: planned {context} tokens")
+    return context
+
+
+def _ram_problem(needed: int, budget: int, detail: str, o: PlanOverrides) -> Problem:
+    have = f"{'the RAM budget is' if o.ram_budget_bytes is not None else 'the machine has'} {size(budget)}"
+    return Problem("RAM", needed, budget, "bytes", detail, have,
+                   "choose a smaller or more quantized variant (e.g. an :fp8 tag), a smaller --num-ctx, or more RAM")
+
+
+def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget: int, target: int, log: _Log,
+              vram_budget: int) -> Plan | None:
+    """Experts in RAM, the rest on the GPU. None when `auto` should fall back to the CPU."""
+    kv, floor = fp.kv, min(target, MIN_CONTEXT_TOKENS)
+    workspace = GPU_RESERVE_BYTES + PREFILL_CHUNK_TOKENS * fp.activation_bytes_per_token
+    left = vram_budget - fp.dense_bytes - workspace  # for KV and the cache
+    if left < kv.bytes_for(floor):
+        needed = fp.dense_bytes + workspace + kv.bytes_for(floor)
+        detail = (f"dense weights {size(fp.dense_bytes)} + workspace {size(workspace)} + KV for {floor} tokens "
+                  f"{size(kv.bytes_for(floor))}")
+        if o.device == "auto":
+            log.notes.append(f"VRAM: {detail} need {size(needed)}, the budget is {size(vram_budget)}: running on the CPU")
+            return None
+        have = f"the VRAM budget is {size(vram_budget)}" if machine.gpu else "no GPU was found"
+        log.problems.append(Problem("VRAM", needed, vram_budget, "bytes", detail, have,
+                                    "choose a quantized tag, a smaller --num-ctx, free VRAM, or --device cpu"))
+    min_cache = fp.min_cache_slots * fp.expert_stride_bytes
+    max_kv = kv.max_tokens(left - min_cache)
+    context = _clamp_context(target, max_kv, floor, "the GPU's contents", o, log)
+    kv_bytes = kv.bytes_for(context)
+    slots = 0
+    if fp.layout_known:
+        slots = max(0, min((left - kv_bytes) // fp.expert_stride_bytes, fp.num_expert_records))
+        _check_cache(fp, slots, o, log)
+    ram_needed = fp.expert_pool_bytes + RAM_RESERVE_BYTES
+    if ram_needed > ram_budget:
+        log.problems.append(_ram_problem(ram_needed, ram_budget,
+                                         f"experts {size(fp.expert_pool_bytes)} + {size(RAM_RESERVE_BYTES)} reserve", o))
+    caps = [c for c in (machine.max_pinned_bytes, o.max_pinned_bytes) if c is not None]
+    pinned = max(0, min([fp.expert_pool_bytes, ram_budget - RAM_RESERVE_BYTES, *caps]))
+    if pinned < fp.expert_pool_bytes:
+        log.warnings.append(f"{size(pinned)} of the {size(fp.expert_pool_bytes)} expert pool can be pinned: cache "
+                            f"fills from the other {size(fp.expert_pool_bytes - pinned)} run ~{PAGEABLE_SLOWDOWN}x slower")
+    if fp.layout_known and slots == fp.num_expert_records:
+        log.notes.append(f"all {slots} experts fit in VRAM: after warm-up nothing crosses PCIe")
+    elif fp.layout_known and kv_bytes > slots * fp.expert_stride_bytes and context > floor:
+        per_1k = 1024 * kv.bytes_per_token / fp.expert_stride_bytes
+        log.notes.append(f"the KV cache ({size(kv_bytes)}) is larger than the expert cache: every 1024 tokens "
+                         f"less of --num-ctx buys {per_1k:.1f} more expert slots")
+    return _plan(fp, machine, o, "", ram_budget, ram_needed, vram_budget, pinned, workspace, context, max_kv,
+                 slots, log)
+
+
+def _check_cache(fp: ModelFootprint, slots: int, o: PlanOverrides, log: _Log) -> None:
+    if slots >= fp.min_cache_slots:
+        return
+    detail = (f"one token's experts: {fp.num_moe_layers} MoE layers x top-{fp.num_experts_per_tok}, "
+              f"{size(fp.expert_stride_bytes)} each")
+    if o.device == "gpu":
+        log.problems.append(Problem("expert cache", fp.min_cache_slots, slots, "slots", detail, f"VRAM holds {slots}",
+                                    "a smaller --num-ctx, more VRAM, a quantized tag, or --device cpu"))
+    else:
+        short = (fp.min_cache_slots - slots) * fp.expert_stride_bytes
+        log.warnings.append(f"the expert cache holds {slots} slots, fewer than {fp.min_cache_slots} ({detail}): a "
+                            f"global LRU thrashes to ~0% hits; {size(short)} more VRAM or a smaller --num-ctx fixes it")
+
+
+def _cpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget: int, target: int, log: _Log,
+              why: str) -> Plan:
+    """Dense weights, experts, KV and activations all in RAM."""
+    kv, floor = fp.kv, min(target, MIN_CONTEXT_TOKENS)
+    workspace = PREFILL_CHUNK_TOKENS * fp.activation_bytes_per_token
+    fixed = fp.expert_pool_bytes + fp.dense_bytes + workspace + RAM_RESERVE_BYTES
+    max_kv = kv.max_tokens(ram_budget - fixed)
+    context = _clamp_context(target, max_kv, floor, "RAM", o, log)
+    ram_needed = fixed + kv.bytes_for(context)
+    if ram_needed > ram_budget:
+        parts = [f"experts {size(fp.expert_pool_bytes)}", f"dense weights {size(fp.dense_bytes)}"]
+        parts += [f"KV for {context} tokens {size(kv.bytes_for(context))}"] if kv.bytes_per_token else []
+        parts += [f"activations {size(workspace)}"] if workspace else []
+        detail = " + ".join([*parts, f"{size(RAM_RESERVE_BYTES)} reserve"]) + f"; {why}"
+        log.problems.append(_ram_problem(ram_needed, ram_budget, detail, o))
+    return _plan(fp, machine, o, why, ram_budget, ram_needed, 0, 0, workspace, context, max_kv, 0, log)
+
+
+def _plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, cpu_reason: str, ram_budget: int,
+          ram_needed: int, vram_budget: int, pinned: int, workspace: int, context: int, max_kv: int | None,
+          slots: int, log: _Log) -> Plan:
+    on_gpu = not cpu_reason
+    return Plan(
+        model=fp.name, source=fp.source, device="gpu" if on_gpu else "cpu", device_reason=cpu_reason, gpu_name=machine.gpu.name if on_gpu and machine.gpu else None,
+        ram_budget_bytes=ram_budget, ram_needed_bytes=ram_needed, vram_budget_bytes=vram_budget,
+        expert_pool_bytes=fp.expert_pool_bytes, pinned_bytes=pinned, dense_bytes=fp.dense_bytes,
+        workspace_bytes=workspace, kv_bytes=fp.kv.bytes_for(context), kv_bytes_per_token=fp.kv.bytes_per_token,
+        kv_formula=fp.kv.formula, context_length=context, model_context_length=fp.context_length,
+        max_kv_tokens=max_kv, slot_bytes=fp.expert_stride_bytes, cache_slots=slots,
+        min_cache_slots=fp.min_cache_slots, num_expert_records=fp.num_expert_records,
+        num_threads=_threads(machine, o, on_gpu, log), num_physical_cores=machine.num_physical_cores)
