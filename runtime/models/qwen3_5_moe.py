@@ -1,0 +1,97 @@
+"""Qwen3.5/3.6 MoE (text): a hybrid of Gated DeltaNet layers and gated full attention
+(`layer_types`), every layer a softmax top-k MoE plus a sigmoid-gated shared expert.
+
+All RMSNorms (input, post-attention, final, q/k) are zero-centred, (1 + w); only the DeltaNet's
+output norm is plain. Weights live under `model.language_model.` (the vision tower is dropped at
+conversion); positions are text-only, where M-RoPE's three position rows are equal and it reduces
+to ordinary partial RoPE.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..layers.attention import KVCache, causal_attention
+from ..layers.gated_deltanet import GatedDeltaNet
+from ..layers.norm import rms_norm
+from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..loader import ModelWeights
+from .base import Block, DecoderModel, Mixer
+from .qwen3_moe import SoftmaxMoE, dense_mlp
+
+PREFIX = "model.language_model."
+
+
+class GatedAttention:
+    """GQA with (1 + w) q/k norms, partial RoPE, and the output gated by sigmoid of a second half of q_proj."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
+                 dtype: torch.dtype) -> None:
+        self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkvo")
+        self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkvo")
+        self.q_norm, self.k_norm = weights.get(prefix + "q_norm.weight"), weights.get(prefix + "k_norm.weight")
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.eps, self.rope, self.dtype = config.rms_norm_eps, rope, dtype
+        self.scale = self.head_dim ** -0.5
+
+    def new_cache(self, max_tokens: int) -> KVCache:
+        return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        t = x.shape[0]
+        # q_proj interleaves per head: [q_h | gate_h] for each head h, not [all q | all gates]
+        q, gate = F.linear(x, self.q, self.q_bias).view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+        k = F.linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)
+        v = F.linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
+        q, k = rms_norm(q, self.q_norm, self.eps, offset=1.0), rms_norm(k, self.k_norm, self.eps, offset=1.0)
+        cos, sin = self.rope(positions, x.dtype)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        keys, values = cache.append(start, k, v)
+        out = causal_attention(q, keys, values, start, self.scale).reshape(t, self.heads * self.head_dim)
+        return F.linear(out * torch.sigmoid(gate.reshape(t, -1)), self.o, self.o_bias)
+
+
+class SharedExpertMoE:
+    """Routed experts (top-k weights always renormalized) + the shared expert times sigmoid(shared_expert_gate)."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
+                 executor: ExpertExecutor) -> None:
+        # transformers' Qwen3.5 router divides by the top-k sum unconditionally (there is no norm_topk_prob)
+        self.routed = SoftmaxMoE(config, weights, layer, prefix + "gate.weight", executor, normalize=True)
+        self.shared = dense_mlp(weights, prefix + "shared_expert.")
+        self.shared_gate = weights.get(prefix + "shared_expert_gate.weight")  # [1, H]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.routed(x) + torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
+
+
+def layer_types(config: ModelConfig) -> list[str]:
+    """`layer_types`, or the older `full_attention_interval` (every n-th layer full attention)."""
+    types = config.get("layer_types")
+    if types is None:
+        interval = int(config.get("full_attention_interval", 4))
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(config.num_layers)]
+    if len(types) != config.num_layers or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"unsupported Qwen3.5 layer_types {types!r} for {config.num_layers} layers")
+    return list(types)
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    params = config.rope_parameters
+    # transformers defaults the factor to 0.25 for this family when the config names none
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
+    rotary_dim = int(config.head_dim * float(factor))
+    rope = RotaryEmbedding(rotary_dim, params, config.context_length)
+    blocks = []
+    for i, kind in enumerate(layer_types(config)):
+        p = f"{PREFIX}layers.{i}."
+        mixer: Mixer = (GatedDeltaNet(config, weights, p + "linear_attn.", dtype) if kind == "linear_attention"
+                        else GatedAttention(config, weights, p + "self_attn.", rope, dtype))
+        ffn = (SharedExpertMoE(config, weights, i, p + "mlp.", executor) if i in config.moe_layers
+               else dense_mlp(weights, p + "mlp."))
+        blocks.append(Block(weights.get(p + "input_layernorm.weight"), mixer,
+                            weights.get(p + "post_attention_layernorm.weight"), ffn))
+    return DecoderModel(config, weights, blocks, dtype, prefix=PREFIX, norm_offset=1.0)
