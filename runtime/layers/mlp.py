@@ -31,7 +31,10 @@ def sigmoid_group_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3/GLM routing: sigmoid scores; choose with the correction bias, restricted to the
     best `topk_groups` of `num_groups` groups (a group scores the sum of its top-2); weigh with the
-    unbiased scores, optionally renormalized, times `scaling`."""
+    unbiased scores, optionally renormalized, times `scaling`.
+
+    Experts of dropped groups are masked with -inf as transformers (>= 5) and DeepSeek's own
+    inference code do: with a negative correction bias, a 0 fill could outrank a kept expert."""
     scores = torch.sigmoid(logits.to(torch.float32))
     choice = scores + bias.to(torch.float32)
     t, e = choice.shape
@@ -39,7 +42,7 @@ def sigmoid_group_topk(
         grouped = choice.view(t, num_groups, e // num_groups)
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, 1.0)
-        choice = choice.masked_fill(~keep.bool().repeat_interleave(e // num_groups, dim=1), 0.0)
+        choice = choice.masked_fill(~keep.bool().repeat_interleave(e // num_groups, dim=1), float("-inf"))
     ids = torch.topk(choice, k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if normalize:

@@ -1,7 +1,8 @@
 """Rotary position embeddings: inverse frequencies per rope type, and their application.
 
 Frequencies follow transformers' `modeling_rope_utils` (default, linear, yarn); `apply_rotary`
-is the rotate-half form every family here uses, on the first `rotary_dim` channels.
+is the rotate-half form most families use, on the first `rotary_dim` channels;
+`apply_rotary_interleaved` is DeepSeek's pairwise form (MLA, the DSA indexer).
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ def inverse_frequencies(rotary_dim: int, params: dict[str, Any], max_positions: 
 
 
 def _yarn(dim: int, base: float, params: dict[str, Any], max_positions: int) -> tuple[torch.Tensor, float]:
-    factor = float(params["factor"])
     original = int(params.get("original_max_position_embeddings") or max_positions)
+    # DeepSeek-style configs may leave `factor` out: transformers then uses the context ratio
+    factor = float(params.get("factor") or max_positions / original)
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
 
-    def get_mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    if mscale and mscale_all_dim:
-        attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
-    else:
-        attention_factor = params.get("attention_factor") or get_mscale(factor)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(factor)
     beta_fast, beta_slow = float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1)
 
     def correction_dim(rotations: float) -> float:
@@ -55,6 +56,11 @@ def _yarn(dim: int, base: float, params: dict[str, Any], max_positions: int) -> 
     extrapolation_factor = 1 - ramp
     inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
     return inv_freq, float(attention_factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context `factor` (transformers' `get_mscale`)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class RotaryEmbedding:
@@ -83,3 +89,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         return x * cos + rotate_half(x) * sin
     head, tail = x[..., :rot], x[..., rot:]
     return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, R], rotated as pairs (x0, x1), (x2, x3), ...; cos/sin [T, R] from `RotaryEmbedding`.
+
+    Like transformers' `apply_rotary_pos_emb_interleave`, the result comes out de-interleaved
+    (rotated evens, then rotated odds): queries and keys get the same permutation, so their dot
+    products are those of the interleaved layout, and cached keys must stay in this layout.
+    """
+    half = cos.shape[-1] // 2
+    cos, sin = cos[:, None, :half], sin[:, None, :half]  # cat(freqs, freqs): the first half has each angle
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

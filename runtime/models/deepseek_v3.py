@@ -1,0 +1,74 @@
+"""DeepSeek-V3 (and R1, Kimi K2): multi-head latent attention (layers/mla.py); dense MLP on the
+first `first_k_dense_replace` layers; MoE with sigmoid group-limited routing plus shared experts.
+GLM-5 (glm_moe_dsa.py) is this block with a sparse token selection in its attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..layers.mla import MLAttention
+from ..layers.mlp import sigmoid_group_topk
+from ..layers.rope import RotaryEmbedding
+from ..loader import ModelWeights
+from .base import FFN, Block, DecoderModel, Mixer
+from .qwen3_moe import dense_mlp
+
+# DeepseekV3Config's defaults, for checkpoints whose config.json leaves a key out
+DEFAULTS = dict(n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=1,
+                rope_interleave=True)
+
+
+class SigmoidMoE:
+    """Router (sigmoid scores, `e_score_correction_bias`, group-limited top-k) + routed experts
+    through the executor + shared experts (a dense SwiGLU) added to the routed output."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
+                 executor: ExpertExecutor, defaults: dict[str, Any]) -> None:
+        def get(key: str) -> Any:
+            return config.get(key, defaults[key])
+
+        self.router = weights.get(prefix + "gate.weight")
+        self.bias = weights.get(prefix + "gate.e_score_correction_bias")
+        self.shared = dense_mlp(weights, prefix + "shared_experts.") if get("n_shared_experts") else None
+        self.layer, self.executor, self.k = layer, executor, config.num_experts_per_tok
+        self.num_groups, self.topk_groups = int(get("n_group")), int(get("topk_group"))
+        self.normalize, self.scaling = bool(get("norm_topk_prob")), float(get("routed_scaling_factor"))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # transformers keeps the router in float32 and routes in float32 whatever the model dtype
+        logits = F.linear(x.to(torch.float32), self.router.to(torch.float32))
+        ids, weights = sigmoid_group_topk(logits, self.bias, self.k, self.num_groups, self.topk_groups,
+                                          self.normalize, self.scaling)
+        routed = self.executor(self.layer, x, ids, weights.to(x.dtype))
+        return routed if self.shared is None else routed + self.shared(x)
+
+
+def ffn(config: ModelConfig, weights: ModelWeights, layer: int, executor: ExpertExecutor, defaults: dict[str, Any]) -> FFN:
+    prefix = f"model.layers.{layer}.mlp."
+    if layer in config.moe_layers:
+        return SigmoidMoE(config, weights, layer, prefix, executor, defaults)
+    return dense_mlp(weights, prefix)
+
+
+def rotary(config: ModelConfig) -> RotaryEmbedding:
+    """RoPE on the qk_rope_head_dim channels only (transformers points `head_dim` at them)."""
+    return RotaryEmbedding(int(config.get("qk_rope_head_dim")), config.rope_parameters, config.context_length)
+
+
+def block(config: ModelConfig, weights: ModelWeights, layer: int, mixer: Mixer, feed_forward: FFN) -> Block:
+    p = f"model.layers.{layer}."
+    return Block(weights.get(p + "input_layernorm.weight"), mixer, weights.get(p + "post_attention_layernorm.weight"), feed_forward)
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    rope, interleave = rotary(config), bool(config.get("rope_interleave", DEFAULTS["rope_interleave"]))
+    blocks = []
+    for i in range(config.num_layers):
+        attention = MLAttention(config, weights, f"model.layers.{i}.self_attn.", rope, dtype, interleave=interleave)
+        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, DEFAULTS)))
+    return DecoderModel(config, weights, blocks, dtype)

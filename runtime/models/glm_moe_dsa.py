@@ -1,0 +1,150 @@
+"""GLM-5 (glm_moe_dsa): DeepSeek-V3's block (MLA, sigmoid-routed MoE with shared experts, see
+deepseek_v3.py) with DeepSeek Sparse Attention: a light indexer scores every earlier token for
+each query and attention sees only the best `index_topk` of them. Layers whose `indexer_types`
+entry is "shared" reuse the selection of the last "full" layer before them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..layers.mla import MLACache, MLAttention
+from ..layers.rope import apply_rotary_interleaved
+from ..loader import ModelWeights
+from .base import DecoderModel, DecodeState
+from .deepseek_v3 import block, ffn, rotary
+
+# GlmMoeDsaConfig's defaults, for checkpoints whose config.json leaves a key out
+DEFAULTS = dict(n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=1)
+INDEXER_NORM_EPS = 1e-6  # the indexer's k_norm is nn.LayerNorm(index_head_dim, eps=1e-6)
+
+
+class Indexer:
+    """DSA's indexer (`self_attn.indexer.*`): per query, a score for every visible token from its
+    own small heads (relu(q.k), weighted per head by `weights_proj`), and the top `index_topk`."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str) -> None:
+        self.wq_b, self.wk = weights.get(prefix + "wq_b.weight"), weights.get(prefix + "wk.weight")
+        self.k_norm, self.k_norm_bias = weights.get(prefix + "k_norm.weight"), weights.get(prefix + "k_norm.bias")
+        self.weights_proj = weights.get(prefix + "weights_proj.weight")
+        self.heads, self.head_dim = int(config.get("index_n_heads")), int(config.get("index_head_dim"))
+        self.rope_dim, self.topk = int(config.get("qk_rope_head_dim")), int(config.get("index_topk"))
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # unlike MLA, the rotated channels come first here
+        rot, rest = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
+        return torch.cat((apply_rotary_interleaved(rot, cos, sin), rest), dim=-1)
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """This step's indexer keys [T, index_head_dim], as cached for decode."""
+        k = F.layer_norm(F.linear(x, self.wk), (self.head_dim,), self.k_norm, self.k_norm_bias, INDEXER_NORM_EPS)
+        return self._rope(k[:, None, :], cos, sin)[:, 0]
+
+    def select(self, x: torch.Tensor, q_low: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Which tokens each query attends to: visible [T, L] narrowed to its top-k -> [T, L] bool.
+
+        As transformers: scores in float32, invisible tokens at -inf before the top-k, and
+        k = min(index_topk, L); a query that sees fewer than k tokens keeps all it sees. Tokens
+        tied at the boundary (exactly 0 after the relu) go where torch.topk puts them, which can
+        differ between rows of different lengths: then a cached step and a full recompute select
+        differently, in transformers as here (tests/test_parity_deepseek.py, "ties")."""
+        t = x.shape[0]
+        q = self._rope(F.linear(q_low, self.wq_b).view(t, self.heads, self.head_dim), cos, sin)  # [T, h, D]
+        scores = torch.relu(torch.matmul(q.float(), keys.float().T) * self.head_dim**-0.5)  # [T, h, L]
+        # weights_proj is kept in float32 by transformers (`_keep_in_fp32_modules`)
+        weights = F.linear(x.float(), self.weights_proj.float()) * self.heads**-0.5  # [T, h]
+        index_scores = torch.matmul(weights[:, None, :], scores)[:, 0]  # [T, L]
+        index_scores = index_scores.masked_fill(~visible, float("-inf"))
+        top = index_scores.topk(min(self.topk, keys.shape[0]), dim=-1).indices
+        return visible & torch.zeros_like(visible).scatter(-1, top, True)
+
+
+@dataclass
+class Selection:
+    """The tokens each query of the current step may attend to ([T, L] bool), written by a "full"
+    layer and read by the "shared" layers after it; one per sequence."""
+
+    visible: torch.Tensor | None = None
+
+
+@dataclass
+class DSACache:
+    mla: MLACache
+    index_keys: torch.Tensor | None  # [max_tokens, index_head_dim]; None on "shared" layers
+    selection: Selection
+
+
+class DSAttention:
+    """MLA whose queries see only the tokens the indexer selected."""
+
+    def __init__(self, mla: MLAttention, indexer: Indexer | None, index_head_dim: int) -> None:
+        self.mla, self.indexer, self.index_head_dim = mla, indexer, index_head_dim
+
+    def new_cache(self, max_tokens: int) -> DSACache:
+        keys = None if self.indexer is None else torch.zeros(max_tokens, self.index_head_dim, dtype=self.mla.dtype)
+        return DSACache(self.mla.new_cache(max_tokens), keys, Selection())
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DSACache, start: int) -> torch.Tensor:
+        t = x.shape[0]
+        cos, sin = self.mla.rope(positions, x.dtype)
+        q, q_low = self.mla.query(x, cos, sin)
+        k, v = self.mla.keys_values(x, cos, sin, cache.mla, start)
+        length = k.shape[0]
+        if self.indexer is not None and cache.index_keys is not None:
+            cache.index_keys[start:length] = self.indexer.keys(x, cos, sin)
+            visible = torch.arange(length)[None, :] <= torch.arange(start, start + t)[:, None]  # causal [T, L]
+            if length > self.indexer.topk:  # otherwise every token is selected: the causal mask is all
+                assert q_low is not None
+                visible = self.indexer.select(x, q_low, cos, sin, cache.index_keys[:length], visible)
+            cache.selection.visible = visible
+        visible = cache.selection.visible
+        assert visible is not None and visible.shape == (t, length), "a shared DSA layer ran before its full layer"
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             attn_mask=visible, scale=self.mla.scale)  # [heads, T, v_dim]
+        return self.mla.output(out.transpose(0, 1))
+
+
+class DSAModel(DecoderModel):
+    """The decoder, with each "shared" layer's cache pointing at the selection of the last "full"
+    layer before it (transformers passes `prev_topk_indices` up the layers)."""
+
+    def new_state(self, max_tokens: int) -> DecodeState:
+        state = super().new_state(max_tokens)
+        for before, cache in pairwise(state.caches):
+            if cache.index_keys is None:
+                cache.selection = before.selection
+        return state
+
+
+def indexer_types(config: ModelConfig) -> list[str]:
+    """"full" or "shared" per layer: `indexer_types`, else derived as GlmMoeDsaConfig does."""
+    if config.get("indexer_types") is not None:
+        return list(config.get("indexer_types"))
+    pattern = config.get("index_topk_pattern")
+    if pattern is not None:
+        return [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
+    freq, offset = max(int(config.get("index_topk_freq", 1)), 1), int(config.get("index_skip_topk_offset", 2))
+    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(config.num_layers)]
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    if config.get("q_lora_rank") is None:
+        raise ValueError("glm_moe_dsa needs q_lora_rank: its indexer reads the low-rank query")
+    kinds = indexer_types(config)
+    if kinds[0] != "full":
+        raise ValueError(f"indexer_types {kinds} starts with {kinds[0]!r}: layer 0 has no selection to share")
+    rope, blocks = rotary(config), []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}.self_attn."
+        mla = MLAttention(config, weights, p, rope, dtype, interleave=True)  # GLM always interleaves
+        indexer = Indexer(config, weights, p + "indexer.") if kinds[i] == "full" else None
+        attention = DSAttention(mla, indexer, int(config.get("index_head_dim")))
+        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, DEFAULTS)))
+    return DSAModel(config, weights, blocks, dtype)
