@@ -11,7 +11,7 @@ from registry import Store
 from .config import ModelConfig
 from .experts import CPUExpertExecutor
 from .loader import ModelWeights, load_weights
-from .models import DecoderModel, build_model
+from .models import DecoderModel, build_model, keep_float32
 from .weights import RegisteredModel, open_model
 
 
@@ -29,7 +29,7 @@ class LoadedModel:
 def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load every weight of `registered` (CPU backend: experts run from the host banks)."""
     with registered.open_ftw() as reader:
-        weights = load_weights(reader, dtype)
+        weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
     model = build_model(weights.config, weights, CPUExpertExecutor(weights.banks, dtype), dtype)
     return LoadedModel(registered, weights, model)
 

@@ -49,9 +49,11 @@ class ModelWeights:
         return self.dense.get(name)
 
 
-def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = page_aligned_empty) -> ModelWeights:
-    """Read every tensor of `reader`'s model: floats cast to `dtype`, quantized dense weights
-    dequantized (FP8 with its `weight_scale_inv`), expert banks kept as stored."""
+def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = page_aligned_empty,
+                 keep_float32: tuple[str, ...] = ()) -> ModelWeights:
+    """Read every tensor of `reader`'s model: floats cast to `dtype` (except names ending in one
+    of `keep_float32`, which stay float32), quantized dense weights dequantized (FP8 with its
+    `weight_scale_inv`), expert banks kept as stored."""
     index = reader.index
     raw: dict[str, torch.Tensor] = {}
     banks: dict[int, HostExpertBank] = {}
@@ -73,7 +75,7 @@ def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = pa
             dense[name] = dequantize(tensor, entry.dtype, entry.shape, dtype, scales=[scale] if scale is not None else None,
                                      block=block)  # type: ignore[arg-type]
         elif tensor.dtype in FLOAT_DTYPES and tensor.dtype != dtype:
-            dense[name] = tensor.to(dtype)
+            dense[name] = tensor.to(torch.float32 if name.endswith(keep_float32) else dtype)
         else:
             dense[name] = tensor
     return ModelWeights(ModelConfig.from_index(index), dense, banks)

@@ -27,17 +27,26 @@ class UnsupportedFamilyError(ValueError):
     """The runtime has no implementation of this family."""
 
 
-def build_model(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
-    module_name = FAMILY_MODULES.get(config.family)
+def _family_module(family: str):
+    module_name = FAMILY_MODULES.get(family)
     if module_name is None:
         raise UnsupportedFamilyError(
-            f"the runtime cannot run family {config.family!r} yet; it runs: {', '.join(sorted(FAMILY_MODULES))}"
+            f"the runtime cannot run family {family!r} yet; it runs: {', '.join(sorted(FAMILY_MODULES))}"
         )
     try:
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        return importlib.import_module(f"{__name__}.{module_name}")
     except ModuleNotFoundError as e:
-        raise UnsupportedFamilyError(f"family {config.family!r} is not implemented yet ({e.name})") from None
-    return module.build(config, weights, executor, dtype)
+        raise UnsupportedFamilyError(f"family {family!r} is not implemented yet ({e.name})") from None
 
 
-__all__ = ["ContextOverflowError", "DecodeState", "DecoderModel", "UnsupportedFamilyError", "build_model"]
+def keep_float32(family: str) -> tuple[str, ...]:
+    """Tensor-name suffixes a family keeps in float32 at any compute dtype (routing inputs that
+    transformers keeps in float32: rounding them can flip expert choices)."""
+    return tuple(getattr(_family_module(family), "KEEP_FLOAT32", ()))
+
+
+def build_model(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    return _family_module(config.family).build(config, weights, executor, dtype)
+
+
+__all__ = ["ContextOverflowError", "DecodeState", "DecoderModel", "UnsupportedFamilyError", "build_model", "keep_float32"]

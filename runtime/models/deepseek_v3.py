@@ -22,6 +22,9 @@ from .qwen3_moe import dense_mlp
 DEFAULTS = dict(n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=1,
                 rope_interleave=True)
 
+# transformers keeps these in float32 (_keep_in_fp32_modules): routing must not see bf16-rounded values
+KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
+
 
 class SigmoidMoE:
     """Router (sigmoid scores, `e_score_correction_bias`, group-limited top-k) + routed experts

@@ -24,6 +24,9 @@ from .deepseek_v3 import block, ffn, rotary
 DEFAULTS = dict(n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=1)
 INDEXER_NORM_EPS = 1e-6  # the indexer's k_norm is nn.LayerNorm(index_head_dim, eps=1e-6)
 
+# transformers keeps these in float32 (_keep_in_fp32_modules): routing must not see bf16-rounded values
+KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight", "indexer.weights_proj.weight")
+
 
 class Indexer:
     """DSA's indexer (`self_attn.indexer.*`): per query, a score for every visible token from its
