@@ -189,8 +189,9 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
 @click.option("--temperature", type=float, default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--num-predict", type=int, default=None, help="Most tokens to generate.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: planned).")
 def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | None, dtype: str | None,
-            temperature: float | None, seed: int | None, num_predict: int | None) -> None:
+            temperature: float | None, seed: int | None, num_predict: int | None, threads: int | None) -> None:
     """Chat with a model (pulled first if missing), or answer PROMPT (or stdin) and exit."""
     from . import run as run_mod
 
@@ -199,7 +200,8 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
         pull(name, store, report=printer)
     overrides = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict))
                  if v is not None}
-    loaded, chat, load_seconds = run_mod.load_for_chat(store, name, dtype=dtype, num_ctx=num_ctx, overrides=overrides)
+    loaded, chat, load_seconds = run_mod.load_for_chat(store, name, dtype=dtype, num_ctx=num_ctx, overrides=overrides,
+                                                       threads=threads)
     text = " ".join(prompt)
     if not text and not sys.stdin.isatty():
         text = sys.stdin.read()

@@ -16,6 +16,8 @@ import torch
 from registry import Store
 from runtime.engine import Generation, Session
 from runtime.load import LoadedModel, load_registered
+from runtime.plan import ModelFootprint, PlanOverrides, plan
+from runtime.resources import Machine
 from runtime.sampling import SamplingParams
 from runtime.tokenizer import Tokenizer
 from runtime.weights import open_model
@@ -67,15 +69,22 @@ def compute_dtype(config: dict[str, Any], requested: str | None) -> torch.dtype:
 
 
 def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | None,
-                  overrides: dict[str, Any]) -> tuple[LoadedModel, Chat, float]:
+                  overrides: dict[str, Any], threads: int | None = None) -> tuple[LoadedModel, Chat, float]:
+    """Plan (context, threads) with the fit planner, load the weights, open a chat on them."""
     registered = open_model(store, name)
+    options = {**(registered.config.get("parameters") or {}), **overrides}
+    recipe_ctx = options.pop("num_ctx", None)
+    with registered.open_ftw() as reader:
+        footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+    # The runtime computes on the CPU today: plan for that, with Ollama's default context.
+    fitted = plan(footprint, Machine.probe(), PlanOverrides(num_ctx=num_ctx or recipe_ctx or DEFAULT_NUM_CTX,
+                                                            num_threads=threads, device="cpu"))
+    torch.set_num_threads(fitted.num_threads)
     start = time.perf_counter()
     loaded = load_registered(registered, compute_dtype(registered.config, dtype))
     tokenizer = Tokenizer.from_model(registered)
     load_seconds = time.perf_counter() - start
-    options = {**(registered.config.get("parameters") or {}), **overrides}
-    context = int(options.pop("num_ctx", 0) or num_ctx or min(DEFAULT_NUM_CTX, loaded.config.context_length or DEFAULT_NUM_CTX))
-    session = Session(loaded.model, tokenizer, context)
+    session = Session(loaded.model, tokenizer, fitted.context_length)
     return loaded, Chat(session, tokenizer, options, registered.config.get("system")), load_seconds
 
 
