@@ -1,0 +1,166 @@
+"""Triton kernel that plans one MoE layer's expert work against the expert cache, on the device.
+
+Semantics, tie-breaking and invariants: route_plan_ref.py (the torch twin this must match bit
+for bit). The kernel is one program: N = T*K is at most a few dozen in decode, so dedup, hit
+classification and the miss split are all-pairs [N, N] comparisons in registers; victim choice
+is one pass over the S slots in blocks, keeping the best candidates in a register buffer.
+
+Outputs have fixed shapes and `clock` / `n_pcie_max` may be device scalars, so a call can be
+captured in a CUDA graph and replayed with a new clock and a new policy without recapture
+(a Python int is baked into the graph at capture). Slots touched in this step by earlier
+layers have last_used == clock and are never victims, so layers launched in order on one
+stream see a consistent cache. The cache update is plain stores from the single program (all
+addresses distinct), atomic as a whole to any later work on the stream; nothing else may write
+the cache concurrently.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .route_plan_ref import MAX_SLOTS, SLOT_BITS, RoutePlan
+
+_BIG = tl.constexpr(1 << 62)  # above every packed (last_used, slot) key: an empty buffer entry
+_SLOT_SCALE = tl.constexpr(1 << SLOT_BITS)  # key = last_used * _SLOT_SCALE + slot
+_SLOT_MASK = tl.constexpr((1 << SLOT_BITS) - 1)
+
+
+@triton.jit(do_not_specialize=["n_ids", "layer", "num_experts", "num_slots", "clock_arg", "n_pcie_max_arg"])
+def _route_plan_kernel(
+    ids_ptr, n_ids, layer, num_experts,
+    table_ptr, owner_ptr, last_used_ptr, num_slots,
+    clock_arg, n_pcie_max_arg,
+    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr,
+    CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_ON_DEVICE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    if CLOCK_ON_DEVICE:
+        clock = tl.load(clock_arg).to(tl.int64)
+    else:
+        clock = clock_arg.to(tl.int64)
+    if N_PCIE_ON_DEVICE:
+        n_pcie_max = tl.load(n_pcie_max_arg).to(tl.int32)
+    else:
+        n_pcie_max = n_pcie_max_arg.to(tl.int32)
+
+    # --- dedup, first-occurrence order: rows index ids (or unique rows), columns ids
+    offs = tl.arange(0, BLOCK_N)
+    row = offs[:, None]
+    col = offs[None, :]
+    in_n = offs < n_ids
+    ids = tl.load(ids_ptr + offs, mask=in_n, other=-1).to(tl.int32)
+    same = (ids[:, None] == ids[None, :]) & in_n[:, None] & in_n[None, :]
+    first = tl.min(tl.where(same, col, BLOCK_N), axis=1)  # [N] first position holding ids[i]
+    is_first = in_n & (first == offs)
+    inverse = tl.sum((is_first[None, :] & (col < first[:, None])).to(tl.int32), axis=1)  # [N]
+    num_unique = tl.sum(is_first.to(tl.int32), axis=0)
+    valid = offs < num_unique  # unique rows from here on
+    uid = tl.sum(tl.where(is_first[None, :] & (inverse[None, :] == row), ids[None, :], 0), axis=1)
+    uid = tl.where(valid, uid, -1)
+
+    # --- hits and misses
+    key = layer * num_experts + uid
+    cached = tl.load(table_ptr + key, mask=valid, other=-1)
+    hit = valid & (cached >= 0)
+    miss = valid & (cached < 0)
+    num_hits = tl.sum(hit.to(tl.int32), axis=0)
+    num_miss = tl.sum(miss.to(tl.int32), axis=0)
+    num_pcie_wanted = tl.minimum(num_miss, tl.maximum(n_pcie_max, 0))
+
+    # --- victims: the num_pcie_wanted smallest keys (last_used, slot) over slots with last_used < clock
+    # that no hit of this call holds, kept in an unsorted register buffer. Entries past the wanted
+    # count hold -BIG, so the buffer's max is the admission threshold (-BIG: nothing is wanted, and
+    # then the scan is skipped). Per block the candidates below the threshold enter smallest first,
+    # each replacing the current max; a hit's slot is dropped when it comes up (rarely: hits are
+    # recent), which is cheaper than comparing every slot with the hit list.
+    buf = tl.where(offs < num_pcie_wanted, _BIG, -_BIG).to(tl.int64)
+    scan_end = tl.where(num_pcie_wanted > 0, num_slots, 0)
+    # while, not range: the interpreter's range() over a runtime bound fails with numpy >= 2.4
+    start = 0
+    while start < scan_end:
+        slots = start + tl.arange(0, BLOCK_S)
+        lu = tl.load(last_used_ptr + slots, mask=slots < num_slots, other=clock)
+        cand = tl.where(lu < clock, lu * _SLOT_SCALE + slots, _BIG)
+        best = tl.min(cand, axis=0)
+        worst = tl.max(buf, axis=0)
+        while best < worst:
+            held = tl.sum(((cached == (best & _SLOT_MASK).to(tl.int32)) & hit).to(tl.int32), axis=0)
+            at = tl.min(tl.where(buf == worst, offs, BLOCK_N), axis=0)
+            buf = tl.where((offs == at) & (held == 0), best, buf)
+            cand = tl.where(cand == best, _BIG, cand)
+            best = tl.min(cand, axis=0)
+            worst = tl.max(buf, axis=0)
+        start += BLOCK_S
+
+    good = (buf != _BIG) & (buf != -_BIG)
+    buf_slot = (buf & _SLOT_MASK).to(tl.int32)
+    rank = tl.sum((good[None, :] & (buf[None, :] < buf[:, None])).to(tl.int32), axis=1)  # among good
+    num_pcie = tl.sum(good.to(tl.int32), axis=0)  # below num_pcie_wanted when too few slots are eligible
+    miss_rank = tl.sum((miss[None, :] & (col < row)).to(tl.int32), axis=1)  # misses before row u
+    pcie = miss & (miss_rank < num_pcie)
+    victim = tl.sum(tl.where(good[None, :] & (rank[None, :] == miss_rank[:, None]), buf_slot[None, :], 0), axis=1)
+    victim = tl.where(pcie, victim, -1)
+
+    # --- writes: every address below is distinct (hit slots, victims, old keys, new keys)
+    old = tl.load(owner_ptr + victim, mask=pcie, other=-1)
+    tl.store(table_ptr + old, tl.full([BLOCK_N], -1, tl.int32), mask=pcie & (old >= 0))
+    tl.store(owner_ptr + victim, key, mask=pcie)
+    tl.store(table_ptr + key, victim, mask=pcie)
+    slot = tl.where(hit, cached, victim)
+    tl.store(last_used_ptr + slot, tl.zeros([BLOCK_N], tl.int64) + clock, mask=hit | pcie)
+
+    status = tl.where(hit, 0, tl.where(pcie, 1, tl.where(miss, 2, -1)))
+    tl.store(unique_ptr + offs, uid, mask=in_n)
+    tl.store(status_ptr + offs, status, mask=in_n)
+    tl.store(slot_ptr + offs, slot, mask=in_n)
+    tl.store(evicted_ptr + offs, tl.where(pcie, old, -1), mask=in_n)
+    tl.store(inverse_ptr + offs, inverse, mask=in_n)
+    tl.store(counts_ptr + 0, num_hits)
+    tl.store(counts_ptr + 1, num_pcie)
+    tl.store(counts_ptr + 2, num_miss - num_pcie)
+    tl.store(counts_ptr + 3, num_unique)
+
+
+def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
+               owner: torch.Tensor, last_used: torch.Tensor, clock: int | torch.Tensor,
+               n_pcie_max: int | torch.Tensor, *, out: RoutePlan | None = None,
+               block_slots: int = 4096, num_warps: int = 4) -> RoutePlan:
+    """Plan one layer on the device (semantics: route_plan_ref); updates table/owner/last_used in place.
+
+    expert_ids [T, K] int32/int64; table int32 [L*E]; owner int32 [S]; last_used int64 [S];
+    clock / n_pcie_max: Python ints or one-element device tensors (any int dtype; pass tensors
+    to capture in a CUDA graph). `out`: a RoutePlan.empty(T, K, device) to fill (graph-static
+    outputs); otherwise a new one. No host sync.
+
+    Cost on an H200 (kernel time, T=1 K=8 S=3000): ~2 us when nothing goes over PCIe (no
+    scan), ~5 us with misses; T=4 S=20000: ~10 us. block_slots 4096 / 4 warps measured best.
+    """
+    num_tokens, top_k = expert_ids.shape
+    num_slots = owner.numel()
+    if table.dtype != torch.int32 or owner.dtype != torch.int32 or last_used.dtype != torch.int64:
+        raise TypeError("route_plan: table and owner must be int32, last_used int64")
+    if last_used.numel() != num_slots or num_slots >= MAX_SLOTS:
+        raise ValueError(f"route_plan: need len(last_used) == len(owner) < {MAX_SLOTS}, got "
+                         f"{last_used.numel()} and {num_slots}")
+    if layer < 0 or (layer + 1) * num_experts > table.numel():
+        raise ValueError(f"route_plan: layer {layer} x {num_experts} experts is outside the table "
+                         f"({table.numel()} keys)")
+    if expert_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"route_plan: expert_ids must be int32 or int64, got {expert_ids.dtype}")
+    plan = out if out is not None else RoutePlan.empty(num_tokens, top_k, expert_ids.device)
+    n = num_tokens * top_k
+    block_n = max(16, triton.next_power_of_2(n))
+    block_s = max(16, min(block_slots, triton.next_power_of_2(num_slots)))
+    clock_on_device = isinstance(clock, torch.Tensor)
+    n_pcie_on_device = isinstance(n_pcie_max, torch.Tensor)
+    _route_plan_kernel[(1,)](
+        expert_ids.contiguous(), n, layer, num_experts,
+        table, owner, last_used, num_slots,
+        clock, n_pcie_max,
+        plan.unique_ids, plan.status, plan.slot, plan.evicted, plan.counts, plan.inverse,
+        CLOCK_ON_DEVICE=clock_on_device, N_PCIE_ON_DEVICE=n_pcie_on_device,
+        BLOCK_N=block_n, BLOCK_S=block_s, num_warps=num_warps,
+    )
+    return plan

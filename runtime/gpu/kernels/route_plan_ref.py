@@ -1,0 +1,132 @@
+"""Plain-torch twin of the route-plan kernel: the specification `route_plan` must match bit for bit.
+
+One MoE layer's expert work for a decode step, planned against the global expert cache
+(`ExpertCache`: `table` int32 [L*E] key -> slot or -1, `owner` int32 [S] slot -> key or -1,
+`last_used` int64 [S]; key = layer * E + expert):
+
+1. dedup the T*K routed ids, keeping first-occurrence order in row-major (t, k) order;
+2. classify each unique expert: hit (table[key] >= 0) or miss;
+3. hits: last_used[slot] = clock;
+4. misses: the first n_pcie = min(misses, n_pcie_max) in unique order get victim slots, the
+   least recently used slots with last_used < clock that are not hit by this call, ties to the
+   lowest slot index; the i-th such miss gets the i-th victim. Victims take the new key
+   (owner/table; the old owner's table entry becomes -1) and last_used = clock. If fewer slots
+   are eligible than n_pcie (say every slot holds an expert this step already used), only those
+   are taken and the rest of the misses go to the CPU even though n_pcie_max allows more;
+5. the remaining misses are marked for the CPU.
+
+The cache must satisfy table[owner[s]] == s for every owned slot and owner[table[k]] == k for
+every cached key on entry; both hold again on exit. `last_used` must lie in
+[-2**40, 2**40) and S below 2**21 (the kernel packs (last_used, slot) into one int64);
+free slots are those with owner -1 and any last_used below the clock (the cache starts them
+at -1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HIT, PCIE, CPU = 0, 1, 2  # status codes; also the indices of their counts in RoutePlan.counts
+NUM_UNIQUE = 3  # index of the unique-expert count in RoutePlan.counts
+
+SLOT_BITS = 21  # the kernel's packed key is last_used * 2**SLOT_BITS + slot
+MAX_SLOTS = 1 << SLOT_BITS
+MAX_ABS_LAST_USED = 1 << 40
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Fixed-size plan for one layer; N = T*K. Rows past counts[NUM_UNIQUE] hold -1.
+
+    unique_ids [N] int32: the distinct experts, first-occurrence order.
+    status [N] int32: HIT, PCIE (fill a victim slot, compute on the GPU) or CPU.
+    slot [N] int32: the cache slot of a hit or pcie fill; -1 for cpu.
+    evicted [N] int32: for a pcie fill, the key its victim slot held (-1 if the slot was free);
+        -1 otherwise.
+    counts [4] int32: (hits, pcie, cpu, unique), indexed by HIT, PCIE, CPU, NUM_UNIQUE.
+    inverse [T, K] int32: row of unique_ids that expert_ids[t, k] maps to (for the combine).
+    """
+
+    unique_ids: torch.Tensor
+    status: torch.Tensor
+    slot: torch.Tensor
+    evicted: torch.Tensor
+    counts: torch.Tensor
+    inverse: torch.Tensor
+
+    @staticmethod
+    def empty(num_tokens: int, top_k: int, device: torch.device | str) -> RoutePlan:
+        n = num_tokens * top_k
+        i32 = {"dtype": torch.int32, "device": device}
+        return RoutePlan(torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(n, **i32),
+                         torch.empty(n, **i32), torch.empty(4, **i32), torch.empty(num_tokens, top_k, **i32))
+
+
+def _as_int(x: int | torch.Tensor) -> int:
+    return int(x.reshape(-1)[0]) if isinstance(x, torch.Tensor) else int(x)
+
+
+def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
+                   owner: torch.Tensor, last_used: torch.Tensor, clock: int | torch.Tensor,
+                   n_pcie_max: int | torch.Tensor) -> RoutePlan:
+    """Plan one layer (see the module docstring); updates table, owner and last_used in place.
+
+    Host syncs freely: it is the specification, not the fast path.
+    """
+    num_tokens, top_k = expert_ids.shape
+    n = num_tokens * top_k
+    clock = _as_int(clock)
+    n_pcie_max = max(_as_int(n_pcie_max), 0)
+    device = expert_ids.device
+
+    ids = expert_ids.reshape(-1).tolist()
+    unique: list[int] = []
+    row_of: dict[int, int] = {}
+    for e in ids:
+        if e not in row_of:
+            row_of[e] = len(unique)
+            unique.append(e)
+    inverse = [row_of[e] for e in ids]
+
+    keys = [layer * num_experts + e for e in unique]
+    slots = table[torch.tensor(keys, dtype=torch.long, device=table.device)].tolist() if keys else []
+    hit_slots = [s for s in slots if s >= 0]
+    misses = [u for u, s in enumerate(slots) if s < 0]
+
+    eligible = last_used < clock
+    if hit_slots:
+        eligible[torch.tensor(hit_slots, dtype=torch.long, device=eligible.device)] = False
+    candidates = torch.nonzero(eligible).reshape(-1)  # ascending slot order
+    order = torch.argsort(last_used[candidates], stable=True)  # ties keep the lowest slot first
+    n_pcie = min(len(misses), n_pcie_max, candidates.numel())
+    victims = candidates[order[:n_pcie]].tolist()
+
+    status = [HIT if s >= 0 else CPU for s in slots]
+    evicted = [-1] * len(unique)
+    if hit_slots:
+        last_used[torch.tensor(hit_slots, dtype=torch.long, device=last_used.device)] = clock
+    for u, v in zip(misses[:n_pcie], victims, strict=True):
+        old = int(owner[v])
+        if old >= 0:
+            table[old] = -1
+        owner[v] = keys[u]
+        table[keys[u]] = v
+        last_used[v] = clock
+        status[u], slots[u], evicted[u] = PCIE, v, old
+
+    pad = [-1] * (n - len(unique))
+    counts = [status.count(HIT), status.count(PCIE), status.count(CPU), len(unique)]
+
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return RoutePlan(
+        unique_ids=i32(unique + pad),
+        status=i32(status + pad),
+        slot=i32([s if st != CPU else -1 for s, st in zip(slots, status, strict=True)] + pad),
+        evicted=i32(evicted + pad),
+        counts=i32(counts),
+        inverse=i32(inverse).reshape(num_tokens, top_k),
+    )
