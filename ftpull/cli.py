@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -29,9 +30,11 @@ from .preflight import FitError
 from .progress import ProgressPrinter
 from .pull import PullError, create, pull
 from .resolve import ResolveError
+from .serve import Client, NoServer, ServerReplyError
 
 USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError,
-               ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError)
+               ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError,
+               NoServer, ServerReplyError)
 
 
 def _store() -> Store:
@@ -190,11 +193,24 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
 @click.option("--seed", type=int, default=None)
 @click.option("--num-predict", type=int, default=None, help="Most tokens to generate.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: planned).")
+@click.option("--local", is_flag=True, help="Load the model in this process even when an `ft serve` is running.")
 def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | None, dtype: str | None,
-            temperature: float | None, seed: int | None, num_predict: int | None, threads: int | None) -> None:
-    """Chat with a model (pulled first if missing), or answer PROMPT (or stdin) and exit."""
-    from . import run as run_mod
+            temperature: float | None, seed: int | None, num_predict: int | None, threads: int | None,
+            local: bool) -> None:
+    """Chat with a model (pulled first if missing), or answer PROMPT (or stdin) and exit.
 
+    When an `ft serve` answers at FT_HOST, the model is pulled, loaded and run by that server
+    (no second copy in memory); --local or --dtype load it here instead."""
+    from . import run as run_mod
+    from . import serve as serve_mod
+
+    if not local and dtype is None:
+        client = serve_mod.Client()
+        if client.running():
+            options = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict),
+                                         ("num_ctx", num_ctx), ("num_thread", threads)) if v is not None}
+            _run_on_server(client, name, " ".join(prompt), options, verbose)
+            return
     store = _store()
     with ProgressPrinter() as printer:
         pull(name, store, report=printer)
@@ -214,6 +230,86 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
     sys.stdout.write("\n")
     if verbose:
         click.echo("\n".join(run_mod.stats_lines(result, load_seconds)), err=True)
+
+
+def _run_on_server(client: Client, name: str, text: str, options: dict[str, object], verbose: bool) -> None:
+    """`ft run` through a running server: pull and load there, then chat over /api/chat."""
+    import time
+
+    from . import run as run_mod
+    from . import serve as serve_mod
+    from .events import PullEvent
+
+    with ProgressPrinter() as printer:
+        for event in client.stream("/api/pull", {"model": name, "stream": True}):
+            printer(PullEvent(event.get("status", ""), event.get("total"), event.get("completed")))
+    start = time.perf_counter()
+    client.post("/api/generate", {"model": name})  # an empty prompt loads the model (Ollama's way)
+    load_seconds = time.perf_counter() - start
+    chat = serve_mod.RemoteChat(client, name, options)
+    if not text and not sys.stdin.isatty():
+        text = sys.stdin.read()
+    if not text:
+        run_mod.repl(chat, verbose, load_seconds)  # type: ignore[arg-type]
+        return
+    if not text.strip():
+        raise click.UsageError("the prompt is empty")
+    result = chat.ask(text, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    sys.stdout.write("\n")
+    if verbose:
+        click.echo("\n".join(run_mod.stats_lines(result, load_seconds)), err=True)
+
+
+@cli.command("serve")
+@click.option("--host", default=None, help="Address to listen on (default: FT_HOST's, else 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (default: FT_HOST's, else 11435).")
+@click.option("--api-key", envvar="FT_API_KEY", default=None,
+              help="Require this key from clients (Authorization: Bearer KEY or x-api-key: KEY); env FT_API_KEY.")
+def serve_cmd(host: str | None, port: int | None, api_key: str | None) -> None:
+    """Serve the Ollama API (and OpenAI/Anthropic ones) for the local models.
+
+    Models load on first use and unload after FT_KEEP_ALIVE (default 5m) idle; at most
+    FT_MAX_QUEUE requests wait (default 16), more get 503."""
+    from . import serve as serve_mod
+
+    try:
+        default_host, default_port = serve_mod.parse_host(os.environ.get("FT_HOST"))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    host = host or default_host
+    port = default_port if port is None else port
+    try:
+        app = serve_mod.build_app(_store(), api_key=api_key)
+    except ValueError as e:  # FT_KEEP_ALIVE, FT_MAX_QUEUE, ...
+        raise click.UsageError(str(e)) from None
+    click.echo(f"ft serve: listening on {serve_mod.server_url(f'{host}:{port}')} (Ctrl-C stops)", err=True)
+    serve_mod.serve(app, host, port)
+
+
+@cli.command("ps")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the server's /api/ps).")
+def ps_cmd(as_json: bool) -> None:
+    """List the models a running `ft serve` has loaded."""
+    from . import serve as serve_mod
+
+    reply = serve_mod.Client().get("/api/ps")
+    click.echo(json.dumps(reply, indent=1) if as_json else serve_mod.format_ps(reply.get("models", [])))
+
+
+@cli.command("stop")
+@click.argument("name")
+def stop_cmd(name: str) -> None:
+    """Unload model NAME from a running `ft serve` (after its current requests)."""
+    from registry import parse_name
+
+    from . import serve as serve_mod
+
+    client = serve_mod.Client()
+    loaded = {m["name"] for m in client.get("/api/ps").get("models", [])}
+    if parse_name(name).display not in loaded:
+        raise click.ClickException(f"model '{name}' is not running" + (f" (running: {', '.join(sorted(loaded))})"
+                                                                     if loaded else ""))
+    client.post("/api/generate", {"model": name, "keep_alive": 0})
 
 
 def _run(args: list[str] | None = None) -> None:

@@ -1,0 +1,386 @@
+"""The model manager behind `ft serve`: loads models on first use, keeps them for keep_alive,
+unloads them under memory pressure, and runs one generation at a time per model on that model's
+worker thread (torch on the CPU would block the event loop), with a bounded queue in front.
+
+Each loaded model is a `Runner` (runner.py): its session, its worker thread, its parser. This
+module decides: which models are loaded, when they go, who waits, who gets 503.
+
+Environment: FT_KEEP_ALIVE (default "5m"; 0 unloads after each request, negative keeps models
+forever), FT_MAX_QUEUE (requests that may wait, default 16), FT_CONTEXT_LENGTH (default context
+when neither the request nor the recipe gives num_ctx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from registry import Store
+from runtime.chat_template import ChatTemplateError
+from runtime.load import load_registered
+from runtime.models import UnsupportedFamilyError
+from runtime.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
+from runtime.resources import Machine
+from runtime.tokenizer import Tokenizer, TokenizerError
+from runtime.weights import RegisteredModel
+
+from . import models
+from .protocol import (
+    BadRequest,
+    Busy,
+    ChatRequest,
+    Done,
+    Event,
+    GenerateRequest,
+    ModelInfo,
+    ServerError,
+)
+from .runner import LoadedStatus, Runner, compute_dtype
+from .scheduler import (
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_QUEUE,
+    MAX_KEEP_ALIVE_S,
+    Admission,
+    Job,
+    parse_keep_alive,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NUM_CTX = 4096  # Ollama's default context, as `ft run` uses
+
+
+class ModelTooLarge(ServerError):
+    """The model cannot be loaded on this machine at all (the planner's numbers say why)."""
+
+    status = 507
+
+
+class ModelManager:
+    """The Backend of `ft serve` (see protocol.Backend), plus what the Ollama API needs on top:
+    load/unload, ps, show, delete, copy. Call its coroutines from one event loop."""
+
+    def __init__(self, store: Store, *, keep_alive_s: float | None = None, max_queue: int | None = None,
+                 default_num_ctx: int | None = None, ram_budget_bytes: int | None = None,
+                 machine: Callable[[], Machine] = Machine.probe) -> None:
+        self.store = store
+        try:
+            self.default_keep_alive_s = keep_alive_s if keep_alive_s is not None else parse_keep_alive(
+                os.environ.get("FT_KEEP_ALIVE", DEFAULT_KEEP_ALIVE_S))
+            self.admission = Admission(max_queue if max_queue is not None
+                                       else int(os.environ.get("FT_MAX_QUEUE", DEFAULT_MAX_QUEUE)))
+            self.default_num_ctx = default_num_ctx or int(os.environ.get("FT_CONTEXT_LENGTH", DEFAULT_NUM_CTX))
+        except ValueError as e:
+            raise ValueError(f"FT_KEEP_ALIVE, FT_MAX_QUEUE or FT_CONTEXT_LENGTH is invalid: {e}") from None
+        self.ram_budget_bytes = ram_budget_bytes
+        self.machine = machine
+        self.runners: dict[str, Runner] = {}
+        self._load_lock: asyncio.Lock | None = None
+        self._tokenizers: dict[str, Tokenizer] = {}
+        self._tokenizer_lock = threading.Lock()
+
+    # ---- Backend ---------------------------------------------------------------------------------
+
+    async def chat(self, request: ChatRequest) -> AsyncIterator[Event]:
+        started = time.perf_counter()
+        registered = models.lookup(self.store, request.model)
+        options = models.request_options(registered, request.options)
+        messages = self._with_system(registered, request.messages)
+        tools = list(request.tools) if request.tools else None
+        template_vars = {} if request.think is None else {"enable_thinking": bool(request.think)}
+
+        def encode(tokenizer: Tokenizer) -> list[int]:
+            return tokenizer.encode_chat(messages, tools, add_generation_prompt=True, **template_vars)
+
+        async for event in self._generate(registered, options, encode, tools, request.keep_alive, started):
+            yield event
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
+        started = time.perf_counter()
+        registered = models.lookup(self.store, request.model)
+        options = models.request_options(registered, request.options)
+        if not isinstance(request.prompt, str):
+            raise BadRequest("prompt must be a string")
+        if request.suffix:
+            raise BadRequest("suffix (fill-in-the-middle) is not supported: ft's chat templates have no FIM format")
+        template_vars = {} if request.think is None else {"enable_thinking": bool(request.think)}
+        system = request.system if request.system is not None else registered.config.get("system")
+
+        def encode(tokenizer: Tokenizer) -> list[int]:
+            if request.raw:
+                return tokenizer.encode(request.prompt, add_special_tokens=True)
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": request.prompt}]
+            return tokenizer.encode_chat(messages, add_generation_prompt=True, **template_vars)
+
+        async for event in self._generate(registered, options, encode, None, request.keep_alive, started):
+            yield event
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        registered = models.lookup(self.store, request.model)
+        tokenizer = self._tokenizer(registered)
+        tools = list(request.tools) if request.tools else None
+        template_vars = {} if request.think is None else {"enable_thinking": bool(request.think)}
+        try:
+            return len(tokenizer.encode_chat(self._with_system(registered, request.messages), tools,
+                                             add_generation_prompt=True, **template_vars))
+        except (ChatTemplateError, TypeError, ValueError) as e:
+            raise BadRequest(f"cannot render the chat template: {e}") from None
+
+    def list_models(self) -> list[ModelInfo]:
+        return models.list_models(self.store)
+
+    # ---- model management ------------------------------------------------------------------------
+
+    async def load(self, name: str, keep_alive: float | None = None) -> float:
+        """Load `name` if it is not loaded (returns the seconds spent loading) and reset its keep-alive."""
+        registered = models.lookup(self.store, name)
+        ticket = self.admission.admit()
+        try:
+            runner, load_seconds = await self._runner(registered, None, None)
+        finally:
+            ticket.release()
+        runner.keep_alive_s = self._keep_alive(keep_alive)
+        if runner.active == 0:
+            self._idle(runner)
+        return load_seconds
+
+    async def unload(self, name: str) -> bool:
+        """Unload `name` now if idle, else as soon as its running and queued requests finish.
+        False when it was not loaded."""
+        registered = models.lookup(self.store, name)
+        runner = self.runners.get(str(registered.name))
+        if runner is None:
+            return False
+        runner.keep_alive_s = 0.0
+        if runner.active == 0:
+            self._unload(runner)
+        return True
+
+    def ps(self) -> list[LoadedStatus]:
+        now = time.time()
+        return [runner.status(now) for runner in self.runners.values()]
+
+    def show(self, name: str) -> dict[str, Any]:
+        return models.show(self.store, name)
+
+    async def delete(self, name: str) -> None:
+        registered = models.lookup(self.store, name)
+        runner = self.runners.get(str(registered.name))
+        if runner is not None:
+            runner.keep_alive_s = 0.0
+            if runner.active == 0:
+                self._unload(runner)
+        await asyncio.to_thread(models.delete, self.store, name)
+
+    async def copy(self, source: str, destination: str) -> None:
+        await asyncio.to_thread(models.copy, self.store, source, destination)
+
+    def close(self) -> None:
+        """Unload everything, stopping running generations (the server shuts down)."""
+        for runner in list(self.runners.values()):
+            self._unload(runner, cancel=True)
+
+    # ---- generation ------------------------------------------------------------------------------
+
+    async def _generate(self, registered: RegisteredModel, options: models.RequestOptions,
+                        encode: Callable[[Tokenizer], list[int]], tools: list[dict[str, Any]] | None,
+                        keep_alive: float | None,
+                        started: float) -> AsyncIterator[Event]:
+        keep = self._keep_alive(keep_alive)
+        ticket = self.admission.admit()
+        runner: Runner | None = None
+        job: Job | None = None
+        try:
+            runner, load_seconds = await self._runner(registered, options.num_ctx, options.num_thread)
+            runner.active += 1  # from here on the model stays loaded for this request
+            prompt, context = await asyncio.to_thread(self._prepare, runner, encode, options.num_ctx)
+            if len(prompt) > context:
+                raise BadRequest(f"the prompt is {len(prompt)} tokens, the context is {context}; shorten it "
+                                 "or raise num_ctx")
+            job = Job(asyncio.get_running_loop(), ticket, prompt=prompt, params=options.sampling, tools=tools,
+                      num_ctx=context, load_seconds=load_seconds, started=started)
+            self._submit(runner, job, keep)
+            while True:
+                item = await job.queue.get()
+                if isinstance(item, ServerError):
+                    raise item
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:  # runs on cancellation too: no awaiting here
+            ticket.release()
+            if job is not None:
+                job.cancel()
+            elif runner is not None:  # it never reached the worker
+                self._job_finished(runner)
+
+    def _prepare(self, runner: Runner, encode: Callable[[Tokenizer], list[int]],
+                 num_ctx: int | None) -> tuple[list[int], int]:
+        """The prompt's tokens and the context to run it in (off the event loop: templates, planning)."""
+        try:
+            prompt = encode(runner.tokenizer)
+        except (ChatTemplateError, TypeError, ValueError) as e:
+            raise BadRequest(f"cannot render the prompt: {e}") from None
+        if not prompt:
+            raise BadRequest("the prompt is empty: give some text")
+        return prompt, self._context_for(runner, num_ctx)
+
+    def _submit(self, runner: Runner, job: Job, keep_alive_s: float) -> None:
+        """Queue `job` on the runner's worker; `runner.active` already counts it."""
+        runner.keep_alive_s = keep_alive_s
+        runner.expires_at = None
+        future = runner.executor.submit(runner.run, job)
+        loop = job.loop
+
+        def finished(_: Future[None]) -> None:
+            try:
+                loop.call_soon_threadsafe(self._job_finished, runner)
+            except RuntimeError:  # the loop is closed (server shut down)
+                pass
+
+        future.add_done_callback(finished)
+
+    def _job_finished(self, runner: Runner) -> None:
+        runner.active -= 1
+        runner.last_used = time.monotonic()
+        if runner.active == 0:
+            self._idle(runner)
+
+    # ---- keep-alive and unloading ----------------------------------------------------------------
+
+    def _keep_alive(self, keep_alive: float | None) -> float:
+        seconds = self.default_keep_alive_s if keep_alive is None else float(keep_alive)
+        return -1.0 if seconds > MAX_KEEP_ALIVE_S else seconds
+
+    def _idle(self, runner: Runner) -> None:
+        """`runner` has nothing to do: unload it now (keep_alive 0) or when its keep-alive ends."""
+        if self.runners.get(runner.key) is not runner:  # unloaded while it worked: finish the job
+            runner.close()
+            return
+        if runner.keep_alive_s == 0:
+            self._unload(runner)
+        elif runner.keep_alive_s > 0:
+            runner.expires_at = time.time() + runner.keep_alive_s
+            asyncio.get_running_loop().call_later(runner.keep_alive_s, self._expire, runner)
+        else:
+            runner.expires_at = None
+
+    def _expire(self, runner: Runner) -> None:
+        if runner.active == 0 and runner.expires_at is not None and time.time() >= runner.expires_at - 0.01:
+            self._unload(runner)
+
+    def _unload(self, runner: Runner, cancel: bool = False) -> None:
+        """Forget `runner`; its memory goes now, or when its last request is done (`_idle`)."""
+        if self.runners.get(runner.key) is runner:
+            del self.runners[runner.key]
+            log.info("unloaded %s", runner.registered.name.display)
+        if runner.active == 0 or cancel:
+            runner.close(cancel)
+            gc.collect()  # the weights are large: return their memory now, not at the next collection
+
+    # ---- loading ---------------------------------------------------------------------------------
+
+    def _tokenizer(self, registered: RegisteredModel) -> Tokenizer:
+        digest = models.digest_of(registered)
+        with self._tokenizer_lock:
+            tokenizer = self._tokenizers.get(digest)
+        if tokenizer is None:
+            try:
+                tokenizer = Tokenizer.from_model(registered)
+            except TokenizerError as e:
+                raise ServerError(str(e)) from None
+            with self._tokenizer_lock:
+                self._tokenizers[digest] = tokenizer
+        return tokenizer
+
+    def _plan(self, registered: RegisteredModel, num_ctx: int | None, num_thread: int | None) -> Plan:
+        recipe_ctx = (registered.config.get("parameters") or {}).get("num_ctx")
+        with registered.open_ftw() as reader:
+            footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+        overrides = PlanOverrides(num_ctx=num_ctx or recipe_ctx or self.default_num_ctx, num_threads=num_thread,
+                                  device="cpu", ram_budget_bytes=self.ram_budget_bytes)
+        try:  # the runtime computes on the CPU today: plan for that
+            return plan(footprint, self.machine(), overrides)
+        except FitError as e:
+            raise ModelTooLarge(str(e)) from None
+
+    def _context_for(self, runner: Runner, num_ctx: int | None) -> int:
+        """The context a request runs with: the loaded one, or `num_ctx` as the planner clamps it."""
+        if num_ctx is None or num_ctx == runner.session.context_length:
+            return runner.session.context_length
+        return self._plan(runner.registered, num_ctx, None).context_length
+
+    async def _runner(self, registered: RegisteredModel, num_ctx: int | None,
+                      num_thread: int | None) -> tuple[Runner, float]:
+        """The loaded model for `registered` (loading it once however many requests ask)."""
+        key = str(registered.name)
+        digest = models.digest_of(registered)
+        runner = self.runners.get(key)
+        if runner is not None and runner.digest == digest:
+            return runner, 0.0
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        async with self._load_lock:  # one load at a time: memory decisions see every loaded model
+            runner = self.runners.get(key)
+            if runner is not None and runner.digest == digest:
+                return runner, 0.0
+            if runner is not None:  # the name now points at another model (re-pulled, re-created)
+                self._unload(runner)
+            fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
+            self._make_room(fitted)
+            runner = await asyncio.to_thread(self._load, registered, fitted)
+            self.runners[key] = runner
+            return runner, runner.load_seconds
+
+    def _make_room(self, fitted: Plan) -> None:
+        """Unload idle models, least recently used first, until `fitted` fits beside the rest."""
+        def resident() -> int:
+            return sum(r.resident_bytes for r in self.runners.values())
+
+        for runner in sorted(self.runners.values(), key=lambda r: r.last_used):
+            if resident() + fitted.ram_needed_bytes <= fitted.ram_budget_bytes:
+                return
+            if runner.active == 0:
+                log.info("unloading %s to make room for %s", runner.registered.name.display, fitted.model)
+                self._unload(runner)
+        if self.runners and resident() + fitted.ram_needed_bytes > fitted.ram_budget_bytes:
+            busy = ", ".join(r.registered.name.display for r in self.runners.values())
+            raise Busy(f"not enough memory to load {fitted.model} while {busy} is generating "
+                       f"(needs {fitted.ram_needed_bytes >> 20} MiB, {resident() >> 20} MiB in use of "
+                       f"{fitted.ram_budget_bytes >> 20} MiB); retry when it is done")
+
+    def _load(self, registered: RegisteredModel, fitted: Plan) -> Runner:
+        torch.set_num_threads(fitted.num_threads)
+        start = time.perf_counter()
+        try:
+            loaded = load_registered(registered, compute_dtype(registered.config))
+        except UnsupportedFamilyError as e:
+            raise BadRequest(str(e)) from None
+        except Exception as e:  # a damaged model on disk: name it, keep serving the others
+            log.exception("loading %s failed", registered.name.display)
+            raise ServerError(f"cannot load {registered.name.display}: {e}; `ft verify` it, or pull it again") from None
+        tokenizer = self._tokenizer(registered)
+        seconds = time.perf_counter() - start
+        log.info("loaded %s in %.2fs (context %d, %d threads)", registered.name.display, seconds,
+                 fitted.context_length, fitted.num_threads)
+        return Runner(registered, loaded, tokenizer, fitted, seconds)
+
+    @staticmethod
+    def _with_system(registered: RegisteredModel, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The recipe's SYSTEM prompt first, unless the conversation brings its own."""
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise BadRequest("messages must be a list of message objects")
+        system = registered.config.get("system")
+        if system and not any(m.get("role") == "system" for m in messages):
+            return [{"role": "system", "content": system}, *messages]
+        return list(messages)

@@ -1,0 +1,184 @@
+"""A loaded model as the server runs it: weights, tokenizer, the planned context, one `Session`
+(so a chat turn that extends the previous one only prefills the new tokens) and one worker thread
+that runs its generations, one at a time.
+
+Raw generated text goes through the family's incremental parser (`runtime.server.parsers`) into
+text, reasoning and tool-call events.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from runtime.engine import Session
+from runtime.load import LoadedModel
+from runtime.models import ContextOverflowError, DecoderModel
+from runtime.plan import RAM_RESERVE_BYTES, Plan
+from runtime.tokenizer import Tokenizer
+from runtime.weights import RegisteredModel
+
+from . import models
+from .parsers import make_parser, opens_reasoning
+from .protocol import BadRequest, Done, Event, ServerError, ToolCallEvent
+from .scheduler import DEFAULT_KEEP_ALIVE_S, CancellableModel, GenerationCancelled, Job
+
+log = logging.getLogger(__name__)
+
+
+def compute_dtype(config: Mapping[str, Any]) -> torch.dtype:
+    """f32 models compute in f32, everything else in bf16 (as `ft run` does)."""
+    return torch.float32 if config.get("dtype") == "f32" else torch.bfloat16
+
+
+def tensor_bytes(value: Any, depth: int = 4) -> int:
+    """Bytes of the tensors held by `value` (a state, a cache, lists of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if depth == 0:
+        return 0
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v, depth - 1) for v in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v, depth - 1) for v in value.values())
+    if hasattr(value, "__dict__"):
+        return sum(tensor_bytes(v, depth - 1) for v in vars(value).values())
+    return 0
+
+
+@dataclass(frozen=True)
+class LoadedStatus:
+    """One loaded model, as /api/ps and `ft ps` show it."""
+
+    name: str
+    digest: str
+    family: str | None
+    dtype: str | None
+    parameters: int | None
+    context_length: int
+    ram_bytes: int  # weights + KV in host memory
+    vram_bytes: int  # 0 on the CPU
+    expert_cache_bytes: int  # 0 on the CPU
+    kv_bytes: int
+    device: str  # "cpu" | "gpu"
+    processor: str  # Ollama's split: "100% CPU", "40%/60% CPU/GPU"
+    num_threads: int
+    expires_at: float | None  # seconds since the epoch; None: kept until unloaded
+    active_requests: int
+
+
+class Runner:
+    """A loaded model: weights, tokenizer, the planned context, one session and one worker thread."""
+
+    def __init__(self, registered: RegisteredModel, loaded: LoadedModel, tokenizer: Tokenizer, fitted: Plan,
+                 load_seconds: float) -> None:
+        self.registered = registered
+        self.key = str(registered.name)
+        self.digest = models.digest_of(registered)
+        self.family = str(registered.config.get("family") or loaded.config.family)
+        self.loaded = loaded
+        self.tokenizer = tokenizer
+        self.plan = fitted
+        self.load_seconds = load_seconds
+        self.model = CancellableModel(loaded.model)
+        self.session = Session(cast(DecoderModel, self.model), tokenizer, fitted.context_length)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ft-{registered.name.model}")
+        self.weight_bytes = tensor_bytes(loaded.weights.dense, 2) + sum(
+            b.data.numel() * b.data.element_size() for b in loaded.weights.banks.values())
+        self.active = 0  # jobs submitted and not finished (loop thread only)
+        self.keep_alive_s = DEFAULT_KEEP_ALIVE_S
+        self.expires_at: float | None = None
+        self.last_used = time.monotonic()
+
+    @property
+    def resident_bytes(self) -> int:
+        """What the planner says this model holds in RAM, less the machine-wide reserve."""
+        return self.plan.ram_needed_bytes - RAM_RESERVE_BYTES
+
+    def close(self, cancel: bool = False) -> None:
+        """Take no more jobs. A generation still running finishes for its client, or with `cancel`
+        (the server shuts down) stops at its next token."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        job = self.model.job
+        if cancel and job is not None:
+            job.cancel()
+
+    def status(self, now: float) -> LoadedStatus:
+        p, c = self.plan, self.registered.config
+        kv = tensor_bytes(self.session.state, 5) or p.kv_bytes
+        expires = None
+        if self.keep_alive_s >= 0:
+            expires = now + self.keep_alive_s if self.active else self.expires_at
+        vram = p.vram_needed_bytes
+        ram = self.weight_bytes + (kv if p.device == "cpu" else 0)
+        share = round(100 * vram / (ram + vram)) if vram else 0
+        return LoadedStatus(
+            name=self.registered.name.display, digest=self.digest, family=c.get("family"), dtype=c.get("dtype"),
+            parameters=c.get("num_params_total"), context_length=self.session.context_length, ram_bytes=ram,
+            vram_bytes=vram, expert_cache_bytes=p.cache_bytes, kv_bytes=kv, device=p.device,
+            processor="100% CPU" if not vram else f"{100 - share}%/{share}% CPU/GPU", num_threads=p.num_threads,
+            expires_at=expires, active_requests=self.active)
+
+    def run(self, job: Job) -> None:
+        """On the runner's worker thread: one generation, ending in Done, an error, or nothing
+        (cancelled: nobody listens). Whatever fails, the request hears of it."""
+        job.ticket.release()  # running now, no longer queued
+        if job.cancelled.is_set():
+            return
+        self.model.job = job
+        try:
+            done = self._generation(job)
+        except GenerationCancelled:
+            self.session.tokens = self.session.tokens[: self.session.state.length]
+            return
+        except ContextOverflowError as e:
+            job.emit(BadRequest(str(e)))
+            return
+        except Exception as e:  # a bug or a broken model: report it, keep the server up
+            log.exception("generation on %s failed", self.registered.name.display)
+            self.session.reset()
+            job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+            return
+        finally:
+            self.model.job = None
+        job.emit(done)
+
+    def _generation(self, job: Job) -> Done:
+        inputs = job.inputs
+        session = self.session
+        if session.context_length != inputs["num_ctx"]:
+            session = self.session = Session(cast(DecoderModel, self.model), self.tokenizer, inputs["num_ctx"])
+        # the request's tool definitions type the parsed calls' arguments; a template that ends its
+        # generation prompt with <think> makes the output start as reasoning
+        tail = self.tokenizer.decode(inputs["prompt"][-8:])
+        parser = make_parser(self.family, inputs["tools"] or False,
+                             starts_in_reasoning=opens_reasoning(self.family, tail))
+        saw_tool_call = False
+
+        def emit(events: list[Event]) -> None:
+            nonlocal saw_tool_call
+            for event in events:
+                saw_tool_call |= isinstance(event, ToolCallEvent)
+                job.emit(event)
+
+        result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)))
+        emit(parser.finish())
+        stop_reason, stop_sequence = result.stop_reason, None
+        if stop_reason == "stop" and inputs["params"].stop:  # EOS or a stop string: which one?
+            text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
+            hits = [(text.find(s), s) for s in inputs["params"].stop if s in text]
+            if hits:
+                stop_reason, stop_sequence = "stop_sequence", min(hits)[1]
+        if saw_tool_call:
+            stop_reason = "tool_calls"
+        s = result.stats
+        return Done(stop_reason=stop_reason, stop_sequence=stop_sequence,  # type: ignore[arg-type]
+                    prompt_tokens=len(inputs["prompt"]), completion_tokens=s.eval_tokens,
+                    load_seconds=inputs["load_seconds"], prompt_seconds=s.prompt_seconds,
+                    eval_seconds=s.eval_seconds, total_seconds=time.perf_counter() - inputs["started"])

@@ -1,0 +1,145 @@
+"""Queueing pieces of the model manager: admission to the bounded queue, keep-alive durations, and
+the hand-off of one generation between the event loop and the model's worker thread.
+
+Policy only; no model code. A generation is a `Job`: the worker thread runs it and pushes events
+into an asyncio queue through `loop.call_soon_threadsafe`; the request's coroutine reads them.
+Cancelling a job (client gone) sets an event the model checks before every forward pass, so the
+worker stops at the next token and the model's slot frees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import threading
+from typing import Any
+
+from .protocol import Busy
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's 5 minutes
+DEFAULT_MAX_QUEUE = 16
+MAX_KEEP_ALIVE_S = 10 * 365 * 86400.0  # longer reads as forever (and keeps timestamps in range)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: Any) -> float:
+    """Seconds from Ollama's keep_alive: a number of seconds, or a Go duration ("5m", "1h30m",
+    "-1", "0"). Negative means forever. ValueError with the accepted forms otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid keep_alive {value!r}: give seconds (300) or a duration (\"5m\", \"1h\", \"-1\")")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"invalid keep_alive {value!r}: must be finite")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"invalid keep_alive {value!r}: give seconds (300) or a duration (\"5m\", \"1h\", \"-1\")")
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text[1:] if text[:1] in "+-" else text
+    if re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", body):
+        seconds = float(body)  # "300", "-1": seconds
+    else:
+        parts = _DURATION_PART.findall(body)
+        if not body or "".join(n + u for n, u in parts) != body:
+            raise ValueError(f"invalid keep_alive {value!r}: give seconds (300) or a duration (\"5m\", \"1h30m\", \"-1\")")
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid keep_alive {value!r}: must be finite")
+    return sign * seconds
+
+
+class GenerationCancelled(Exception):
+    """Raised inside the worker when the client that asked for a generation is gone."""
+
+
+class Admission:
+    """Counts requests waiting for a model (loading or queued behind a running generation).
+
+    At most `max_queue` wait at once, over all models; one more gets Busy. A request waits from
+    its arrival (its model may be loading) until its generation starts, or it ends without one.
+    """
+
+    def __init__(self, max_queue: int) -> None:
+        if max_queue < 1:  # the request about to run waits too, while its model loads
+            raise ValueError(f"max_queue must be >= 1, not {max_queue}")
+        self.max_queue = max_queue
+        self.waiting = 0
+        self._lock = threading.Lock()
+
+    def admit(self) -> Ticket:
+        with self._lock:
+            if self.waiting >= self.max_queue:
+                raise Busy(f"server busy: {self.waiting} requests are already queued (FT_MAX_QUEUE={self.max_queue}); "
+                           "retry later")
+            self.waiting += 1
+        return Ticket(self)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.waiting -= 1
+
+
+class Ticket:
+    """One admitted request's place in the queue; `release` is idempotent and thread-safe."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self._released = False
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._admission._leave()
+
+
+class Job:
+    """One generation handed to a worker thread: its inputs, a cancel flag, and the way back.
+
+    `emit` is called on the worker thread; items (events, or a ServerError to raise) arrive in
+    `queue` on the loop. Once the loop is gone, emitting cancels the job.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ticket: Ticket, **inputs: Any) -> None:
+        self.loop = loop
+        self.ticket = ticket
+        self.inputs = inputs
+        self.cancelled = threading.Event()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def emit(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class CancellableModel:
+    """A model wrapper that refuses the next forward pass once the running job is cancelled.
+
+    The session keeps `tokens` in step with the state only between passes, so after a refusal
+    the caller trims `session.tokens` to `session.state.length` (what the state really holds).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.job: Job | None = None
+
+    def new_state(self, max_tokens: int) -> Any:
+        return self.model.new_state(max_tokens)
+
+    def forward(self, input_ids: Any, state: Any) -> Any:
+        if self.job is not None and self.job.cancelled.is_set():
+            raise GenerationCancelled
+        return self.model.forward(input_ids, state)

@@ -1,0 +1,125 @@
+"""`ft serve`, `ft ps`, `ft stop` and `ft run` against a live server (a real `ft serve` process)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ftpull.cli import _run
+from tests.test_server_util import free_port, pulled_home
+
+KEY = "cli-test-key"
+
+
+def ft(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = 0
+    try:
+        _run(list(args))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """`python -m ftpull serve` on a free port, with an API key, over a store holding tiny."""
+    home = tmp_path_factory.mktemp("ft_home")
+    pulled_home(home)
+    host = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "FT_HOME": str(home), "FT_HOST": host, "FT_API_KEY": KEY, "FT_KEEP_ALIVE": "-1"}
+    process = subprocess.Popen([sys.executable, "-m", "ftpull", "serve"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://{host}/", timeout=1).text == "Ollama is running":
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"ft serve did not start:\n{process.stdout.read() if process.stdout else ''}")
+        time.sleep(0.1)
+    try:
+        yield host, home
+    finally:
+        process.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
+        try:
+            assert process.wait(timeout=20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+@pytest.fixture
+def env(served: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> str:
+    host, home = served
+    monkeypatch.setenv("FT_HOST", host)
+    monkeypatch.setenv("FT_API_KEY", KEY)
+    monkeypatch.setenv("FT_HOME", str(home))
+    return host
+
+
+def test_the_server_wants_its_key(env: str) -> None:
+    assert httpx.get(f"http://{env}/api/tags").status_code == 401
+    assert httpx.get(f"http://{env}/api/tags", headers={"Authorization": f"Bearer {KEY}"}).json()["models"]
+
+
+def test_run_ps_stop(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = ft(capsys, "ps")
+    assert code == 0 and out.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "KV", "CACHE", "UNTIL"]
+    code, out, err = ft(capsys, "run", "tiny", "Hello there", "--num-predict", "8", "--seed", "3", "--verbose")
+    assert code == 0 and out.strip(), err
+    assert "eval count:           8 token(s)" in err and "load duration:" in err and "up to date" in err
+    code, out, _ = ft(capsys, "ps")  # the server loaded it, not this process
+    assert code == 0 and "tiny:latest" in out and "100% CPU" in out and "Forever" in out
+    # same seed, same answer, in-process or through the server
+    code, local, _ = ft(capsys, "run", "tiny", "Hello there", "--num-predict", "8", "--seed", "3", "--local")
+    assert code == 0 and local == out_of_run(capsys)
+    code, _, _ = ft(capsys, "stop", "tiny")
+    assert code == 0
+    deadline = time.monotonic() + 5
+    while "tiny" in ft(capsys, "ps")[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "tiny" not in ft(capsys, "ps")[1]
+    code, _, err = ft(capsys, "stop", "tiny")
+    assert code == 1 and "not running" in err
+
+
+def out_of_run(capsys: pytest.CaptureFixture[str]) -> str:
+    code, out, err = ft(capsys, "run", "tiny", "Hello there", "--num-predict", "8", "--seed", "3")
+    assert code == 0, err
+    return out
+
+
+def test_repl_through_the_server(env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ftpull.run import repl
+    from ftpull.serve import Client, RemoteChat
+
+    chat = RemoteChat(Client(), "tiny", {"num_predict": 5})
+    script = "/set parameter temperature 0\nfirst question\n/set parameter top_k banana\nsecond question\n/clear\n/bye\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+    repl(chat, verbose=True, load_seconds=0.0)  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert "Set parameter 'temperature' to '0'" in out and "Error:" in out and "Cleared session context" in out
+    assert err.count("eval count:           5 token(s)") == 2 and chat.messages == []
+
+
+def test_no_server(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")
+    for command in (["ps"], ["stop", "tiny"]):
+        code, _, err = ft(capsys, *command)
+        assert code == 1 and "no ft server is running" in err and "ft serve" in err
+    monkeypatch.setenv("FT_HOST", "localhost:http")
+    code, _, err = ft(capsys, "serve")
+    assert code == 2 and "port" in err
