@@ -17,7 +17,7 @@ from registry import Store
 from tests.test_server_util import LiveServer, pulled_home
 
 EXAMPLES = 100
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
