@@ -1,13 +1,18 @@
-"""The expert-execution interface and the CPU executor (the miss path of the hybrid runtime)."""
+"""The expert-execution interface and the CPU executors (the miss path of the hybrid runtime)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from .bank import HostExpertBank
+from .cpu_kernels import ExpertKernel, Kernel, UnsupportedBank, native_kernel
+
+log = logging.getLogger(__name__)
+_REPORTED: set[str] = set()
 
 
 class ExpertExecutor(Protocol):
@@ -21,8 +26,8 @@ class ExpertExecutor(Protocol):
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor: ...
 
 
-class CPUExpertExecutor:
-    """Experts computed on the CPU straight from the host banks, one expert at a time.
+class ReferenceCPUExpertExecutor:
+    """Experts computed on the CPU straight from the host banks with torch, one expert at a time.
 
     Tokens are grouped by expert, so prefill runs each expert once as a matrix product. Banks
     in the compute dtype are used in place (no copy); others are converted per use.
@@ -52,6 +57,43 @@ class CPUExpertExecutor:
             out.index_add_(0, tokens, y * flat_weights[start:end, None].to(y.dtype))
             start = end
         return out
+
+
+class CPUExpertExecutor(ReferenceCPUExpertExecutor):
+    """Experts computed on the CPU straight from the host banks by the compiled kernel
+    (cpu_kernels.py): every selected expert's weights streamed once, all threads at once.
+
+    Layers the kernel cannot run (a dtype it lacks, no compiler) take the reference path; both
+    give sum_k w * expert(x) in x's dtype. The kernel accumulates in fp32 whatever `dtype` is
+    (the reference rounds to `dtype` between the two projections). `threads`: OpenMP threads per
+    call, default torch's.
+    """
+
+    def __init__(self, banks: dict[int, HostExpertBank], dtype: torch.dtype, *, threads: int | None = None,
+                 kernel: Kernel | None = None) -> None:
+        super().__init__(banks, dtype)
+        self.threads = threads
+        self._kernel = kernel
+        self._layers: dict[int, ExpertKernel | None] = {}
+
+    def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        fast = self._layers[layer] if layer in self._layers else self._bind(layer)
+        if fast is None:
+            return super().__call__(layer, x, expert_ids, weights)
+        return fast(x, expert_ids, weights, self.threads or torch.get_num_threads())
+
+    def _bind(self, layer: int) -> ExpertKernel | None:
+        kernel = self._kernel or native_kernel()
+        fast = None
+        if kernel is not None:
+            try:
+                fast = ExpertKernel(kernel, self.banks[layer])
+            except UnsupportedBank as e:
+                if str(e) not in _REPORTED:  # once per reason, not once per layer
+                    _REPORTED.add(str(e))
+                    log.info("experts of layer %d (and alike) run on the torch path: %s", layer, e)
+        self._layers[layer] = fast
+        return fast
 
 
 def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:

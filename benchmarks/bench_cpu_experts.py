@@ -1,0 +1,141 @@
+"""CPU expert execution against the DRAM read ceiling, same threads, one run.
+
+For each expert dtype: a random bank laid out as FTW stores it (Qwen3-30B-A3B experts by
+default: H=2048, I=768, K=8 per token), grown to --bank-mib (2 GiB: several times any LLC, as
+the 48 layers of the real model are), then decode steps that walk the bank, so every step's
+weights come from DRAM. Printed side by side:
+
+- DRAM read GB/s: one pass over a buffer >> LLC, by the kernel library's reader (same OpenMP
+  threads as the kernel) and by torch's sum (same torch threads);
+- the reference torch executor (runtime/experts/executor.py, ReferenceCPUExpertExecutor);
+- the fast executor (CPUExpertExecutor: the compiled kernel of cpu_kernels.py);
+
+as GB/s of expert weights streamed (bytes of every distinct expert record a step touches,
+scales included, over the step's time), best and median over the repetitions.
+
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 16
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --tokens 1,4,256 --dtypes bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from runtime.experts.cpu_kernels import native_kernel
+from runtime.experts.executor import CPUExpertExecutor, ReferenceCPUExpertExecutor
+from runtime.experts.synthetic import random_bank
+
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def timed(fn: Callable[[int], object], reps: int, warmup: int = 2) -> list[float]:
+    """Seconds per call of fn(i), i = 0, 1, ..., one sample per call."""
+    for i in range(warmup):
+        fn(i)
+    samples = []
+    for i in range(warmup, warmup + reps):
+        start = time.perf_counter()
+        fn(i)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def timed_steps(executor, x: torch.Tensor, steps: list[torch.Tensor], weights: torch.Tensor, reps: int, *,
+                budget_s: float, warmup: int = 2) -> list[float]:
+    """Seconds per decode step, step i routed as steps[i]; stops early past `budget_s`."""
+    deadline = time.perf_counter() + budget_s
+    samples: list[float] = []
+    for i in range(warmup + reps):
+        start = time.perf_counter()
+        executor(0, x, steps[i % len(steps)], weights)
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+        if samples and time.perf_counter() > deadline:
+            break
+    return samples
+
+
+def gbps(nbytes: float, samples: list[float]) -> tuple[float, float]:
+    """(best, median) GB/s."""
+    return nbytes / min(samples) / 1e9, nbytes / statistics.median(samples) / 1e9
+
+
+def dram_read(threads: int, mib: int, reps: int) -> dict[str, tuple[float, float]]:
+    buffer = torch.ones(mib << 20, dtype=torch.uint8)
+    out = {"torch sum": gbps(buffer.numel(), timed(lambda i: buffer.view(torch.float32).sum(), reps))}
+    kernel = native_kernel()
+    if kernel is not None:
+        out["kernel reader"] = gbps(buffer.numel(), timed(lambda i: kernel.read_bytes(buffer, threads), reps))
+    return out
+
+
+def expert_ids(step: int, num_tokens: int, top_k: int, num_experts: int) -> torch.Tensor:
+    """Distinct experts per token, walking the bank so a step's experts were not used by the last ones."""
+    first = step * num_tokens * top_k
+    return (torch.arange(first, first + num_tokens * top_k) % num_experts).view(num_tokens, top_k)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads (default: torch's)")
+    parser.add_argument("--dtypes", default="bf16,f8_e4m3,q8_0", help="expert dtypes (f32,f16,bf16,f8_e4m3,f8_e5m2,q8_0)")
+    parser.add_argument("--tokens", default="1", help="tokens per step, comma separated (decode: 1)")
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--inter", type=int, default=768)
+    parser.add_argument("--experts", type=int, default=128, help="experts per layer (Qwen3-30B-A3B: 128)")
+    parser.add_argument("--bank-mib", type=int, default=2048,
+                        help="grow the bank past --experts to this size, so steps stream from DRAM, not the LLC")
+    parser.add_argument("--compute-dtype", default="bf16", choices=sorted(COMPUTE_DTYPES),
+                        help="the model's dtype: activations, and the reference's compute dtype")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--ref-reps", type=int, default=8)
+    parser.add_argument("--no-reference", action="store_true", help="skip the (slow) reference executor")
+    parser.add_argument("--dram-mib", type=int, default=2048, help="DRAM read buffer (>> LLC)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    compute = COMPUTE_DTYPES[args.compute_dtype]
+    kernel = native_kernel()
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.threads} threads, torch "
+          f"{torch.__version__}; kernel: {kernel.path.name + f' ({kernel.simd_width * 32}-bit SIMD)' if kernel else 'UNAVAILABLE'}")
+    print(f"# experts H={args.hidden} I={args.inter}, K={args.top_k}, banks of >= {args.bank_mib} MiB, "
+          f"activations {args.compute_dtype}; GB/s = distinct expert bytes per step / step time (best, median)")
+    for name, (best, median) in dram_read(args.threads, args.dram_mib, args.reps).items():
+        print(f"DRAM read ({name}, {args.dram_mib} MiB): {best:6.1f} GB/s best, {median:6.1f} median")
+
+    print(f"{'dtype':8} {'T':>4} {'MB/step':>8} | {'reference ms':>12} {'GB/s':>6} | {'fast ms':>8} {'GB/s':>6} "
+          f"{'(median)':>8} | {'speedup':>7}")
+    for dtype in args.dtypes.split(","):
+        record_bytes = random_bank(dtype, 1, args.hidden, args.inter).layout.expert_stride
+        num_experts = max(args.experts, -(-(args.bank_mib << 20) // record_bytes))
+        bank = random_bank(dtype, num_experts, args.hidden, args.inter, num_distinct=4)
+        record_bytes = sum(p.nbytes for p in bank.layout.parts)
+        fast = CPUExpertExecutor({0: bank}, compute, threads=args.threads)
+        reference = ReferenceCPUExpertExecutor({0: bank}, compute)
+        for num_tokens in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(num_tokens, args.hidden).to(compute)
+            weights = torch.rand(num_tokens, args.top_k).to(compute)
+            steps = [expert_ids(i, num_tokens, args.top_k, num_experts) for i in range(64)]
+            step_bytes = record_bytes * min(num_tokens * args.top_k, num_experts)
+
+            fast_s = timed_steps(fast, x, steps, weights, args.reps, budget_s=60)
+            fast_best, fast_median = gbps(step_bytes, fast_s)
+            ref_text, speedup = f"{'-':>12} {'-':>6}", "-"
+            if not args.no_reference:
+                ref_s = timed_steps(reference, x, steps, weights, args.ref_reps, budget_s=10, warmup=1)
+                ref_text = f"{statistics.median(ref_s) * 1e3:12.2f} {gbps(step_bytes, ref_s)[1]:6.1f}"
+                speedup = f"{statistics.median(ref_s) / statistics.median(fast_s):6.1f}x"
+            print(f"{dtype:8} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
+                  f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}")
+
+
+if __name__ == "__main__":
+    main()

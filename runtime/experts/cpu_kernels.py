@@ -1,0 +1,200 @@
+"""The compiled CPU expert kernel (csrc/moe_cpu.cpp): built at first use, cached, called with ctypes.
+
+Why not torch: its bf16 CPU matmul streams expert weights at a fraction of DRAM bandwidth, and
+fp8 / GGML weights would need a dequantized copy per use. Why not a torch extension: the kernel
+needs no torch headers, so plain `g++ -O3 -march=native` builds it in 2-4 s on two cores, with
+no ninja and no Python headers (a trivial torch extension took 17 s there), and ctypes
+releases the GIL during the call (the hybrid runtime runs the CPU misses beside the GPU work).
+Its OpenMP threads are torch's own (libgomp.so.1 is loaded once per process). Without a
+compiler, or without the .cpp in the installation, the executor falls back to torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .bank import HostExpertBank
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "moe_cpu.cpp"
+NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC")
+# What a CPU without AVX-512 (AVX2 path) or without AVX2 (scalar path) would build: for tests.
+AVX2_FLAGS = (*NATIVE_FLAGS, "-mno-avx512f")
+SCALAR_FLAGS = (*NATIVE_FLAGS, "-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c", "-mno-avx")
+
+# FTW dtype -> the kernel's dtype code (enum Dtype in moe_cpu.cpp)
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "f8_e4m3": 3, "f8_e5m2": 4, "q8_0": 5}
+FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
+
+
+class KernelBuildError(RuntimeError):
+    """The CPU expert kernel could not be compiled or loaded."""
+
+
+class UnsupportedBank(ValueError):
+    """The kernel cannot run this bank's layout (the reference path will)."""
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "offset", "row_bytes", "dtype", "rows", "cols", "scale_offset", "scale_stride", "block_rows", "block_cols")]
+
+
+class _Layout(ctypes.Structure):
+    _fields_ = [("gate", _Mat), ("up", _Mat), ("down", _Mat), ("record_stride", ctypes.c_int64),
+                ("num_experts", ctypes.c_int64)]
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: $FT_KERNEL_CACHE, else ~/.cache/ft/kernels."""
+    if env := os.environ.get("FT_KERNEL_CACHE"):
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ft" / "kernels"
+
+
+def build(flags: tuple[str, ...] = NATIVE_FLAGS, *, compiler: str | None = None, cache: Path | None = None) -> Path:
+    """The kernel's shared library for `flags`, compiled once per (source, flags, compiler, CPU)."""
+    cxx = compiler or os.environ.get("CXX") or "g++"
+    source = SOURCE.read_bytes() if SOURCE.exists() else None
+    if source is None:
+        raise KernelBuildError(f"kernel source {SOURCE} is missing from this installation")
+    try:
+        version = subprocess.run([cxx, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"no C++ compiler {cxx!r} ({e}); set CXX to one") from e
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), cxx.encode(), version.encode(),
+                                     _cpu_flags().encode()])).hexdigest()[:16]
+    out = (cache or cache_dir()) / f"moe_cpu-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        done = subprocess.run([cxx, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise KernelBuildError(f"{cxx} failed to build {SOURCE.name}:\n{done.stderr[-2000:]}")
+        os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"{cxx} could not build {SOURCE.name}: {e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def _cpu_flags() -> str:
+    # -march=native code must not be reused on another CPU (a shared home directory)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+class Kernel:
+    """The loaded library: `forward` for one layer's experts, `read_bytes` for the DRAM ceiling."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        self.path = path
+        self._forward = lib.ft_moe_forward
+        self._forward.restype = ctypes.c_int
+        self._forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Layout), ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._read = lib.ft_read_bytes
+        self._read.restype = ctypes.c_uint64
+        self._read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self.simd_width = int(lib.ft_moe_simd_width())
+
+    def read_bytes(self, data: torch.Tensor, threads: int) -> int:
+        """Read every byte of contiguous `data` once (a checksum, so nothing is optimized away)."""
+        return int(self._read(data.data_ptr(), data.numel() * data.element_size(), threads))
+
+
+@functools.cache
+def native_kernel() -> Kernel | None:
+    """The kernel built for this CPU, or None (logged once) when it cannot be built or loaded."""
+    try:
+        return Kernel(build())
+    except (KernelBuildError, OSError) as e:
+        log.warning("CPU expert kernel unavailable, experts run on the torch path: %s", e)
+        return None
+
+
+class ExpertKernel:
+    """The kernel bound to one layer's bank (layout checked once)."""
+
+    def __init__(self, kernel: Kernel, bank: HostExpertBank) -> None:
+        self.kernel = kernel
+        self.bank = bank  # keeps the bytes alive while the kernel holds their address
+        self.layout = bank_layout(bank)
+        self.hidden_size = self.layout.gate.cols
+
+    def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, threads: int) -> torch.Tensor:
+        """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H]; fp32 inside, x's dtype out."""
+        num_tokens, top_k = expert_ids.shape
+        if x.shape != (num_tokens, self.hidden_size):
+            raise ValueError(f"x is {list(x.shape)}, expected [{num_tokens}, {self.hidden_size}]")
+        # the kernel reads raw CPU addresses: inputs from another device come over first
+        xf = x.to("cpu", torch.float32).contiguous()
+        ids = expert_ids.to("cpu", torch.int64).contiguous()
+        wf = weights.to("cpu", torch.float32).contiguous()
+        out = torch.empty(num_tokens, self.hidden_size, dtype=torch.float32)
+        rc = self.kernel._forward(self.bank.data.data_ptr(), ctypes.byref(self.layout), num_tokens, top_k,
+                                  ids.data_ptr(), wf.data_ptr(), xf.data_ptr(), out.data_ptr(), threads)
+        if rc == -1:
+            raise IndexError(f"an expert id of layer {self.bank.layer} is out of range "
+                             f"(the layer has {self.bank.num_experts} experts): {expert_ids.tolist()}")
+        assert rc == 0, f"ft_moe_forward returned {rc}"
+        return out.to(x.device, x.dtype)
+
+
+def bank_layout(bank: HostExpertBank) -> _Layout:
+    """The kernel's view of `bank`; UnsupportedBank says why it cannot run it."""
+    data = bank.data
+    if data.device.type != "cpu" or data.dtype != torch.uint8 or data.dim() != 2 or data.stride(1) != 1:
+        raise UnsupportedBank("bank bytes are not a CPU uint8 [experts, stride] tensor")
+    block = tuple(bank.layout.quant.get("fp8_block", (128, 128)))
+    if bank.has_part("w13"):
+        w13 = bank.layout.part("w13")
+        inter, hidden = w13.shape[0] // 2, w13.shape[1]
+        row_bytes = w13.nbytes // w13.shape[0]
+        gate = _mat(bank, w13.offset, w13.dtype, inter, hidden, row_bytes, "w1_scale", block)
+        up = _mat(bank, w13.offset + inter * row_bytes, w13.dtype, inter, hidden, row_bytes, "w3_scale", block)
+    else:
+        w1, w3 = bank.layout.part("w1"), bank.layout.part("w3")
+        if w1.dtype != w3.dtype:
+            raise UnsupportedBank(f"gate and up differ in dtype ({w1.dtype}, {w3.dtype})")
+        gate = _mat(bank, w1.offset, w1.dtype, *w1.shape, w1.nbytes // w1.shape[0], None, block)
+        up = _mat(bank, w3.offset, w3.dtype, *w3.shape, w3.nbytes // w3.shape[0], None, block)
+    w2 = bank.layout.part("w2")
+    down = _mat(bank, w2.offset, w2.dtype, *w2.shape, w2.nbytes // w2.shape[0], "w2_scale", block)
+    if (down.rows, down.cols) != (gate.cols, gate.rows):
+        raise UnsupportedBank(f"w2 is {list(w2.shape)}, expected [{gate.cols}, {gate.rows}]")
+    return _Layout(gate=gate, up=up, down=down, record_stride=data.stride(0), num_experts=data.shape[0])
+
+
+def _mat(bank: HostExpertBank, offset: int, dtype: str, rows: int, cols: int, row_bytes: int,
+         scale: str | None, block: tuple[int, ...]) -> _Mat:
+    if dtype not in DTYPE_CODES:
+        raise UnsupportedBank(f"no kernel for dtype {dtype}")
+    scale_offset, scale_stride = -1, 0
+    # as in the reference (dequant.py): block scales apply to FP8 weights only
+    if scale is not None and dtype in FP8_DTYPES and bank.has_part(scale):
+        part = bank.layout.part(scale)
+        expected = [math.ceil(rows / block[0]), math.ceil(cols / block[1])]
+        if part.dtype != "f32" or list(part.shape) != expected:
+            raise UnsupportedBank(f"{scale} is {part.dtype} {list(part.shape)}, expected f32 {expected}")
+        scale_offset, scale_stride = part.offset, part.shape[1]
+    return _Mat(offset=offset, row_bytes=row_bytes, dtype=DTYPE_CODES[dtype], rows=rows, cols=cols,
+                scale_offset=scale_offset, scale_stride=scale_stride, block_rows=block[0], block_cols=block[1])

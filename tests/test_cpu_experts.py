@@ -1,0 +1,156 @@
+"""The compiled CPU expert kernel against the reference executor: every dtype, every SIMD path.
+
+Tolerances: the kernel multiplies the same fp32 products as the reference (dequantized weight x
+activation, exact for every stored dtype) and only sums them in another order, over H then I
+terms, so fp32 results agree to a few ulps of the largest output (observed <= 2e-6 relative;
+asserted 1e-5). With bf16 activations the kernel keeps fp32 between the projections and rounds
+once at the end: it is the fp32 result rounded to bf16.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from runtime.experts import cpu_kernels
+from runtime.experts.cpu_kernels import AVX2_FLAGS, NATIVE_FLAGS, SCALAR_FLAGS, Kernel, KernelBuildError
+from runtime.experts.executor import CPUExpertExecutor, ReferenceCPUExpertExecutor
+from runtime.experts.synthetic import random_bank
+
+# (dtype, FP8 block scales)
+DTYPES = [("f32", False), ("f16", False), ("bf16", False), ("f8_e4m3", True), ("f8_e4m3", False),
+          ("f8_e5m2", True), ("f8_e5m2", False), ("q8_0", False)]
+DTYPE_IDS = [d + ("+scales" if s else "") for d, s in DTYPES]
+NUM_EXPERTS, TOP_K = 16, 8
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session")
+def kernels() -> dict[str, Kernel]:
+    """The kernel built for this CPU, and the AVX2 and scalar builds other CPUs get, where they run here."""
+    flags = _cpu_flags()
+    variants = {"native": NATIVE_FLAGS, "scalar": SCALAR_FLAGS}
+    if {"avx2", "fma", "f16c"} <= flags:
+        variants["avx2"] = AVX2_FLAGS
+    try:
+        with ThreadPoolExecutor(len(variants)) as pool:  # one compile per core
+            paths = dict(zip(variants, pool.map(cpu_kernels.build, variants.values()), strict=True))
+    except KernelBuildError as e:
+        pytest.skip(f"no C++ compiler here: {e}")
+    return {name: Kernel(path) for name, path in paths.items()}
+
+
+def routing(num_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random top-k ids with duplicates: across tokens (16 experts, 8 per token) and within token 0."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(NUM_EXPERTS, generator=gen)[:TOP_K] for _ in range(num_tokens)])
+    ids[0, 1] = ids[0, 0]
+    return ids, torch.rand(num_tokens, TOP_K, generator=gen)
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-5) -> None:
+    err = float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
+    assert err <= rel, f"max error {err:.2e} of the largest output, allowed {rel:.0e}"
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+@pytest.mark.parametrize("dtype, scales", DTYPES, ids=DTYPE_IDS)
+def test_matches_reference_small(kernels, variant: str, dtype: str, scales: bool) -> None:
+    if variant not in kernels:
+        pytest.skip(f"this CPU cannot run the {variant} build")
+    # sizes off the SIMD width and the 128-column FP8 block (tails, partial scale blocks); q8_0
+    # rows are whole 32-element blocks
+    hidden, inter = (96, 64) if dtype == "q8_0" else (80, 40)
+    bank = random_bank(dtype, NUM_EXPERTS, hidden, inter, seed=3, fp8_scales=scales)
+    fast = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels[variant])
+    reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
+    for num_tokens in (1, 3, 64):
+        x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(num_tokens))
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
+    assert fast._layers[0] is not None  # the kernel ran, not the fallback
+
+
+@pytest.mark.parametrize("dtype, scales", DTYPES, ids=DTYPE_IDS)
+def test_matches_reference_qwen3_shape(kernels, dtype: str, scales: bool) -> None:
+    """Qwen3-30B-A3B experts (H=2048, I=768): full 128x128 FP8 blocks, decode and a small prefill."""
+    bank = random_bank(dtype, NUM_EXPERTS, 2048, 768, seed=5, fp8_scales=scales, num_distinct=4)
+    fast = CPUExpertExecutor({0: bank}, torch.float32, kernel=kernels["native"])
+    reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
+    for num_tokens in (1, 3):
+        x = torch.randn(num_tokens, 2048, generator=torch.Generator().manual_seed(7))
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
+
+
+def test_bf16_activations_round_once(kernels) -> None:
+    bank = random_bank("bf16", NUM_EXPERTS, 256, 128, seed=11)
+    fast = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"])
+    x = torch.randn(4, 256).bfloat16()
+    ids, weights = routing(4, seed=2)
+    out = fast(0, x, ids, weights.bfloat16())
+    ref = ReferenceCPUExpertExecutor({0: bank}, torch.float32)(0, x.float(), ids, weights.bfloat16().float())
+    assert out.dtype == torch.bfloat16
+    # within half a bf16 ulp of the exact (fp32) result, plus the fp32 summation-order slack
+    assert torch.all((out.float() - ref).abs() <= ref.abs() * 2**-8 + 1e-5 * ref.abs().max())
+
+
+def test_threads_do_not_change_results(kernels) -> None:
+    """Each output element is summed by one thread in a fixed order: bitwise the same for any thread count."""
+    bank = random_bank("f8_e4m3", NUM_EXPERTS, 256, 128, seed=13)
+    x = torch.randn(64, 256)
+    ids, weights = routing(64, seed=4)
+    outs = [CPUExpertExecutor({0: bank}, torch.float32, threads=n, kernel=kernels["native"])(0, x, ids, weights)
+            for n in (1, 2, 3)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_unsupported_dtype_runs_the_reference(kernels, caplog) -> None:
+    bank = random_bank("q4_0", NUM_EXPERTS, 64, 32, seed=17)
+    fast = CPUExpertExecutor({0: bank, 1: bank}, torch.float32, kernel=kernels["native"])
+    x = torch.randn(3, 64)
+    ids, weights = routing(3, seed=5)
+    with caplog.at_level(logging.INFO, logger="runtime.experts.executor"):
+        out = fast(0, x, ids, weights)
+        fast(1, x, ids, weights)
+    assert fast._layers[0] is None and fast._layers[1] is None
+    assert caplog.text.count("no kernel for dtype q4_0") <= 1  # once per process, not per layer
+    assert torch.equal(out, ReferenceCPUExpertExecutor({0: bank}, torch.float32)(0, x, ids, weights))
+
+
+def test_expert_id_out_of_range(kernels) -> None:
+    bank = random_bank("bf16", NUM_EXPERTS, 64, 32)
+    fast = CPUExpertExecutor({0: bank}, torch.float32, kernel=kernels["native"])
+    with pytest.raises(IndexError, match="out of range"):
+        fast(0, torch.randn(1, 64), torch.tensor([[0, NUM_EXPERTS]]), torch.ones(1, 2))
+
+
+def test_compile_failure_falls_back_to_torch(monkeypatch, tmp_path, caplog) -> None:
+    """No compiler (or a broken one): one warning, then every layer runs on the reference path."""
+    with pytest.raises(KernelBuildError):
+        cpu_kernels.build(compiler=str(tmp_path / "no-such-c++"), cache=tmp_path)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("FT_KERNEL_CACHE", str(tmp_path / "cache"))
+    cpu_kernels.native_kernel.cache_clear()
+    try:
+        bank = random_bank("bf16", NUM_EXPERTS, 64, 32, seed=19)
+        x = torch.randn(3, 64)
+        ids, weights = routing(3, seed=6)
+        with caplog.at_level(logging.WARNING, logger="runtime.experts.cpu_kernels"):
+            executors = [CPUExpertExecutor({0: bank, 1: bank}, torch.float32) for _ in range(2)]
+            outs = [ex(layer, x, ids, weights) for ex in executors for layer in (0, 1)]
+        assert len([r for r in caplog.records if "kernel unavailable" in r.message]) == 1
+        ref = ReferenceCPUExpertExecutor({0: bank}, torch.float32)(0, x, ids, weights)
+        assert all(torch.equal(out, ref) for out in outs)
+    finally:
+        cpu_kernels.native_kernel.cache_clear()  # the next user builds (or finds) the real kernel
