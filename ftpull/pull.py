@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from registry import ModelName, Store, parse_name
+from registry import InvalidNameError, ModelName, Store, parse_name
 
 from .events import PullEvent, Report, quiet
 from .fetch import PullError, fetch
@@ -33,11 +33,23 @@ class PullResult:
 
 def pull(text: str, store: Store, *, force: bool = False, report: Report = quiet) -> PullResult:
     """Make the model `text` present in `store` (a fast no-op if it already is)."""
+    present = _present_name(text, store)
+    if present is not None:  # any stored name, also ones no recipe makes (ft create, ft cp, local/...)
+        report(PullEvent(f"{present.display} is up to date"))
+        return PullResult(present, True, store.read_manifest(present).total_size)
     target = resolve(text)
     if store.has_model(target.name):
         report(PullEvent(f"{target.name.display} is up to date"))
         return PullResult(target.name, True, store.read_manifest(target.name).total_size)
     return install(target, store, force=force, report=report)
+
+
+def _present_name(text: str, store: Store) -> ModelName | None:
+    try:
+        name = parse_name(text)
+    except InvalidNameError:
+        return None  # a path or an hf:// URI: resolve() decides
+    return name if store.has_model(name) else None
 
 
 def create(name: str, modelfile_path: Path, store: Store, *, tag: str | None = None, report: Report = quiet) -> PullResult:

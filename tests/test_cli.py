@@ -128,3 +128,12 @@ def test_unknown_model_suggests(home: Path, capsys) -> None:
     assert code == 1 and "did you mean" in err and "qwen3-30b-a3b" in err
     code, _, err = ft(capsys, "show", "nothing")
     assert code == 1 and "ft list" in err
+
+
+def test_pull_and_run_accept_any_stored_name(home: Path, capsys) -> None:
+    ft(capsys, "pull", "tiny")
+    assert ft(capsys, "cp", "tiny", "myteam/copy:v2")[0] == 0
+    code, out, err = ft(capsys, "pull", "myteam/copy:v2")  # no recipe makes this name: it is simply present
+    assert code == 0 and "up to date" in err
+    code, out, _ = ft(capsys, "run", "myteam/copy:v2", "hi", "--num-predict", "4", "--local")
+    assert code == 0 and out.strip()
