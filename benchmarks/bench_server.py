@@ -46,7 +46,7 @@ def serve(port: int) -> subprocess.Popen:
     raise RuntimeError("ft serve did not start")
 
 
-def through_api(port: int, model: str, prompt: str, tokens: int) -> tuple[float, float, int]:
+def through_api(port: int, model: str, prompt: str, tokens: int, threads: int | None = None) -> tuple[float, float, int]:
     """(seconds to first token, decode tokens/s measured by the client, tokens)."""
     import ollama
 
@@ -56,9 +56,10 @@ def through_api(port: int, model: str, prompt: str, tokens: int) -> tuple[float,
     count = 0
     final = None
     for chunk in client.chat(model=model, messages=[{"role": "user", "content": prompt}], stream=True,
-                             options={"temperature": 0, "seed": 0, "num_predict": tokens}):
+                             options={"temperature": 0, "seed": 0, "num_predict": tokens,
+                                      **({"num_thread": threads} if threads else {})}):
         now = time.perf_counter()
-        if chunk.message.content:
+        if chunk.message.content or chunk.message.thinking or chunk.message.tool_calls:
             first = first or now
             last = now
         if chunk.done:
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--server-threads", type=int, default=None, help="num_thread for the server's model")
     args = ap.parse_args()
 
     from ftpull.pull import pull
@@ -100,11 +102,11 @@ def main() -> None:
     _, chat, _ = load_for_chat(store, args.model, dtype=None, num_ctx=None, overrides={})
     threads = torch.get_num_threads()
     api, local = [], []
-    through_api(port, args.model, "warm up", 8)
+    through_api(port, args.model, "warm up", 8, args.server_threads)
     in_process(chat, "warm up", 8)
     for rep in range(args.reps):  # alternate the sides so drift hits both
         prompt = f"[{rep}] Write a short story about a lighthouse keeper."
-        sides = [("api", lambda p=prompt: through_api(port, args.model, p, args.tokens)),
+        sides = [("api", lambda p=prompt: through_api(port, args.model, p, args.tokens, args.server_threads)),
                  ("local", lambda p=prompt: in_process(chat, p, args.tokens))]
         for name, run in sides if rep % 2 == 0 else sides[::-1]:
             (api if name == "api" else local).append(run())

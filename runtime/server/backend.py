@@ -307,10 +307,15 @@ class ModelManager:
         recipe_ctx = (registered.config.get("parameters") or {}).get("num_ctx")
         with registered.open_ftw() as reader:
             footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+        machine = self.machine()
+        if num_thread is None:
+            # Leave one core to the HTTP side: measured on 2 cores (BENCHMARKS.md), compute threads
+            # spinning on every core starve the event loop and streaming lost more than compute gained.
+            num_thread = max(1, machine.num_physical_cores - 1)
         overrides = PlanOverrides(num_ctx=num_ctx or recipe_ctx or self.default_num_ctx, num_threads=num_thread,
                                   device="cpu", ram_budget_bytes=self.ram_budget_bytes)
         try:  # the runtime computes on the CPU today: plan for that
-            return plan(footprint, self.machine(), overrides)
+            return plan(footprint, machine, overrides)
         except FitError as e:
             raise ModelTooLarge(str(e)) from None
 
