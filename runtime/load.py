@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,25 +15,44 @@ from .loader import ModelWeights, load_weights
 from .models import DecoderModel, build_model, keep_float32
 from .weights import RegisteredModel, open_model
 
+if TYPE_CHECKING:
+    from .gpu import DeviceModel, HybridExpertExecutor
+
+BACKENDS = ("cpu", "gpu")
+
 
 @dataclass
 class LoadedModel:
     registered: RegisteredModel
     weights: ModelWeights
-    model: DecoderModel
+    model: DecoderModel | DeviceModel
+    experts: HybridExpertExecutor | None = None  # the GPU backend's executor: stats, resize
 
     @property
     def config(self) -> ModelConfig:
         return self.weights.config
 
 
-def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load every weight of `registered` (CPU backend: experts run from the host banks)."""
+def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.float32, *, backend: str = "cpu",
+                    **gpu_options: Any) -> LoadedModel:
+    """Load every weight of `registered`.
+
+    backend "cpu": everything in host memory, experts run from the host banks. "gpu": dense
+    weights and decode state on the device, banks pinned in host memory, an expert cache in the
+    VRAM left (runtime.gpu.load_gpu: device, fit plan or vram_budget_bytes or cache_slots,
+    mode, profile, ...); the model families are the same, only the executor differs."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend is one of {', '.join(BACKENDS)}, not {backend!r}")
+    if backend == "gpu":
+        from .gpu import load_gpu
+
+        weights, device_model, executor = load_gpu(registered, dtype, **gpu_options)
+        return LoadedModel(registered, weights, device_model, executor)
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
     model = build_model(weights.config, weights, CPUExpertExecutor(weights.banks, dtype), dtype)
     return LoadedModel(registered, weights, model)
 
 
-def load(store: Store, name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    return load_registered(open_model(store, name), dtype)
+def load(store: Store, name: str, dtype: torch.dtype = torch.float32, **options: Any) -> LoadedModel:
+    return load_registered(open_model(store, name), dtype, **options)

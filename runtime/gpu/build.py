@@ -1,0 +1,132 @@
+"""Putting the hybrid runtime together: cache size from a budget or a plan, the capacity check,
+pinned banks, the executor; and a whole registered model on the device (`load_gpu`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
+from ..loader import ModelWeights, load_weights
+from ..models import build_model, keep_float32
+from ..plan import ModelFootprint, Plan, PlanOverrides, plan, size
+from ..resources import Machine
+from ..weights import RegisteredModel
+from .device_model import DeviceModel, move_dense
+from .executor import HybridExpertExecutor
+from .expert_cache import ExpertCache
+from .host_memory import HostPinner
+from .profile import BandwidthProfile, load_or_measure
+
+log = logging.getLogger(__name__)
+
+LRU_MODES = ("auto", "offload")
+
+
+class CacheTooSmallError(ValueError):
+    """The expert cache cannot hold one token's experts, so a global LRU would thrash."""
+
+
+def check_cache_capacity(num_slots: int, *, num_moe_layers: int, top_k: int, slot_bytes: int, mode: str,
+                         force: bool = False) -> str | None:
+    """Below num_moe_layers x top_k slots a global LRU evicts what the next layer needs and hits
+    fall to ~0%: refused for the LRU modes (unless `force`), a warning for the others. Returns
+    the message when short."""
+    need = num_moe_layers * top_k
+    if num_slots >= need or mode == "cpu":
+        return None
+    message = (f"the expert cache holds {num_slots} slots ({size(num_slots * slot_bytes)}), fewer than one token's "
+               f"experts: {num_moe_layers} MoE layers x top-{top_k} = {need} slots ({size(need * slot_bytes)}); a global "
+               f"LRU below that evicts what the next layer needs and hits fall to ~0%")
+    if mode in LRU_MODES and not force:
+        raise CacheTooSmallError(f"{message}. Give it {size((need - num_slots) * slot_bytes)} more VRAM (or a "
+                                 "smaller context), run mode='cpu', or force it")
+    log.warning("%s", message)
+    return message
+
+
+def prefill_buffer_bytes(banks: dict[int, HostExpertBank], num_buffers: int) -> int:
+    return num_buffers * max((b.layout.nbytes for b in banks.values()), default=0)
+
+
+def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: torch.device | str,
+                 vram_budget_bytes: int | None = None, cache_slots: int | None = None, mode: str = "auto",
+                 profile: BandwidthProfile | None = None, top_k: int | None = None,
+                 compute_dtype: torch.dtype = torch.bfloat16, cpu_executor: ExpertExecutor | None = None,
+                 cpu_threads: int | None = None, prefill_buffers: int = 2, force: bool = False,
+                 pin: bool = True, **options) -> HybridExpertExecutor:
+    """A HybridExpertExecutor over a model's banks or synthetic ones (`top_k` then required).
+
+    The cache gets `cache_slots` slots, or what `vram_budget_bytes` holds after the prefill
+    buffers (here the budget covers only the cache and those buffers). On CUDA the banks are
+    pinned in place first. "auto" without `profile` loads this machine's kept profile, or
+    measures (and keeps) one. `options` go to HybridExpertExecutor (static_resident_layers,
+    split, prefill_min_tokens)."""
+    banks = weights.banks if isinstance(weights, ModelWeights) else weights
+    if isinstance(weights, ModelWeights):
+        top_k = top_k or weights.config.num_experts_per_tok
+    if top_k is None:
+        raise ValueError("top_k is needed with bare banks (the model's num_experts_per_tok)")
+    if not banks:
+        raise ValueError("the model has no expert banks: nothing for an expert cache to hold")
+    device = torch.device(device)
+    slot_bytes = max(b.layout.expert_stride for b in banks.values())
+    if cache_slots is None:
+        if vram_budget_bytes is None:
+            raise ValueError("give cache_slots or vram_budget_bytes")
+        left = vram_budget_bytes - (prefill_buffer_bytes(banks, prefill_buffers) if mode != "cpu" else 0)
+        cache_slots = max(0, left // slot_bytes)
+    cache_slots = min(cache_slots, sum(b.num_experts for b in banks.values()))
+    check_cache_capacity(cache_slots, num_moe_layers=len(banks), top_k=top_k, slot_bytes=slot_bytes, mode=mode,
+                         force=force)
+    pinner = None
+    if device.type == "cuda" and pin:
+        pinner = HostPinner()
+        pinner.pin_banks(banks)
+    cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype, threads=cpu_threads)
+    if mode == "auto" and profile is None and options.get("split") is None:
+        profile = load_or_measure(banks[min(banks)], cpu_executor, device, cpu_threads=cpu_threads)
+    cache = ExpertCache(cache_slots, slot_bytes, device, num_layers=max(banks) + 1,
+                        num_experts=max(b.num_experts for b in banks.values()))
+    executor = HybridExpertExecutor(banks, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,
+                                    compute_dtype=compute_dtype, profile=profile, prefill_buffers=prefill_buffers,
+                                    **options)
+    executor.pinner = pinner  # type: ignore[attr-defined]  # keeps the registration as long as the executor
+    log.info("expert cache: %d slots x %s = %s on %s, mode %s", cache_slots, size(slot_bytes),
+             size(cache_slots * slot_bytes), device, mode)
+    return executor
+
+
+def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.device | str = "cuda",
+             fit: Plan | None = None, vram_budget_bytes: int | None = None, cache_slots: int | None = None,
+             num_ctx: int | None = None, mode: str = "auto", prefill_buffers: int = 2, force: bool = False,
+             **options) -> tuple[ModelWeights, DeviceModel, HybridExpertExecutor]:
+    """Dense weights on `device`, banks in pinned host memory, the expert cache in what is left.
+
+    Slots: `cache_slots`, else the fit plan's (`fit`, or one made here for `vram_budget_bytes`
+    and `num_ctx`), less what the prefill buffers take (the planner does not count them)."""
+    device = torch.device(device)
+    with registered.open_ftw() as reader:
+        weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
+        footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+    if cache_slots is None:
+        if fit is None:
+            overrides = PlanOverrides(vram_budget_bytes=vram_budget_bytes, num_ctx=num_ctx, device="gpu", force=True)
+            fit = plan(footprint, Machine.probe(), overrides)
+        buffers = prefill_buffer_bytes(weights.banks, prefill_buffers) if mode != "cpu" else 0
+        cache_slots = max(0, fit.cache_slots - math.ceil(buffers / max(footprint.expert_stride_bytes, 1)))
+        log.info("expert cache: %d planned slots, %d after %s of prefill buffers", fit.cache_slots, cache_slots,
+                 size(buffers))
+    pinner = None
+    if device.type == "cuda":
+        pinner = HostPinner(fit.pinned_bytes if fit is not None else None)
+        pinner.pin_banks(weights.banks)
+    weights = move_dense(weights, device)
+    executor = build_hybrid(weights, device=device, cache_slots=cache_slots, mode=mode, compute_dtype=dtype,
+                            prefill_buffers=prefill_buffers, force=force, pin=False, **options)
+    executor.pinner = pinner  # type: ignore[attr-defined]
+    with torch.device(device):
+        model = build_model(weights.config, weights, executor, dtype)
+    return weights, DeviceModel(model, device), executor

@@ -1,0 +1,216 @@
+"""ExpertCache: fixed-size device slots holding expert records, shared by all MoE layers, one
+global LRU over logical (layer, expert) keys.
+
+Bookkeeping (owner, recency, the key table) is authoritative on the host, in numpy arrays (a
+lookup costs a microsecond, a torch op on a tiny tensor ten), where the Python mechanism decides
+fills without a device sync; `table` is its device mirror for kernels that route on the device. A slot holds one FTW record byte for byte (`slot_bytes` >= every bank's
+stride), so a fill is one copy and `views` reads the parts in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ftw import ExpertBank
+
+from .records import RecordViews
+from .streams import DeviceStreams
+
+log = logging.getLogger(__name__)
+
+EMPTY = -1
+Source = Callable[[int], torch.Tensor]  # key -> the expert's record (host bank row)
+
+
+class ExpertCache:
+    """`num_slots` slots of `slot_bytes` on `device`.
+
+    - `slots` uint8 [S, slot_bytes] on the device: slot s holds one expert record;
+    - `owner` int64 [S] (host, numpy): the key in slot s, or -1; key = layer * num_experts + expert;
+    - `last_used` int64 [S] (host, numpy): the clock when slot s was last used (-1: never);
+      `advance` moves the clock once per layer call, so the order is the global access order;
+    - `table` int32 [num_layers * num_experts] on the device: key -> slot or -1;
+    - `pinned` bool [S] (host, numpy): slots never chosen as victims (static residency).
+    """
+
+    def __init__(self, num_slots: int, slot_bytes: int, device: torch.device | str, *, num_layers: int,
+                 num_experts: int, streams: DeviceStreams | None = None) -> None:
+        if num_slots < 0 or slot_bytes <= 0:
+            raise ValueError(f"an expert cache needs num_slots >= 0 and slot_bytes > 0, not {num_slots}, {slot_bytes}")
+        self.device = torch.device(device)
+        self.slot_bytes, self.num_layers, self.num_experts = slot_bytes, num_layers, num_experts
+        self.streams = streams or DeviceStreams(self.device)
+        self.clock = 0
+        self._table = np.full(num_layers * num_experts, EMPTY, dtype=np.int32)
+        self._device_table: torch.Tensor | None = None
+        self._allocate(num_slots)
+
+    def _allocate(self, num_slots: int) -> None:
+        self.slots = torch.empty(num_slots, self.slot_bytes, dtype=torch.uint8, device=self.device)
+        self._reset(num_slots)
+
+    def _reset(self, num_slots: int) -> None:
+        self.owner = np.full(num_slots, EMPTY, dtype=np.int64)
+        self.last_used = np.full(num_slots, EMPTY, dtype=np.int64)
+        self.pinned = np.zeros(num_slots, dtype=bool)
+        self._views: dict[int, RecordViews] = {}
+        self._device_table = None
+
+    # -- lookup and recency -------------------------------------------------------------------------
+
+    @property
+    def num_slots(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def num_cached(self) -> int:
+        return int(np.count_nonzero(self.owner >= 0))
+
+    def key(self, layer: int, expert: int) -> int:
+        return layer * self.num_experts + expert
+
+    def lookup(self, keys: Sequence[int]) -> list[int]:
+        """The slot of each key, -1 where it is not cached."""
+        return self._table[list(keys)].tolist() if len(keys) else []
+
+    def advance(self) -> int:
+        """Move the clock (once per layer call); returns the new time."""
+        self.clock += 1
+        return self.clock
+
+    def touch(self, slots: Sequence[int]) -> None:
+        if len(slots):
+            self.last_used[list(slots)] = self.clock
+
+    @property
+    def table(self) -> torch.Tensor:
+        """key -> slot int32 [L * E] on the device (refreshed from the host copy when stale)."""
+        if self._device_table is None:
+            self._device_table = torch.from_numpy(self._table).to(self.device)
+        return self._device_table
+
+    # -- eviction and fills ---------------------------------------------------------------------------
+
+    def _evictable(self, protect: Sequence[int]) -> np.ndarray:
+        ok = ~self.pinned
+        if len(protect):
+            held = self._table[list(protect)]
+            ok[held[held >= 0]] = False
+        return ok
+
+    def num_evictable(self, protect: Sequence[int] = ()) -> int:
+        """Slots a fill may use while the keys in `protect` (the current layer's) stay."""
+        return int(np.count_nonzero(self._evictable(protect)))
+
+    def victims(self, count: int, protect: Sequence[int] = ()) -> list[int]:
+        """The `count` least recently used slots (empty ones first, then oldest; ties by slot
+        index), never a pinned slot or one holding a key in `protect`."""
+        if count <= 0:
+            return []
+        ok = self._evictable(protect)
+        allowed = int(np.count_nonzero(ok))
+        if allowed < count:
+            raise ValueError(f"{count} victims asked, {allowed} slots may be evicted")
+        n = self.num_slots
+        score = self.last_used * n + np.arange(n)  # unique: a deterministic order
+        score[~ok] = np.iinfo(np.int64).max
+        chosen = np.argpartition(score, count - 1)[:count] if count < n else np.arange(n)
+        return chosen[np.argsort(score[chosen])].tolist()
+
+    def fill(self, keys: Sequence[int], victim_slots: Sequence[int], sources: Sequence[torch.Tensor]) -> list:
+        """Copy `sources[i]` (a record: host bank row, or device bytes) into `victim_slots[i]` for
+        `keys[i]` on the copy stream, evicting what the slot held. Returns one event per copy
+        (None off CUDA): the compute stream must wait for it before reading the slot."""
+        events = []
+        with self.streams.copying():
+            for key, slot, src in zip(keys, victim_slots, sources, strict=True):
+                self._assign(key, slot)
+                self.slots[slot, : src.numel()].copy_(src.reshape(-1), non_blocking=True)
+                events.append(self.streams.record())
+        return events
+
+    def _assign(self, key: int, slot: int) -> None:
+        old = int(self.owner[slot])
+        if old >= 0:
+            self._table[old] = EMPTY
+        if self._table[key] >= 0:
+            raise ValueError(f"key {key} is cached already (slot {int(self._table[key])})")
+        self.owner[slot], self._table[key], self.last_used[slot] = key, slot, self.clock
+        self._device_table = None
+
+    def evict(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            slot = int(self._table[key])
+            if slot >= 0:
+                self._table[key] = EMPTY
+                self.owner[slot], self.last_used[slot], self.pinned[slot] = EMPTY, EMPTY, False
+        self._device_table = None
+
+    def clear(self) -> None:
+        """Forget every entry (slots stay allocated)."""
+        self.streams.synchronize()
+        self._table.fill(EMPTY)
+        self._reset(self.num_slots)
+
+    # -- views ---------------------------------------------------------------------------------------
+
+    def views(self, layout: ExpertBank) -> RecordViews:
+        """Every slot seen as a record of `layout` (rows of the returned views are slot indices)."""
+        if layout.expert_stride > self.slot_bytes:
+            raise ValueError(f"layer {layout.layer}: records of {layout.expert_stride} bytes do not fit "
+                             f"slots of {self.slot_bytes}")
+        views = self._views.get(layout.layer)
+        if views is None:
+            views = self._views[layout.layer] = RecordViews(self.slots, layout)
+        return views
+
+    def expert_parts(self, slot: int, layout: ExpertBank) -> dict[str, torch.Tensor]:
+        """One slot's parts as typed tensors (the same layout as HostExpertBank.raw_part)."""
+        return {name: part[slot] for name, part in self.views(layout).parts.items()}
+
+    # -- elastic size ---------------------------------------------------------------------------------
+
+    def resize(self, num_slots: int, source: Source | None = None) -> None:
+        """Rebuild with `num_slots` slots at a safe point (no copy or kernel in flight), keeping
+        the entries that fit: pinned ones first, then the most recently used. Kept entries move to
+        the lowest slots with their recency; the others are dropped.
+
+        The kept bytes are copied device to device into the new slots; when the device cannot
+        hold both sizes at once and `source` gives host records, the old slots are freed first and
+        the kept entries refilled from the host instead."""
+        self.streams.synchronize()
+        occupied = np.flatnonzero(self.owner >= 0).tolist()
+        occupied.sort(key=lambda s: (not self.pinned[s], -int(self.last_used[s]), s))
+        keep = occupied[:num_slots]
+        owner, last_used, pinned = self.owner[keep], self.last_used[keep], self.pinned[keep]
+        old = self.slots
+        try:
+            new = torch.empty(num_slots, self.slot_bytes, dtype=torch.uint8, device=self.device)
+            if keep:
+                torch.index_select(old, 0, torch.tensor(keep, device=self.device), out=new[: len(keep)])
+            refill = False
+        except torch.OutOfMemoryError:
+            if source is None:
+                raise
+            log.info("expert cache resize: no room for both sizes; refilling %d entries from host memory", len(keep))
+            del old
+            self.slots = torch.empty(0, self.slot_bytes, dtype=torch.uint8, device=self.device)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            new, refill = torch.empty(num_slots, self.slot_bytes, dtype=torch.uint8, device=self.device), True
+        self.slots = new
+        self._reset(num_slots)
+        self._table.fill(EMPTY)
+        n = len(keep)
+        self.owner[:n], self.last_used[:n], self.pinned[:n] = owner, last_used, pinned
+        self._table[owner] = np.arange(n, dtype=np.int32)
+        if refill and source is not None:
+            with self.streams.copying():
+                for slot, key in enumerate(owner.tolist()):
+                    record = source(key)
+                    self.slots[slot, : record.numel()].copy_(record.reshape(-1), non_blocking=True)
+            self.streams.synchronize()

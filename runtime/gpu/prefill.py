@@ -1,0 +1,193 @@
+"""Prefill: a long prompt routes to nearly every expert of a layer, so each MoE layer's whole bank
+is streamed to the device and its experts run there.
+
+Double-buffered (the default): two bank-sized device buffers; while layer l's experts (and layer
+l+1's attention) compute from one, the copy stream fills the other with the next MoE layer's
+bank. Single-buffered: one buffer, each bank copied when its layer is reached (no overlap; the
+benchmark's baseline). Experts the cache holds are not streamed: they are read from their slots.
+Measured on the H200 host (1.2 GB bf16 banks, 2048 tokens, no attention between the layers):
+both copy-bound at ~55 GB/s, 22-23 ms a layer; double buffering gains what runs between two
+banks (attention, the experts' ~3 ms), so the gain shows in whole-model prefill.
+
+The cache after a prefill (documented choice, per placement):
+- "lru" (modes auto, offload): as if the last prompt token had been decoded: its experts of
+  every layer are touched or inserted (copied device to device from the buffer, no PCIe), the
+  most recent entries; nothing else changes.
+- "hot" (mode prefill_placement): each layer gets an equal share of the slots, filled with the
+  experts the prompt routed to most (ties: lower id); the layer's other entries are dropped.
+- "none" (modes static, cpu): the cache is left as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..experts import HostExpertBank
+from .expert_cache import ExpertCache
+from .records import PairPlan, RecordViews, experts_from_records
+from .streams import DeviceStreams
+
+PLACEMENTS = ("lru", "hot", "none")
+
+
+@dataclass
+class LoadedBank:
+    layer: int
+    buffer: int
+    rows: torch.Tensor  # uint8 [E, stride] on the device: the streamed records
+    event: object | None
+    skipped: dict[int, int] = field(default_factory=dict)  # expert -> the slot it was read from instead
+
+
+class BankStreamer:
+    """Copies whole banks into `num_buffers` (1 or 2) bank-sized device buffers on the copy stream."""
+
+    def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, *, num_buffers: int = 2) -> None:
+        if num_buffers not in (1, 2):
+            raise ValueError(f"num_buffers is 1 (single-buffered) or 2 (double-buffered), not {num_buffers}")
+        self.banks, self.cache, self.streams = banks, cache, cache.streams
+        self.num_buffers = num_buffers
+        layers = sorted(banks)
+        self.next_layer = dict(zip(layers, layers[1:], strict=False))
+        self.buffer_bytes = max((b.layout.nbytes for b in banks.values()), default=0)
+        self.buffers: list[torch.Tensor] = []
+        self._pending: dict[int, LoadedBank] = {}
+        self._turn = 0
+        self.bytes_streamed = 0
+        self.experts_skipped = 0
+
+    def release(self) -> None:
+        """Free the buffers (VRAM back to the cache or other programs); they come back on use."""
+        self.streams.synchronize()
+        self.buffers, self._pending = [], {}
+
+    def take(self, layer: int) -> LoadedBank:
+        """`layer`'s bank on the device (prefetched, or copied now); the compute stream waits for it."""
+        loaded = self._pending.pop(layer, None)
+        self._pending.clear()  # a prefetch for another layer is stale: its buffer gets reused
+        if loaded is None:
+            loaded = self._load(layer, self._free_buffer(busy=None))
+        self._refresh(loaded)
+        self.streams.wait(loaded.event)
+        return loaded
+
+    def prefetch_after(self, loaded: LoadedBank) -> None:
+        """Double-buffered: start copying the next MoE layer's bank into the other buffer. Called
+        after the layer's small uploads are queued: host-to-device copies share the DMA engine,
+        and an upload queued behind a bank would hold the layer's compute back by a whole bank."""
+        following = self.next_layer.get(loaded.layer)
+        if self.num_buffers == 2 and following is not None:
+            self._pending[following] = self._load(following, self._free_buffer(busy=loaded.buffer))
+
+    def pending_skips(self) -> list[int]:
+        """Keys a prefetched bank reads from the cache instead of its buffer (not to be evicted)."""
+        return [self.cache.key(p.layer, e) for p in self._pending.values() for e in p.skipped]
+
+    def _free_buffer(self, busy: int | None) -> int:
+        if not self.buffers:
+            self.buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, device=self.cache.device)
+                            for _ in range(self.num_buffers)]
+        index = self._turn if busy is None or self._turn != busy else (self._turn + 1) % self.num_buffers
+        self._turn = (index + 1) % self.num_buffers
+        return index
+
+    def _load(self, layer: int, buffer: int) -> LoadedBank:
+        bank = self.banks[layer]
+        num, stride = bank.num_experts, bank.layout.expert_stride
+        rows = self.buffers[buffer][: num * stride].view(num, stride)
+        slots = self.cache.lookup([self.cache.key(layer, e) for e in range(num)])
+        skipped = {e: s for e, s in enumerate(slots) if s >= 0}
+        with self.streams.copying():  # ordered after the compute that last read this buffer
+            start = 0
+            while start < num:  # one copy per run of experts the cache does not hold
+                if start in skipped:
+                    start += 1
+                    continue
+                end = start
+                while end < num and end not in skipped:
+                    end += 1
+                rows[start:end].copy_(bank.data[start:end], non_blocking=True)
+                self.bytes_streamed += (end - start) * stride
+                start = end
+            event = self.streams.record()
+        self.experts_skipped += len(skipped)
+        return LoadedBank(layer, buffer, rows, event, skipped)
+
+    def _refresh(self, loaded: LoadedBank) -> None:
+        """Experts skipped at prefetch time but evicted since are copied into the buffer now."""
+        moved = [e for e, s in loaded.skipped.items() if int(self.cache.owner[s]) != self.cache.key(loaded.layer, e)]
+        if not moved:
+            return
+        bank = self.banks[loaded.layer]
+        with self.streams.copying():
+            for e in moved:
+                loaded.rows[e].copy_(bank.data[e], non_blocking=True)
+                del loaded.skipped[e]
+            loaded.event = self.streams.record()
+
+
+class StreamingPrefill:
+    """One MoE layer of a prefill on the device from a streamed bank; keeps the cache coherent."""
+
+    def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, compute_dtype: torch.dtype, *,
+                 num_buffers: int = 2, placement: str = "lru") -> None:
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}, not {placement!r}")
+        self.banks, self.cache, self.dtype, self.placement = banks, cache, compute_dtype, placement
+        self.streamer = BankStreamer(banks, cache, num_buffers=num_buffers)
+        self.layer_index = {layer: i for i, layer in enumerate(sorted(banks))}
+
+    @property
+    def streams(self) -> DeviceStreams:
+        return self.cache.streams
+
+    def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        bank = self.banks[layer]
+        (ids,) = self.streams.download(expert_ids)  # the grouping by expert is planned on the host
+        ids = ids.to(torch.int64)
+        self.cache.advance()
+        loaded = self.streamer.take(layer)
+        from_slots = torch.full((bank.num_experts,), -1, dtype=torch.int64, device="cpu")
+        for e, s in loaded.skipped.items():
+            from_slots[e] = s
+        from_buffer = torch.where(from_slots < 0, torch.arange(bank.num_experts, device="cpu"), -1)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        plans = [(PairPlan.build(ids, from_slots, self.streams.upload), self.cache.views(bank.layout)),
+                 (PairPlan.build(ids, from_buffer, self.streams.upload), RecordViews(loaded.rows, bank.layout))]
+        self.streamer.prefetch_after(loaded)
+        for plan, views in plans:
+            if plan is not None:
+                experts_from_records(x, weights, plan, views, self.dtype, out)
+        if loaded.skipped:
+            self.cache.touch(list(loaded.skipped.values()))
+        if self.placement == "lru":
+            self._insert(loaded, sorted(set(ids[-1].tolist())))
+        elif self.placement == "hot":
+            self._place_hottest(loaded, ids)
+        return out.to(x.dtype)
+
+    def _insert(self, loaded: LoadedBank, experts: list[int]) -> None:
+        """Touch or insert `experts` of the layer (from the buffer: device to device)."""
+        keys = [self.cache.key(loaded.layer, e) for e in experts]
+        slots = self.cache.lookup(keys)
+        self.cache.touch([s for s in slots if s >= 0])
+        missing = [(k, e) for k, e, s in zip(keys, experts, slots, strict=True) if s < 0]
+        protect = keys + self.streamer.pending_skips()
+        missing = missing[: self.cache.num_evictable(protect)]
+        if missing:
+            victims = self.cache.victims(len(missing), protect)
+            self.cache.fill([k for k, _ in missing], victims, [loaded.rows[e] for _, e in missing])
+
+    def _place_hottest(self, loaded: LoadedBank, expert_ids: torch.Tensor) -> None:
+        num_layers, num_slots = len(self.layer_index), self.cache.num_slots
+        index = self.layer_index[loaded.layer]
+        quota = num_slots // num_layers + (1 if index < num_slots % num_layers else 0)
+        counts = torch.bincount(expert_ids.reshape(-1), minlength=self.banks[loaded.layer].num_experts).tolist()
+        hot = sorted((e for e, c in enumerate(counts) if c > 0), key=lambda e: (-counts[e], e))[:quota]
+        layer_keys = range(self.cache.key(loaded.layer, 0), self.cache.key(loaded.layer + 1, 0))
+        held = [k for k, s in zip(layer_keys, self.cache.lookup(list(layer_keys)), strict=True) if s >= 0]
+        wanted = {self.cache.key(loaded.layer, e) for e in hot}
+        self.cache.evict([k for k in held if k not in wanted and k not in self.streamer.pending_skips()])
+        self._insert(loaded, sorted(hot))

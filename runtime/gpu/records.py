@@ -1,0 +1,161 @@
+"""Expert records as typed weights on any device, and the SwiGLU experts computed from them.
+
+A record is one expert in the FTW layout (HostExpertBank row, cache slot, prefill buffer row):
+the same bytes everywhere, so a cache fill is one copy and the device reads the parts in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ftw import ExpertBank
+from ftw.format import BLOCK_DTYPES
+from ftw.reader import torch_dtype_of
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Up to this many distinct experts (decode) a call gathers their weights and runs every token
+# through each in one batched matmul. More (prefill) go in chunks of CHUNK_EXPERTS: each expert's
+# tokens padded to the chunk's longest group, one batched matmul per chunk. Per-expert loops
+# would be launch-bound on the host (~0.3 ms an expert: slower than streaming its weights).
+MAX_BATCHED_EXPERTS = 16
+CHUNK_EXPERTS = 32
+
+
+class UnsupportedOnDevice(ValueError):
+    """The device cannot compute this bank's experts (GGML block quants have no device kernel yet)."""
+
+
+def check_device_layout(layout: ExpertBank) -> None:
+    """Raise UnsupportedOnDevice when a part of `layout` has no device path."""
+    quantized = [f"{p.name} ({p.dtype})" for p in layout.parts if p.dtype in BLOCK_DTYPES]
+    if quantized:
+        raise UnsupportedOnDevice(
+            f"layer {layout.layer}: expert parts {', '.join(quantized)} are GGML block quants, which have no GPU "
+            "kernel yet; run this model with mode='cpu' (experts on the CPU) or convert it to bf16/fp8")
+
+
+class RecordViews:
+    """Typed views of the parts of expert records stored one per row of a uint8 [N, >= stride]
+    tensor, laid out as `layout` says: `parts[name]` is [N, *shape] in the part's dtype."""
+
+    def __init__(self, data: torch.Tensor, layout: ExpertBank) -> None:
+        check_device_layout(layout)
+        self.layout = layout
+        self.block = tuple(layout.quant.get("fp8_block", (128, 128)))
+        n = data.shape[0]
+        self.parts = {p.name: data[:, p.offset : p.offset + p.nbytes].view(torch_dtype_of(p.dtype)).view(n, *p.shape)
+                      for p in layout.parts}
+
+    def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [n, 2I, H], w2 [n, H, I]) of `rows` (a 1-d index tensor on the data's device: a
+        gathered copy; an int (n = 1) or a slice: read in place) in `dtype`; FP8 parts are
+        dequantized with their block scales on the fly."""
+        index = slice(rows, rows + 1) if isinstance(rows, int) else rows  # an int or a slice: a view
+        if "w13" in self.parts:
+            w13 = self._weight(index, "w13", ("w1_scale", "w3_scale"), dtype)
+        else:  # gate and up stored apart (GGUF experts whose types differ)
+            w13 = torch.cat([self._weight(index, "w1", (), dtype), self._weight(index, "w3", (), dtype)], dim=1)
+        return w13, self._weight(index, "w2", ("w2_scale",), dtype)
+
+    def _weight(self, index: torch.Tensor | slice, name: str, scale_names: tuple[str, ...],
+                dtype: torch.dtype) -> torch.Tensor:
+        w = self.parts[name][index]  # [n, R, C]
+        scales = [self.parts[s][index] for s in scale_names if s in self.parts]
+        if w.dtype in FP8 and scales:
+            return dequantize_fp8(w, scales, self.block).to(dtype)
+        return w.to(dtype)
+
+
+def dequantize_fp8(w: torch.Tensor, scales: list[torch.Tensor], block: tuple[int, ...]) -> torch.Tensor:
+    """w [n, R, C] FP8 times its [block x block] scales (DeepSeek's weight_scale_inv) -> float32.
+    Several scale tensors cover consecutive row ranges (w13: the w1 rows, then the w3 rows)."""
+    out = w.to(torch.float32)
+    rows = w.shape[1] // len(scales)
+    for i, scale in enumerate(scales):
+        part = out[:, i * rows : (i + 1) * rows]  # [n, r, C]
+        expanded = scale.to(torch.float32).repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
+        part.mul_(expanded[:, : part.shape[1], : part.shape[2]])
+    return out
+
+
+def swiglu_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """x [T, H] (every token through every expert) or [n, T, H] (expert i's own tokens) through n
+    experts: w13 [n, 2I, H], w2 [n, H, I] -> [n, T, H]."""
+    h = torch.matmul(x, w13.transpose(1, 2))  # [n, T, 2I]
+    gate, up = h.chunk(2, dim=-1)
+    return torch.matmul(F.silu(gate) * up, w2.transpose(1, 2))  # [n, T, H]
+
+
+@dataclass
+class PairPlan:
+    """The (token, k) pairs one group of experts computes, sorted by record row, planned on the
+    host (where the routing already is) and uploaded in one copy, so computing them needs no
+    device sync: `pairs` (flat index into [T*K]), `tokens`, `inverse` (position in `rows`),
+    `position` (within its row's group) [P] and `rows` [n] on the device; `rows_host`,
+    `counts_host` (pairs per row) on the host."""
+
+    pairs: torch.Tensor
+    tokens: torch.Tensor
+    inverse: torch.Tensor
+    position: torch.Tensor
+    rows: torch.Tensor
+    rows_host: list[int]
+    counts_host: list[int]
+
+    @staticmethod
+    def build(expert_ids: torch.Tensor, row_of: torch.Tensor, upload: Callable[[torch.Tensor], torch.Tensor]) -> PairPlan | None:
+        """Pairs whose expert e has row_of[e] >= 0 (a slot, or a row of a streamed bank);
+        `expert_ids` [T, K] and `row_of` [E] int64 on the host. None when there are none."""
+        top_k = expert_ids.shape[1]
+        rows = row_of[expert_ids.reshape(-1)]
+        pairs = torch.nonzero(rows >= 0).flatten()
+        if pairs.numel() == 0:
+            return None
+        rows = rows[pairs]
+        order = torch.argsort(rows, stable=True)
+        pairs, rows = pairs[order], rows[order]
+        unique, counts = torch.unique_consecutive(rows, return_counts=True)
+        inverse = torch.repeat_interleave(torch.arange(unique.numel(), device=rows.device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        position = torch.arange(pairs.numel(), device=rows.device) - starts[inverse]
+        p = pairs.numel()
+        packed = upload(torch.cat([pairs, pairs // top_k, inverse, position, unique]))
+        return PairPlan(*packed[: 4 * p].view(4, p), packed[4 * p :], unique.tolist(), counts.tolist())
+
+
+def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan, views: RecordViews,
+                         dtype: torch.dtype, out: torch.Tensor) -> None:
+    """out[t] += sum over the plan's pairs (t, k) of weights[t, k] * expert(x[t]), each expert read
+    from its row of `views`; x, weights [T, K] and out on one device.
+
+    Few distinct experts (decode): gather their weights, one batched matmul for all tokens.
+    Many (prefill): chunks of experts, each expert over its own tokens padded to the chunk's
+    longest group (the chunk's weights are gathered: CHUNK_EXPERTS records of temporary memory).
+    """
+    xs = x.to(dtype)
+    pair_weights = weights.reshape(-1)[plan.pairs].to(dtype)  # [P]
+    num = len(plan.rows_host)
+    if num <= MAX_BATCHED_EXPERTS and x.shape[0] * num <= 4 * plan.pairs.numel():
+        w13, w2 = views.weights(plan.rows, dtype)
+        y = swiglu_experts(xs, w13, w2)  # [n, T, H]
+        out.index_add_(0, plan.tokens, (y[plan.inverse, plan.tokens] * pair_weights[:, None]).to(out.dtype))
+        return
+    start = 0
+    for first in range(0, num, CHUNK_EXPERTS):
+        last = min(first + CHUNK_EXPERTS, num)
+        counts = plan.counts_host[first:last]
+        end = start + sum(counts)
+        tokens, position = plan.tokens[start:end], plan.position[start:end]
+        group = plan.inverse[start:end] - first
+        padded = torch.zeros(last - first, max(counts), x.shape[1], dtype=dtype, device=x.device)  # [n, t, H]
+        padded[group, position] = xs[tokens]
+        rows = plan.rows_host[first:last]
+        consecutive = rows[-1] - rows[0] == len(rows) - 1  # a streamed bank: read in place
+        w13, w2 = views.weights(slice(rows[0], rows[-1] + 1) if consecutive else plan.rows[first:last], dtype)
+        y = swiglu_experts(padded, w13, w2)  # [n, t, H]
+        out.index_add_(0, tokens, (y[group, position] * pair_weights[start:end, None]).to(out.dtype))
+        start = end

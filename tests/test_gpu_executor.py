@@ -1,0 +1,593 @@
+"""The hybrid expert runtime's mechanism, on CPU tensors (device="cpu": synchronous copies, the
+same code as on CUDA), against the CPU executor on the same weights and routing.
+
+Tolerance: every path multiplies the same fp32 weights (fp8 dequantized exactly) and only sums
+in another order (device part + CPU part), so results agree to a few fp32 ulps of the largest
+output; asserted 1e-5 as in test_cpu_experts. Tests marked `gpu` need CUDA (pinned banks,
+streams, overlap) and run on the GPU host: pytest -m gpu tests/test_gpu_executor.py
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+
+from runtime.experts.executor import CPUExpertExecutor
+from runtime.experts.synthetic import random_bank
+from runtime.gpu import (
+    MODES,
+    BandwidthProfile,
+    CacheTooSmallError,
+    ExpertCache,
+    HybridExpertExecutor,
+    UnsupportedOnDevice,
+    build_hybrid,
+    choose_pcie_count,
+    load_or_measure,
+    measure,
+    q_star,
+)
+from runtime.gpu.prefill import BankStreamer
+from runtime.gpu.split import layer_ms
+
+E, H, INTER, K = 16, 80, 40, 4  # H, INTER off the SIMD width and the 128-wide FP8 block
+LAYERS = (1, 2, 3)  # MoE layers need not start at 0
+PROFILE = BandwidthProfile(pcie_gbps=50.0, cpu_gbps=30.0, cpu_fixed_ms=0.0, pcie_fixed_ms=0.0)
+
+
+def make_banks(dtype: str = "f32", num_experts: int = E, layers=LAYERS, scales: bool = True):
+    return {layer: random_bank(dtype, num_experts, H, INTER, layer=layer, seed=layer, fp8_scales=scales)
+            for layer in layers}
+
+
+def routing(num_tokens: int, gen: torch.Generator, num_experts: int = E, top_k: int = K):
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
+    return ids, torch.rand(num_tokens, top_k, generator=gen)
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-5) -> None:
+    err = float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
+    assert err <= rel, f"max error {err:.2e} of the largest output, allowed {rel:.0e}"
+
+
+def hybrid(banks, mode: str, slots: int, **options) -> HybridExpertExecutor:
+    options.setdefault("prefill_min_tokens", 8)
+    return build_hybrid(banks, device="cpu", cache_slots=slots, mode=mode, profile=PROFILE, top_k=K,
+                        compute_dtype=torch.float32, **options)
+
+
+# -- every mode against the CPU executor ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["f32", "f8_e4m3"])
+@pytest.mark.parametrize("mode", MODES)
+def test_modes_match_cpu_executor(mode: str, dtype: str) -> None:
+    banks = make_banks(dtype)
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=20)
+    gen = torch.Generator().manual_seed(0)
+    for num_tokens in (1, 1, 3, 12, 1, 2, 12, 1):  # decode, small batches, prefill (>= 8 tokens)
+        for layer in LAYERS:
+            x = torch.randn(num_tokens, H, generator=gen)
+            ids, weights = routing(num_tokens, gen)
+            ids[0, 1] = ids[0, 0]  # a duplicate within one token
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    s = ex.stats()
+    assert s.calls and (s.prefill_calls if mode != "cpu" else not s.prefill_calls)
+    assert (s.pcie_experts == 0) == (mode in ("cpu", "static", "prefill_placement"))
+    assert (s.cpu_experts == 0) == (mode == "offload")
+    ex.close()
+
+
+@pytest.mark.parametrize("mode", ["offload", "auto"])
+def test_many_experts_per_call_run_in_chunks(mode: str, monkeypatch) -> None:
+    """More distinct experts than one batched matmul takes (decode path with a few tokens, and
+    prefill): padded chunks, here of 8 experts, gathered or read in place."""
+    from runtime.gpu import records
+
+    monkeypatch.setattr(records, "CHUNK_EXPERTS", 8)
+    banks = make_banks(num_experts=40, layers=(1, 2))
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=30, prefill_min_tokens=16)
+    gen = torch.Generator().manual_seed(2)
+    for num_tokens in (6, 20, 6, 20):
+        for layer in (1, 2):
+            x = torch.randn(num_tokens, H, generator=gen)
+            ids, weights = routing(num_tokens, gen, num_experts=40, top_k=K)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    assert ex.stats().prefill_calls == 4
+
+
+def test_bf16_output_dtype() -> None:
+    banks = make_banks("bf16")
+    ex = hybrid(banks, "auto", slots=20)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, H, generator=gen).bfloat16()
+    ids, weights = routing(1, gen)
+    out = ex(1, x, ids, weights.bfloat16())
+    ref = CPUExpertExecutor(banks, torch.float32)(1, x.float(), ids, weights.bfloat16().float())
+    assert out.dtype == torch.bfloat16
+    assert_close(out, ref, rel=2**-7)
+
+
+def test_block_quants_are_refused_on_the_device() -> None:
+    banks = {1: random_bank("q8_0", E, 64, 32, layer=1)}
+    with pytest.raises(UnsupportedOnDevice, match="q8_0.*GGML block quants.*mode='cpu'"):
+        build_hybrid(banks, device="cpu", cache_slots=8, mode="offload", top_k=K)
+    ex = build_hybrid(banks, device="cpu", cache_slots=8, mode="cpu", top_k=K, compute_dtype=torch.float32)
+    x, (ids, weights) = torch.randn(1, 64), routing(1, torch.Generator().manual_seed(0))
+    assert_close(ex(1, x, ids, weights), CPUExpertExecutor(banks, torch.float32)(1, x, ids, weights))
+
+
+# -- the cache: global LRU, victims, resize -------------------------------------------------------------
+
+def cache_of(num_slots: int, stride: int = 4096) -> ExpertCache:
+    return ExpertCache(num_slots, stride, "cpu", num_layers=4, num_experts=8)
+
+
+def record(value: int, stride: int = 4096) -> torch.Tensor:
+    return torch.full((stride,), value, dtype=torch.uint8)
+
+
+def test_victims_empty_first_then_least_recent_never_protected_or_pinned() -> None:
+    cache = cache_of(4)
+    assert cache.victims(2) == [0, 1]  # empty slots, by index
+    cache.advance()
+    cache.fill([cache.key(0, 0), cache.key(0, 1)], [0, 1], [record(1), record(2)])
+    assert cache.victims(2) == [2, 3]
+    cache.advance()
+    cache.fill([cache.key(1, 5), cache.key(1, 6)], [2, 3], [record(3), record(4)])
+    assert cache.victims(4) == [0, 1, 2, 3]  # oldest first, ties by slot
+    cache.advance()
+    cache.touch([0])
+    assert cache.victims(3) == [1, 2, 3]
+    assert cache.victims(2, protect=[cache.key(0, 1)]) == [2, 3]
+    cache.pinned[2] = True
+    assert cache.victims(2, protect=[cache.key(0, 1)]) == [3, 0]
+    with pytest.raises(ValueError, match="2 victims asked, 1"):
+        cache.victims(2, protect=[cache.key(0, 0), cache.key(0, 1)])
+    assert cache.lookup([cache.key(0, 0), cache.key(1, 6), cache.key(2, 0)]) == [0, 3, -1]
+    assert cache.table.tolist()[cache.key(1, 5)] == 2
+    assert torch.equal(cache.slots[3], record(4))
+
+
+def test_global_lru_over_a_hand_made_sequence() -> None:
+    """Two layers, 6 slots, offload: which entries stay and which slots are reused, step by step."""
+    banks = make_banks("f32", num_experts=8, layers=(0, 1))
+    ex = build_hybrid(banks, device="cpu", cache_slots=6, mode="offload", top_k=3, compute_dtype=torch.float32)
+    cache = ex.cache
+
+    def step(layer: int, experts: list[int]) -> None:
+        x = torch.randn(1, H)
+        ids, weights = torch.tensor([experts]), torch.rand(1, len(experts))
+        assert_close(ex(layer, x, ids, weights), CPUExpertExecutor(banks, torch.float32)(layer, x, ids, weights))
+
+    def held() -> dict[tuple[int, int], int]:  # (layer, expert) -> slot
+        return {divmod(int(k), 8): s for s, k in enumerate(cache.owner.tolist()) if k >= 0}
+
+    step(0, [0, 1, 2])  # clock 1: slots 0-2
+    step(1, [0, 1, 2])  # clock 2: slots 3-5
+    assert held() == {(0, 0): 0, (0, 1): 1, (0, 2): 2, (1, 0): 3, (1, 1): 4, (1, 2): 5}
+    step(0, [2, 3, 4])  # clock 3: hit (0,2); misses take the two oldest slots, 0 and 1
+    assert held() == {(0, 3): 0, (0, 4): 1, (0, 2): 2, (1, 0): 3, (1, 1): 4, (1, 2): 5}
+    step(1, [5, 6, 7])  # clock 4: evicts layer 1's own, the oldest (clock 2): slots 3, 4, 5
+    assert held() == {(0, 3): 0, (0, 4): 1, (0, 2): 2, (1, 5): 3, (1, 6): 4, (1, 7): 5}
+    assert cache.last_used.tolist() == [3, 3, 3, 4, 4, 4]
+    s = ex.stats()
+    assert (s.calls, s.hits, s.misses, s.pcie_experts, s.cpu_experts) == (4, 1, 11, 11, 0)
+    assert s.pcie_bytes == 11 * banks[0].layout.expert_stride
+
+
+def test_the_current_layers_experts_are_never_evicted() -> None:
+    """Five experts needed, four slots all holding them or older ones: only the one slot not
+    needed now takes a miss; the other miss runs on the CPU."""
+    banks = make_banks("f32", num_experts=8, layers=(0,))
+    ex = build_hybrid(banks, device="cpu", cache_slots=4, mode="offload", top_k=4, compute_dtype=torch.float32)
+    cache = ex.cache
+    reference = CPUExpertExecutor(banks, torch.float32)
+    for experts in ([0, 1, 2, 3], [0, 1, 2, 4, 5]):
+        x, ids, weights = torch.randn(1, H), torch.tensor([experts]), torch.rand(1, len(experts))
+        assert_close(ex(0, x, ids, weights), reference(0, x, ids, weights))
+    assert sorted(int(k) for k in cache.owner) == [0, 1, 2, 4]  # expert 3's slot took expert 4
+    s = ex.stats()
+    assert (s.hits, s.misses, s.pcie_experts, s.cpu_experts) == (3, 6, 5, 1)
+    assert s.cpu_bytes == banks[0].layout.expert_stride
+
+
+def test_resize_keeps_the_most_recent_entries() -> None:
+    cache = cache_of(5)
+    for i in range(5):
+        cache.advance()
+        cache.fill([cache.key(0, i)], [i], [record(10 + i)])
+    cache.advance()
+    cache.touch([1])  # recency, newest first: 1, 4, 3, 2, 0
+    cache.resize(3)
+    assert cache.num_slots == 3
+    assert [divmod(int(k), 8)[1] for k in cache.owner] == [1, 4, 3]
+    assert [int(cache.slots[s, 0]) for s in range(3)] == [11, 14, 13]
+    assert cache.last_used.tolist() == [6, 5, 4]
+    assert cache.lookup([cache.key(0, e) for e in range(5)]) == [-1, 0, -1, 2, 1]
+    assert cache.table.tolist()[: 5] == [-1, 0, -1, 2, 1]
+    cache.resize(6)  # growing keeps everything, the new slots are empty
+    assert [int(k) for k in cache.owner] == [1, 4, 3, -1, -1, -1]
+    assert cache.victims(3) == [3, 4, 5]
+    cache.clear()
+    assert cache.num_cached == 0 and cache.lookup([1]) == [-1]
+
+
+def test_resize_refills_from_host_when_the_device_is_full(monkeypatch) -> None:
+    cache = cache_of(4)
+    for i in range(4):
+        cache.advance()
+        cache.fill([cache.key(0, i)], [i], [record(20 + i)])
+    real_select = torch.index_select
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room for both")
+
+    monkeypatch.setattr(torch, "index_select", out_of_memory)
+    cache.resize(2, source=lambda key: record(20 + key))
+    monkeypatch.setattr(torch, "index_select", real_select)
+    assert [int(k) for k in cache.owner] == [3, 2]
+    assert [int(cache.slots[s, -1]) for s in range(2)] == [23, 22]
+
+
+def test_views_read_a_slot_as_the_experts_parts() -> None:
+    bank = make_banks("f8_e4m3", layers=(2,))[2]
+    cache = ExpertCache(2, bank.layout.expert_stride, "cpu", num_layers=3, num_experts=E)
+    cache.fill([cache.key(2, 5)], [1], [bank.record(5)])
+    parts = cache.expert_parts(1, bank.layout)
+    for p in bank.layout.parts:
+        assert torch.equal(parts[p.name].view(torch.uint8), bank.raw_part(5, p.name).view(torch.uint8))
+
+
+# -- the split -----------------------------------------------------------------------------------------
+
+def test_split_is_q_star_without_fixed_costs() -> None:
+    rates = BandwidthProfile(pcie_gbps=55.0, cpu_gbps=35.0, cpu_fixed_ms=0.0, pcie_fixed_ms=0.0)
+    assert q_star(rates) == pytest.approx(55 / 90)
+    for misses in (8, 40, 100):
+        assert abs(choose_pcie_count(misses, 9_437_184, rates) - q_star(rates) * misses) <= 1
+
+
+def test_split_fixed_costs_and_never_worse_than_a_fixed_policy() -> None:
+    stride = 9_437_184
+    cpu_costly = BandwidthProfile(pcie_gbps=55.0, cpu_gbps=35.0, cpu_fixed_ms=1.0, pcie_fixed_ms=0.02)
+    assert choose_pcie_count(2, stride, cpu_costly) == 2  # few misses: the CPU's fixed cost is not worth it
+    assert choose_pcie_count(64, stride, cpu_costly) < 64
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        p, c, fp, fc = (torch.rand(4, generator=gen) * torch.tensor([60, 60, 2, 2]) + 0.01).tolist()
+        rates = BandwidthProfile(pcie_gbps=p, cpu_gbps=c, pcie_fixed_ms=fp, cpu_fixed_ms=fc)
+        m = int(torch.randint(0, 40, (1,), generator=gen))
+        n = choose_pcie_count(m, stride, rates)
+        assert 0 <= n <= m
+        assert layer_ms(rates, m, n, stride) <= min(layer_ms(rates, m, m, stride), layer_ms(rates, m, 0, stride))
+
+
+def test_split_uses_the_alone_rates_for_one_sided_layers() -> None:
+    """DRAM contention slows both sides only when both run: alone, the CPU may win outright."""
+    stride = 9_437_184
+    contended = BandwidthProfile(pcie_gbps=48.0, cpu_gbps=30.0, cpu_fixed_ms=1.0, pcie_fixed_ms=1.0)
+    assert choose_pcie_count(8, stride, contended) == 8
+    alone = BandwidthProfile(pcie_gbps=48.0, cpu_gbps=30.0, cpu_fixed_ms=1.0, pcie_fixed_ms=1.0,
+                             pcie_alone_gbps=50.0, cpu_alone_gbps=70.0)
+    assert choose_pcie_count(8, stride, alone) == 0
+    assert layer_ms(alone, 8, 4, stride) == pytest.approx(2.0 + 4 * stride / 30e6)  # both run: contended rates
+
+
+def test_auto_uses_a_given_split() -> None:
+    banks = make_banks()
+    ex = hybrid(banks, "auto", slots=20, split=lambda misses, nbytes: 1)
+    x, (ids, weights) = torch.randn(1, H), routing(1, torch.Generator().manual_seed(0))
+    ex(1, x, ids, weights)
+    s = ex.stats()
+    assert (s.misses, s.pcie_experts, s.cpu_experts) == (K, 1, K - 1)
+
+
+# -- capacity ------------------------------------------------------------------------------------------
+
+def test_a_cache_below_one_tokens_experts_is_refused_with_numbers(caplog) -> None:
+    banks = make_banks()
+    stride = banks[1].layout.expert_stride
+    with pytest.raises(CacheTooSmallError, match=r"holds 11 slots .* 3 MoE layers x top-4 = 12 slots"):
+        hybrid(banks, "offload", slots=11)
+    with pytest.raises(CacheTooSmallError, match="12 slots"):
+        build_hybrid(banks, device="cpu", vram_budget_bytes=11 * stride, mode="auto", profile=PROFILE, top_k=K,
+                     prefill_buffers=0)
+    with caplog.at_level(logging.WARNING, logger="runtime.gpu.build"):
+        hybrid(banks, "offload", slots=11, force=True)
+        hybrid(banks, "prefill_placement", slots=11)
+    assert caplog.text.count("3 MoE layers x top-4 = 12 slots") == 2
+    hybrid(banks, "cpu", slots=0)  # the CPU mode never uses the cache
+    # a budget counts the prefill buffers: two banks of 16 experts, then 12 slots
+    ex = build_hybrid(banks, device="cpu", vram_budget_bytes=(2 * E + 12) * stride, mode="offload", top_k=K)
+    assert ex.cache.num_slots == 12
+
+
+# -- static residency ----------------------------------------------------------------------------------
+
+def test_static_mode_keeps_whole_layers_resident() -> None:
+    banks = make_banks()
+    ex = hybrid(banks, "static", slots=2 * E + 3)
+    assert ex.resident_layers == (1, 2) and int(ex.cache.pinned.sum()) == 2 * E
+    gen = torch.Generator().manual_seed(4)
+    for layer in LAYERS:
+        x = torch.randn(1, H, generator=gen)
+        ids, weights = routing(1, gen)
+        ex(layer, x, ids, weights)
+    s = ex.stats()
+    assert (s.hits, s.misses, s.pcie_experts, s.cpu_experts) == (2 * K, K, 0, K)
+    ex.resize(E + 1)
+    assert ex.resident_layers == (1,)
+    with pytest.raises(ValueError, match="experts for"):
+        hybrid(banks, "static", slots=20, static_resident_layers=[1, 2])
+
+
+# -- prefill -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_prefill_streams_banks_and_matches(buffers: int) -> None:
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, "offload", slots=20, prefill_buffers=buffers)
+    gen = torch.Generator().manual_seed(5)
+    for layer in LAYERS:  # decode first: some experts cached, so prefill skips them
+        ids, weights = routing(1, gen)
+        ex(layer, torch.randn(1, H, generator=gen), ids, weights)
+    cached_before = ex.cache.num_cached
+    for _ in range(2):
+        for layer in LAYERS:
+            x = torch.randn(16, H, generator=gen)
+            ids, weights = routing(16, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+            last = {ex.cache.key(layer, int(e)) for e in ids[-1]}
+            # the cache afterwards: the last prompt token's experts, the most recent entries
+            slots = ex.cache.lookup(sorted(last))
+            assert min(slots) >= 0 and all(int(ex.cache.last_used[s]) == ex.cache.clock for s in slots)
+    s = ex.stats()
+    stride = banks[1].layout.expert_stride
+    assert s.prefill_calls == 6 and s.prefill_experts_skipped >= cached_before
+    assert s.prefill_bytes == (6 * E - s.prefill_experts_skipped) * stride
+
+
+def test_prefill_placement_places_the_hottest_experts() -> None:
+    banks = make_banks(layers=(1, 2))
+    ex = hybrid(banks, "prefill_placement", slots=9)  # quotas: 5 slots for layer 1, 4 for layer 2
+    gen = torch.Generator().manual_seed(6)
+    for layer in (1, 2):
+        ids = torch.stack([torch.randperm(6, generator=gen)[:K] for _ in range(20)])  # experts 0-5
+        ids[:, 0] = 5 if layer == 1 else 3  # one expert in every token
+        ex(layer, torch.randn(20, H, generator=gen), ids, torch.rand(20, K, generator=gen))
+        counts = torch.bincount(ids.reshape(-1), minlength=E).tolist()
+        quota = 5 if layer == 1 else 4
+        hottest = sorted(range(E), key=lambda e: (-counts[e], e))[:quota]
+        held = sorted(divmod(int(k), E)[1] for k in ex.cache.owner if k >= 0 and divmod(int(k), E)[0] == layer)
+        assert held == sorted(hottest)
+    x = torch.randn(1, H)
+    ex(1, x, torch.tensor([[5, 0, 1, 15]]), torch.rand(1, K))
+    s = ex.stats()
+    assert s.pcie_experts == 0 and s.cpu_experts >= 1  # decode never fills: expert 15 runs on the CPU
+
+
+def test_streamer_refreshes_a_skipped_expert_evicted_after_prefetch() -> None:
+    banks = make_banks()
+    cache = ExpertCache(4, banks[1].layout.expert_stride, "cpu", num_layers=4, num_experts=E)
+    cache.fill([cache.key(2, 7)], [0], [banks[2].record(7)])
+    streamer = BankStreamer(banks, cache, num_buffers=2)
+    streamer.prefetch_after(streamer.take(1))  # prefetches layer 2, reading expert 7 from slot 0
+    assert streamer.pending_skips() == [cache.key(2, 7)]
+    cache.evict([cache.key(2, 7)])
+    cache.fill([cache.key(3, 0)], [0], [banks[3].record(0)])
+    loaded = streamer.take(2)
+    assert loaded.skipped == {} and torch.equal(loaded.rows[7], banks[2].data[7])
+    assert torch.equal(loaded.rows, banks[2].data)
+
+
+# -- a whole model on the "gpu" backend (device="cpu"): families unchanged ------------------------------
+
+PROMPT = [3, 17, 92, 45, 8, 200, 31, 7, 64, 128, 5, 11]
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory) -> tuple[object, str]:
+    pytest.importorskip("transformers")
+    from ftpull.pull import pull
+    from registry import Store
+    from tests.checkpoints import save_checkpoint
+
+    root = tmp_path_factory.mktemp("gpu_backend")
+    src = save_checkpoint("qwen3_moe", root / "hf", seed=1)  # 2 MoE layers x 4 experts, top-2
+    store = Store(root / "store")
+    return store, str(pull(str(src), store).name)
+
+
+def greedy(loaded, steps: int, between=None) -> tuple[list[int], list[torch.Tensor]]:
+    state = loaded.model.new_state(len(PROMPT) + steps + 1)
+    logits = loaded.model.forward(torch.tensor(PROMPT), state)[-1]
+    tokens, all_logits = [], [logits]
+    for i in range(steps):
+        if between is not None:
+            between(i)
+        tokens.append(int(torch.argmax(logits)))
+        logits = loaded.model.forward(torch.tensor([tokens[-1]]), state)[-1]
+        all_logits.append(logits)
+    return tokens, all_logits
+
+
+def test_gpu_backend_matches_cpu_backend_and_survives_resizes(tiny_store) -> None:
+    from runtime.load import load
+
+    store, name = tiny_store
+    reference = load(store, name, torch.float32)
+    ref_tokens, ref_logits = greedy(reference, 16)
+    options = dict(backend="gpu", device="cpu", mode="offload", prefill_min_tokens=8)
+    steady = load(store, name, torch.float32, cache_slots=6, **options)
+    tokens, logits = greedy(steady, 16)
+    assert tokens == ref_tokens
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        assert_close(ours, ref)
+    assert steady.experts is not None and steady.experts.stats().prefill_calls == 2
+
+    elastic = load(store, name, torch.float32, cache_slots=6, **options)
+    sizes = {3: 4, 7: 8, 11: 5}  # shrink to one token's experts, grow to all 8, shrink again
+
+    def resize(step: int) -> None:
+        if step in sizes:
+            elastic.experts.resize(sizes[step])
+            assert elastic.experts.cache.num_slots == sizes[step]
+
+    assert greedy(elastic, 16, resize)[0] == tokens
+    assert elastic.experts.stats().hits > 0
+
+
+def test_gpu_backend_refuses_a_cache_below_one_token(tiny_store) -> None:
+    from runtime.load import load
+
+    store, name = tiny_store
+    with pytest.raises(CacheTooSmallError, match="2 MoE layers x top-2 = 4 slots"):
+        load(store, name, torch.float32, backend="gpu", device="cpu", cache_slots=3, mode="offload")
+    with pytest.raises(ValueError, match="backend is one of"):
+        load(store, name, torch.float32, backend="tpu")
+
+
+# -- the bandwidth profile -----------------------------------------------------------------------------
+
+def test_profile_measures_saves_and_reloads(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FT_HOME", str(tmp_path))
+    bank = random_bank("f32", 8, 256, 128, layer=0)
+    executor = CPUExpertExecutor({0: bank}, torch.float32, threads=1)
+    profile = measure(bank, executor, "cpu", num_experts=4, seconds=0.05, cpu_threads=1)
+    assert profile.pcie_gbps > 0 and profile.cpu_gbps > 0 and profile.expert_bytes == bank.layout.expert_stride
+    assert profile.cpu_fixed_ms >= 0 and profile.pcie_fixed_ms >= 0 and profile.dtype == "f32"
+    assert profile.pcie_alone_gbps > 0 and profile.cpu_alone_gbps > 0
+    first = load_or_measure(bank, executor, "cpu", cpu_threads=1, num_experts=4, seconds=0.05)
+    saved = list((tmp_path / "profiles").glob("*.json"))
+    assert len(saved) == 1 and "1t-f32" in saved[0].name
+    monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: pytest.fail("measured again"))
+    assert load_or_measure(bank, executor, "cpu", cpu_threads=1) == first
+
+
+# -- on the GPU host -----------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+QWEN3 = (2048, 768)  # Qwen3-30B-A3B experts: 9.4 MB records in bf16
+
+
+def big_banks(num_layers: int, num_experts: int = 64):
+    return {layer: random_bank("bf16", num_experts, *QWEN3, layer=layer, seed=layer, num_distinct=4)
+            for layer in range(num_layers)}
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_banks_are_pinned_and_fills_are_fast_and_asynchronous() -> None:
+    from ftw.reader import page_aligned_empty
+    from runtime.gpu.host_memory import HostPinner
+
+    pinner, other = HostPinner(), HostPinner()
+    buffer = page_aligned_empty(64 * 9_437_184)
+    assert pinner.pin(buffer) and other.pin(buffer) and buffer.is_pinned()
+    other.close()  # another executor over the same banks goes away: they stay pinned
+    assert buffer.is_pinned()
+    cache = ExpertCache(64, 9_437_184, "cuda", num_layers=1, num_experts=64)
+    rows = buffer.view(64, -1)
+    cache.fill(list(range(64)), list(range(64)), [rows[e] for e in range(64)])  # warm-up
+    cache.clear()
+    start = time.perf_counter()
+    events = cache.fill(list(range(64)), list(range(64)), [rows[e] for e in range(64)])
+    issued = time.perf_counter() - start
+    assert not events[-1].query()  # the host did not wait for the copies
+    cache.streams.synchronize()
+    seconds = time.perf_counter() - start
+    assert issued < seconds / 2
+    assert 64 * 9_437_184 / seconds > 30e9, f"pinned fills at {64 * 9_437_184 / seconds / 1e9:.1f} GB/s"
+    pinner.close()
+    assert not buffer.is_pinned()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_modes_match_cpu_executor(mode: str) -> None:
+    banks = big_banks(3, num_experts=16)
+    ex = build_hybrid(banks, device="cuda", cache_slots=24, mode=mode, top_k=8, compute_dtype=torch.float32,
+                      profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), prefill_min_tokens=64)
+    reference = CPUExpertExecutor(banks, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    for num_tokens in (1, 1, 4, 128, 1):
+        for layer in banks:
+            x = torch.randn(num_tokens, QWEN3[0], generator=gen)
+            ids, weights = routing(num_tokens, gen, num_experts=16, top_k=8)
+            out = ex(layer, x.cuda(), ids.cuda(), weights.cuda())
+            assert out.device.type == "cuda"
+            assert_close(out.cpu(), reference(layer, x, ids, weights), rel=1e-4)  # TF32-free fp32 matmuls
+    ex.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_cpu_share_overlaps_the_device_share() -> None:
+    """8 misses over PCIe and 8 on the CPU in one call take clearly less than the two calls that
+    do each alone: the CPU kernel runs beside the copies."""
+    banks = big_banks(1)
+    ex = build_hybrid(banks, device="cuda", cache_slots=64, mode="auto", top_k=16, split=lambda m, b: m,
+                      prefill_buffers=0)
+    x = torch.randn(1, QWEN3[0], device="cuda", dtype=torch.bfloat16)
+
+    def run(first: int, count: int, pcie: int) -> float:
+        ex.cache.clear()
+        ex.split = lambda m, b: pcie
+        ids = torch.arange(first, first + count, device="cuda").view(1, count)
+        w = torch.rand(1, count, device="cuda", dtype=torch.bfloat16)
+        start = time.perf_counter()
+        ex(0, x, ids, w).cpu()
+        return (time.perf_counter() - start) * 1e3
+
+    def best(count: int, pcie: int) -> float:
+        return min(run(16 * (i % 4), count, pcie) for i in range(8))
+
+    best(16, 8)  # warm-up (the CPU kernel builds on first use)
+    alone = best(8, 8) + best(8, 0)
+    both = best(16, 8)
+    assert both < 0.85 * alone, f"PCIe + CPU in one call {both:.2f} ms, each alone {alone:.2f} ms in total"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_double_buffered_prefill_beats_single() -> None:
+    banks = big_banks(6)
+    times = {}
+    for buffers in (1, 2):
+        ex = build_hybrid(banks, device="cuda", cache_slots=48, mode="offload", top_k=8, prefill_buffers=buffers)
+        x = torch.randn(2048, QWEN3[0], device="cuda", dtype=torch.bfloat16)
+        ids = torch.randint(0, 64, (2048, 8), device="cuda")
+        w = torch.rand(2048, 8, device="cuda", dtype=torch.bfloat16)
+        best = float("inf")
+        for _ in range(3):
+            ex.cache.clear()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for layer in banks:
+                ex(layer, x, ids, w)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        times[buffers] = best
+        ex.close()
+    assert times[2] < times[1], times
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_backend_greedy_matches_cpu_backend(tiny_store) -> None:
+    from runtime.load import load
+
+    store, name = tiny_store
+    ref_tokens, _ = greedy(load(store, name, torch.float32), 16)
+    loaded = load(store, name, torch.float32, backend="gpu", device="cuda", cache_slots=5, mode="auto",
+                  profile=PROFILE, prefill_min_tokens=8)
+    assert greedy(loaded, 16)[0] == ref_tokens
+    assert loaded.experts is not None and loaded.experts.pinner.pinned_bytes > 0
+
