@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -218,7 +219,14 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
                  if v is not None}
     loaded, chat, load_seconds = run_mod.load_for_chat(store, name, dtype=dtype, num_ctx=num_ctx, overrides=overrides,
                                                        threads=threads)
-    text = " ".join(prompt)
+    _answer_or_chat(chat, " ".join(prompt), verbose, load_seconds)
+
+
+def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) -> None:
+    """Answer `text` (or stdin when piped) and return, or open the REPL when there is no prompt.
+    `chat` is a local ftpull.run.Chat or a serve.RemoteChat: the same surface."""
+    from . import run as run_mod
+
     if not text and not sys.stdin.isatty():
         text = sys.stdin.read()
     if not text:
@@ -236,7 +244,6 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
     """`ft run` through a running server: pull and load there, then chat over /api/chat."""
     import time
 
-    from . import run as run_mod
     from . import serve as serve_mod
     from .events import PullEvent
 
@@ -246,18 +253,7 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
     start = time.perf_counter()
     client.post("/api/generate", {"model": name})  # an empty prompt loads the model (Ollama's way)
     load_seconds = time.perf_counter() - start
-    chat = serve_mod.RemoteChat(client, name, options)
-    if not text and not sys.stdin.isatty():
-        text = sys.stdin.read()
-    if not text:
-        run_mod.repl(chat, verbose, load_seconds)  # type: ignore[arg-type]
-        return
-    if not text.strip():
-        raise click.UsageError("the prompt is empty")
-    result = chat.ask(text, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    sys.stdout.write("\n")
-    if verbose:
-        click.echo("\n".join(run_mod.stats_lines(result, load_seconds)), err=True)
+    _answer_or_chat(serve_mod.RemoteChat(client, name, options), text, verbose, load_seconds)
 
 
 @cli.command("serve")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ftpull.cli import _run
 from registry import Store
 from tests.checkpoints import save_checkpoint
+from tests.clirun import ft
 
 
 @pytest.fixture
@@ -18,14 +18,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "ft_home"
 
 
-def ft(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        _run(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_tiny_lifecycle(home: Path, capsys) -> None:

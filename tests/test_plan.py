@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ftpull.cli import _run
 from ftpull.preflight import Footprint, Resources, check_fit
 from ftw import convert_checkpoint
 from ftw.safetensors_source import SafetensorsCheckpoint
@@ -34,6 +33,7 @@ from runtime.plan import (
 from runtime.resources import GPU, Machine
 from runtime.weights import open_model
 from tests.checkpoints import save_checkpoint, to_fp8
+from tests.clirun import ft
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -408,14 +408,6 @@ def test_checkpoint_estimate_matches_the_ftw_index(tmp_path: Path, family: str, 
 
 
 # -- `ft fit` ---------------------------------------------------------------------------------------
-def ft(capsys, *args: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        _run(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from runtime.models import ContextOverflowError
 from runtime.sampling import SamplingParams
 from runtime.tokenizer import Tokenizer
 from runtime.weights import open_model
+from tests.clirun import ft
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +38,6 @@ def tiny(home: Path):
     return load(store, "tiny"), Tokenizer.from_model(open_model(store, "tiny"))
 
 
-def ft(capsys, *args: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        _run(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_one_prompt_streams_an_answer(home: Path, capsys, monkeypatch) -> None:

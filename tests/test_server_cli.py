@@ -14,20 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ftpull.cli import _run
+from tests.clirun import ft
 from tests.test_server_util import free_port, pulled_home
 
 KEY = "cli-test-key"
 
 
-def ft(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        _run(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
