@@ -1,0 +1,218 @@
+"""What a model needs, before it is placed: dense and expert bytes, the expert record size, and
+the KV cache per token for its family. Built exactly from an FTW index, or estimated from a
+checkpoint's config.json and safetensors headers before anything is downloaded (the same record
+layout the FTW writer uses), or from a GGUF file's size alone. The planner (plan.py) places it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ftw.families import FAMILIES, family_for_config, normalized_config, parse_expert_name
+from ftw.format import PART_ALIGNMENT, Index, align_up
+
+CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
+FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+EMBEDDINGS = "embed_tokens.weight"
+EXPERT_PARTS = {("gate_proj", "weight"): "w13", ("up_proj", "weight"): "w13", ("gate_up_proj", "weight"): "w13",
+                ("down_proj", "weight"): "w2", ("gate_proj", "weight_scale_inv"): "w1_scale",
+                ("up_proj", "weight_scale_inv"): "w3_scale", ("down_proj", "weight_scale_inv"): "w2_scale"}
+
+
+def size(n: float) -> str:
+    """Bytes for people: '59.0 GiB', '9.0 MiB', '512 B'."""
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+# -- KV cache per family ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KVLayout:
+    """KV bytes of one sequence: `bytes_per_token` per context token plus a fixed `state_bytes`."""
+
+    kind: str  # "gqa" | "mla" | "hybrid" | "unknown"
+    bytes_per_token: int
+    state_bytes: int = 0  # recurrent state of linear-attention layers, whatever the length
+    formula: str = ""  # how bytes_per_token was computed, for `ft fit`
+
+    def bytes_for(self, tokens: int) -> int:
+        return tokens * self.bytes_per_token + self.state_bytes
+
+    def max_tokens(self, budget_bytes: int) -> int | None:
+        """Tokens whose KV fits in `budget_bytes`; None when the size per token is unknown."""
+        if self.bytes_per_token == 0:
+            return None
+        return max(0, (budget_bytes - self.state_bytes) // self.bytes_per_token)
+
+
+UNKNOWN_KV = KVLayout("unknown", 0, 0, "unknown until the model's config is read")
+
+
+def _gqa(c: dict[str, Any], b: int) -> KVLayout:
+    layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    return KVLayout("gqa", 2 * layers * kv_heads * head_dim * b,
+                    formula=f"GQA: 2 x {layers} layers x {kv_heads} KV heads x {head_dim} x {b} B")
+
+
+def _mla(c: dict[str, Any], b: int) -> KVLayout:
+    """DeepSeek MLA caches one compressed latent + the RoPE key per layer; DSA (GLM-5) adds the
+    indexer's keys on the layers that run their own indexer ("full"; "shared" ones reuse them)."""
+    layers, rank, rope = int(c["num_hidden_layers"]), int(c["kv_lora_rank"]), int(c["qk_rope_head_dim"])
+    per_token, formula = layers * (rank + rope) * b, f"MLA: {layers} layers x ({rank} + {rope}) x {b} B"
+    if c.get("index_head_dim"):
+        kinds = c.get("indexer_types") or c.get("index_topk_pattern")
+        if kinds:
+            indexed = sum(k in ("full", "F") for k in kinds)
+        else:  # transformers' GlmMoeDsaConfig schedule
+            freq, offset = max(int(c.get("index_topk_freq") or 1), 1), int(c.get("index_skip_topk_offset", 2))
+            indexed = sum(max(i - offset + 1, 0) % freq == 0 for i in range(layers))
+        per_token += indexed * int(c["index_head_dim"]) * b
+        formula += f" + indexer {indexed} layers x {c['index_head_dim']} x {b} B"
+    return KVLayout("mla", per_token, formula=formula)
+
+
+def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
+    """Qwen3.5/3.6: only full-attention layers keep a KV cache; each Gated DeltaNet layer keeps a
+    fixed recurrent state (f32, as the chunked kernels keep it) and a short-convolution window."""
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or [
+        "full_attention" if (i + 1) % int(c.get("full_attention_interval") or 4) == 0 else "linear_attention"
+        for i in range(layers)]
+    full = sum(t == "full_attention" for t in types)
+    linear = len(types) - full
+    kv = _gqa({**c, "num_hidden_layers": full}, b)
+    k_dim, v_dim = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+    k_heads, v_heads = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+    recurrent = v_heads * k_dim * v_dim * 4
+    conv = (int(c.get("linear_conv_kernel_dim") or 4) - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * b
+    return KVLayout("hybrid", kv.bytes_per_token, linear * (recurrent + conv),
+                    f"{kv.formula.replace('GQA', f'{full} full-attention')}; + {linear} linear layers x "
+                    f"{size(recurrent + conv)} state")
+
+
+KV_LAYOUTS = {"qwen3_moe": _gqa, "mixtral": _gqa, "qwen3_5_moe": _hybrid, "deepseek_v3": _mla, "glm_moe_dsa": _mla}
+
+
+def kv_layout(family: str, text_config: dict[str, Any], dtype_bytes: int) -> KVLayout:
+    """The KV layout of `family` from its (text) config.json; GQA for families not listed."""
+    return KV_LAYOUTS.get(family, _gqa)(text_config, dtype_bytes)
+
+
+def kv_dtype_bytes(weight_dtype: str) -> int:
+    """KV is kept in the compute dtype: f32 for f32 models, 16-bit for everything else (fp8 and block
+    quants compute in bf16)."""
+    return 4 if weight_dtype == "f32" else 2
+
+
+# -- what a model needs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """A model's sizes as the runtime will hold them. Zero geometry fields mean "not known yet"."""
+
+    name: str
+    source: str  # "ftw" (exact) | "checkpoint" (config + safetensors headers) | "sizes" (file size only)
+    family: str
+    dtype: str  # of the token embeddings: f32 models compute (and keep KV) in f32, the rest in 16 bits
+    dense_bytes: int  # every tensor that is not a routed expert
+    expert_pool_bytes: int  # all routed experts, FTW records included padding
+    expert_stride_bytes: int  # one expert record = one cache slot (the largest bank's stride)
+    num_moe_layers: int
+    num_experts: int  # routed experts per MoE layer
+    num_experts_per_tok: int
+    kv: KVLayout = UNKNOWN_KV
+    context_length: int = 0  # the model's (or recipe's) maximum
+    activation_bytes_per_token: int = 0
+
+    @property
+    def layout_known(self) -> bool:
+        return self.expert_stride_bytes > 0 and self.num_moe_layers > 0 and self.num_experts_per_tok > 0
+
+    @property
+    def num_expert_records(self) -> int:
+        return self.num_moe_layers * self.num_experts
+
+    @property
+    def min_cache_slots(self) -> int:
+        """One token's experts: below this a global LRU evicts what the next layer needs."""
+        return self.num_moe_layers * self.num_experts_per_tok
+
+    @staticmethod
+    def from_index(index: Index, *, name: str = "", context_length: int | None = None) -> ModelFootprint:
+        """Exact sizes from a converted model's FTW index."""
+        c = index.config
+        family = FAMILIES.get(index.family)
+        text = family.text_config(index.source_config) if family else index.source_config
+        embed = [t.dtype for t in index.tensors if t.name.endswith(EMBEDDINGS)]
+        dtype = embed[0] if embed else str(c.get("dtype") or "bf16")
+        return ModelFootprint(
+            name=name or index.family, source="ftw", family=index.family, dtype=dtype,
+            dense_bytes=sum(t.nbytes for t in index.tensors),
+            expert_pool_bytes=sum(b.nbytes for b in index.banks),
+            expert_stride_bytes=max((b.expert_stride for b in index.banks), default=0),
+            num_moe_layers=len(index.banks), num_experts=max((b.num_experts for b in index.banks), default=0),
+            num_experts_per_tok=int(c.get("num_experts_per_tok") or 0),
+            kv=kv_layout(index.family, text, kv_dtype_bytes(dtype)),
+            context_length=context_length or int(c.get("context_length") or 0),
+            activation_bytes_per_token=_activation_bytes_per_token(c))
+
+    @staticmethod
+    def from_checkpoint(config: dict[str, Any], tensors: dict[str, tuple[str, int]], *, target_dtype: str = "auto",
+                        name: str = "", context_length: int | None = None) -> ModelFootprint:
+        """Sizes after conversion, from config.json and (FTW dtype, nbytes) per safetensors tensor.
+
+        Expert records are laid out as the FTW writer will (parts on 256 bytes, records on 4096),
+        so slot sizes match the converted model's."""
+        family = family_for_config(config)
+        c = normalized_config(family, config)
+        cast = CAST_BYTES.get(target_dtype)
+        dense, by_dtype, embed = 0, Counter(), None
+        parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # layer -> part -> bytes of one expert
+        for tensor_name, (dtype, nbytes) in tensors.items():
+            if not family.keeps(tensor_name, c["num_layers"]):
+                continue
+            if cast and dtype in FLOAT_BYTES and not tensor_name.endswith("_scale_inv"):
+                dtype, nbytes = target_dtype, nbytes // FLOAT_BYTES[dtype] * cast
+            by_dtype[dtype] += nbytes
+            embed = dtype if tensor_name.endswith(EMBEDDINGS) else embed
+            expert = parse_expert_name(tensor_name)
+            if expert is None:
+                dense += nbytes
+            elif expert.expert is None:  # fused: [E, ...] holds every expert of the layer
+                parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] = nbytes // c["num_experts"]
+            elif expert.expert == 0:
+                parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes
+        strides = [align_up(sum(align_up(n, PART_ALIGNMENT) for n in p.values())) for p in parts.values()]
+        dtype = embed or (max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "bf16")
+        return ModelFootprint(
+            name=name or family.name, source="checkpoint", family=family.name, dtype=dtype, dense_bytes=dense,
+            expert_pool_bytes=sum(strides) * c["num_experts"], expert_stride_bytes=max(strides, default=0),
+            num_moe_layers=len(strides), num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
+            kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),
+            context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c))
+
+    @staticmethod
+    def from_sizes(*, expert_bytes: int, dense_bytes: int = 0, name: str = "model", context_length: int = 0,
+                   family: str = "?", dtype: str = "?") -> ModelFootprint:
+        """Only sizes known (a GGUF file before its header is read: pass its size as `expert_bytes`,
+        so every byte counts as host-resident). No cache slots or KV can be planned from this."""
+        return ModelFootprint(name=name, source="sizes", family=family, dtype=dtype, dense_bytes=dense_bytes,
+                              expert_pool_bytes=expert_bytes, expert_stride_bytes=0, num_moe_layers=0, num_experts=0,
+                              num_experts_per_tok=0, context_length=context_length)
+
+
+def _activation_bytes_per_token(c: dict[str, Any]) -> int:
+    """f32 activations of one token in flight: residual, norms and attention output (4 x hidden),
+    q, k and v, router logits, and the routed experts' gate/up/act intermediates. An estimate."""
+    head_dim = int(c.get("head_dim") or 0)
+    width = (4 * int(c.get("hidden_size") or 0) + (int(c.get("num_attention_heads") or 0)
+             + 2 * int(c.get("num_key_value_heads") or 0)) * head_dim + int(c.get("num_experts") or 0)
+             + 3 * int(c.get("num_experts_per_tok") or 0) * int(c.get("moe_intermediate_size") or 0))
+    return 4 * width
