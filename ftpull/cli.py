@@ -336,3 +336,40 @@ def main() -> None:
 def pull_main() -> None:
     """Entry point of `ftpull`: `ftpull X` is `ft pull X`."""
     _run(["pull", *sys.argv[1:]])
+
+
+@cli.command("bench")
+@click.option("--shape", default="qwen3-30b-a3b", show_default=True,
+              help="qwen3-30b-a3b, qwen3.6-35b-a3b, glm-4.5-air, or tiny (CI).")
+@click.option("--budget-gib", type=float, default=8.0, show_default=True, help="VRAM budget (8: laptop, 32: desktop).")
+@click.option("--threads", type=int, default=None, help="CPU threads (6: laptop, 8: desktop).")
+@click.option("--policies", default="auto,offload,cpu,static,prefill_placement", show_default=True)
+@click.option("--routing", type=click.Choice(["synthetic", "trace"]), default="synthetic", show_default=True)
+@click.option("--tokens", type=int, default=128, show_default=True, help="Decode tokens (the trace has 128).")
+@click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Warm prompt (synthetic routing).")
+@click.option("--prefill", default="1024,4096,16384", show_default=True, help="Prefill lengths; '' for none.")
+@click.option("--device", default="cuda", show_default=True, help="cuda or cpu.")
+@click.option("--layers", type=int, default=None, help="Build only this many MoE layers (a reduced run).")
+@click.option("--num-ctx", type=int, default=4096, show_default=True, help="Context whose KV the planner reserves.")
+@click.option("--cache-slots", type=int, default=None, help="Override the planner's cache size.")
+@click.option("--profile", "profile_path", default=None, help="A bandwidth-profile JSON to use for 'auto'.")
+@click.option("--reps", type=int, default=1, show_default=True, help="Decode runs per policy (median).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,
+              prompt_tokens: int, prefill: str, device: str, layers: int | None, num_ctx: int, cache_slots: int | None,
+              profile_path: str | None, reps: int, seed: int, as_json: bool) -> None:
+    """Benchmark the MoE expert path of decode and prefill for every cache policy on identical routing."""
+    from runtime.bench.moe import BenchConfig, format_report, json_ready, run_bench
+
+    cfg = BenchConfig(shape=shape, budget_gib=budget_gib, threads=threads,
+                      policies=tuple(p.strip() for p in policies.split(",") if p.strip()), routing=routing,
+                      tokens=tokens, prompt_tokens=prompt_tokens,
+                      prefill=tuple(int(n) for n in prefill.split(",") if n.strip()), device=device, layers=layers,
+                      num_ctx=num_ctx, cache_slots=cache_slots, profile=profile_path, reps=reps, seed=seed,
+                      profile_seconds=0.05 if device == "cpu" else 0.4)
+    try:
+        report = run_bench(cfg)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps(json_ready(report), indent=2) if as_json else format_report(report))

@@ -1,0 +1,5 @@
+"""`ft bench`: the MoE expert-path benchmark of the hybrid runtime (DESIGN.md §5, §9)."""
+
+from .moe import POLICIES, SHAPES, BenchConfig, BenchShape, format_report, run_bench
+
+__all__ = ["POLICIES", "SHAPES", "BenchConfig", "BenchShape", "format_report", "run_bench"]

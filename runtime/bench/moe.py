@@ -1,0 +1,484 @@
+"""The MoE expert-path benchmark behind `ft bench` (DESIGN.md §5 and §9).
+
+For one shape (a built-in table of real models' MoE geometry, or `tiny` for CI):
+
+- random expert banks for every MoE layer in host memory, in the FTW layout
+  (runtime.experts.synthetic.random_bank), pinned on CUDA by the runtime's own HostPinner;
+- the expert cache sized as the runtime sizes it: the fit planner's slots for the VRAM budget
+  (budget - dense weights - workspace - KV for `num_ctx`), scaled by the share of MoE layers built
+  when `layers` reduces the run. The prefill buffer a policy warms with is transient (released
+  before decode) and not charged to the budget; the numbers are in the report;
+- one routing sequence, generated once and fed identically to every policy: the calibrated
+  synthetic router (runtime.routing_synth), or a replay of the real Qwen3-30B-A3B trace
+  (shared/traces/bigmoeonedge, 48 layers x 128 experts, top-6 as recorded: 28 prompt tokens,
+  128 decode tokens);
+- per policy (executor mode): the prompt through the executor's prefill path (warms the LRU modes,
+  places prefill_placement's cache), then decode token by token: per MoE layer a random [1, H]
+  activation and the injected ids/weights; a device sync after every token (the next token
+  depends on it in a real model).
+
+Only the routed-expert path is timed ("experts-only"): attention, dense layers and shared
+experts are not run and not counted in tok/s or TTFT. The roofline per token is
+1 / max(pcie_bytes / p, cpu_bytes / c, hit_bytes / hbm) from the bandwidth profile's p and c
+(while both run; alone where only one side works) and a measured device-memory copy rate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ftw.writer import plan_expert_parts
+
+from ..experts import CPUExpertExecutor, HostExpertBank
+from ..experts.synthetic import random_bank
+from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
+from ..gpu.host_memory import HostPinner
+from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan, size
+from ..resources import GPU, Machine
+from ..routing_synth import calibrated_router, routing_stats
+
+POLICIES = ("auto", "offload", "cpu", "static", "prefill_placement")
+_ROOT = Path(__file__).resolve().parents[2]
+TRACE_DIR = next((d for d in (_ROOT / "shared" / "traces" / "bigmoeonedge", _ROOT.parent / "shared" / "traces" / "bigmoeonedge")
+                  if d.is_dir()), _ROOT / "shared" / "traces" / "bigmoeonedge")
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """The MoE geometry of one model, and its dense side for the planner (bf16 unless said)."""
+
+    name: str
+    num_layers: int
+    first_moe_layer: int  # layers before it are dense (no routed experts)
+    num_experts: int
+    top_k: int
+    hidden: int
+    moe_inter: int
+    dense_bytes: int  # everything but the routed experts, as the runtime holds it on the GPU
+    attention: dict[str, Any] = field(default_factory=dict)  # config fields for the KV layout
+    family: str = "qwen3_moe"
+    dtype: str = "bf16"
+    note: str = ""
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return list(range(self.first_moe_layer, self.num_layers))
+
+
+def _params_qwen36() -> int:
+    """Qwen3.6-35B-A3B's non-expert parameters (an estimate from its config; 248320 vocab, untied)."""
+    embed = 2 * 248320 * 2048
+    full = 10 * (16 * 256 * 2 * 2048 + 2 * 2 * 256 * 2048 + 2048 * 16 * 256)  # gated q, k, v, o
+    linear = 30 * ((2 * 16 * 128 + 2 * 32 * 128) * 2048 + 2 * 32 * 2048 + 2048 * 32 * 128)  # qkvz, ba, out
+    shared = 40 * (3 * 2048 * 512 + 256 * 2048)  # shared expert + router
+    return embed + full + linear + shared
+
+
+def _params_glm45_air() -> int:
+    """GLM-4.5-Air's non-expert parameters (config: 151552 vocab untied, 96 q / 8 KV heads of 128,
+    first layer dense with intermediate 10944, one shared expert of 1408 per MoE layer)."""
+    embed = 2 * 151552 * 4096
+    attention = 46 * (2 * 96 * 128 * 4096 + 2 * 8 * 128 * 4096)
+    return embed + attention + 3 * 4096 * 10944 + 45 * (3 * 4096 * 1408 + 128 * 4096)
+
+
+SHAPES: dict[str, BenchShape] = {
+    "qwen3-30b-a3b": BenchShape(
+        "qwen3-30b-a3b", 48, 0, 128, 8, 2048, 768, 3_082_186_752,  # dense: tests/test_plan.py, by hand
+        {"num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+         "hidden_size": 2048}, note="Qwen3MoeConfig of Qwen/Qwen3-30B-A3B"),
+    "qwen3.6-35b-a3b": BenchShape(
+        "qwen3.6-35b-a3b", 40, 0, 256, 8, 2048, 512, 2 * _params_qwen36(),
+        {"num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+         "hidden_size": 2048, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
+        family="qwen3_5_moe", note="dense bytes estimated from the config (shared expert included)"),
+    "glm-4.5-air": BenchShape(
+        "glm-4.5-air", 46, 1, 128, 8, 4096, 1408, 2 * _params_glm45_air(),
+        {"num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+         "hidden_size": 4096}, note="dense bytes estimated from the config (shared expert, dense layer 0 included)"),
+    "tiny": BenchShape("tiny", 2, 0, 16, 4, 64, 32, 0, note="CI: no budget; the cache holds half the experts"),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    shape: str = "qwen3-30b-a3b"
+    budget_gib: float = 8.0
+    threads: int | None = None
+    policies: tuple[str, ...] = POLICIES
+    routing: str = "synthetic"  # "synthetic" | "trace"
+    tokens: int = 128
+    prompt_tokens: int = 128  # the warm prompt before decode (synthetic; the trace has its own)
+    prefill: tuple[int, ...] = (1024, 4096, 16384)
+    device: str = "cuda"
+    layers: int | None = None  # build only this many MoE layers (a reduced run)
+    num_ctx: int = 4096  # KV the planner reserves
+    cache_slots: int | None = None  # overrides the planner
+    profile: str | None = None  # a BandwidthProfile JSON; default: the kept one (CUDA) or a quick measurement
+    profile_seconds: float = 0.4
+    seed: int = 0
+    trace: str | None = None  # the .npz; default shared/traces/bigmoeonedge/qwen3-30b-a3b.npz
+    reps: int = 1  # decode runs per policy (median tok/s)
+
+
+# -- setup ----------------------------------------------------------------------------------------------
+
+def _stride(shape: BenchShape) -> int:
+    parts = [("w13", shape.dtype, (2 * shape.moe_inter, shape.hidden)), ("w2", shape.dtype, (shape.hidden, shape.moe_inter))]
+    return plan_expert_parts(parts)[1]
+
+
+def cache_plan(shape: BenchShape, cfg: BenchConfig, top_k: int, built_layers: int) -> dict[str, Any]:
+    """The cache's slots as the runtime sizes them (the fit planner), with the numbers behind them."""
+    stride = _stride(shape)
+    moe = len(shape.moe_layers)
+    info: dict[str, Any] = {"slot_bytes": stride, "pool_bytes": built_layers * shape.num_experts * stride,
+                            "min_slots": built_layers * top_k}
+    if cfg.cache_slots is not None:
+        return {**info, "cache_slots": cfg.cache_slots, "source": "--cache-slots"}
+    if shape.name == "tiny":
+        return {**info, "cache_slots": built_layers * shape.num_experts // 2, "source": "tiny: half the experts"}
+    kv = kv_layout(shape.family, shape.attention, 2)
+    act = 4 * (4 * shape.hidden + (shape.attention["num_attention_heads"] + 2 * shape.attention["num_key_value_heads"])
+               * shape.attention["head_dim"] + shape.num_experts + 3 * top_k * shape.moe_inter)
+    fp = ModelFootprint(name=shape.name, source="checkpoint", family=shape.family, dtype=shape.dtype,
+                        dense_bytes=shape.dense_bytes, expert_pool_bytes=moe * shape.num_experts * stride,
+                        expert_stride_bytes=stride, num_moe_layers=moe, num_experts=shape.num_experts,
+                        num_experts_per_tok=top_k, kv=kv, context_length=max(cfg.num_ctx, 2048),
+                        activation_bytes_per_token=act)
+    budget = int(cfg.budget_gib * GiB)
+    machine = Machine(ram_total_bytes=fp.expert_pool_bytes + 64 * GiB, ram_available_bytes=fp.expert_pool_bytes + 64 * GiB,
+                      num_physical_cores=cfg.threads or 8, gpu=GPU("emulated budget", budget, budget))
+    p = plan(fp, machine, PlanOverrides(vram_budget_bytes=budget, num_ctx=cfg.num_ctx, device="gpu", force=True))
+    slots = p.cache_slots * built_layers // moe  # a reduced run keeps the full model's share per layer
+    return {**info, "cache_slots": slots, "planned_slots": p.cache_slots, "source": "fit planner",
+            "budget_bytes": budget, "dense_bytes": p.dense_bytes, "workspace_bytes": p.workspace_bytes,
+            "kv_bytes": p.kv_bytes, "context": p.context_length, "cache_bytes": p.cache_slots * stride,
+            "problems": [str(x) for x in p.problems], "min_slots": built_layers * top_k,
+            "full_min_slots": moe * top_k}
+
+
+def make_banks(shape: BenchShape, layers: list[int], seed: int) -> dict[int, HostExpertBank]:
+    """Random banks (a few distinct experts repeated: quick to build, every byte still read)."""
+    return {layer: random_bank(shape.dtype, shape.num_experts, shape.hidden, shape.moe_inter, layer=layer,
+                               seed=seed + layer, num_distinct=4) for layer in layers}
+
+
+def make_routing(shape: BenchShape, cfg: BenchConfig, num_layers: int) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """(prompt [P, L, K], decode [T, L, K], top_k, what it is); ids -1 = absent (trace prompts)."""
+    if cfg.routing == "trace":
+        from ..cache_policy_trace import load_trace
+
+        if shape.name != "qwen3-30b-a3b":
+            raise ValueError("--routing trace replays the Qwen3-30B-A3B trace: only with --shape qwen3-30b-a3b")
+        trace = load_trace(cfg.trace or TRACE_DIR / "qwen3-30b-a3b.npz")
+        prompt, decode = trace.prefill[:, :num_layers], trace.decode[: cfg.tokens, :num_layers]
+        what = (f"trace {trace.name}: {len(prompt)} prompt + {len(decode)} decode tokens of {trace.num_decode_tokens}, "
+                f"top-{trace.top_k} as recorded")
+        return prompt.astype(np.int64), decode.astype(np.int64), trace.top_k, what
+    router, _ = calibrated_router(num_layers, shape.num_experts, shape.top_k, seed=cfg.seed)
+    seq = router.generate(cfg.prompt_tokens + cfg.tokens, seed=cfg.seed).astype(np.int64)
+    return seq[: cfg.prompt_tokens], seq[cfg.prompt_tokens:], shape.top_k, "calibrated synthetic router (Qwen3-30B targets)"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device memory rate: read + write bytes of a large copy / time (the hit path's ceiling)."""
+    nbytes = nbytes if device.type == "cuda" else 64 << 20
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    _sync(device)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * nbytes / min(times) / 1e9
+
+
+def get_profile(cfg: BenchConfig, bank: HostExpertBank, cpu: CPUExpertExecutor, device: torch.device,
+                threads: int) -> tuple[BandwidthProfile, str]:
+    if cfg.profile:
+        return BandwidthProfile.load(Path(cfg.profile)), f"loaded {cfg.profile}"
+    if device.type == "cuda":
+        return load_or_measure(bank, cpu, device, cpu_threads=threads), "kept profile of this machine (or measured now)"
+    return measure(bank, cpu, device, cpu_threads=threads, seconds=cfg.profile_seconds), \
+        f"measured now ({cfg.profile_seconds} s per point), not kept"
+
+
+# -- runs ----------------------------------------------------------------------------------------------
+
+def _weights(rng: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.softmax(torch.randn(shape, generator=rng), dim=-1)
+
+
+def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device: torch.device,
+            gen: torch.Generator) -> None:
+    """The prompt through the executor's prefill path, layer by layer (tokens with an absent id dropped)."""
+    for i, layer in enumerate(layers):
+        ids = prompt[:, i]
+        ids = ids[(ids >= 0).all(axis=1)]
+        if len(ids) < 2:
+            continue
+        x = torch.randn(len(ids), hidden, generator=gen).to(device, torch.bfloat16)
+        w = _weights(gen, ids.shape).to(device, torch.bfloat16)
+        executor(layer, x, torch.from_numpy(ids).to(device), w)
+    _sync(device)
+
+
+def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarray, hidden: int,
+               device: torch.device, seed: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
+    executor(layers[0], warm, torch.from_numpy(decode[0, :1]).to(device), _weights(gen, decode[0, :1].shape).to(
+        device, torch.bfloat16))  # warm-up: first-call costs out of the timing
+    executor.clear()
+    if executor.prefill is not None and len(prompt):
+        _prompt(executor, layers, prompt, hidden, device, gen)
+        executor.prefill.streamer.release()  # the transient buffer goes back before decode
+    executor.reset_stats()
+    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
+    ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
+    weights = _weights(gen, decode.shape).to(device, torch.bfloat16)
+    _sync(device)
+    start = time.perf_counter()
+    for t in range(len(decode)):
+        for i, layer in enumerate(layers):
+            executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
+        _sync(device)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "stats": executor.stats().as_dict()}
+
+
+def prefill_run(banks: dict[int, HostExpertBank], layers: list[int], length: int, buffers: int, slots: int,
+                top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int) -> dict[str, Any]:
+    """`length` prompt tokens through every built MoE layer's streamed prefill (mode offload's
+    placement: an LRU cache of `slots`, cold), `buffers` bank buffers."""
+    ex = build_hybrid(banks, device=device, cache_slots=slots, mode="offload", top_k=top_k, cpu_threads=threads,
+                      prefill_buffers=buffers, pin=False, force=True, prefill_min_tokens=2)
+    try:
+        gen = torch.Generator().manual_seed(length)
+        x = torch.randn(length, hidden, generator=gen).to(device, torch.bfloat16)
+        ids = torch.from_numpy(router_ids[:length]).to(device)
+        w = _weights(gen, router_ids[:length].shape[:-1] + (top_k,)).to(device, torch.bfloat16)
+        ex(layers[0], x, ids[:, 0], w[:, 0])  # warm-up (kernels, buffers)
+        _sync(device)
+        ex.clear()
+        ex.reset_stats()
+        start = time.perf_counter()
+        for i, layer in enumerate(layers):
+            ex(layer, x, ids[:, i], w[:, i])
+        _sync(device)
+        seconds = time.perf_counter() - start
+        s = ex.stats()
+        return {"tokens": length, "buffers": buffers, "seconds": seconds, "tok_s": length / seconds,
+                "streamed_gb_s": s.prefill_bytes / seconds / 1e9, "streamed_bytes": s.prefill_bytes}
+    finally:
+        ex.close()
+
+
+def _long_routing(shape: BenchShape, num_layers: int, top_k: int, length: int, seed: int) -> np.ndarray:
+    """Prefill routing: distinct uniform top-k per token and layer (a long prompt reaches nearly
+    every expert; only the compute per expert depends on the exact ids)."""
+    rng = np.random.default_rng(seed)
+    keys = rng.random((length, num_layers, shape.num_experts), dtype=np.float32)
+    return np.argpartition(keys, top_k - 1, axis=-1)[..., :top_k].astype(np.int64)
+
+
+def roofline(per_token: dict[str, float], profile: BandwidthProfile, hbm_gbps: float) -> float:
+    """Tokens/s if each side ran at its measured rate and they overlapped perfectly."""
+    both = per_token["pcie_bytes"] > 0 and per_token["cpu_bytes"] > 0
+    p = profile.pcie_gbps if both or not profile.pcie_alone_gbps else profile.pcie_alone_gbps
+    c = profile.cpu_gbps if both or not profile.cpu_alone_gbps else profile.cpu_alone_gbps
+    t = max(per_token["pcie_bytes"] / (p * 1e9), per_token["cpu_bytes"] / (c * 1e9),
+            per_token["hit_bytes"] / (hbm_gbps * 1e9))
+    return 1 / t if t > 0 else math.inf
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    if cfg.shape not in SHAPES:
+        raise ValueError(f"unknown shape {cfg.shape!r}: one of {', '.join(SHAPES)}")
+    unknown = [p for p in cfg.policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}: choose from {', '.join(POLICIES)}")
+    shape, device = SHAPES[cfg.shape], torch.device(cfg.device)
+    threads = cfg.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    layers = shape.moe_layers[: cfg.layers] if cfg.layers else shape.moe_layers
+    t0 = time.perf_counter()
+    prompt, decode, top_k, routing_what = make_routing(shape, cfg, len(layers))
+    sizing = cache_plan(shape, cfg, top_k, len(layers))
+    banks = make_banks(shape, layers, cfg.seed)
+    pinner = None
+    if device.type == "cuda":
+        pinner = HostPinner()
+        pinner.pin_banks(banks)
+    setup_s = time.perf_counter() - t0
+    cpu = CPUExpertExecutor(banks, torch.bfloat16, threads=threads)
+    profile, profile_what = get_profile(cfg, banks[layers[0]], cpu, device, threads)
+    hbm = memory_gbps(device)
+    stride = sizing["slot_bytes"]
+    stats = routing_stats(decode.astype(np.int32), shape.num_experts, window=min(128, len(decode))) \
+        if len(decode) >= 2 else None
+    report: dict[str, Any] = {
+        "shape": {**asdict(shape), "moe_layers_built": len(layers), "top_k_used": top_k, "expert_bytes": stride},
+        "machine": {"device": str(device), "accelerator": torch.cuda.get_device_name(device) if device.type == "cuda"
+                    else "cpu", "threads": threads, "budget_gib": cfg.budget_gib},
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
+        "cache": sizing, "routing": {"source": routing_what, "tokens": int(len(decode)), "prompt_tokens": int(len(prompt)),
+                                     **(asdict(stats) if stats else {})},
+        "profile": {**asdict(profile), "source": profile_what}, "hbm_gbps": hbm, "setup_s": setup_s,
+        "scope": "experts-only: the routed-expert path; attention, dense layers and shared experts not run",
+        "policies": {}, "prefill": [],
+    }
+    slots = sizing["cache_slots"]
+    for policy in cfg.policies:
+        try:
+            ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
+                              cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
+                              prefill_min_tokens=2)
+        except (CacheTooSmallError, ValueError) as e:
+            report["policies"][policy] = {"error": str(e)}
+            continue
+        try:
+            runs = [decode_run(ex, layers, prompt, decode, shape.hidden, device, cfg.seed) for _ in range(max(1, cfg.reps))]
+            resident = list(ex.resident_layers)
+        finally:
+            ex.close()
+        report["policies"][policy] = _summary(runs, stride, profile, hbm, resident, slots)
+    if cfg.prefill:
+        longest = max(cfg.prefill)
+        long_ids = _long_routing(shape, len(layers), top_k, longest, cfg.seed)
+        for length in cfg.prefill:
+            for buffers in (1, 2):
+                try:
+                    report["prefill"].append(prefill_run(banks, layers, length, buffers, slots, top_k, long_ids,
+                                                         shape.hidden, device, threads))
+                except (RuntimeError, ValueError) as e:  # out of memory on a small device
+                    report["prefill"].append({"tokens": length, "buffers": buffers, "error": str(e)})
+    _ttft_and_check(report)
+    if pinner is not None:
+        pinner.close()
+    return report
+
+
+def _summary(runs: list[dict[str, Any]], stride: int, profile: BandwidthProfile, hbm: float,
+             resident: list[int], slots: int) -> dict[str, Any]:
+    s = runs[0]["stats"]
+    lookups = s["hits"] + s["misses"]
+    calls = s["calls"]
+    return {"stats": s, "runs_s": [r["seconds"] for r in runs], "calls": calls, "lookups": lookups,
+            "hit_rate": s["hit_rate"], "miss_rate": s["misses"] / lookups if lookups else 0.0,
+            "resident_layers": resident, "cache_slots": slots, "_stride": stride,
+            "_profile": profile, "_hbm": hbm}
+
+
+def _ttft_and_check(report: dict[str, Any]) -> None:
+    """Per-token figures, roofline, TTFT estimate and the policy check (fills `report` in place)."""
+    n_tokens = report["routing"]["tokens"]
+    for r in report["policies"].values():
+        if "error" in r:
+            continue
+        stride, profile, hbm = r.pop("_stride"), r.pop("_profile"), r.pop("_hbm")
+        s = r["stats"]
+        seconds = statistics.median(r["runs_s"])
+        per = {"pcie_bytes": s["pcie_bytes"] / n_tokens, "cpu_bytes": s["cpu_bytes"] / n_tokens,
+               "hit_bytes": s["hits"] * stride / n_tokens}
+        r.update(tokens=n_tokens, decode_tok_s=n_tokens / seconds, ms_per_token=1e3 * seconds / n_tokens,
+                 pcie_mb_per_token=per["pcie_bytes"] / 1e6, cpu_mb_per_token=per["cpu_bytes"] / 1e6,
+                 hit_mb_per_token=per["hit_bytes"] / 1e6, misses_per_token=s["misses"] / n_tokens)
+        roof = roofline(per, profile, hbm)
+        r["roofline_tok_s"] = roof if math.isfinite(roof) else None
+        r["fraction_of_roofline"] = r["decode_tok_s"] / roof if math.isfinite(roof) else None
+    ok = {p: r for p, r in report["policies"].items() if "error" not in r}
+    for p in (x for x in report["prefill"] if x.get("buffers") == 2 and "error" not in x):
+        ms = (ok["auto"]["ms_per_token"] if "auto" in ok else 0.0)
+        p["ttft_s_estimate"] = p["seconds"] + ms / 1e3
+    if "auto" in ok and len(ok) > 1:
+        auto = ok["auto"]["decode_tok_s"]
+        best_p, best = max(((p, r["decode_tok_s"]) for p, r in ok.items() if p != "auto"), key=lambda kv: kv[1])
+        noise = 0.05
+        report["policy_check"] = {"auto_tok_s": auto, "best_fixed": best_p, "best_fixed_tok_s": best, "noise": noise,
+                                  "ok": auto >= best * (1 - noise)}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    sh, m, c, rt, pr = report["shape"], report["machine"], report["cache"], report["routing"], report["profile"]
+    lines = [
+        f"ft bench: {sh['name']} ({sh['moe_layers_built']} MoE layers built of {len(sh['moe_layers']) if 'moe_layers' in sh else sh['num_layers']}, "
+        f"{sh['num_experts']} experts, top-{sh['top_k_used']}, hidden {sh['hidden']}, moe_inter {sh['moe_inter']}, "
+        f"{sh['dtype']}, {size(sh['expert_bytes'])}/expert); {m['accelerator']} ({m['device']}), {m['threads']} CPU threads",
+        f"cache: {c['cache_slots']} slots ({c['source']}) = {size(c['cache_slots'] * c['slot_bytes'])}; one token needs "
+        f"{c['min_slots']}; pool {size(c['pool_bytes'])}",
+    ]
+    if c.get("source") == "fit planner":
+        lines.append(f"  budget {size(c['budget_bytes'])} = dense {size(c['dense_bytes'])} + workspace "
+                     f"{size(c['workspace_bytes'])} + KV {size(c['kv_bytes'])} ({c['context']} tokens) + cache "
+                     f"{size(c['cache_bytes'])} ({c['planned_slots']} slots for the whole model)")
+        lines += [f"  planner: {p}" for p in c.get("problems", [])]
+    stat = (f"reuse {100 * rt['reuse']:.1f}%, top-10% share {100 * rt['top_share']:.1f}%" if "reuse" in rt else "")
+    lines.append(f"routing: {rt['source']}; {rt['tokens']} decode tokens; {stat}")
+    lines.append(f"profile: PCIe {pr['pcie_gbps']:.1f} GB/s (alone {pr['pcie_alone_gbps']:.1f}), CPU {pr['cpu_gbps']:.1f} "
+                 f"GB/s (alone {pr['cpu_alone_gbps']:.1f}), fixed {pr['pcie_fixed_ms']:.3f}/{pr['cpu_fixed_ms']:.3f} ms "
+                 f"[{pr['source']}]; device memory {report['hbm_gbps']:.0f} GB/s")
+    lines.append(f"scope: {report['scope']}")
+    lines.append("")
+    lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'hit':>6} {'miss':>6} {'PCIe MB/t':>10} "
+                 f"{'CPU MB/t':>9}  resident")
+    for policy, r in report["policies"].items():
+        if "error" in r:
+            lines.append(f"{policy:<18} refused: {r['error']}")
+            continue
+        roof = f"{r['roofline_tok_s']:.1f}" if r["roofline_tok_s"] else "inf"
+        frac = f"{r['fraction_of_roofline']:.2f}" if r["fraction_of_roofline"] else "-"
+        lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {100 * r['hit_rate']:>5.1f}% "
+                     f"{100 * r['miss_rate']:>5.1f}% {r['pcie_mb_per_token']:>10.1f} {r['cpu_mb_per_token']:>9.1f}  "
+                     f"{r['resident_layers'] or ''}")
+    if report["prefill"]:
+        lines.append("")
+        lines.append(f"{'prefill tokens':<15} {'buffers':>7} {'tok/s':>10} {'GB/s streamed':>14} {'TTFT est. s':>12}")
+        for p in report["prefill"]:
+            if "error" in p:
+                lines.append(f"{p['tokens']:<15} {p['buffers']:>7} failed: {p['error'][:100]}")
+                continue
+            ttft = f"{p['ttft_s_estimate']:.3f}" if "ttft_s_estimate" in p else "-"
+            lines.append(f"{p['tokens']:<15} {p['buffers']:>7} {p['tok_s']:>10.1f} {p['streamed_gb_s']:>14.1f} {ttft:>12}")
+    check = report.get("policy_check")
+    if check:
+        verdict = "OK" if check["ok"] else "FAIL"
+        lines.append("")
+        lines.append(f"policy check: {verdict}: auto {check['auto_tok_s']:.2f} tok/s vs best fixed {check['best_fixed']} "
+                     f"{check['best_fixed_tok_s']:.2f} (noise {100 * check['noise']:.0f}%)")
+    return "\n".join(lines)
+
+
+def json_ready(report: dict[str, Any]) -> dict[str, Any]:
+    return replace_inf(report)
+
+
+def replace_inf(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: replace_inf(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [replace_inf(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+

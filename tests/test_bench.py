@@ -1,0 +1,75 @@
+"""`ft bench` at tiny scale on the CPU: every policy on identical routing, sane numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftpull.cli import _run
+
+POLICIES = ("auto", "offload", "cpu", "static", "prefill_placement")
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    capture = pytest.MonkeyPatch()
+    import io
+    import sys
+    out = io.StringIO()
+    capture.setattr(sys, "stdout", out)
+    try:
+        _run(["bench", "--shape", "tiny", "--device", "cpu", "--tokens", "8", "--threads", "1", "--prompt-tokens", "16",
+              "--prefill", "64", "--policies", ",".join(POLICIES), "--json"])
+    finally:
+        capture.undo()
+    return json.loads(out.getvalue())
+
+
+def test_every_policy_has_sane_numbers(report: dict) -> None:
+    stride = report["shape"]["expert_bytes"]
+    layers, tokens = report["shape"]["moe_layers_built"], report["routing"]["tokens"]
+    assert set(report["policies"]) == set(POLICIES) and tokens == 8
+    for policy, r in report["policies"].items():
+        s = r["stats"]
+        assert "error" not in r, policy
+        assert 0 <= r["miss_rate"] <= 1 and 0 <= r["hit_rate"] <= 1
+        assert abs(r["miss_rate"] + r["hit_rate"] - 1) < 1e-9
+        assert s["calls"] == layers * tokens and r["decode_tok_s"] > 0
+        assert s["pcie_experts"] + s["cpu_experts"] == s["misses"]
+        assert s["pcie_bytes"] == s["pcie_experts"] * stride and s["cpu_bytes"] == s["cpu_experts"] * stride
+        assert r["pcie_mb_per_token"] == pytest.approx(s["pcie_bytes"] / tokens / 1e6)
+        assert r["cpu_mb_per_token"] == pytest.approx(s["cpu_bytes"] / tokens / 1e6)
+        assert r["roofline_tok_s"] is None or r["roofline_tok_s"] > 0
+    p = report["policies"]
+    assert p["offload"]["stats"]["cpu_experts"] == 0 and p["cpu"]["stats"]["pcie_experts"] == 0
+    assert p["cpu"]["hit_rate"] == 0 and p["static"]["stats"]["pcie_experts"] == 0
+
+
+def test_static_residency_and_the_inputs_are_reported(report: dict) -> None:
+    static = report["policies"]["static"]
+    slots, experts = report["cache"]["cache_slots"], report["shape"]["num_experts"]
+    assert static["resident_layers"] == list(range(slots // experts))  # tiny: 16 slots, 16 experts -> layer 0
+    assert static["stats"]["hits"] > 0 and static["stats"]["misses"] > 0
+    assert report["profile"]["pcie_gbps"] > 0 and report["profile"]["cpu_gbps"] > 0
+    assert 0 <= report["routing"]["reuse"] <= 1 and 0 <= report["routing"]["top_share"] <= 1
+    assert {(x["tokens"], x["buffers"]) for x in report["prefill"]} == {(64, 1), (64, 2)}
+    assert all(x["tok_s"] > 0 for x in report["prefill"])
+    assert "ttft_s_estimate" in next(x for x in report["prefill"] if x["buffers"] == 2)
+    assert "ok" in report["policy_check"] and report["scope"].startswith("experts-only")
+
+
+def test_the_trace_needs_the_qwen3_30b_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        _run(["bench", "--shape", "tiny", "--device", "cpu", "--routing", "trace", "--json"])
+    assert e.value.code == 1 and "qwen3-30b-a3b" in capsys.readouterr().err
+
+
+def test_planner_sizes_the_cache_of_a_real_shape() -> None:
+    from runtime.bench.moe import SHAPES, BenchConfig, cache_plan
+
+    c = cache_plan(SHAPES["qwen3-30b-a3b"], BenchConfig(budget_gib=8, num_ctx=4096), 8, 48)
+    assert c["slot_bytes"] == 9 << 20 and c["kv_bytes"] == 4096 * 96 * 1024
+    left = c["budget_bytes"] - c["dense_bytes"] - c["workspace_bytes"] - c["kv_bytes"]
+    assert c["cache_slots"] == left // c["slot_bytes"] >= c["min_slots"] == 384
+    assert cache_plan(SHAPES["qwen3-30b-a3b"], BenchConfig(budget_gib=8), 8, 12)["cache_slots"] == c["cache_slots"] // 4
