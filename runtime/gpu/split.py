@@ -9,6 +9,12 @@ mostly host work (planning, launches, the hand-off to the CPU worker and back), 
 thread does one side after the other, so they add; the per-expert work of the two sides
 overlaps. The count minimises that modelled layer time over every split 0..m, which includes
 both fixed policies (all PCIe, all CPU): the choice is never modelled slower than them.
+
+Open question, to settle with GPU measurements: runtime/cache_policy_split.py models the same
+choice for the trace simulator with the CPU's fixed cost overlapping the copies and with a charge
+for the later re-miss of a CPU-served expert (`fill_value_s`), which the trace replay showed
+matters once the cache is large. One model should serve both; which one the hardware agrees
+with is what `ft bench` on the GPU host has to show.
 """
 
 from __future__ import annotations
