@@ -41,9 +41,10 @@ from ..experts import CPUExpertExecutor, HostExpertBank
 from ..experts.synthetic import random_bank
 from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
 from ..gpu.host_memory import HostPinner
-from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan, size
+from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan
 from ..resources import GPU, Machine
 from ..routing_synth import calibrated_router, routing_stats
+from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
 
 POLICIES = ("auto", "offload", "cpu", "static", "prefill_placement")
 _ROOT = Path(__file__).resolve().parents[2]
@@ -416,69 +417,3 @@ def _ttft_and_check(report: dict[str, Any]) -> None:
         noise = 0.05
         report["policy_check"] = {"auto_tok_s": auto, "best_fixed": best_p, "best_fixed_tok_s": best, "noise": noise,
                                   "ok": auto >= best * (1 - noise)}
-
-
-def format_report(report: dict[str, Any]) -> str:
-    sh, m, c, rt, pr = report["shape"], report["machine"], report["cache"], report["routing"], report["profile"]
-    lines = [
-        f"ft bench: {sh['name']} ({sh['moe_layers_built']} MoE layers built of {len(sh['moe_layers']) if 'moe_layers' in sh else sh['num_layers']}, "
-        f"{sh['num_experts']} experts, top-{sh['top_k_used']}, hidden {sh['hidden']}, moe_inter {sh['moe_inter']}, "
-        f"{sh['dtype']}, {size(sh['expert_bytes'])}/expert); {m['accelerator']} ({m['device']}), {m['threads']} CPU threads",
-        f"cache: {c['cache_slots']} slots ({c['source']}) = {size(c['cache_slots'] * c['slot_bytes'])}; one token needs "
-        f"{c['min_slots']}; pool {size(c['pool_bytes'])}",
-    ]
-    if c.get("source") == "fit planner":
-        lines.append(f"  budget {size(c['budget_bytes'])} = dense {size(c['dense_bytes'])} + workspace "
-                     f"{size(c['workspace_bytes'])} + KV {size(c['kv_bytes'])} ({c['context']} tokens) + cache "
-                     f"{size(c['cache_bytes'])} ({c['planned_slots']} slots for the whole model)")
-        lines += [f"  planner: {p}" for p in c.get("problems", [])]
-    stat = (f"reuse {100 * rt['reuse']:.1f}%, top-10% share {100 * rt['top_share']:.1f}%" if "reuse" in rt else "")
-    lines.append(f"routing: {rt['source']}; {rt['tokens']} decode tokens; {stat}")
-    lines.append(f"profile: PCIe {pr['pcie_gbps']:.1f} GB/s (alone {pr['pcie_alone_gbps']:.1f}), CPU {pr['cpu_gbps']:.1f} "
-                 f"GB/s (alone {pr['cpu_alone_gbps']:.1f}), fixed {pr['pcie_fixed_ms']:.3f}/{pr['cpu_fixed_ms']:.3f} ms "
-                 f"[{pr['source']}]; device memory {report['hbm_gbps']:.0f} GB/s")
-    lines.append(f"scope: {report['scope']}")
-    lines.append("")
-    lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'hit':>6} {'miss':>6} {'PCIe MB/t':>10} "
-                 f"{'CPU MB/t':>9}  resident")
-    for policy, r in report["policies"].items():
-        if "error" in r:
-            lines.append(f"{policy:<18} refused: {r['error']}")
-            continue
-        roof = f"{r['roofline_tok_s']:.1f}" if r["roofline_tok_s"] else "inf"
-        frac = f"{r['fraction_of_roofline']:.2f}" if r["fraction_of_roofline"] else "-"
-        lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {100 * r['hit_rate']:>5.1f}% "
-                     f"{100 * r['miss_rate']:>5.1f}% {r['pcie_mb_per_token']:>10.1f} {r['cpu_mb_per_token']:>9.1f}  "
-                     f"{r['resident_layers'] or ''}")
-    if report["prefill"]:
-        lines.append("")
-        lines.append(f"{'prefill tokens':<15} {'buffers':>7} {'tok/s':>10} {'GB/s streamed':>14} {'TTFT est. s':>12}")
-        for p in report["prefill"]:
-            if "error" in p:
-                lines.append(f"{p['tokens']:<15} {p['buffers']:>7} failed: {p['error'][:100]}")
-                continue
-            ttft = f"{p['ttft_s_estimate']:.3f}" if "ttft_s_estimate" in p else "-"
-            lines.append(f"{p['tokens']:<15} {p['buffers']:>7} {p['tok_s']:>10.1f} {p['streamed_gb_s']:>14.1f} {ttft:>12}")
-    check = report.get("policy_check")
-    if check:
-        verdict = "OK" if check["ok"] else "FAIL"
-        lines.append("")
-        lines.append(f"policy check: {verdict}: auto {check['auto_tok_s']:.2f} tok/s vs best fixed {check['best_fixed']} "
-                     f"{check['best_fixed_tok_s']:.2f} (noise {100 * check['noise']:.0f}%)")
-    return "\n".join(lines)
-
-
-def json_ready(report: dict[str, Any]) -> dict[str, Any]:
-    return replace_inf(report)
-
-
-def replace_inf(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: replace_inf(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [replace_inf(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
