@@ -324,6 +324,20 @@ def test_fill_value_moves_misses_to_pcie() -> None:
     assert q == sorted(q)
 
 
+def test_fixed_costs_overlap_or_serial_and_alone_rates() -> None:
+    overlap = MissCost(1e9, 1e9, cpu_overhead_s=1e-3, pcie_overhead_s=1e-3)
+    serial = MissCost(1e9, 1e9, cpu_overhead_s=1e-3, pcie_overhead_s=1e-3, fixed_costs="serial")
+    assert finish_seconds(1, 2, 10**6, overlap) == pytest.approx(2e-3)  # max(1 + 1, 1 + 1) ms
+    assert finish_seconds(1, 2, 10**6, serial) == pytest.approx(3e-3)  # 1 + 1 + max(1, 1) ms
+    assert finish_seconds(2, 2, 10**6, serial) == pytest.approx(3e-3)  # one side: its fixed cost only
+    alone = MissCost(1e9, 1e9, cpu_alone_bytes_per_s=4e9)
+    assert finish_seconds(0, 4, 10**6, alone) == pytest.approx(1e-3)  # the CPU alone, at its own rate
+    assert finish_seconds(2, 4, 10**6, alone) == pytest.approx(2e-3)  # both run: the shared rates
+    assert choose_pcie_misses(4, 10**6, alone) == 0
+    with pytest.raises(ValueError):
+        MissCost(1e9, 1e9, fixed_costs="parallel")
+
+
 def test_miss_cost_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         MissCost(0, 1e9)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import pytest
 import torch
 
+from runtime.cache_policy import automatic
 from runtime.experts.executor import CPUExpertExecutor
 from runtime.experts.synthetic import random_bank
 from runtime.gpu import (
@@ -31,7 +33,7 @@ from runtime.gpu import (
     q_star,
 )
 from runtime.gpu.prefill import BankStreamer
-from runtime.gpu.split import layer_ms
+from runtime.gpu.split import layer_ms, miss_cost
 
 E, H, INTER, K = 16, 80, 40, 4  # H, INTER off the SIMD width and the 128-wide FP8 block
 LAYERS = (1, 2, 3)  # MoE layers need not start at 0
@@ -276,6 +278,36 @@ def test_split_uses_the_alone_rates_for_one_sided_layers() -> None:
                              pcie_alone_gbps=50.0, cpu_alone_gbps=70.0)
     assert choose_pcie_count(8, stride, alone) == 0
     assert layer_ms(alone, 8, 4, stride) == pytest.approx(2.0 + 4 * stride / 30e6)  # both run: contended rates
+
+
+def test_auto_split_is_the_simulators_automatic_policy() -> None:
+    """Same routing, a cache that never evicts, the same cost: the executor's "auto" copies what
+    the trace simulator's `automatic` policy copies, call by call, recent hit rate included."""
+    banks = make_banks(layers=(0, 1))
+    stride = banks[0].layout.expert_stride
+    # fixed costs about a few experts' worth, so the split, and the fill value, matter
+    profile = BandwidthProfile(pcie_gbps=stride / 1e6, cpu_gbps=stride / 1.5e6, pcie_fixed_ms=0.5,
+                               cpu_fixed_ms=1.5, pcie_alone_gbps=stride / 0.9e6, cpu_alone_gbps=stride / 1.2e6)
+    ex = build_hybrid(banks, device="cpu", cache_slots=2 * E, mode="auto", profile=profile, top_k=K,
+                      compute_dtype=torch.float32, prefill_min_tokens=64)
+    cost = miss_cost(profile)
+    sim = automatic(2 * E, cost, [stride, stride])
+    gen = torch.Generator().manual_seed(5)
+    counts = set()
+    for num_tokens in (3, 1, 2, 4, 1, 1, 3, 2, 1, 1, 2, 1):
+        for layer in (0, 1):
+            ids, weights = routing(num_tokens, gen)
+            before = ex.stats()
+            fills = sim.pcie_fills
+            assert ex.recent_hit_rate == pytest.approx(sim.recent_hit_rate, abs=1e-12)
+            ex(layer, torch.randn(num_tokens, H, generator=gen), ids, weights)
+            used = Counter(ids.reshape(-1).tolist())
+            sim.access(layer, sorted(used, key=lambda e: (-used[e], e)))  # the executor's order of misses
+            after = ex.stats()
+            assert after.pcie_experts - before.pcie_experts == sim.pcie_fills - fills
+            counts.add((after.pcie_experts - before.pcie_experts, after.cpu_experts - before.cpu_experts))
+    assert any(pcie and cpu for pcie, cpu in counts)  # a real split, not one fixed policy
+    assert ex.stats().hits == sim.hits and ex.stats().misses == sim.misses
 
 
 def test_auto_uses_a_given_split() -> None:

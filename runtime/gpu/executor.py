@@ -9,8 +9,9 @@ tokens (prefill) streams the whole bank instead (prefill.py).
 
 Modes (how many misses cross PCIe): "offload" all; "cpu" none; "static" none, with whole layers
 resident from the start (llama.cpp's static split); "prefill_placement" none, the cache placed
-by each prefill's routing counts; "auto" the count the cost model (split.py) gives for the
-measured BandwidthProfile.
+by each prefill's routing counts; "auto" the count the one cost model (cache_policy_split.py,
+through split.py) gives for the measured BandwidthProfile, each CPU-served miss charged the later
+miss it causes at the cache's recent hit rate, as the trace simulator's `automatic` policy does.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 
 import torch
 
+from ..cache_policy import HIT_RATE_DECAY
+from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .expert_cache import ExpertCache
 from .prefill import StreamingPrefill
 from .profile import BandwidthProfile
 from .records import PairPlan, check_device_layout, experts_from_records
-from .split import choose_pcie_count
+from .split import miss_cost
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,9 @@ class HybridExpertExecutor:
 
     `cpu_executor` runs the CPU share (default: CPUExpertExecutor over the same banks);
     `compute_dtype` is the device compute dtype; `profile` feeds "auto" (or pass `split`, any
-    (misses, expert_bytes) -> count function, e.g. a cache-policy chooser). "static" keeps
+    (misses, expert_bytes) -> count function, e.g. a cache-policy chooser). The recent hit rate
+    that prices a CPU-served miss is the simulator's: hits over distinct experts of decode layer
+    calls, both decayed by HIT_RATE_DECAY per call (an exponential moving average, 0 before any). "static" keeps
     `static_resident_layers` (default: as many whole layers as fit, first ones first) resident.
     Calls with at least `prefill_min_tokens` tokens stream whole banks through `prefill_buffers`
     (2: double-buffered, 1: single, 0: never) bank-sized device buffers.
@@ -99,7 +103,9 @@ class HybridExpertExecutor:
         self.compute_dtype = compute_dtype
         self.cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype)
         self.profile = profile
-        self.split = split or (partial(_profile_split, profile) if mode == "auto" else None)
+        self._cost = miss_cost(profile) if profile is not None else None
+        self.split = split or (self._profile_split if mode == "auto" else None)
+        self._recent_hits = self._recent_reads = 0.0
         self.prefill_min_tokens = prefill_min_tokens
         self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
                                          placement=PLACEMENT[mode])
@@ -144,6 +150,8 @@ class HybridExpertExecutor:
         misses = [e for e, s in zip(needed, slots, strict=True) if s < 0]
         cache.touch(list(hits.values()))
         num_pcie = min(self._pcie_count(len(misses), stride), cache.num_evictable(keys)) if misses else 0
+        self._recent_hits = HIT_RATE_DECAY * self._recent_hits + len(hits)
+        self._recent_reads = HIT_RATE_DECAY * self._recent_reads + len(needed)
         to_pcie, to_cpu = misses[:num_pcie], misses[num_pcie:]
 
         future = self._submit_cpu(layer, x_host, ids, weights_host, to_cpu) if to_cpu else None
@@ -164,6 +172,17 @@ class HybridExpertExecutor:
         s.pcie_experts, s.pcie_bytes = s.pcie_experts + num_pcie, s.pcie_bytes + num_pcie * stride
         s.cpu_experts, s.cpu_bytes = s.cpu_experts + len(to_cpu), s.cpu_bytes + len(to_cpu) * stride
         return out.to(x.dtype)
+
+    @property
+    def recent_hit_rate(self) -> float:
+        """Decode hits over reads, decayed by HIT_RATE_DECAY per layer call (GlobalLRU's measure)."""
+        return self._recent_hits / self._recent_reads if self._recent_reads else 0.0
+
+    def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
+        """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
+        assert self._cost is not None
+        fill_value_s = fill_value_seconds(self.recent_hit_rate, expert_bytes, self._cost)
+        return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)
 
     def _pcie_count(self, num_misses: int, expert_bytes: int) -> int:
         if self.mode == "offload":
@@ -262,8 +281,3 @@ class HybridExpertExecutor:
         self._pool.shutdown(wait=True)
         if self.prefill is not None:
             self.prefill.streamer.release()
-
-
-def _profile_split(profile: BandwidthProfile | None, num_misses: int, expert_bytes: int) -> int:
-    assert profile is not None
-    return choose_pcie_count(num_misses, expert_bytes, profile)
