@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--server-threads", type=int, default=None, help="num_thread for the server's model")
+    ap.add_argument("--local-threads", type=int, default=None, help="threads for the in-process side (default: planned)")
     args = ap.parse_args()
 
     from ftpull.pull import pull
@@ -99,7 +100,7 @@ def main() -> None:
     pull(args.model, store)
     port = free_port()
     server = serve(port)
-    _, chat, _ = load_for_chat(store, args.model, dtype=None, num_ctx=None, overrides={})
+    _, chat, _ = load_for_chat(store, args.model, dtype=None, num_ctx=None, overrides={}, threads=args.local_threads)
     threads = torch.get_num_threads()
     api, local = [], []
     through_api(port, args.model, "warm up", 8, args.server_threads)
