@@ -20,25 +20,18 @@ from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loader import ModelWeights
 from .base import Block, DecoderModel, Mixer
-from .qwen3_moe import SoftmaxMoE, dense_mlp
+from .qwen3_moe import GQAAttention, SoftmaxMoE, dense_mlp
 
 PREFIX = "model.language_model."
 
 
-class GatedAttention:
+class GatedAttention(GQAAttention):
     """GQA with (1 + w) q/k norms, partial RoPE, and the output gated by sigmoid of a second half of q_proj."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype) -> None:
-        self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkvo")
-        self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkvo")
-        self.q_norm, self.k_norm = weights.get(prefix + "q_norm.weight"), weights.get(prefix + "k_norm.weight")
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.eps, self.rope, self.dtype = config.rms_norm_eps, rope, dtype
-        self.scale = self.head_dim ** -0.5
-
-    def new_cache(self, max_tokens: int) -> KVCache:
-        return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
+        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
+        self.o_bias = weights.maybe(prefix + "o_proj.bias")
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         t = x.shape[0]
