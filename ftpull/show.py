@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
@@ -37,16 +36,11 @@ def human_age(seconds_ago: float) -> str:
     return "just now"
 
 
-def model_id(entry_manifest_json: bytes) -> str:
-    """Ollama-style ID: the first 12 hex digits of the manifest's sha256."""
-    return hashlib.sha256(entry_manifest_json).hexdigest()[:12]
-
-
 def list_row(store: Store, entry: ModelEntry) -> dict[str, Any]:
     config = open_model(store, entry.name).config
     return {
         "name": entry.name.display,
-        "id": model_id(entry.manifest.to_json()),
+        "id": entry.manifest.digest_hex[:12],  # Ollama's ID: the manifest digest's first 12 hex digits
         "size": entry.manifest.total_size,
         "family": config.get("family"),
         "dtype": config.get("dtype"),

@@ -13,6 +13,7 @@ any problem raises `CorruptManifestError` naming the file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -126,6 +127,11 @@ class Manifest:
     def to_json(self) -> bytes:
         """Canonical UTF-8 JSON bytes (sorted keys, indented, trailing newline)."""
         return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+
+    @property
+    def digest_hex(self) -> str:
+        """The sha256 of the canonical JSON: the model's identity (Ollama's digest and ID)."""
+        return hashlib.sha256(self.to_json()).hexdigest()
 
     @classmethod
     def from_json(cls, data: bytes | str, source: str = "<manifest>", name: str | None = None) -> Manifest:

@@ -6,7 +6,6 @@ Plain functions over a `registry.Store`; the model manager (backend.py) adds loa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -91,7 +90,7 @@ def lookup(store: Store, name: str) -> RegisteredModel:
 
 def digest_of(model: RegisteredModel) -> str:
     """Ollama's model digest: the sha256 of the manifest (hex, no prefix)."""
-    return hashlib.sha256(model.manifest.to_json()).hexdigest()
+    return model.manifest.digest_hex
 
 
 def model_info(model: RegisteredModel, modified_at: float) -> ModelInfo:
