@@ -31,11 +31,12 @@ from .preflight import FitError
 from .progress import ProgressPrinter
 from .pull import PullError, create, pull
 from .resolve import ResolveError
+from .run import NoGPUError
 from .serve import Client, NoServer, ServerReplyError
 
 USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError,
                ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError,
-               NoServer, ServerReplyError)
+               NoServer, ServerReplyError, NoGPUError)
 
 
 def _store() -> Store:
@@ -195,17 +196,23 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
 @click.option("--num-predict", type=int, default=None, help="Most tokens to generate.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: planned).")
 @click.option("--local", is_flag=True, help="Load the model in this process even when an `ft serve` is running.")
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="gpu: the hybrid GPU runtime (experimental: experts cached in VRAM, misses split PCIe/CPU).")
+@click.option("--vram-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --device gpu: cap the VRAM ft uses (weights + KV + expert cache).")
+@click.option("--mode", type=click.Choice(["auto", "offload", "cpu", "static", "prefill_placement"]), default="auto",
+              show_default=True, help="With --device gpu: how expert-cache misses are served.")
 def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | None, dtype: str | None,
             temperature: float | None, seed: int | None, num_predict: int | None, threads: int | None,
-            local: bool) -> None:
+            local: bool, device: str, vram_gib: float | None, mode: str) -> None:
     """Chat with a model (pulled first if missing), or answer PROMPT (or stdin) and exit.
 
     When an `ft serve` answers at FT_HOST, the model is pulled, loaded and run by that server
-    (no second copy in memory); --local or --dtype load it here instead."""
+    (no second copy in memory); --local, --dtype or --device gpu load it here instead."""
     from . import run as run_mod
     from . import serve as serve_mod
 
-    if not local and dtype is None:
+    if not local and dtype is None and device == "cpu":
         client = serve_mod.Client()
         if client.running():
             options = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict),
@@ -218,7 +225,7 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
     overrides = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict))
                  if v is not None}
     loaded, chat, load_seconds = run_mod.load_for_chat(store, name, dtype=dtype, num_ctx=num_ctx, overrides=overrides,
-                                                       threads=threads)
+                                                       threads=threads, device=device, vram_gib=vram_gib, mode=mode)
     _answer_or_chat(chat, " ".join(prompt), verbose, load_seconds)
 
 

@@ -68,23 +68,37 @@ def compute_dtype(config: dict[str, Any], requested: str | None) -> torch.dtype:
     return torch.float32 if config.get("dtype") == "f32" else torch.bfloat16
 
 
+class NoGPUError(RuntimeError):
+    """--device gpu on a machine without a usable CUDA GPU."""
+
+
 def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | None,
-                  overrides: dict[str, Any], threads: int | None = None) -> tuple[LoadedModel, Chat, float]:
-    """Plan (context, threads) with the fit planner, load the weights, open a chat on them."""
+                  overrides: dict[str, Any], threads: int | None = None, device: str = "cpu",
+                  vram_gib: float | None = None, mode: str = "auto") -> tuple[LoadedModel, Chat, float]:
+    """Plan (placement, context, threads) with the fit planner, load the weights, open a chat.
+
+    device "cpu" (the default) computes everything on the CPU. "gpu" is the hybrid runtime:
+    dense weights and KV on the GPU, experts in pinned host RAM behind a VRAM expert cache, misses
+    split by `mode` (auto/offload/cpu/static/prefill_placement); it is new and not yet measured
+    end to end (issue 4), so it is opt-in."""
     registered = open_model(store, name)
     options = {**(registered.config.get("parameters") or {}), **overrides}
     recipe_ctx = options.pop("num_ctx", None)
     with registered.open_ftw() as reader:
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
-    # The runtime computes on the CPU today: plan for that, with Ollama's default context.
-    fitted = plan(footprint, Machine.probe(), PlanOverrides(num_ctx=num_ctx or recipe_ctx or DEFAULT_NUM_CTX,
-                                                            num_threads=threads, device="cpu"))
+    machine = Machine.probe()
+    if device == "gpu" and machine.gpu is None:
+        raise NoGPUError("--device gpu needs a CUDA GPU and none was found; run with --device cpu")
+    fitted = plan(footprint, machine, PlanOverrides(
+        num_ctx=num_ctx or recipe_ctx or DEFAULT_NUM_CTX, num_threads=threads, device=device,
+        vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30)))
     torch.set_num_threads(fitted.num_threads)
     start = time.perf_counter()
-    loaded = load_registered(registered, compute_dtype(registered.config, dtype))
+    gpu_options: dict[str, Any] = {"backend": "gpu", "fit": fitted, "mode": mode} if device == "gpu" else {}
+    loaded = load_registered(registered, compute_dtype(registered.config, dtype), **gpu_options)
     tokenizer = Tokenizer.from_model(registered)
     load_seconds = time.perf_counter() - start
-    session = Session(loaded.model, tokenizer, fitted.context_length)
+    session = Session(loaded.model, tokenizer, fitted.context_length)  # type: ignore[arg-type]
     return loaded, Chat(session, tokenizer, options, registered.config.get("system")), load_seconds
 
 

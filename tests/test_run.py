@@ -155,3 +155,11 @@ def test_greedy_matches_transformers_on_tiny(home: Path, tiny) -> None:
                               eos_token_id=sorted(tokenizer.eos_token_ids), pad_token_id=0)[0, len(prompt):].tolist()
     eos = set(tokenizer.eos_token_ids)
     assert ours.tokens == [t for t in theirs if t not in eos][: len(ours.tokens)]
+
+
+def test_gpu_device_without_cuda_is_refused_plainly(home: Path, capsys, monkeypatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("FT_HOME", str(home))
+    code, _, err = ft(capsys, "run", "tiny", "hi", "--device", "gpu")
+    assert code == 1 and "--device gpu needs a CUDA GPU" in err and "--device cpu" in err
