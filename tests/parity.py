@@ -50,3 +50,14 @@ def hf_greedy(model, ids: list[int], steps: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
                              pad_token_id=0, eos_token_id=None)
     return out[0, len(ids):].tolist()
+
+
+def assert_parity(ours: LoadedModel, ref, prompt: list[int], steps: int, tolerance: float = 1e-4) -> None:
+    """Prefill logits match transformers, greedy decode with the KV cache gives the same `steps`
+    tokens, and every cached decode step equals recomputing the whole sequence."""
+    assert rel_error(our_logits(ours, prompt), hf_logits(ref, prompt)) < tolerance
+    tokens, step_logits = our_greedy(ours, prompt, steps)
+    assert tokens == hf_greedy(ref, prompt, steps)
+    full = our_logits(ours, prompt + tokens[:-1])
+    for i, logits in enumerate(step_logits):
+        assert rel_error(logits, full[len(prompt) - 1 + i]) < tolerance

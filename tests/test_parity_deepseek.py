@@ -24,7 +24,14 @@ import torch
 from safetensors.torch import save_file
 
 from tests.checkpoints import load_all, to_fp8
-from tests.parity import convert_and_load, hf_greedy, hf_logits, our_greedy, our_logits, rel_error
+from tests.parity import (
+    assert_parity,
+    convert_and_load,
+    hf_logits,
+    our_greedy,
+    our_logits,
+    rel_error,
+)
 
 STEPS = 32
 PROMPT = [3, 17, 92, 45, 8, 200, 31, 7, 64, 128, 5, 11]
@@ -121,15 +128,7 @@ def hf_model(src: Path):
 
 
 def check_parity(ours, ref) -> None:
-    assert rel_error(our_logits(ours, PROMPT), hf_logits(ref, PROMPT)) < TOLERANCE
-
-    tokens, step_logits = our_greedy(ours, PROMPT, STEPS)
-    assert tokens == hf_greedy(ref, PROMPT, STEPS)
-
-    # the cached decode equals recomputing the whole sequence at every step
-    full = our_logits(ours, PROMPT + tokens[:-1])
-    for i, logits in enumerate(step_logits):
-        assert rel_error(logits, full[len(PROMPT) - 1 + i]) < TOLERANCE
+    assert_parity(ours, ref, PROMPT, STEPS, TOLERANCE)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-expert", "fused"])
