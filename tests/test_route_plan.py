@@ -185,6 +185,20 @@ def test_n_pcie_max(n_pcie_max):
 
 
 @needs_triton
+@pytest.mark.parametrize("table", [[0, 1, 1, 2, 4], [0, 0, 0], [3, 2, 1, 0, 0, 0, 0]])
+def test_n_pcie_from_a_table_indexed_by_the_miss_count(table):
+    """A device table gives the count per number of misses (read at min(misses, len - 1)):
+    the executor's policy for every miss count, chosen without a host sync."""
+    cache = Cache(1, 16, 8)
+    for slot in range(8):
+        cache.put(slot, 0, slot, [6, 4, 9, 2, 8, 0, 7, 3][slot])
+    device_table = torch.tensor(table, dtype=torch.int32, device=DEVICE)
+    plan, cache = plan_both(cache, ids([[9, 0, 12, 10], [11, 12, 4, 9]]), 0, 10, device_table)
+    n_pcie = min(table[min(4, len(table) - 1)], 4)  # 4 misses
+    assert plan.counts.tolist() == [2, n_pcie, 4 - n_pcie, 6]
+
+
+@needs_triton
 def test_full_cache_of_this_steps_hits_sends_misses_to_cpu():
     """Every slot holds an expert this step uses: no victim may be taken, whatever n_pcie_max says."""
     cache = Cache(2, 8, 3)

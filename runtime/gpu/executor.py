@@ -1,10 +1,13 @@
 """HybridExpertExecutor: the routed experts of one MoE layer, from the device cache, over PCIe, or on
 the CPU, in the split the mode (and for "auto", the measured bandwidths) decide.
 
-One decode call: dedup the routed experts, classify hits and misses against the cache's table,
-send the first n_pcie misses over PCIe into LRU victim slots (never a slot the layer needs) and
-run them on the device from there, and run the rest on the CPU straight from the host bank on a
-worker thread while the device works; the CPU result is added on the device. A call with many
+One decode call, queued with no host sync: the route-plan kernel (kernels/route_plan.py) dedups
+the routed experts, classifies hits and misses against the cache's device table, lets the first
+n misses take LRU victim slots (never a slot the layer needs) and marks the rest for the CPU;
+the fill kernel copies those n records from the pinned host banks into their slots over PCIe;
+every device pair is computed from its slot (slot_compute.py); the CPU share runs on a worker
+thread straight from the host bank, and the device stream waits for its result before adding
+it (cpu_share.py). The launching thread goes on to the next layer at once. A call with many
 tokens (prefill) streams the whole bank instead (prefill.py).
 
 Modes (how many misses cross PCIe): "offload" all; "cpu" none; "static" none, with whole layers
@@ -12,15 +15,15 @@ resident from the start (llama.cpp's static split); "prefill_placement" none, th
 by each prefill's routing counts; "auto" the count the one cost model (cache_policy_split.py,
 through split.py) gives for the measured BandwidthProfile, each CPU-served miss charged the later
 miss it causes at the cache's recent hit rate, as the trace simulator's `automatic` policy does.
+"auto" hands the plan a table of that count for every possible number of misses, so the choice
+is made on the device.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -28,11 +31,30 @@ import torch
 from ..cache_policy import HIT_RATE_DECAY
 from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
+from .cpu_share import CPUShare
 from .expert_cache import ExpertCache
+from .kernels import HIT, NUM_UNIQUE, RoutePlan, route_plan_ref
+from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import StreamingPrefill
 from .profile import BandwidthProfile
-from .records import PairPlan, check_device_layout, experts_from_records
+from .records import check_device_layout
+from .slot_compute import add_slot_experts
 from .split import miss_cost
+
+
+def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
+    """(route_plan, expert_fill), the Triton kernels, on CUDA with triton installed; else None
+    (the torch twins plan and fill, with a host sync per layer on CUDA). Imported here, not at
+    module import: tests choose triton's interpreter before the kernel modules load."""
+    if device.type != "cuda":
+        return None
+    try:
+        from .kernels.expert_fill import expert_fill
+        from .kernels.route_plan import route_plan
+    except ImportError:  # pragma: no cover - depends on the install
+        log.warning("triton is not installed: expert routing is planned on the host (slower)")
+        return None
+    return route_plan, expert_fill
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +92,50 @@ class ExpertStats:
         return {**asdict(self), "hit_rate": self.hit_rate}
 
 
+class RecentHitRate:
+    """Hits over reads (distinct experts) of decode layer calls, both decayed by HIT_RATE_DECAY
+    per call: the trace simulator's measure. Off CUDA it is exact, call by call. On CUDA the
+    counts are summed on the device and read back every WINDOW calls without a sync (a pinned
+    copy and an event polled later); a block of w calls is folded in as decay^w * old + block, so
+    the value lags by one or two windows."""
+
+    WINDOW = 16
+
+    def __init__(self, device: torch.device) -> None:
+        self.hits = self.reads = 0.0
+        self.is_cuda = device.type == "cuda"
+        if self.is_cuda:
+            self._sums = torch.zeros(2, dtype=torch.int64, device=device)  # (hits, reads) since the last read-back
+            self._host = torch.zeros(2, dtype=torch.int64).pin_memory()
+            self._event: torch.cuda.Event | None = None
+            self._calls_summed = self._calls_in_flight = 0
+
+    @property
+    def value(self) -> float:
+        return self.hits / self.reads if self.reads else 0.0
+
+    def _fold(self, hits: float, reads: float, calls: int) -> None:
+        decay = HIT_RATE_DECAY ** calls
+        self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
+
+    def observe(self, counts: torch.Tensor) -> None:
+        if not self.is_cuda:
+            self._fold(int(counts[HIT]), int(counts[NUM_UNIQUE]), 1)
+            return
+        self._sums += counts[HIT::NUM_UNIQUE - HIT]  # (hits, unique)
+        self._calls_summed += 1
+        if self._calls_summed < self.WINDOW or (self._event is not None and not self._event.query()):
+            return
+        if self._event is not None:
+            hits, reads = self._host.tolist()
+            self._fold(hits, reads, self._calls_in_flight)
+        self._host.copy_(self._sums, non_blocking=True)
+        self._sums.zero_()
+        self._event = torch.cuda.Event()
+        self._event.record()
+        self._calls_in_flight, self._calls_summed = self._calls_summed, 0
+
+
 class HybridExpertExecutor:
     """An ExpertExecutor over host banks (pinned on CUDA) and a device ExpertCache.
 
@@ -105,13 +171,20 @@ class HybridExpertExecutor:
         self.profile = profile
         self._cost = miss_cost(profile) if profile is not None else None
         self.split = split or (self._profile_split if mode == "auto" else None)
-        self._recent_hits = self._recent_reads = 0.0
+        self._split_tables: dict[tuple, torch.Tensor] = {}
+        self._hit_rate = RecentHitRate(self.device)
         self.prefill_min_tokens = prefill_min_tokens
         self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
                                          placement=PLACEMENT[mode])
                         if prefill_buffers and mode != "cpu" else None)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ft-cpu-experts")
+        kernels = _device_kernels(self.device)
+        self._route_plan, self._expert_fill = kernels or (route_plan_ref, None)
+        # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
+        self._zero_copy = {layer: kernels is not None and bank.data.is_pinned() for layer, bank in banks.items()}
+        self.cpu_share = CPUShare(self.cpu_executor, self.device)
         self._stats = ExpertStats()
+        self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
+        self._calls = self._tokens = 0
         self._static_request = static_resident_layers
         self.resident_layers: tuple[int, ...] = ()
         if mode == "static":
@@ -136,47 +209,48 @@ class HybridExpertExecutor:
         return out
 
     def _decode(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        bank, cache, streams = self.banks[layer], self.cache, self.cache.streams
+        """Plan, fill, compute and combine on the device; the CPU share beside it (no host sync)."""
+        bank, cache = self.banks[layer], self.cache
         stride = bank.layout.expert_stride
-        # the layer's one host sync: copies are planned on the host (x and weights come along for the CPU)
-        ids, x_host, weights_host = streams.download(expert_ids, x, weights)
-        ids = ids.to(torch.int64)
-        counts = Counter(ids.reshape(-1).tolist())
-        needed = sorted(counts, key=lambda e: (-counts[e], e))  # the most used experts first
-        keys = [cache.key(layer, e) for e in needed]
-        cache.advance()
-        slots = cache.lookup(keys)
-        hits = {e: s for e, s in zip(needed, slots, strict=True) if s >= 0}
-        misses = [e for e, s in zip(needed, slots, strict=True) if s < 0]
-        cache.touch(list(hits.values()))
-        num_pcie = min(self._pcie_count(len(misses), stride), cache.num_evictable(keys)) if misses else 0
-        self._recent_hits = HIT_RATE_DECAY * self._recent_hits + len(hits)
-        self._recent_reads = HIT_RATE_DECAY * self._recent_reads + len(needed)
-        to_pcie, to_cpu = misses[:num_pcie], misses[num_pcie:]
-
-        future = self._submit_cpu(layer, x_host, ids, weights_host, to_cpu) if to_cpu else None
+        num_pairs = expert_ids.numel()
+        table, owner, last_used = cache.device_state()
+        plan = self._route_plan(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(),
+                                self._n_pcie(num_pairs, stride))
+        # offload sends a miss to the CPU only when no slot is free to take it: more distinct experts than slots
+        may_use_cpu = self.mode != "offload" or num_pairs > cache.num_slots
+        pending = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if may_use_cpu else None
+        self._fill(plan, bank)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        if hits:
-            self._device_experts(x, ids, weights, hits, bank, out)
-        if to_pcie:
-            victims = cache.victims(num_pcie, keys)
-            events = cache.fill([cache.key(layer, e) for e in to_pcie], victims, [bank.record(e) for e in to_pcie])
-            self._device_experts(x, ids, weights, dict(zip(to_pcie, victims, strict=True)), bank, out, events)
-        if future is not None:
-            waited = time.perf_counter()
-            out += streams.upload(future.result()).to(torch.float32)
-            self._stats.cpu_wait_ms += (time.perf_counter() - waited) * 1e3
-
-        s = self._stats
-        s.calls, s.tokens, s.hits, s.misses = s.calls + 1, s.tokens + x.shape[0], s.hits + len(hits), s.misses + len(misses)
-        s.pcie_experts, s.pcie_bytes = s.pcie_experts + num_pcie, s.pcie_bytes + num_pcie * stride
-        s.cpu_experts, s.cpu_bytes = s.cpu_experts + len(to_cpu), s.cpu_bytes + len(to_cpu) * stride
+        if self.mode != "cpu":
+            add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out)
+        if pending is not None:
+            self.cpu_share.add_result(pending, out)
+        self._count(plan, stride, x.shape[0])
         return out.to(x.dtype)
+
+    def _fill(self, plan: RoutePlan, bank: HostExpertBank) -> None:
+        """The plan's PCIe fills: the zero-copy kernel from a pinned bank; else copies planned on
+        the host (a sync: only when pinning was refused, or off CUDA where it costs nothing)."""
+        if self._zero_copy.get(bank.layer, False):
+            self._expert_fill(plan, bank.data, self.cache.slots)
+        elif self.mode in ("auto", "offload"):
+            expert_fill_ref(plan, bank.data, self.cache.slots)
+
+    def _count(self, plan: RoutePlan, stride: int, num_tokens: int) -> None:
+        """Stats on the device (read when asked), and "auto"'s recent hit rate."""
+        totals = self._device_counts.get(stride)
+        if totals is None:
+            totals = self._device_counts[stride] = torch.zeros(4, dtype=torch.int64, device=self.device)
+        totals += plan.counts
+        self._calls, self._tokens = self._calls + 1, self._tokens + num_tokens
+        if self.mode == "auto":
+            self._hit_rate.observe(plan.counts)
 
     @property
     def recent_hit_rate(self) -> float:
-        """Decode hits over reads, decayed by HIT_RATE_DECAY per layer call (GlobalLRU's measure)."""
-        return self._recent_hits / self._recent_reads if self._recent_reads else 0.0
+        """Decode hits over reads, decayed by HIT_RATE_DECAY per layer call (GlobalLRU's measure;
+        on CUDA read back without a sync, a few calls late)."""
+        return self._hit_rate.value
 
     def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
         """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
@@ -184,43 +258,22 @@ class HybridExpertExecutor:
         fill_value_s = fill_value_seconds(self.recent_hit_rate, expert_bytes, self._cost)
         return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)
 
-    def _pcie_count(self, num_misses: int, expert_bytes: int) -> int:
+    def _n_pcie(self, num_pairs: int, expert_bytes: int) -> int | torch.Tensor:
+        """How many misses the plan may copy: a number for the fixed modes; for "auto" a device
+        table by miss count, rebuilt when the split (or the hit rate it prices with) changes."""
         if self.mode == "offload":
-            return num_misses
-        if self.mode == "auto" and self.split is not None:
-            return max(0, min(num_misses, self.split(num_misses, expert_bytes)))
-        return 0
-
-    def _device_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, rows: dict[int, int],
-                        bank: HostExpertBank, out: torch.Tensor, events: Sequence = ()) -> None:
-        """Add the pairs routed to `rows` (expert -> slot) to `out`, computed from the slots once
-        `events` (their fills) are done; nothing here waits on the host."""
-        row_of = torch.full((bank.num_experts,), -1, dtype=torch.int64, device="cpu")
-        row_of[torch.tensor(list(rows), device="cpu")] = torch.tensor(list(rows.values()), device="cpu")
-        plan = PairPlan.build(ids, row_of, self.cache.streams.upload)
-        for event in events:
-            self.cache.streams.wait(event)
-        if plan is not None:
-            experts_from_records(x, weights, plan, self.cache.views(bank.layout), self.compute_dtype, out)
-
-    def _submit_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                    experts: list[int]) -> Future:
-        """Queue the pairs routed to `experts` on the CPU worker (x, ids, weights on the host)."""
-        mask = torch.isin(ids, torch.tensor(experts, device="cpu"))  # [T, K]
-        width = int(mask.sum(dim=1).max())
-        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :width]  # CPU pairs first
-        keep = mask.gather(1, order)
-        # padding (tokens with fewer CPU pairs): an expert the kernel streams anyway, weight 0
-        cpu_ids = torch.where(keep, ids.gather(1, order), experts[0])
-        cpu_weights = weights.gather(1, order) * keep
-        return self._pool.submit(self._run_cpu, layer, x, cpu_ids, cpu_weights)
-
-    def _run_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        start = time.perf_counter()
-        with torch.inference_mode():  # a worker thread: no device context, no autograd
-            y = self.cpu_executor(layer, x, ids, weights)
-        self._stats.cpu_ms += (time.perf_counter() - start) * 1e3
-        return y
+            return num_pairs
+        if self.mode != "auto" or self.split is None:
+            return 0
+        rate = self.recent_hit_rate
+        key = (self.split, num_pairs, expert_bytes, round(rate * 64) if self.device.type == "cuda" else rate)
+        table = self._split_tables.get(key)
+        if table is None:
+            if len(self._split_tables) > 256:
+                self._split_tables.clear()
+            counts = [max(0, min(m, self.split(m, expert_bytes))) if m else 0 for m in range(num_pairs + 1)]
+            table = self._split_tables[key] = torch.tensor(counts, dtype=torch.int32).to(self.device)
+        return table
 
     # -- residency, size, stats ----------------------------------------------------------------------
 
@@ -272,12 +325,25 @@ class HybridExpertExecutor:
             self._make_resident()
 
     def stats(self) -> ExpertStats:
-        return replace(self._stats)
+        """The counters so far (a device sync: the decode counts are summed on the device)."""
+        s = replace(self._stats, calls=self._calls, tokens=self._tokens, cpu_ms=self.cpu_share.cpu_ms,
+                    cpu_wait_ms=self.cpu_share.wait_ms)
+        for stride, totals in self._device_counts.items():
+            hits, pcie, cpu, _ = totals.tolist()
+            s.hits, s.misses = s.hits + hits, s.misses + pcie + cpu
+            s.pcie_experts, s.pcie_bytes = s.pcie_experts + pcie, s.pcie_bytes + pcie * stride
+            s.cpu_experts, s.cpu_bytes = s.cpu_experts + cpu, s.cpu_bytes + cpu * stride
+        return s
 
     def reset_stats(self) -> None:
+        self.cpu_share.drain()
         self._stats = ExpertStats()
+        for totals in self._device_counts.values():
+            totals.zero_()
+        self._calls = self._tokens = 0
+        self.cpu_share.cpu_ms = self.cpu_share.wait_ms = 0.0
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self.cpu_share.close()
         if self.prefill is not None:
             self.prefill.streamer.release()

@@ -1,10 +1,15 @@
 """ExpertCache: fixed-size device slots holding expert records, shared by all MoE layers, one
 global LRU over logical (layer, expert) keys.
 
-Bookkeeping (owner, recency, the key table) is authoritative on the host, in numpy arrays (a
-lookup costs a microsecond, a torch op on a tiny tensor ten), where the Python mechanism decides
-fills without a device sync; `table` is its device mirror for kernels that route on the device. A slot holds one FTW record byte for byte (`slot_bytes` >= every bank's
-stride), so a fill is one copy and `views` reads the parts in place.
+The bookkeeping (the key table, each slot's owner and recency) lives in two places, one of them
+authoritative at a time: numpy arrays on the host, where prefill, static residency, resize and
+the tests decide fills (a lookup costs a microsecond there), and device tensors that the decode
+path's route-plan kernel reads and updates with no host sync (`device_state`). Handing over is
+lazy: the first device plan after a host change uploads, the first host access after a device
+plan downloads (one sync, at a point that syncs anyway: prefill, resize, stats).
+
+A slot holds one FTW record byte for byte (`slot_bytes` >= every bank's stride), so a fill is
+one copy and `views` reads the parts in place.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .streams import DeviceStreams
 log = logging.getLogger(__name__)
 
 EMPTY = -1
+PINNED_TIME = (1 << 40) - 1  # a pinned slot's recency on the device: never below the clock, never a victim
 Source = Callable[[int], torch.Tensor]  # key -> the expert's record (host bank row)
 
 
@@ -33,8 +39,8 @@ class ExpertCache:
     - `owner` int64 [S] (host, numpy): the key in slot s, or -1; key = layer * num_experts + expert;
     - `last_used` int64 [S] (host, numpy): the clock when slot s was last used (-1: never);
       `advance` moves the clock once per layer call, so the order is the global access order;
-    - `table` int32 [num_layers * num_experts] on the device: key -> slot or -1;
-    - `pinned` bool [S] (host, numpy): slots never chosen as victims (static residency).
+    - `pinned` bool [S] (host, numpy): slots never chosen as victims (static residency);
+    - `device_state()`: (table int32 [L*E], owner int32 [S], last_used int64 [S]) on the device.
     """
 
     def __init__(self, num_slots: int, slot_bytes: int, device: torch.device | str, *, num_layers: int,
@@ -46,7 +52,6 @@ class ExpertCache:
         self.streams = streams or DeviceStreams(self.device)
         self.clock = 0
         self._table = np.full(num_layers * num_experts, EMPTY, dtype=np.int32)
-        self._device_table: torch.Tensor | None = None
         self._allocate(num_slots)
 
     def _allocate(self, num_slots: int) -> None:
@@ -54,11 +59,63 @@ class ExpertCache:
         self._reset(num_slots)
 
     def _reset(self, num_slots: int) -> None:
-        self.owner = np.full(num_slots, EMPTY, dtype=np.int64)
-        self.last_used = np.full(num_slots, EMPTY, dtype=np.int64)
-        self.pinned = np.zeros(num_slots, dtype=bool)
+        self._owner = np.full(num_slots, EMPTY, dtype=np.int64)
+        self._last_used = np.full(num_slots, EMPTY, dtype=np.int64)
+        self._pinned = np.zeros(num_slots, dtype=bool)
         self._views: dict[int, RecordViews] = {}
-        self._device_table = None
+        self._device: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._device_fresh = False  # the device tensors equal the host arrays
+        self._host_fresh = True  # no device plan ran since the host arrays were last right
+
+    # -- where the bookkeeping is authoritative -------------------------------------------------------
+
+    def device_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(table, owner, last_used) on the device for a route plan to read and update; from this
+        call the device copy is authoritative until the host next looks."""
+        if self._device is None or not self._device_fresh:
+            self._host()
+            last_used = np.where(self._pinned, PINNED_TIME, self._last_used)
+            state = (torch.from_numpy(self._table), torch.from_numpy(self._owner.astype(np.int32)),
+                     torch.from_numpy(last_used))
+            if self._device is None:
+                self._device = tuple(t.to(self.device) for t in state)  # type: ignore[assignment]
+            else:
+                for dst, src in zip(self._device, state, strict=True):
+                    dst.copy_(src)
+            self._device_fresh = True
+        self._host_fresh = False
+        return self._device  # type: ignore[return-value]
+
+    def _host(self) -> None:
+        """Make the host arrays authoritative again (one download after device plans)."""
+        if self._host_fresh:
+            return
+        assert self._device is not None
+        table, owner, last_used = (t.cpu().numpy() for t in self._device)
+        self._table[:] = table
+        self._owner[:] = owner
+        self._last_used[:] = np.where(self._pinned, self._last_used, last_used)
+        self._host_fresh = True
+
+    def _changed_on_host(self) -> None:
+        self._device_fresh = False
+
+    @property
+    def owner(self) -> np.ndarray:
+        self._host()
+        return self._owner
+
+    @property
+    def last_used(self) -> np.ndarray:
+        self._host()
+        return self._last_used
+
+    @property
+    def pinned(self) -> np.ndarray:
+        """Read-write: a caller that pins slots must call `device_state` only afterwards."""
+        self._host()
+        self._changed_on_host()
+        return self._pinned
 
     # -- lookup and recency -------------------------------------------------------------------------
 
@@ -75,6 +132,7 @@ class ExpertCache:
 
     def lookup(self, keys: Sequence[int]) -> list[int]:
         """The slot of each key, -1 where it is not cached."""
+        self._host()
         return self._table[list(keys)].tolist() if len(keys) else []
 
     def advance(self) -> int:
@@ -85,18 +143,13 @@ class ExpertCache:
     def touch(self, slots: Sequence[int]) -> None:
         if len(slots):
             self.last_used[list(slots)] = self.clock
-
-    @property
-    def table(self) -> torch.Tensor:
-        """key -> slot int32 [L * E] on the device (refreshed from the host copy when stale)."""
-        if self._device_table is None:
-            self._device_table = torch.from_numpy(self._table).to(self.device)
-        return self._device_table
+            self._changed_on_host()
 
     # -- eviction and fills ---------------------------------------------------------------------------
 
     def _evictable(self, protect: Sequence[int]) -> np.ndarray:
-        ok = ~self.pinned
+        self._host()
+        ok = ~self._pinned
         if len(protect):
             held = self._table[list(protect)]
             ok[held[held >= 0]] = False
@@ -134,21 +187,23 @@ class ExpertCache:
         return events
 
     def _assign(self, key: int, slot: int) -> None:
-        old = int(self.owner[slot])
+        self._host()
+        self._changed_on_host()
+        old = int(self._owner[slot])
         if old >= 0:
             self._table[old] = EMPTY
         if self._table[key] >= 0:
             raise ValueError(f"key {key} is cached already (slot {int(self._table[key])})")
-        self.owner[slot], self._table[key], self.last_used[slot] = key, slot, self.clock
-        self._device_table = None
+        self._owner[slot], self._table[key], self._last_used[slot] = key, slot, self.clock
 
     def evict(self, keys: Sequence[int]) -> None:
+        self._host()
+        self._changed_on_host()
         for key in keys:
             slot = int(self._table[key])
             if slot >= 0:
                 self._table[key] = EMPTY
-                self.owner[slot], self.last_used[slot], self.pinned[slot] = EMPTY, EMPTY, False
-        self._device_table = None
+                self._owner[slot], self._last_used[slot], self._pinned[slot] = EMPTY, EMPTY, False
 
     def clear(self) -> None:
         """Forget every entry (slots stay allocated)."""
@@ -183,6 +238,7 @@ class ExpertCache:
         hold both sizes at once and `source` gives host records, the old slots are freed first and
         the kept entries refilled from the host instead."""
         self.streams.synchronize()
+        self._host()
         occupied = np.flatnonzero(self.owner >= 0).tolist()
         occupied.sort(key=lambda s: (not self.pinned[s], -int(self.last_used[s]), s))
         keep = occupied[:num_slots]
@@ -206,7 +262,7 @@ class ExpertCache:
         self._reset(num_slots)
         self._table.fill(EMPTY)
         n = len(keep)
-        self.owner[:n], self.last_used[:n], self.pinned[:n] = owner, last_used, pinned
+        self._owner[:n], self._last_used[:n], self._pinned[:n] = owner, last_used, pinned
         self._table[owner] = np.arange(n, dtype=np.int32)
         if refill and source is not None:
             with self.streams.copying():

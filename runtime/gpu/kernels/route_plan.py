@@ -27,23 +27,20 @@ _SLOT_SCALE = tl.constexpr(1 << SLOT_BITS)  # key = last_used * _SLOT_SCALE + sl
 _SLOT_MASK = tl.constexpr((1 << SLOT_BITS) - 1)
 
 
-@triton.jit(do_not_specialize=["n_ids", "layer", "num_experts", "num_slots", "clock_arg", "n_pcie_max_arg"])
+@triton.jit(do_not_specialize=["n_ids", "layer", "num_experts", "num_slots", "clock_arg", "n_pcie_max_arg",
+                               "n_table_last"])
 def _route_plan_kernel(
     ids_ptr, n_ids, layer, num_experts,
     table_ptr, owner_ptr, last_used_ptr, num_slots,
-    clock_arg, n_pcie_max_arg,
+    clock_arg, n_pcie_max_arg, n_table_last,
     unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr,
-    CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_ON_DEVICE: tl.constexpr,
+    CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     if CLOCK_ON_DEVICE:
         clock = tl.load(clock_arg).to(tl.int64)
     else:
         clock = clock_arg.to(tl.int64)
-    if N_PCIE_ON_DEVICE:
-        n_pcie_max = tl.load(n_pcie_max_arg).to(tl.int32)
-    else:
-        n_pcie_max = n_pcie_max_arg.to(tl.int32)
 
     # --- dedup, first-occurrence order: rows index ids (or unique rows), columns ids
     offs = tl.arange(0, BLOCK_N)
@@ -67,6 +64,12 @@ def _route_plan_kernel(
     miss = valid & (cached < 0)
     num_hits = tl.sum(hit.to(tl.int32), axis=0)
     num_miss = tl.sum(miss.to(tl.int32), axis=0)
+    if N_PCIE_MODE == 2:  # a table indexed by the number of misses
+        n_pcie_max = tl.load(n_pcie_max_arg + tl.minimum(num_miss, n_table_last)).to(tl.int32)
+    elif N_PCIE_MODE == 1:
+        n_pcie_max = tl.load(n_pcie_max_arg).to(tl.int32)
+    else:
+        n_pcie_max = n_pcie_max_arg.to(tl.int32)
     num_pcie_wanted = tl.minimum(num_miss, tl.maximum(n_pcie_max, 0))
 
     # --- victims: the num_pcie_wanted smallest keys (last_used, slot) over slots with last_used < clock
@@ -131,7 +134,8 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
 
     expert_ids [T, K] int32/int64; table int32 [L*E]; owner int32 [S]; last_used int64 [S];
     clock / n_pcie_max: Python ints or one-element device tensors (any int dtype; pass tensors
-    to capture in a CUDA graph). `out`: a RoutePlan.empty(T, K, device) to fill (graph-static
+    to capture in a CUDA graph); n_pcie_max may also be a device table [M] indexed by the
+    layer's number of misses (clamped to M - 1): the policy's count for every miss count. `out`: a RoutePlan.empty(T, K, device) to fill (graph-static
     outputs); otherwise a new one. No host sync.
 
     Cost on an H200 (kernel time, T=1 K=8 S=3000): ~2 us when nothing goes over PCIe (no
@@ -154,13 +158,14 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
     block_n = max(16, triton.next_power_of_2(n))
     block_s = max(16, min(block_slots, triton.next_power_of_2(num_slots)))
     clock_on_device = isinstance(clock, torch.Tensor)
-    n_pcie_on_device = isinstance(n_pcie_max, torch.Tensor)
+    n_pcie_mode = 0 if not isinstance(n_pcie_max, torch.Tensor) else 1 if n_pcie_max.numel() == 1 else 2
+    n_table_last = n_pcie_max.numel() - 1 if n_pcie_mode == 2 else 0
     _route_plan_kernel[(1,)](
         expert_ids.contiguous(), n, layer, num_experts,
         table, owner, last_used, num_slots,
-        clock, n_pcie_max,
+        clock, n_pcie_max, n_table_last,
         plan.unique_ids, plan.status, plan.slot, plan.evicted, plan.counts, plan.inverse,
-        CLOCK_ON_DEVICE=clock_on_device, N_PCIE_ON_DEVICE=n_pcie_on_device,
+        CLOCK_ON_DEVICE=clock_on_device, N_PCIE_MODE=n_pcie_mode,
         BLOCK_N=block_n, BLOCK_S=block_s, num_warps=num_warps,
     )
     return plan

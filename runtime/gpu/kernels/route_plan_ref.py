@@ -7,7 +7,8 @@ One MoE layer's expert work for a decode step, planned against the global expert
 1. dedup the T*K routed ids, keeping first-occurrence order in row-major (t, k) order;
 2. classify each unique expert: hit (table[key] >= 0) or miss;
 3. hits: last_used[slot] = clock;
-4. misses: the first n_pcie = min(misses, n_pcie_max) in unique order get victim slots, the
+4. misses: the first n_pcie = min(misses, n_pcie_max) in unique order (n_pcie_max: a number,
+   or a table [M] read at min(misses, M - 1): the split policy's count per miss count) get victim slots, the
    least recently used slots with last_used < clock that are not hit by this call, ties to the
    lowest slot index; the i-th such miss gets the i-th victim. Victims take the new key
    (owner/table; the old owner's table entry becomes -1) and last_used = clock. If fewer slots
@@ -78,7 +79,6 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
     num_tokens, top_k = expert_ids.shape
     n = num_tokens * top_k
     clock = _as_int(clock)
-    n_pcie_max = max(_as_int(n_pcie_max), 0)
     device = expert_ids.device
 
     ids = expert_ids.reshape(-1).tolist()
@@ -94,6 +94,9 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
     slots = table[torch.tensor(keys, dtype=torch.long, device=table.device)].tolist() if keys else []
     hit_slots = [s for s in slots if s >= 0]
     misses = [u for u, s in enumerate(slots) if s < 0]
+    if isinstance(n_pcie_max, torch.Tensor) and n_pcie_max.numel() > 1:
+        n_pcie_max = n_pcie_max[min(len(misses), n_pcie_max.numel() - 1)]
+    n_pcie_max = max(_as_int(n_pcie_max), 0)
 
     eligible = last_used < clock
     if hit_slots:

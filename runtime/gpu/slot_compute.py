@@ -1,0 +1,65 @@
+"""The device share of a decode layer: every (token, k) pair whose expert the route plan put in
+a cache slot (a hit, or a PCIe fill just made), computed from the slot, with fixed shapes and
+no host sync.
+
+Pairs are all T*K of the call; those the plan left to the CPU carry slot -1 and count nothing.
+bf16/f16 records on CUDA go through the Triton kernel that reads the slots in place
+(kernels/slot_experts.py); other dtypes (FP8 with block scales) and the CPU gather the used
+slots' weights and run one batched matmul (records.RecordViews).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ftw import ExpertBank
+
+from .kernels import RoutePlan
+from .records import RecordViews, swiglu_experts
+
+
+def _kernel():
+    """The Triton kernel, imported on first CUDA use (None without triton: the gather path serves)."""
+    try:
+        from .kernels.slot_experts import slot_experts
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return slot_experts
+
+_IN_PLACE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def pairs_of(plan: RoutePlan, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token int32 [P], slot int32 [P] (-1: not on the device), weight float32 [P]) for P = T*K."""
+    num_tokens, top_k = plan.inverse.shape
+    slot = plan.slot[plan.inverse.reshape(-1).long()]
+    token = torch.arange(num_tokens, dtype=torch.int32, device=slot.device).repeat_interleave(top_k)
+    return token, slot, weights.reshape(-1).to(torch.float32)
+
+
+def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:
+    """The weights' dtype when the kernel can read this layout's records in place, else None."""
+    names = {p.name: p.dtype for p in layout.parts}
+    if set(names) != {"w13", "w2"} or names["w13"] != names["w2"]:
+        return None
+    return _IN_PLACE_DTYPES.get(names["w13"])
+
+
+def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, slots: torch.Tensor,
+                     views: RecordViews, compute_dtype: torch.dtype, out: torch.Tensor) -> None:
+    """out (float32 [T, H]) += the plan's device pairs, each expert read from its slot."""
+    token, slot, weight = pairs_of(plan, weights)
+    layout = views.layout
+    dtype = in_place_dtype(layout)
+    slot_experts = _kernel() if x.is_cuda and dtype is not None else None
+    if slot_experts is not None:
+        parts = {p.name: p for p in layout.parts}
+        hidden, inter = parts["w2"].shape
+        slot_experts(x.to(dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
+                     w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
+        return
+    on_device = slot >= 0
+    w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
+    y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2)[:, 0]  # [P, H]
+    y = torch.where(on_device[:, None], y.to(torch.float32) * weight[:, None], 0.0)  # never-filled slots: not even NaN
+    out.index_add_(0, token.long(), y)
