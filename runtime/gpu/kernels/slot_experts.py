@@ -1,0 +1,141 @@
+"""Triton kernels: decode-time SwiGLU experts read in place from expert-cache slots.
+
+Semantics and arithmetic: slot_experts_ref.py (the torch twin this matches up to fp32 summation
+order). Decode is memory bound (T <= ~32 tokens against 9 MB records), so this is two GEMV
+passes over the weights with no gathered copy, where the gather + bmm path reads them three
+times (gather read, gather write, bmm read):
+
+1. grid (P, I / BLOCK_I): pair p's gate and up rows [i0, i0 + BLOCK_I) of W1 and W3 against x[t],
+   reduced along H in BLOCK_H steps (fp32 partial sums kept 2-d, reduced across threads once); act[p, i] = silu(g) * u into an fp32 scratch [P, I].
+2. grid (P, H / BLOCK_O): rows [h0, h0 + BLOCK_O) of W2 against act[p], reduced along I in
+   BLOCK_K steps; atomic add of weight * y into out[t] (fp32; several pairs share a token).
+
+A skipped pair (slot -1) returns before loading anything. Shapes alone fix the grids, the
+scratch comes from the caching allocator (a fixed address inside a CUDA graph's pool), and
+nothing is read back to the host, so a call can be captured and replayed with new pairs.
+Atomic adds make `out`'s last bits depend on the order pairs finish: not bitwise deterministic.
+
+A pair reads its expert's weights once, so tokens sharing an expert (T > 1) read it once per
+token; deduplicating those reads (one program over a slot's tokens) is the next step if T grows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .slot_experts_ref import check_slot_experts_args
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, stride_x, w_ptr, stride_slot, w13_at,
+    token_ptr, slot_ptr, act_ptr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, EVEN: tl.constexpr,
+):
+    p = tl.program_id(0)
+    slot = tl.load(slot_ptr + p)
+    if slot < 0:
+        return
+    token = tl.load(token_ptr + p).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
+    cols = tl.arange(0, BLOCK_H)
+    w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
+    w3 = w1 + INTER * HIDDEN
+    x_row = x_ptr + token * stride_x
+    # 2-d partial sums, reduced across threads once after the loop rather than every step
+    g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
+    u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
+    for h0 in range(0, HIDDEN, BLOCK_H):  # constexpr bounds: fine in the interpreter too
+        h = h0 + cols
+        if EVEN:  # no masks: unpredicated 16-byte loads
+            xs = tl.load(x_row + h)
+            w1_tile = tl.load(w1 + h[None, :])
+            w3_tile = tl.load(w3 + h[None, :])
+        else:
+            in_tile = (rows[:, None] < INTER) & (h < HIDDEN)[None, :]
+            xs = tl.load(x_row + h, mask=h < HIDDEN, other=0.0)
+            w1_tile = tl.load(w1 + h[None, :], mask=in_tile, other=0.0)
+            w3_tile = tl.load(w3 + h[None, :], mask=in_tile, other=0.0)
+        xs = xs.to(tl.float32)[None, :]  # [1, BLOCK_H]
+        g += w1_tile.to(tl.float32) * xs
+        u += w3_tile.to(tl.float32) * xs
+    gate = tl.sum(g, axis=1)  # [BLOCK_I]
+    act = gate / (1.0 + tl.exp(-gate)) * tl.sum(u, axis=1)
+    if EVEN:
+        tl.store(act_ptr + p * INTER + rows, act)
+    else:
+        tl.store(act_ptr + p * INTER + rows, act, mask=rows < INTER)
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr, w_ptr, stride_slot, w2_at,
+    token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+):
+    p = tl.program_id(0)
+    slot = tl.load(slot_ptr + p)
+    if slot < 0:
+        return
+    token = tl.load(token_ptr + p).to(tl.int64)
+    weight = tl.load(weight_ptr + p)
+    rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
+    cols = tl.arange(0, BLOCK_K)
+    w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
+    act_row = act_ptr + p * INTER
+    y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
+    for i0 in range(0, INTER, BLOCK_K):
+        i = i0 + cols
+        if EVEN:
+            a = tl.load(act_row + i)
+            w = tl.load(w2 + i[None, :])
+        else:
+            a = tl.load(act_row + i, mask=i < INTER, other=0.0)
+            w = tl.load(w2 + i[None, :], mask=(rows[:, None] < HIDDEN) & (i < INTER)[None, :], other=0.0)
+        y += w.to(tl.float32) * a[None, :]  # act is fp32 already
+    y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
+    if EVEN:
+        tl.atomic_add(out_ptr + token * stride_out + rows, y, sem="relaxed")
+    else:
+        tl.atomic_add(out_ptr + token * stride_out + rows, y, mask=rows < HIDDEN, sem="relaxed")
+
+
+def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
+                 pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
+                 dtype: torch.dtype, out: torch.Tensor, block_i: int = 16, block_h: int = 256,
+                 block_o: int = 32, block_k: int = 256, num_warps: int = 4) -> None:
+    """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
+    expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
+
+    x [T, H] float (bf16/f16) and out [T, H] float32 with unit inner stride; slots uint8
+    [S, slot_bytes]; pair_token / pair_slot int32 [P], pair_weight float32 [P], all on one device.
+    w13_offset / w2_offset: byte offsets of the parts in a record, multiples of dtype's size;
+    hidden, inter: H and I; dtype: the parts' dtype (bf16 or f16). No host sync; pair_token must
+    be in [0, T) for every pair that is not skipped (not checked: that would need a sync).
+
+    Tuning (not yet measured on a GPU; benchmarks/bench_slot_experts.py sweeps them): pass 1 is
+    [block_i, block_h] tiles of W1 and W3, pass 2 [block_o, block_k] tiles of W2; powers of two.
+    """
+    w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
+                                            w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
+    num_pairs = pair_slot.numel()
+    if num_pairs == 0 or slots.shape[0] == 0:
+        return
+    weights = slots.view(dtype)  # [S, slot_bytes / esize]: element pointers into the records
+    act = torch.empty(num_pairs, inter, dtype=torch.float32, device=x.device)  # [P, I]
+    block_i = min(block_i, triton.next_power_of_2(inter))
+    block_h = min(block_h, triton.next_power_of_2(hidden))
+    block_o = min(block_o, triton.next_power_of_2(hidden))
+    block_k = min(block_k, triton.next_power_of_2(inter))
+    _gate_up_kernel[(num_pairs, triton.cdiv(inter, block_i))](
+        x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, act,
+        HIDDEN=hidden, INTER=inter, BLOCK_I=block_i, BLOCK_H=block_h,
+        EVEN=hidden % block_h == 0 and inter % block_i == 0, num_warps=num_warps,
+    )
+    _down_kernel[(num_pairs, triton.cdiv(hidden, block_o))](
+        act, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
+        HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
+        EVEN=hidden % block_o == 0 and inter % block_k == 0, num_warps=num_warps,
+    )

@@ -1,0 +1,91 @@
+"""Decode-time SwiGLU experts read in place from expert-cache slots: the torch twin (the spec).
+
+`slot_experts` (slot_experts.py, Triton) must match this up to fp32 summation order. Both read
+each pair's weights straight from its slot's record bytes (the FTW layout: `w13` [2I, H], gate
+rows W1 first, then up rows W3; `w2` [H, I]), so the caller never gathers a copy of them.
+
+Arithmetic, exactly (both files): x and the weights are upcast to fp32, every product and sum
+is fp32, and nothing is rounded in between:
+
+    g = x[t] @ W1^T, u = x[t] @ W3^T            # [I], fp32
+    act = silu(g) * u                           # [I], fp32 (not rounded to `dtype`)
+    out[t] += weight * (act @ W2^T)             # [H], fp32
+
+Products of two bf16 (or two f16) values are exact in fp32, so the two twins differ only by the
+order of the fp32 sums (and the order of the atomic adds into `out`): |diff| stays around
+1e-6 * |out|. The gather + bmm path (`records.experts_from_records` in bf16) rounds g, u, act,
+the expert output and the weighted output to `dtype`; against it expect bf16-level differences
+(~1% of max|out|), and this path is the more accurate one.
+
+This twin gathers the pairs' weights (it is the specification and a CPU fallback, not the fast
+path); like the kernel it needs no host sync, so it can also be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
+                            pair_slot: torch.Tensor, pair_weight: torch.Tensor, *, w13_offset: int,
+                            w2_offset: int, hidden: int, inter: int, dtype: torch.dtype,
+                            out: torch.Tensor) -> tuple[int, int]:
+    """Raise TypeError / ValueError on arguments the kernel cannot take (shapes, dtypes, offsets);
+    returns the element offsets (w13, w2) inside a record. Reads shapes only: no host sync."""
+    if dtype not in WEIGHT_DTYPES:
+        raise TypeError(f"slot_experts: weights must be bf16 or f16, not {dtype}")
+    if slots.dtype != torch.uint8 or slots.dim() != 2 or slots.stride(1) != 1:
+        raise TypeError(f"slot_experts: slots must be uint8 [S, slot_bytes] with unit inner stride, got "
+                        f"{slots.dtype} {tuple(slots.shape)} stride {slots.stride()}")
+    if pair_token.dtype != torch.int32 or pair_slot.dtype != torch.int32 or pair_weight.dtype != torch.float32:
+        raise TypeError(f"slot_experts: pair_token/pair_slot must be int32 and pair_weight float32, got "
+                        f"{pair_token.dtype}/{pair_slot.dtype}/{pair_weight.dtype}")
+    num_pairs = pair_token.numel()
+    if pair_token.dim() != 1 or pair_slot.shape != (num_pairs,) or pair_weight.shape != (num_pairs,):
+        raise ValueError(f"slot_experts: pair_token, pair_slot, pair_weight must all be [P], got "
+                         f"{tuple(pair_token.shape)}, {tuple(pair_slot.shape)}, {tuple(pair_weight.shape)}")
+    if not x.is_floating_point() or out.dtype != torch.float32:
+        raise TypeError(f"slot_experts: x must be a float tensor and out float32, got {x.dtype} and {out.dtype}")
+    if x.dim() != 2 or x.shape[1] != hidden or out.shape != x.shape or x.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError(f"slot_experts: x and out must be [T, {hidden}] with unit inner stride, got "
+                         f"{tuple(x.shape)} stride {x.stride()} and {tuple(out.shape)} stride {out.stride()}")
+    esize = torch.empty(0, dtype=dtype).element_size()
+    slot_bytes = slots.shape[1]
+    for name, offset, nbytes in (("w13", w13_offset, 2 * inter * hidden * esize), ("w2", w2_offset, hidden * inter * esize)):
+        if offset < 0 or offset % esize or offset + nbytes > slot_bytes:
+            raise ValueError(f"slot_experts: {name} at byte {offset} ({nbytes} bytes) is not an aligned part "
+                             f"of a {slot_bytes}-byte slot")
+    if slots.stride(0) % esize:
+        raise ValueError(f"slot_experts: slot stride {slots.stride(0)} bytes is not a multiple of {esize}")
+    return w13_offset // esize, w2_offset // esize
+
+
+def slot_weights(slots: torch.Tensor, offset_elems: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """The part at element `offset_elems` of every slot, read in place: [S, *shape] in `dtype`."""
+    flat = slots.view(dtype)  # [S, slot_bytes / esize]
+    return flat[:, offset_elems : offset_elems + shape[0] * shape[1]].unflatten(1, shape)
+
+
+def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
+                     pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
+                     dtype: torch.dtype, out: torch.Tensor) -> None:
+    """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
+    expert_{pair_slot[p]}(x[t]); arithmetic in the module docstring. Skipped pairs (slot -1) read
+    nothing that matters: their token and weight may hold anything."""
+    w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
+                                            w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
+    if pair_slot.numel() == 0 or slots.shape[0] == 0:
+        return
+    used = pair_slot >= 0  # [P]
+    slot = torch.where(used, pair_slot, 0).long()
+    token = torch.where(used, pair_token, 0).long()
+    w13 = slot_weights(slots, w13_at, (2 * inter, hidden), dtype)[slot].float()  # [P, 2I, H]
+    w2 = slot_weights(slots, w2_at, (hidden, inter), dtype)[slot].float()  # [P, H, I]
+    xs = x[token].float()  # [P, H]
+    h = torch.einsum("ph,pjh->pj", xs, w13)  # [P, 2I]
+    act = F.silu(h[:, :inter]) * h[:, inter:]  # [P, I]
+    y = torch.einsum("pi,phi->ph", act, w2) * pair_weight[:, None]  # [P, H]
+    out.index_add_(0, token, torch.where(used[:, None], y, 0.0))  # where, not a 0 weight: a skipped slot may hold NaNs

@@ -1,0 +1,234 @@
+"""Slot experts (runtime/gpu/kernels/slot_experts*.py): the Triton kernel against its torch twin,
+and the twin against an independent computation from RecordViews + swiglu_experts.
+
+Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors at tiny shapes. The variable
+is set before the runtime imports: triton decides interpreted or compiled for its own jit helpers
+(tl.zeros, tl.sum) when it is first imported, and it stays set (tests/test_route_plan.py says
+why). Tolerances, from the arithmetic in
+slot_experts_ref.py: kernel vs twin and twin vs an fp32 RecordViews computation differ only in
+fp32 summation order (rtol 1e-4, atol 1e-5 at outputs of size ~1); the twin vs the existing
+gather + bmm path in bf16/f16 (which rounds its intermediates) within 2% of max|out|.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+if not HAS_CUDA:  # before the runtime imports: if one loads triton, its own jit helpers (tl.zeros) pick the mode then
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from runtime.experts.synthetic import random_bank  # noqa: E402
+from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref  # noqa: E402
+from runtime.gpu.records import PairPlan, RecordViews, experts_from_records, swiglu_experts  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+TIGHT = {"rtol": 1e-4, "atol": 1e-5}  # fp32 summation order only
+
+
+def _import_kernel():
+    """slot_experts, interpreted when there is no GPU; None without triton."""
+    name = "runtime.gpu.kernels.slot_experts"
+    try:
+        return (importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)).slot_experts
+    except ImportError:
+        return None
+
+
+slot_experts = _import_kernel()
+needs_triton = pytest.mark.skipif(slot_experts is None, reason="triton is not installed")
+
+
+class Slots:
+    """An expert cache's slot tensor: slot s holds expert `expert_of[s]`'s record (None: garbage).
+
+    Slots are wider than a record (as when a cache is shared with larger banks), and the empty ones
+    hold 0xFF bytes, NaN in bf16 and f16: a kernel that reads a slot it was not given shows it."""
+
+    def __init__(self, dtype: str, hidden: int, inter: int, expert_of: list[int | None], *, num_experts: int = 8,
+                 seed: int = 0, device: str = DEVICE) -> None:
+        bank = random_bank(dtype, num_experts, hidden, inter, seed=seed)
+        self.layout, self.hidden, self.inter, self.dtype = bank.layout, hidden, inter, DTYPES[dtype]
+        self.slots = torch.full((len(expert_of), bank.layout.expert_stride + 4096), 0xFF, dtype=torch.uint8)
+        for slot, expert in enumerate(expert_of):
+            if expert is not None:
+                self.slots[slot, : bank.layout.expert_stride] = bank.data[expert]
+        self.slots = self.slots.to(device)
+        parts = {p.name: p for p in bank.layout.parts}
+        self.kwargs = {"w13_offset": parts["w13"].offset, "w2_offset": parts["w2"].offset, "hidden": hidden,
+                       "inter": inter, "dtype": self.dtype}
+
+    def run(self, fn, x: torch.Tensor, tokens: list[int], slots: list[int], weights: list[float],
+            out: torch.Tensor) -> torch.Tensor:
+        """out (a copy) after fn(...) with these pairs."""
+        out = out.clone()
+        fn(x, self.slots, torch.tensor(tokens, dtype=torch.int32, device=x.device),
+           torch.tensor(slots, dtype=torch.int32, device=x.device),
+           torch.tensor(weights, dtype=torch.float32, device=x.device), out=out, **self.kwargs)
+        return out
+
+
+def random_pairs(gen: torch.Generator, num_tokens: int, top_k: int, num_slots: int,
+                 used_slots: list[int]) -> tuple[list[int], list[int], list[float]]:
+    """T*K pairs over `used_slots` (duplicates across and within tokens), about a quarter skipped;
+    skipped pairs carry an out-of-range token and a NaN weight, which must not matter."""
+    tokens, slots, weights = [], [], []
+    for t in range(num_tokens):
+        for _ in range(top_k):
+            skip = torch.rand(1, generator=gen).item() < 0.25
+            tokens.append(num_tokens + 7 if skip else t)
+            slots.append(-1 if skip else used_slots[int(torch.randint(len(used_slots), (1,), generator=gen))])
+            weights.append(float("nan") if skip else torch.rand(1, generator=gen).item())
+    return tokens, slots, weights
+
+
+def independent(cache: Slots, x: torch.Tensor, tokens: list[int], slots: list[int], weights: list[float],
+                out: torch.Tensor) -> torch.Tensor:
+    """The same sum, pair by pair, from RecordViews + swiglu_experts in fp32."""
+    views = RecordViews(cache.slots, cache.layout)
+    out = out.clone()
+    for t, s, w in zip(tokens, slots, weights, strict=True):
+        if s >= 0:
+            w13, w2 = views.weights(s, torch.float32)  # [1, 2I, H], [1, H, I]
+            out[t] += w * swiglu_experts(x[t : t + 1].float(), w13, w2)[0, 0]
+    return out
+
+
+# --- the twin against independent computations (no triton needed)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_reference_matches_record_views(dtype: str, num_tokens: int) -> None:
+    gen = torch.Generator().manual_seed(num_tokens)
+    cache = Slots(dtype, 64, 32, [None, 3, 0, 5, 3, 7], device="cpu")  # slot 0 empty; expert 3 twice
+    x = torch.randn(num_tokens, 64, generator=gen).to(cache.dtype)
+    out = torch.randn(num_tokens, 64, generator=gen)  # accumulated into, not overwritten
+    for top_k in (2, 3, 4):
+        pairs = random_pairs(gen, num_tokens, top_k, 6, [1, 2, 3, 4, 5])
+        got = cache.run(slot_experts_ref, x, *pairs, out)
+        torch.testing.assert_close(got, independent(cache, x, *pairs, out), **TIGHT)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_reference_is_the_gather_bmm_path_up_to_its_rounding(dtype: str) -> None:
+    """Routing as the executor sees it: a token's K experts, some cached (a slot), some not (-1)."""
+    gen = torch.Generator().manual_seed(5)
+    cache = Slots(dtype, 64, 32, [None, 3, 0, 5, 6, 7], device="cpu")
+    row_of = torch.tensor([2, -1, -1, 1, -1, 3, 4, 5])  # expert -> slot
+    num_tokens, top_k = 3, 4
+    expert_ids = torch.stack([torch.randperm(8, generator=gen)[:top_k] for _ in range(num_tokens)])  # [T, K]
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen), dim=-1)
+    x = torch.randn(num_tokens, 64, generator=gen).to(cache.dtype)
+    out = torch.zeros(num_tokens, 64)
+    plan = PairPlan.build(expert_ids, row_of, lambda t: t)
+    want = out.clone()
+    experts_from_records(x, weights, plan, RecordViews(cache.slots, cache.layout), cache.dtype, want)
+    tokens = torch.arange(num_tokens).repeat_interleave(top_k).tolist()
+    got = cache.run(slot_experts_ref, x, tokens, row_of[expert_ids].flatten().tolist(), weights.flatten().tolist(), out)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+
+
+def test_reference_rejects_bad_arguments() -> None:
+    cache = Slots("bf16", 64, 32, [0, 1], device="cpu")
+    x, out = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 64)
+    pairs = ([0], [1], [1.0])
+    with pytest.raises(TypeError):
+        cache.run(slot_experts_ref, x, *pairs, out.double())
+    with pytest.raises(ValueError):  # a part that runs past the slot
+        cache.kwargs["w2_offset"] = cache.slots.shape[1] - 64
+        cache.run(slot_experts_ref, x, *pairs, out)
+    with pytest.raises(ValueError):  # an odd offset cannot be a bf16 element
+        cache.kwargs["w2_offset"] = 3
+        cache.run(slot_experts_ref, x, *pairs, out)
+    with pytest.raises(TypeError):
+        cache.kwargs["dtype"] = torch.float32
+        cache.run(slot_experts_ref, x, *pairs, out)
+
+
+# --- the kernel against the twin
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_kernel_matches_reference(dtype: str, num_tokens: int) -> None:
+    gen = torch.Generator().manual_seed(10 + num_tokens)
+    cache = Slots(dtype, 64, 32, [None, 3, 0, 5, 3, 7])
+    x = torch.randn(num_tokens, 64, generator=gen).to(cache.dtype).to(DEVICE)
+    out = torch.randn(num_tokens, 64, generator=gen).to(DEVICE)
+    for top_k in (2, 3, 4):
+        pairs = random_pairs(gen, num_tokens, top_k, 6, [1, 2, 3, 4, 5])
+        got = cache.run(slot_experts, x, *pairs, out)
+        torch.testing.assert_close(got, cache.run(slot_experts_ref, x, *pairs, out), **TIGHT)
+
+
+@needs_triton
+def test_kernel_ragged_shapes_and_strided_rows() -> None:
+    """H and I that the blocks do not divide (masked tiles); x and out rows inside wider buffers."""
+    gen = torch.Generator().manual_seed(3)
+    cache = Slots("bf16", 96, 40, [2, None, 6, 1])
+    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16).to(DEVICE)[:, :96]  # row stride 128
+    buffer = torch.randn(3, 160, generator=gen).to(DEVICE)
+    pairs = [torch.tensor(v, dtype=d, device=DEVICE) for v, d in (
+        ([2, 0, 1, 0, 2, 1], torch.int32), ([0, 2, 3, 0, -1, 2], torch.int32),
+        ([0.5, 0.25, 1.0, 0.125, 0.0, 0.75], torch.float32))]
+    results = []
+    for fn in (slot_experts, slot_experts_ref):
+        out = buffer.clone()
+        fn(x, cache.slots, *pairs, out=out[:, 32:128], **cache.kwargs)  # row stride 160
+        assert torch.equal(out[:, :32], buffer[:, :32]) and torch.equal(out[:, 128:], buffer[:, 128:])
+        results.append(out)
+    torch.testing.assert_close(*results, **TIGHT)
+
+
+@needs_triton
+def test_kernel_no_pairs_or_all_skipped_leave_out_alone() -> None:
+    cache = Slots("f16", 64, 32, [None, None])  # every slot NaN
+    x = torch.randn(2, 64).to(torch.float16).to(DEVICE)
+    out = torch.randn(2, 64).to(DEVICE)
+    assert torch.equal(cache.run(slot_experts, x, [], [], [], out), out)
+    assert torch.equal(cache.run(slot_experts, x, [0, 1, 1], [-1, -1, -1], [1.0, 1.0, 1.0], out), out)
+
+
+# --- on the GPU host: Qwen3-30B-A3B experts
+
+
+QWEN3 = (2048, 768)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@needs_triton
+def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
+    """T=1, P=8 at H=2048, I=768 in bf16; then captured once, replayed with new pairs in place."""
+    gen = torch.Generator().manual_seed(0)
+    cache = Slots("bf16", *QWEN3, [0, 1, 2, 3, None, 4, 5, 6, 7, 2], num_experts=8)
+    x = torch.randn(1, QWEN3[0], generator=gen).to(torch.bfloat16).cuda()
+    out = torch.zeros(1, QWEN3[0], device="cuda")
+    pairs = ([0] * 8, [0, 1, 2, 3, 5, 6, 7, -1], torch.softmax(torch.randn(8, generator=gen), 0).tolist())
+    want = cache.run(slot_experts_ref, x, *pairs, out)
+    torch.testing.assert_close(cache.run(slot_experts, x, *pairs, out), want, rtol=1e-4, atol=1e-4)
+
+    tokens, slots = torch.zeros(8, dtype=torch.int32, device="cuda"), torch.full((8,), -1, dtype=torch.int32, device="cuda")
+    weights = torch.zeros(8, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up (compile) outside the capture
+        slot_experts(x, cache.slots, tokens, slots, weights, out=out, **cache.kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        slot_experts(x, cache.slots, tokens, slots, weights, out=out, **cache.kwargs)
+    for new_slots in ([9, 8, 7, 6, 5, 3, 1, 0], [-1, 2, -1, 9, 1, -1, -1, 8]):
+        slots.copy_(torch.tensor(new_slots, dtype=torch.int32))
+        weights.copy_(torch.rand(8, generator=gen))
+        out.zero_()
+        graph.replay()
+        want = cache.run(slot_experts_ref, x, [0] * 8, new_slots, weights.tolist(), torch.zeros_like(out))
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
