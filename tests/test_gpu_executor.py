@@ -288,7 +288,7 @@ def test_auto_split_is_the_simulators_automatic_policy() -> None:
     profile = BandwidthProfile(pcie_gbps=stride / 1e6, cpu_gbps=stride / 1.5e6, pcie_fixed_ms=0.5,
                                cpu_fixed_ms=1.5, pcie_alone_gbps=stride / 0.9e6, cpu_alone_gbps=stride / 1.2e6)
     ex = build_hybrid(banks, device="cpu", cache_slots=2 * E, mode="auto", profile=profile, top_k=K,
-                      compute_dtype=torch.float32, prefill_min_tokens=64)
+                      compute_dtype=torch.float32, prefill_min_tokens=64, auto_guard=False)
     cost = miss_cost(profile)
     sim = automatic(2 * E, cost, [stride, stride])
     gen = torch.Generator().manual_seed(5)

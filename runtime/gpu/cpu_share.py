@@ -98,7 +98,7 @@ class CPUShare:
         out += pending.staging.result.to(out.device, non_blocking=True)
 
     def _staging_for(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, plan: RoutePlan) -> _Staging:
-        key = (tuple(x.shape), x.dtype, ids.dtype, weights.dtype)
+        key = (tuple(x.shape), tuple(ids.shape), tuple(plan.status.shape), x.dtype, ids.dtype, weights.dtype)
         staging = self._staging.get(key)
         if staging is None:
             def pinned(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

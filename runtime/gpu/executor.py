@@ -31,6 +31,7 @@ import torch
 from ..cache_policy import HIT_RATE_DECAY
 from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
+from .auto_guard import PCIE_ONLY, AutoGuard
 from .cpu_share import CPUShare
 from .expert_cache import ExpertCache
 from .kernels import HIT, NUM_UNIQUE, RoutePlan, route_plan_ref
@@ -146,14 +147,16 @@ class HybridExpertExecutor:
     calls, both decayed by HIT_RATE_DECAY per call (an exponential moving average, 0 before any). "static" keeps
     `static_resident_layers` (default: as many whole layers as fit, first ones first) resident.
     Calls with at least `prefill_min_tokens` tokens stream whole banks through `prefill_buffers`
-    (2: double-buffered, 1: single, 0: never) bank-sized device buffers.
+    (2: double-buffered, 1: single, 0: never) bank-sized device buffers. "auto" checks its split
+    against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
+    `auto_guard` is False.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], *, device: torch.device | str, cache: ExpertCache,
                  mode: str = "auto", cpu_executor: ExpertExecutor | None = None,
                  compute_dtype: torch.dtype = torch.bfloat16, profile: BandwidthProfile | None = None,
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
-                 prefill_min_tokens: int = 32, prefill_buffers: int = 2) -> None:
+                 prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if mode == "auto" and split is None and profile is None:
@@ -171,7 +174,8 @@ class HybridExpertExecutor:
         self.profile = profile
         self._cost = miss_cost(profile) if profile is not None else None
         self.split = split or (self._profile_split if mode == "auto" else None)
-        self._split_tables: dict[tuple, torch.Tensor] = {}
+        self._split_tables: dict[tuple, tuple[torch.Tensor, bool]] = {}  # -> (table, sends any miss to the CPU)
+        self.guard = AutoGuard(min(banks)) if mode == "auto" and auto_guard and banks else None
         self._hit_rate = RecentHitRate(self.device)
         self.prefill_min_tokens = prefill_min_tokens
         self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
@@ -203,6 +207,8 @@ class HybridExpertExecutor:
             s.prefill_bytes += self.prefill.streamer.bytes_streamed - streamed
             s.prefill_experts_skipped += self.prefill.streamer.experts_skipped - skipped
             s.prefill_ms += (time.perf_counter() - start) * 1e3
+            if self.guard is not None:
+                self.guard.interrupt()
             return out
         out = self._decode(layer, x, expert_ids, weights)
         self._stats.decode_ms += (time.perf_counter() - start) * 1e3
@@ -213,11 +219,14 @@ class HybridExpertExecutor:
         bank, cache = self.banks[layer], self.cache
         stride = bank.layout.expert_stride
         num_pairs = expert_ids.numel()
+        n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
+        if self.guard is not None and self.guard.on_decode_call(layer) == PCIE_ONLY:
+            n_pcie, uses_cpu = num_pairs, False
         table, owner, last_used = cache.device_state()
-        plan = self._route_plan(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(),
-                                self._n_pcie(num_pairs, stride))
-        # offload sends a miss to the CPU only when no slot is free to take it: more distinct experts than slots
-        may_use_cpu = self.mode != "offload" or num_pairs > cache.num_slots
+        plan = self._route_plan(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(), n_pcie)
+        # with every miss sent to PCIe, one still lands on the CPU when no slot may take it: more
+        # distinct experts than slots
+        may_use_cpu = uses_cpu or num_pairs > cache.num_slots
         pending = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if may_use_cpu else None
         self._fill(plan, bank)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -258,22 +267,24 @@ class HybridExpertExecutor:
         fill_value_s = fill_value_seconds(self.recent_hit_rate, expert_bytes, self._cost)
         return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)
 
-    def _n_pcie(self, num_pairs: int, expert_bytes: int) -> int | torch.Tensor:
-        """How many misses the plan may copy: a number for the fixed modes; for "auto" a device
-        table by miss count, rebuilt when the split (or the hit rate it prices with) changes."""
+    def _n_pcie(self, num_pairs: int, expert_bytes: int) -> tuple[int | torch.Tensor, bool]:
+        """How many misses the plan may copy, and whether any miss may go to the CPU: a number
+        for the fixed modes; for "auto" a device table by miss count, rebuilt when the split (or
+        the hit rate it prices with) changes."""
         if self.mode == "offload":
-            return num_pairs
+            return num_pairs, False
         if self.mode != "auto" or self.split is None:
-            return 0
+            return 0, True
         rate = self.recent_hit_rate
         key = (self.split, num_pairs, expert_bytes, round(rate * 64) if self.device.type == "cuda" else rate)
-        table = self._split_tables.get(key)
-        if table is None:
+        entry = self._split_tables.get(key)
+        if entry is None:
             if len(self._split_tables) > 256:
                 self._split_tables.clear()
             counts = [max(0, min(m, self.split(m, expert_bytes))) if m else 0 for m in range(num_pairs + 1)]
-            table = self._split_tables[key] = torch.tensor(counts, dtype=torch.int32).to(self.device)
-        return table
+            uses_cpu = any(c < m for m, c in enumerate(counts))
+            entry = self._split_tables[key] = (torch.tensor(counts, dtype=torch.int32).to(self.device), uses_cpu)
+        return entry
 
     # -- residency, size, stats ----------------------------------------------------------------------
 

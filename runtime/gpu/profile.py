@@ -27,6 +27,10 @@ from .expert_cache import ExpertCache
 
 log = logging.getLogger(__name__)
 
+# Bumped when what is measured changes (2: fixed costs of the device-planned decode path with the
+# CPU share awaited by the stream); a kept profile of another version is measured again.
+PROFILE_VERSION = 2
+
 
 @dataclass(frozen=True)
 class BandwidthProfile:
@@ -45,6 +49,7 @@ class BandwidthProfile:
     cpu_threads: int = 0
     dtype: str = ""  # of the measured bank's weights
     measured_at: str = ""
+    version: int = 0
 
     def save(self, path: Path) -> None:
         """Crash-safe: temp file, fsync, rename."""
@@ -152,7 +157,7 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
         pcie_gbps=stride / (pcie_per * 1e6), cpu_gbps=stride / (cpu_per * 1e6), cpu_fixed_ms=cpu_fixed,
         pcie_fixed_ms=pcie_fixed, pcie_alone_gbps=stride / (pcie_alone * 1e6), cpu_alone_gbps=stride / (cpu_alone * 1e6),
         machine=machine_key(device, cpu_threads=threads, dtype=dtype), expert_bytes=stride,
-        cpu_threads=threads, dtype=dtype, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        cpu_threads=threads, dtype=dtype, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), version=PROFILE_VERSION)
     log.info("bandwidth profile %s: PCIe %.1f GB/s (alone %.1f) + %.3f ms, CPU %.1f GB/s (alone %.1f) + %.3f ms per "
              "layer call", profile.machine, profile.pcie_gbps, profile.pcie_alone_gbps, profile.pcie_fixed_ms,
              profile.cpu_gbps, profile.cpu_alone_gbps, profile.cpu_fixed_ms)
@@ -166,9 +171,14 @@ def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: 
     path = profiles_dir() / f"{machine_key(device, cpu_threads=threads, dtype=bank_dtype(bank))}.json"
     if path.exists() and not remeasure:
         try:
-            return BandwidthProfile.load(path)
+            kept = BandwidthProfile.load(path)
         except (OSError, ValueError, TypeError) as e:
             log.warning("bandwidth profile %s is unreadable (%s); measuring again", path, e)
+        else:
+            if kept.version == PROFILE_VERSION:
+                return kept
+            log.info("bandwidth profile %s is of version %d, not %d; measuring again", path, kept.version,
+                     PROFILE_VERSION)
     profile = measure(bank, cpu_executor, device, cpu_threads=threads, **kwargs)
     profile.save(path)
     return profile

@@ -55,7 +55,7 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     if slot_experts is not None:
         parts = {p.name: p for p in layout.parts}
         hidden, inter = parts["w2"].shape
-        slot_experts(x.to(dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
+        slot_experts(x.to(compute_dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
                      w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
         return
     on_device = slot >= 0

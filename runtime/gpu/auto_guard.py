@@ -1,0 +1,82 @@
+"""The end-to-end check behind "auto never loses to plain offload".
+
+The cost model's split (cache_policy_split.py) is only as right as its profile: a CPU hand-off
+costs latency the model may misjudge on a given machine and load. So "auto" runs two arms and
+measures them where it matters, whole decode steps: "model" (the model's split, the CPU share
+on) and "pcie" (every miss over PCIe, no CPU share). A step is the time between two decode
+calls of the first MoE layer (one token: attention, sampling and the host's wait included, the
+same for both arms). The arms alternate in blocks of EXPLORE steps until each has ROUNDS
+blocks, then the faster (by median step time) runs, and the other is tried again for one block
+every REVISIT steps, so a change in load or hit rate is noticed.
+
+Where the model never sends a miss to the CPU the two arms are the same, and there is nothing
+to choose.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+MODEL, PCIE_ONLY = "model", "pcie"
+
+
+class AutoGuard:
+    EXPLORE = 6  # steps per trial block
+    ROUNDS = 2  # blocks per arm before the first choice
+    REVISIT = 96  # steps between re-trials of the losing arm
+    KEEP = 48  # step times kept per arm
+
+    def __init__(self, first_layer: int) -> None:
+        self.first_layer = first_layer
+        self.arm = MODEL
+        self.times: dict[str, list[float]] = {MODEL: [], PCIE_ONLY: []}
+        self._blocks = {MODEL: 0, PCIE_ONLY: 0}
+        self._step_start: float | None = None
+        self._in_block = 0
+        self._since_choice = 0
+        self.switches = 0
+
+    def on_decode_call(self, layer: int) -> str:
+        """Called at the start of every decode layer call; returns the arm for this call."""
+        if layer != self.first_layer:
+            return self.arm
+        now = time.perf_counter()
+        if self._step_start is not None:
+            times = self.times[self.arm]
+            times.append(now - self._step_start)
+            del times[: -self.KEEP]
+            self._next_arm()
+        self._step_start = now
+        return self.arm
+
+    def interrupt(self) -> None:
+        """A prefill or a pause between requests: the next interval is not a decode step."""
+        self._step_start = None
+
+    @property
+    def best(self) -> str:
+        medians = {arm: statistics.median(t) for arm, t in self.times.items() if t}
+        return min(medians, key=medians.get) if len(medians) == 2 else self.arm
+
+    def _next_arm(self) -> None:
+        self._in_block += 1
+        if self._in_block < self.EXPLORE:
+            return
+        self._in_block = 0
+        self._blocks[self.arm] += 1
+        other = PCIE_ONLY if self.arm == MODEL else MODEL
+        if min(self._blocks.values()) < self.ROUNDS:  # still exploring: alternate blocks
+            self._switch(other if self._blocks[other] < self.ROUNDS else self.arm)
+            return
+        self._since_choice += self.EXPLORE
+        if self._since_choice >= self.REVISIT:  # one re-trial block of the arm that is behind
+            self._since_choice = 0
+            self._switch(PCIE_ONLY if self.best == MODEL else MODEL)
+        else:
+            self._switch(self.best)
+
+    def _switch(self, arm: str) -> None:
+        if arm != self.arm:
+            self.switches += 1
+            self.arm = arm

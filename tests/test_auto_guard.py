@@ -1,0 +1,58 @@
+"""AutoGuard: "auto" measures its split against plain offload on whole decode steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.gpu import auto_guard
+from runtime.gpu.auto_guard import MODEL, PCIE_ONLY, AutoGuard
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_steps(guard: AutoGuard, clock: Clock, steps: int, step_s: dict[str, float], layers=(3, 4, 5)) -> list[str]:
+    """`steps` decode steps over `layers`; a step under arm a takes step_s[a]; the arm of each step."""
+    arms = []
+    for _ in range(steps):
+        arm = None
+        for layer in layers:
+            got = guard.on_decode_call(layer)
+            arm = arm or got
+            assert got == arm  # the arm changes only at a step boundary
+        arms.append(arm)
+        clock.now += step_s[arm]
+    return arms
+
+
+@pytest.mark.parametrize("faster", [MODEL, PCIE_ONLY])
+def test_the_guard_settles_on_the_faster_arm_and_revisits_the_other(monkeypatch, faster: str) -> None:
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=3)
+    slower = PCIE_ONLY if faster == MODEL else MODEL
+    arms = run_steps(guard, clock, 400, {faster: 0.020, slower: 0.030})
+    explore = 2 * AutoGuard.ROUNDS * AutoGuard.EXPLORE
+    assert set(arms[:explore]) == {MODEL, PCIE_ONLY}  # both tried first
+    after = arms[explore + 1:]
+    assert after.count(faster) > 0.85 * len(after)  # then mostly the faster one
+    assert slower in after  # and the slower one again now and then
+    assert guard.best == faster
+
+
+def test_an_interrupted_step_is_not_timed(monkeypatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=0)
+    guard.on_decode_call(0)
+    clock.now += 100.0  # a prefill, or an idle server, between two steps
+    guard.interrupt()
+    guard.on_decode_call(0)
+    clock.now += 0.01
+    guard.on_decode_call(0)
+    assert guard.times[MODEL] == [pytest.approx(0.01)]
