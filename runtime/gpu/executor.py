@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
 PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
+MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
 
 
@@ -223,7 +224,9 @@ class HybridExpertExecutor:
         if self.guard is not None and self.guard.on_decode_call(layer) == PCIE_ONLY:
             n_pcie, uses_cpu = num_pairs, False
         table, owner, last_used = cache.device_state()
-        plan = self._route_plan(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(), n_pcie)
+        # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
+        planner = self._route_plan if num_pairs <= MAX_KERNEL_PAIRS else route_plan_ref
+        plan = planner(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(), n_pcie)
         # with every miss sent to PCIe, one still lands on the CPU when no slot may take it: more
         # distinct experts than slots
         may_use_cpu = uses_cpu or num_pairs > cache.num_slots
@@ -283,7 +286,8 @@ class HybridExpertExecutor:
                 self._split_tables.clear()
             counts = [max(0, min(m, self.split(m, expert_bytes))) if m else 0 for m in range(num_pairs + 1)]
             uses_cpu = any(c < m for m, c in enumerate(counts))
-            entry = self._split_tables[key] = (torch.tensor(counts, dtype=torch.int32).to(self.device), uses_cpu)
+            staged = torch.tensor(counts, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+            entry = self._split_tables[key] = (staged.to(self.device, non_blocking=True), uses_cpu)  # no host wait
         return entry
 
     # -- residency, size, stats ----------------------------------------------------------------------
