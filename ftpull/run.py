@@ -27,6 +27,8 @@ HELP = """Available commands:
   /set parameter NAME VALUE   set a sampling parameter (temperature, top_k, top_p, min_p,
                               repeat_penalty, repeat_last_n, seed, num_predict, stop)
   /set system TEXT            set the system prompt
+  /set vram GIB               change the VRAM budget of a --device gpu run (the expert cache
+                              grows or shrinks before the next token; nothing is reloaded)
   /show parameters            show the current parameters
   /clear                      forget the conversation
   /bye                        exit
@@ -43,9 +45,19 @@ class Chat:
     options: dict[str, Any]
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
+    experts: Any = None  # the GPU runtime's HybridExpertExecutor (--device gpu): its elastic VRAM budget
 
     def params(self) -> SamplingParams:
         return SamplingParams.from_options(self.options)
+
+    def set_vram(self, gib: float) -> str:
+        """A new VRAM budget for the loaded model (applied before the next token). Raises
+        ValueError with the numbers when it cannot hold one token's experts."""
+        governor = getattr(self.experts, "elastic", None)
+        if governor is None:
+            raise ValueError("/set vram needs a model running with --device gpu (the CPU runtime uses no VRAM)")
+        slots = governor.set_budget(int(gib * 2**30))
+        return f"Set VRAM budget to {gib:g} GiB: the expert cache becomes {slots} slots before the next token"
 
     def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
         history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
@@ -99,7 +111,8 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     tokenizer = Tokenizer.from_model(registered)
     load_seconds = time.perf_counter() - start
     session = Session(loaded.model, tokenizer, fitted.context_length)  # type: ignore[arg-type]
-    return loaded, Chat(session, tokenizer, options, registered.config.get("system")), load_seconds
+    chat = Chat(session, tokenizer, options, registered.config.get("system"), experts=loaded.experts)
+    return loaded, chat, load_seconds
 
 
 def stats_lines(result: Generation, load_seconds: float | None) -> list[str]:
@@ -165,6 +178,19 @@ def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
             return True
         chat.options = candidate
         say(f"Set parameter '{key}' to '{value}'")
+    elif command == "/set" and len(parts) == 3 and parts[1] == "vram":
+        set_vram = getattr(chat, "set_vram", None)
+        try:
+            gib = float(parts[2])
+        except ValueError:
+            say(f"Error: /set vram takes a size in GiB, e.g. '/set vram 6', not '{parts[2]}'")
+            return True
+        try:
+            if set_vram is None:
+                raise ValueError("/set vram works on a model this process runs, not through `ft serve`")
+            say(set_vram(gib))
+        except ValueError as e:
+            say(f"Error: {e}")
     elif command == "/show" and len(parts) >= 2 and parts[1] == "parameters":
         say("\n".join(f"{k:<16}{v}" for k, v in sorted(chat.options.items())) or "(defaults)")
     else:

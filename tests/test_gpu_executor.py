@@ -624,3 +624,62 @@ def test_cuda_backend_greedy_matches_cpu_backend(tiny_store) -> None:
     assert greedy(loaded, 16)[0] == ref_tokens
     assert loaded.experts is not None and loaded.experts.pinner.pinned_bytes > 0
 
+
+
+def test_elastic_vram_follows_free_memory_and_new_budgets_with_the_same_output(tiny_store) -> None:
+    """The governor load_gpu attaches resizes the cache at step boundaries (another program takes
+    VRAM and gives it back; the user sets a new budget); no weight is reloaded and greedy output
+    stays the reference's."""
+    from runtime.load import load
+
+    store, name = tiny_store
+    reference = greedy(load(store, name, torch.float32), 16)[0]
+    loaded = load(store, name, torch.float32, cache_slots=6, backend="gpu", device="cpu", mode="offload",
+                  prefill_min_tokens=8)
+    executor = loaded.experts
+    governor = executor.elastic
+    slot = executor.cache.slot_bytes
+    assert governor is not None and governor.budget_slots == 6 and governor.min_slots == 4  # 2 layers x top-2
+    free = {"bytes": 10 * slot}
+    governor.probe, governor.reserve_bytes, governor.check_every_s = (lambda: (free["bytes"], 100 * slot)), 2 * slot, 0.0
+    banks_before = {layer: bank.data.data_ptr() for layer, bank in loaded.weights.banks.items()}
+    sizes = []
+
+    def between(step: int) -> None:
+        if step == 4:
+            free["bytes"] = slot  # another program took memory: 1 slot free, 2 reserved -> give one back
+        if step == 8:
+            free["bytes"] = 10 * slot  # it gave it back
+        if step == 11:
+            governor.set_budget(governor.other_bytes + 8 * slot)
+        sizes.append(executor.cache.num_slots)
+
+    assert greedy(loaded, 16, between)[0] == reference
+    assert sizes[:5] == [6] * 5 and 5 in sizes and sizes[9] == 6 and sizes[-1] == 8
+    assert {layer: bank.data.data_ptr() for layer, bank in loaded.weights.banks.items()} == banks_before
+    assert any("6 -> 5" in e for e in governor.events)
+
+
+def test_set_vram_in_ft_run_resizes_before_the_next_token(tiny_store) -> None:
+    from ftpull.run import Chat, handle_command
+    from runtime.load import load
+
+    store, name = tiny_store  # (a checkpoint without a tokenizer: the steps run on token ids)
+    loaded = load(store, name, torch.float32, cache_slots=6, backend="gpu", device="cpu", mode="offload",
+                  prefill_min_tokens=8)
+    chat = Chat(None, None, {}, experts=loaded.experts)  # type: ignore[arg-type]
+    said: list[str] = []
+    slot = loaded.experts.cache.slot_bytes
+    other = loaded.experts.elastic.other_bytes
+    handle_command(chat, f"/set vram {(other + 8 * slot) / 2**30!r}", said.append)
+    assert "the expert cache becomes 8 slots" in said[-1]
+    assert loaded.experts.cache.num_slots == 6  # not before the next step
+    greedy(loaded, 2)
+    assert loaded.experts.cache.num_slots == 8
+    handle_command(chat, f"/set vram {(other + 2 * slot) / 2**30!r}", said.append)
+    assert said[-1].startswith("Error: a VRAM budget of") and "fewer than one token's experts (4 slots" in said[-1]
+    handle_command(chat, "/set vram lots", said.append)
+    assert said[-1] == "Error: /set vram takes a size in GiB, e.g. '/set vram 6', not 'lots'"
+    cpu_chat = Chat(None, None, {})  # type: ignore[arg-type]
+    handle_command(cpu_chat, "/set vram 6", said.append)
+    assert said[-1] == "Error: /set vram needs a model running with --device gpu (the CPU runtime uses no VRAM)"

@@ -15,6 +15,7 @@ from ..plan import ModelFootprint, Plan, PlanOverrides, plan, size
 from ..resources import Machine
 from ..weights import RegisteredModel
 from .device_model import DeviceModel, move_dense
+from .elastic import VramGovernor, cuda_probe
 from .executor import HybridExpertExecutor
 from .expert_cache import ExpertCache
 from .host_memory import HostPinner
@@ -99,6 +100,20 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
     return executor
 
 
+def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit: Plan | None,
+                 vram_budget_bytes: int | None) -> VramGovernor:
+    """The elastic-VRAM governor of a loaded model: the budget it was planned for (or, with slots
+    given outright, what those slots take), free-memory checks on CUDA."""
+    cache = executor.cache
+    budget = fit.vram_budget_bytes if fit is not None else vram_budget_bytes
+    if budget is None:
+        budget = cache.num_slots * cache.slot_bytes
+    min_slots = 0 if executor.mode == "cpu" else footprint.num_moe_layers * footprint.num_experts_per_tok
+    probe = cuda_probe(executor.device) if executor.device.type == "cuda" else None
+    return VramGovernor(slot_bytes=cache.slot_bytes, budget_bytes=budget, cache_slots=cache.num_slots,
+                        min_slots=min_slots, probe=probe)
+
+
 def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.device | str = "cuda",
              fit: Plan | None = None, vram_budget_bytes: int | None = None, cache_slots: int | None = None,
              num_ctx: int | None = None, mode: str = "auto", prefill_buffers: int = 2, force: bool = False,
@@ -127,6 +142,7 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     executor = build_hybrid(weights, device=device, cache_slots=cache_slots, mode=mode, compute_dtype=dtype,
                             prefill_buffers=prefill_buffers, force=force, pin=False, **options)
     executor.pinner = pinner  # type: ignore[attr-defined]
+    executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes)
     with torch.device(device):
         model = build_model(weights.config, weights, executor, dtype)
     return weights, DeviceModel(model, device), executor

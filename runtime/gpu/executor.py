@@ -33,6 +33,7 @@ from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .auto_guard import PCIE_ONLY, AutoGuard
 from .cpu_share import CPUShare
+from .elastic import VramGovernor
 from .expert_cache import ExpertCache
 from .kernels import HIT, NUM_UNIQUE, RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
@@ -177,6 +178,8 @@ class HybridExpertExecutor:
         self.split = split or (self._profile_split if mode == "auto" else None)
         self._split_tables: dict[tuple, tuple[torch.Tensor, bool]] = {}  # -> (table, sends any miss to the CPU)
         self.guard = AutoGuard(min(banks)) if mode == "auto" and auto_guard and banks else None
+        self.first_layer = min(banks) if banks else 0
+        self.elastic: VramGovernor | None = None  # set by load_gpu: the cache follows the VRAM budget
         self._hit_rate = RecentHitRate(self.device)
         self.prefill_min_tokens = prefill_min_tokens
         self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
@@ -199,6 +202,10 @@ class HybridExpertExecutor:
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # Host tensors here name device="cpu": inside DeviceModel, torch's default device is the GPU.
+        if self.elastic is not None and layer == self.first_layer:  # a safe point: a step begins
+            slots = self.elastic.poll(self.cache.num_slots)
+            if slots is not None:
+                self.resize(slots)
         start = time.perf_counter()
         if self.prefill is not None and x.shape[0] >= self.prefill_min_tokens:
             streamed, skipped = self.prefill.streamer.bytes_streamed, self.prefill.streamer.experts_skipped
@@ -330,7 +337,10 @@ class HybridExpertExecutor:
         used entries that fit stay); no weights are reloaded. Static mode re-places its layers."""
         if self.prefill is not None:
             self.prefill.streamer.release()  # a prefetched bank may read slots that move
+        shrinking = num_slots < self.cache.num_slots
         self.cache.resize(num_slots, source=self._record)
+        if shrinking and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed slots back to the driver: another program may need them
         if self.mode == "static":
             self._make_resident()
 

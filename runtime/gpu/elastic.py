@@ -1,0 +1,104 @@
+"""Elastic VRAM: the expert cache follows a budget that changes while the model is loaded.
+
+Two reasons to change size, both applied by the executor at a safe point (the first MoE layer's
+call of a step: nothing of the previous step is in flight once the resize has synchronized)
+without reloading any weight (HybridExpertExecutor.resize keeps the most recent entries):
+
+- `set_budget(bytes)`: the user asked (`/set vram GIB` in `ft run --device gpu`);
+- another program took VRAM: every `check_every_s` the governor reads the device's free memory;
+  below `reserve_bytes` it gives back the shortfall (and empties torch's allocator cache, so the
+  other program can have it); once memory is free again it grows back toward the budget.
+
+The floor is one token's experts (MoE layers x top-k slots: below it a global LRU thrashes): the
+governor never goes under it, and says so with the numbers when the device would need it to.
+This module is policy only (sizes in slots, from numbers it is given); `probe` is injectable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from ..footprint import size
+
+log = logging.getLogger(__name__)
+
+Probe = Callable[[], tuple[int, int]]  # () -> (free bytes, total bytes) of the device
+GiB = 1 << 30
+
+
+def cuda_probe(device: torch.device) -> Probe:
+    def probe() -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+
+    return probe
+
+
+class VramGovernor:
+    """Decides the cache's slot count; `poll(current)` returns a new count or None."""
+
+    def __init__(self, *, slot_bytes: int, budget_bytes: int, cache_slots: int, min_slots: int,
+                 probe: Probe | None = None, reserve_bytes: int | None = None, check_every_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.slot_bytes, self.min_slots = slot_bytes, min_slots
+        # what the budget holds besides the cache (dense weights, KV, workspace): fixed while loaded
+        self.other_bytes = max(0, budget_bytes - cache_slots * slot_bytes)
+        self.budget_bytes = budget_bytes
+        self.probe, self.check_every_s, self.clock = probe, check_every_s, clock
+        self.reserve_bytes = reserve_bytes
+        self._next_check = 0.0
+        self._pending: int | None = None
+        self.events: list[str] = []  # what changed and why, newest last (for `ft ps` / logs)
+
+    @property
+    def budget_slots(self) -> int:
+        """The slots the budget holds, never under the floor."""
+        return max(self.min_slots, (self.budget_bytes - self.other_bytes) // self.slot_bytes)
+
+    def set_budget(self, budget_bytes: int) -> int:
+        """A new budget (bytes for everything, as at load); applied at the next safe point.
+        Returns the slot count it asks for. Raises ValueError below one token's experts."""
+        slots = (budget_bytes - self.other_bytes) // self.slot_bytes
+        if slots < self.min_slots:
+            need = self.other_bytes + self.min_slots * self.slot_bytes
+            raise ValueError(f"a VRAM budget of {size(budget_bytes)} leaves {max(slots, 0)} expert slots, fewer "
+                             f"than one token's experts ({self.min_slots} slots of {size(self.slot_bytes)}); "
+                             f"give at least {size(need)}")
+        self.budget_bytes = budget_bytes
+        self._pending = slots
+        return slots
+
+    def poll(self, current: int) -> int | None:
+        """At a safe point: the slot count to resize to now, or None to stay."""
+        target = self._pending
+        self._pending = None
+        if self.probe is not None and self.clock() >= self._next_check:
+            self._next_check = self.clock() + self.check_every_s
+            target = self._fit_free_memory(self.budget_slots if target is None else target, current)
+        if target is None or target == current:
+            return None
+        self.events.append(f"expert cache {current} -> {target} slots ({size(target * self.slot_bytes)})")
+        log.info("%s", self.events[-1])
+        return target
+
+    def _fit_free_memory(self, wanted: int, current: int) -> int:
+        free, total = self.probe()  # type: ignore[misc]
+        reserve = self.reserve_bytes if self.reserve_bytes is not None else max(256 << 20, total // 50)
+        if free < reserve:  # another program took memory: give back the shortfall
+            shrink = math.ceil((reserve - free) / self.slot_bytes)
+            fitted = min(wanted, current - shrink)
+            if fitted < self.min_slots:
+                log.warning("free VRAM is %s, under the %s reserve; the expert cache stays at one token's experts "
+                            "(%d slots): other programs on this GPU may run out of memory", size(free), size(reserve),
+                            self.min_slots)
+                fitted = self.min_slots
+            return min(fitted, current)
+        # room again: grow toward what is wanted, keeping the reserve (a resize holds old + new at once,
+        # or falls back to refilling from host memory)
+        room = (free - reserve) // self.slot_bytes
+        return min(wanted, current + room) if wanted > current else wanted
