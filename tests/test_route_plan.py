@@ -41,7 +41,7 @@ def _import_kernel():
 
 route_plan = _import_kernel()
 needs_triton = pytest.mark.skipif(route_plan is None, reason="triton is not installed")
-PLAN_FIELDS = ("unique_ids", "status", "slot", "evicted", "counts", "inverse")
+PLAN_FIELDS = ("unique_ids", "status", "slot", "evicted", "counts", "inverse", "pair_slot")
 
 
 class Cache:

@@ -29,12 +29,18 @@ def _kernel():
 _IN_PLACE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
+_TOKEN_INDEX: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
 def pairs_of(plan: RoutePlan, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token int32 [P], slot int32 [P] (-1: not on the device), weight float32 [P]) for P = T*K."""
     num_tokens, top_k = plan.inverse.shape
-    slot = plan.slot[plan.inverse.reshape(-1).long()]
-    token = torch.arange(num_tokens, dtype=torch.int32, device=slot.device).repeat_interleave(top_k)
-    return token, slot, weights.reshape(-1).to(torch.float32)
+    device = plan.pair_slot.device
+    token = _TOKEN_INDEX.get((num_tokens, top_k, device))
+    if token is None:  # the same few decode shapes every call: made once, not a launch per call
+        token = _TOKEN_INDEX[num_tokens, top_k, device] = (
+            torch.arange(num_tokens, dtype=torch.int32, device=device).repeat_interleave(top_k))
+    return token, plan.pair_slot, weights.reshape(-1).to(torch.float32)
 
 
 def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:

@@ -33,7 +33,7 @@ def _route_plan_kernel(
     ids_ptr, n_ids, layer, num_experts,
     table_ptr, owner_ptr, last_used_ptr, num_slots,
     clock_arg, n_pcie_max_arg, n_table_last,
-    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr,
+    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr,
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
@@ -120,6 +120,9 @@ def _route_plan_kernel(
     tl.store(slot_ptr + offs, slot, mask=in_n)
     tl.store(evicted_ptr + offs, tl.where(pcie, old, -1), mask=in_n)
     tl.store(inverse_ptr + offs, inverse, mask=in_n)
+    device_slot = tl.where(hit | pcie, slot, -1)  # per unique row; the CPU's rows hold -1
+    pair_slot = tl.sum(tl.where(inverse[:, None] == col, device_slot[None, :], 0), axis=1)  # [N] by (t, k)
+    tl.store(pair_slot_ptr + offs, pair_slot, mask=in_n)
     tl.store(counts_ptr + 0, num_hits)
     tl.store(counts_ptr + 1, num_pcie)
     tl.store(counts_ptr + 2, num_miss - num_pcie)
@@ -164,7 +167,7 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         expert_ids.contiguous(), n, layer, num_experts,
         table, owner, last_used, num_slots,
         clock, n_pcie_max, n_table_last,
-        plan.unique_ids, plan.status, plan.slot, plan.evicted, plan.counts, plan.inverse,
+        plan.unique_ids, plan.status, plan.slot, plan.evicted, plan.counts, plan.inverse, plan.pair_slot,
         CLOCK_ON_DEVICE=clock_on_device, N_PCIE_MODE=n_pcie_mode,
         BLOCK_N=block_n, BLOCK_S=block_s, num_warps=num_warps,
     )

@@ -48,6 +48,8 @@ class RoutePlan:
         -1 otherwise.
     counts [4] int32: (hits, pcie, cpu, unique), indexed by HIT, PCIE, CPU, NUM_UNIQUE.
     inverse [T, K] int32: row of unique_ids that expert_ids[t, k] maps to (for the combine).
+    pair_slot [T*K] int32: the cache slot pair (t, k) is computed from (slot[inverse[t, k]]), -1
+        where its expert runs on the CPU.
     """
 
     unique_ids: torch.Tensor
@@ -56,13 +58,15 @@ class RoutePlan:
     evicted: torch.Tensor
     counts: torch.Tensor
     inverse: torch.Tensor
+    pair_slot: torch.Tensor
 
     @staticmethod
     def empty(num_tokens: int, top_k: int, device: torch.device | str) -> RoutePlan:
         n = num_tokens * top_k
         i32 = {"dtype": torch.int32, "device": device}
         return RoutePlan(torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(n, **i32),
-                         torch.empty(n, **i32), torch.empty(4, **i32), torch.empty(num_tokens, top_k, **i32))
+                         torch.empty(n, **i32), torch.empty(4, **i32), torch.empty(num_tokens, top_k, **i32),
+                         torch.empty(n, **i32))
 
 
 def _as_int(x: int | torch.Tensor) -> int:
@@ -132,4 +136,5 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
         evicted=i32(evicted + pad),
         counts=i32(counts),
         inverse=i32(inverse).reshape(num_tokens, top_k),
+        pair_slot=i32([slots[u] if status[u] != CPU else -1 for u in inverse]),
     )
