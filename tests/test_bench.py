@@ -73,3 +73,16 @@ def test_planner_sizes_the_cache_of_a_real_shape() -> None:
     left = c["budget_bytes"] - c["dense_bytes"] - c["workspace_bytes"] - c["kv_bytes"]
     assert c["cache_slots"] == left // c["slot_bytes"] >= c["min_slots"] == 384
     assert cache_plan(SHAPES["qwen3-30b-a3b"], BenchConfig(budget_gib=8), 8, 12)["cache_slots"] == c["cache_slots"] // 4
+
+
+def test_profile_tokens_report_where_host_time_goes(tmp_path) -> None:
+    """--profile-tokens: per policy, the ops with the most host time per layer call, and a Chrome trace."""
+    from runtime.bench.moe import format_report, run_bench
+
+    report = run_bench(BenchConfig(shape="tiny", device="cpu", tokens=4, prompt_tokens=4, prefill=(),
+                                   policies=("offload",), profile_tokens=2, profile_dir=str(tmp_path)))
+    rows = report["policies"]["offload"]["host_profile"]
+    assert rows and all(r["host_us_per_call"] >= 0 and r["count_per_call"] > 0 for r in rows)
+    assert rows == sorted(rows, key=lambda r: r["host_us_per_call"], reverse=True)
+    assert (tmp_path / "decode-offload.json").stat().st_size > 0
+    assert "offload: host profile per layer call" in format_report(report)

@@ -130,6 +130,8 @@ class BenchConfig:
     seed: int = 0
     trace: str | None = None  # the .npz; default shared/traces/bigmoeonedge/qwen3-30b-a3b.npz
     reps: int = 1  # decode runs per policy (median tok/s)
+    profile_tokens: int = 0  # profile this many extra decode tokens per policy (torch.profiler: host ops, kernels)
+    profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
 
 
 # -- setup ----------------------------------------------------------------------------------------------
@@ -267,6 +269,32 @@ def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarr
     return {"seconds": seconds, "stats": executor.stats().as_dict()}
 
 
+def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device, tokens: int,
+                   trace_path: Path | None) -> list[dict[str, Any]]:
+    """`tokens` more decode tokens under torch.profiler (after a timed run: the cache is warm):
+    the ops with the most host time, per layer call, and optionally a Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    gen = torch.Generator().manual_seed(1)
+    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
+    ids = torch.from_numpy(decode[:tokens]).to(device)
+    weights = _weights(gen, decode[:tokens].shape).to(device, torch.bfloat16)
+    _sync(device)
+    with profile(activities=activities) as prof:
+        for t in range(len(ids)):
+            for i, layer in enumerate(layers):
+                executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
+            _sync(device)
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace_path))
+    calls = max(1, len(ids) * len(layers))
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+    return [{"op": e.key, "count_per_call": e.count / calls, "host_us_per_call": e.self_cpu_time_total / calls,
+             "device_us_per_call": getattr(e, "self_device_time_total", 0.0) / calls} for e in rows]
+
+
 def prefill_run(banks: dict[int, HostExpertBank], layers: list[int], length: int, buffers: int, slots: int,
                 top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int) -> dict[str, Any]:
     """`length` prompt tokens through every built MoE layer's streamed prefill (mode offload's
@@ -360,9 +388,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         try:
             runs = [decode_run(ex, layers, prompt, decode, shape.hidden, device, cfg.seed) for _ in range(max(1, cfg.reps))]
             resident = list(ex.resident_layers)
+            if cfg.profile_tokens:
+                trace = Path(cfg.profile_dir) / f"decode-{policy}.json" if cfg.profile_dir else None
+                profiled = profile_decode(ex, layers, decode, shape.hidden, device, cfg.profile_tokens, trace)
         finally:
             ex.close()
         report["policies"][policy] = _summary(runs, stride, profile, hbm, resident, slots)
+        if cfg.profile_tokens:
+            report["policies"][policy]["host_profile"] = profiled
     if cfg.prefill:
         longest = max(cfg.prefill)
         long_ids = _long_routing(shape, len(layers), top_k, longest, cfg.seed)

@@ -49,6 +49,13 @@ def format_report(report: dict[str, Any]) -> str:
                 continue
             ttft = f"{p['ttft_s_estimate']:.3f}" if "ttft_s_estimate" in p else "-"
             lines.append(f"{p['tokens']:<15} {p['buffers']:>7} {p['tok_s']:>10.1f} {p['streamed_gb_s']:>14.1f} {ttft:>12}")
+    for policy, r in report["policies"].items():
+        if r.get("host_profile"):
+            lines.append("")
+            lines.append(f"{policy}: host profile per layer call ({'op':<40} count   host us  device us)")
+            for row in r["host_profile"]:
+                lines.append(f"  {row['op'][:58]:<58} {row['count_per_call']:>5.1f} {row['host_us_per_call']:>9.1f} "
+                             f"{row['device_us_per_call']:>10.1f}")
     check = report.get("policy_check")
     if check:
         verdict = "OK" if check["ok"] else "FAIL"
