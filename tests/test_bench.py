@@ -77,7 +77,7 @@ def test_planner_sizes_the_cache_of_a_real_shape() -> None:
 
 def test_profile_tokens_report_where_host_time_goes(tmp_path) -> None:
     """--profile-tokens: per policy, the ops with the most host time per layer call, and a Chrome trace."""
-    from runtime.bench.moe import format_report, run_bench
+    from runtime.bench.moe import BenchConfig, format_report, run_bench
 
     report = run_bench(BenchConfig(shape="tiny", device="cpu", tokens=4, prompt_tokens=4, prefill=(),
                                    policies=("offload",), profile_tokens=2, profile_dir=str(tmp_path)))
