@@ -9,8 +9,10 @@ streams, overlap) and run on the GPU host: pytest -m gpu tests/test_gpu_executor
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -493,11 +495,17 @@ def test_profile_measures_saves_and_reloads(tmp_path, monkeypatch) -> None:
     assert profile.pcie_gbps > 0 and profile.cpu_gbps > 0 and profile.expert_bytes == bank.layout.expert_stride
     assert profile.cpu_fixed_ms >= 0 and profile.pcie_fixed_ms >= 0 and profile.dtype == "f32"
     assert profile.pcie_alone_gbps > 0 and profile.cpu_alone_gbps > 0
+    assert profile.pcie_gbps <= profile.pcie_alone_gbps and profile.cpu_gbps <= profile.cpu_alone_gbps  # beside <= alone
     first = load_or_measure(bank, executor, "cpu", cpu_threads=1, num_experts=4, seconds=0.05)
     saved = list((tmp_path / "profiles").glob("*.json"))
     assert len(saved) == 1 and "1t-f32" in saved[0].name
     monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: pytest.fail("measured again"))
     assert load_or_measure(bank, executor, "cpu", cpu_threads=1) == first
+    # a profile kept by an older runtime measured something else: it is measured again
+    stale = json.loads(saved[0].read_text())
+    saved[0].write_text(json.dumps({**stale, "version": 1}))
+    monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: replace(first, measured_at="again"))
+    assert load_or_measure(bank, executor, "cpu", cpu_threads=1).measured_at == "again"
 
 
 # -- on the GPU host -----------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """BandwidthProfile: how fast this machine serves a cache miss over PCIe and on the CPU.
 
-Both rates are measured while both run (the copies and the CPU kernel share host DRAM), with
-the runtime's own fill path and CPU kernel, at two batch sizes so each side's fixed per-call
-cost comes apart from its per-expert cost. Profiles are kept as JSON under
-$FT_HOME/profiles/<machine-key>.json and reloaded.
+Measured through the executor itself (the runtime's own fill kernel and CPU worker), with calls
+queued back to back as decode queues them: each side alone at two miss counts, so its fixed
+per-call cost comes apart from its rate, then both at once, for how much the rates drop beside
+each other (the fills and the CPU kernel share host DRAM). Profiles are kept as JSON under
+$FT_HOME/profiles/<machine-key>.json and reloaded; one of an older PROFILE_VERSION is measured again.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import os
 import platform
 import re
 import statistics
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,9 +26,9 @@ from .expert_cache import ExpertCache
 
 log = logging.getLogger(__name__)
 
-# Bumped when what is measured changes (2: fixed costs of the device-planned decode path with the
-# CPU share awaited by the stream); a kept profile of another version is measured again.
-PROFILE_VERSION = 2
+# Bumped when what is measured changes (3: the device-planned decode path, calls queued back to back
+# as decode queues them); a kept profile of another version is measured again.
+PROFILE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -88,15 +87,20 @@ def bank_dtype(bank: HostExpertBank) -> str:
 def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
             num_experts: int = 16, seconds: float = 0.4, cpu_threads: int | None = None) -> BandwidthProfile:
     """Time the hybrid executor itself on one layer (`bank`, pinned, larger than the CPU's last-level
-    cache) with 1 and `num_experts` misses per call: all over PCIe ("offload") while the CPU
-    kernel streams other experts beside it, and all on the CPU ("cpu") while cache fills run
-    beside it, `seconds` each. A line through each pair gives the side's fixed cost per call (end
-    to end: planning, launches, the worker hand-off) and its rate under the other's load; the
-    same without the other's load gives the rates alone."""
+    cache), its calls queued back to back as decode queues them (one sync per batch, not per call):
+
+    - each side alone, with 1 and `num_experts` misses per call ("offload": all over PCIe; "cpu":
+      all on the CPU): a line through the two gives the side's fixed cost per call (planning,
+      launches, the hand-off to the CPU worker and back) and its rate alone;
+    - both at once ("auto" with an even split of 2 x `num_experts` misses): how much each rate
+      drops beside the other (they share host DRAM), as one factor on both alone rates.
+
+    `seconds` per point. Experts rotate through half the bank each, so every call misses and the
+    CPU reads from DRAM, not from a cache warmed by the previous call."""
     from .executor import HybridExpertExecutor  # (it imports this module)
 
     device = torch.device(device)
-    n = max(2, min(num_experts, bank.num_experts // 2))
+    n = max(2, min(num_experts, bank.num_experts // 4))
     half, stride, layer = bank.num_experts // 2, bank.layout.expert_stride, bank.layer
     dtype = bank_dtype(bank)
     compute = torch.float32 if dtype == "f32" else torch.bfloat16
@@ -104,65 +108,68 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
     turn = {"pcie": 0, "cpu": 0}
 
     def rotating(side: str, count: int) -> list[int]:
-        # a new set of experts each call, from this side's half of the bank: the CPU reads from
-        # DRAM as in decode, not from a last-level cache warmed by the previous call
         start = turn[side]
         turn[side] = (start + count) % half
         return [(half if side == "cpu" else 0) + (start + i) % half for i in range(count)]
 
-    def executor(mode: str) -> HybridExpertExecutor:
-        cache = ExpertCache(n, stride, device, num_layers=layer + 1, num_experts=bank.num_experts)
+    def executor(mode: str, slots: int) -> HybridExpertExecutor:
+        cache = ExpertCache(slots, stride, device, num_layers=layer + 1, num_experts=bank.num_experts)
         return HybridExpertExecutor({layer: bank}, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,
-                                    compute_dtype=compute, prefill_buffers=0)
+                                    compute_dtype=compute, prefill_buffers=0, split=lambda m, b: m // 2,
+                                    auto_guard=False)
 
-    offload, on_cpu = executor("offload"), executor("cpu")
     x = torch.randn(1, hidden, dtype=compute, device=device)
-    scratch = ExpertCache(n, stride, device, num_layers=layer + 1, num_experts=bank.num_experts)
 
-    def hybrid_call(ex: HybridExpertExecutor, side: str, count: int) -> Callable[[], float]:
-        def call() -> float:
-            if half < 2 * n:  # a small bank: rotation alone would bring back cached experts
-                ex.cache.clear()  # (a device sync and a re-upload: kept out of real-size measurements)
-            ids = torch.tensor([rotating(side, count)], device=device)
+    def per_call_ms(ex: HybridExpertExecutor, pcie: int, cpu: int) -> float:
+        """Median ms per call over batches of queued calls with `pcie` + `cpu` misses each."""
+        count = pcie + cpu
+
+        def batch(calls: int) -> float:
+            if half < 2 * ex.cache.num_slots:  # a small bank: rotation alone would bring back cached experts
+                ex.cache.clear()
+            experts = [rotating("pcie", pcie) + rotating("cpu", cpu) for _ in range(calls)]
+            ids = torch.tensor(experts, device=device).view(calls, 1, count)
             weights = torch.full((1, count), 1.0 / count, dtype=compute, device=device)
+            _sync(device)
             start = time.perf_counter()
-            ex(layer, x, ids, weights).cpu()  # waits for the compute stream, which waited for the fills
-            return time.perf_counter() - start
-        return call
+            for i in range(calls):
+                ex(layer, x, ids[i], weights)
+            _sync(device)  # the device waited for every fill and CPU share
+            return (time.perf_counter() - start) * 1e3 / calls
 
-    def cpu_load() -> None:
-        ids = torch.tensor([rotating("cpu", n)])
-        cpu_executor(layer, x.cpu(), ids, torch.full((1, n), 1.0 / n, dtype=compute))
+        batch(2)  # warm-up: kernels, staging buffers
+        times, deadline = [], time.perf_counter() + seconds
+        with torch.inference_mode():
+            while time.perf_counter() < deadline or len(times) < 3:
+                times.append(batch(8))
+        return statistics.median(times)
 
-    def pcie_load() -> None:
-        experts = rotating("pcie", n)
-        scratch.clear()
-        events = scratch.fill([scratch.key(layer, e) for e in experts], list(range(n)),
-                              [bank.record(e) for e in experts])
-        if events and events[-1] is not None:
-            events[-1].synchronize()  # this copy only: a device-wide sync would wait for the timed side
-
+    offload, on_cpu, both = executor("offload", 2 * n), executor("cpu", 0), executor("auto", 2 * n)
     try:
-        timings = {(side, count, beside): _timed_beside(hybrid_call(ex, side, count), load if beside else None, seconds)
-                   for side, ex, load in (("pcie", offload, cpu_load), ("cpu", on_cpu, pcie_load))
-                   for count in (1, n) for beside in (True, False)}
+        pcie_fixed, pcie_per = _fit(per_call_ms(offload, 1, 0), per_call_ms(offload, n, 0), n)
+        cpu_fixed, cpu_per = _fit(per_call_ms(on_cpu, 0, 1), per_call_ms(on_cpu, 0, n), n)
+        together = per_call_ms(both, n, n)
     finally:
-        offload.close()
-        on_cpu.close()
-    pcie_fixed, pcie_per = _fit(timings["pcie", 1, True], timings["pcie", n, True], n)
-    cpu_fixed, cpu_per = _fit(timings["cpu", 1, True], timings["cpu", n, True], n)
-    pcie_alone = _fit(timings["pcie", 1, False], timings["pcie", n, False], n)[1]
-    cpu_alone = _fit(timings["cpu", 1, False], timings["cpu", n, False], n)[1]
+        for ex in (offload, on_cpu, both):
+            ex.close()
+    # together = max(pcie_fixed + n * pcie_per / f, cpu_fixed + n * cpu_per / f): the slowdown f beside
+    f = max(n * pcie_per / max(together - pcie_fixed, 1e-9), n * cpu_per / max(together - cpu_fixed, 1e-9))
+    f = min(1.0, f)
     threads = cpu_threads or getattr(cpu_executor, "threads", None) or torch.get_num_threads()
     profile = BandwidthProfile(
-        pcie_gbps=stride / (pcie_per * 1e6), cpu_gbps=stride / (cpu_per * 1e6), cpu_fixed_ms=cpu_fixed,
-        pcie_fixed_ms=pcie_fixed, pcie_alone_gbps=stride / (pcie_alone * 1e6), cpu_alone_gbps=stride / (cpu_alone * 1e6),
+        pcie_gbps=f * stride / (pcie_per * 1e6), cpu_gbps=f * stride / (cpu_per * 1e6), cpu_fixed_ms=cpu_fixed,
+        pcie_fixed_ms=pcie_fixed, pcie_alone_gbps=stride / (pcie_per * 1e6), cpu_alone_gbps=stride / (cpu_per * 1e6),
         machine=machine_key(device, cpu_threads=threads, dtype=dtype), expert_bytes=stride,
         cpu_threads=threads, dtype=dtype, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), version=PROFILE_VERSION)
     log.info("bandwidth profile %s: PCIe %.1f GB/s (alone %.1f) + %.3f ms, CPU %.1f GB/s (alone %.1f) + %.3f ms per "
              "layer call", profile.machine, profile.pcie_gbps, profile.pcie_alone_gbps, profile.pcie_fixed_ms,
              profile.cpu_gbps, profile.cpu_alone_gbps, profile.cpu_fixed_ms)
     return profile
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
@@ -183,31 +190,6 @@ def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: 
     profile = measure(bank, cpu_executor, device, cpu_threads=threads, **kwargs)
     profile.save(path)
     return profile
-
-
-def _timed_beside(timed: Callable[[], float], load: Callable[[], None] | None, seconds: float) -> float:
-    """Median ms of `timed` (it returns its own seconds) over `seconds`, while `load` (if any)
-    loops on a second thread; one warm-up call of each first."""
-    timed()
-    done = threading.Event()
-
-    def background() -> None:
-        with torch.inference_mode():
-            while load is not None and not done.is_set():
-                load()
-
-    worker = threading.Thread(target=background, name="ft-profile-load")
-    worker.start()
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    try:
-        with torch.inference_mode():
-            while time.perf_counter() < deadline or not times:
-                times.append(timed() * 1e3)
-    finally:
-        done.set()
-        worker.join()
-    return statistics.median(times)
 
 
 def _fit(one_ms: float, many_ms: float, many: int) -> tuple[float, float]:
