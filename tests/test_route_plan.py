@@ -199,6 +199,21 @@ def test_n_pcie_from_a_table_indexed_by_the_miss_count(table):
 
 
 @needs_triton
+def test_running_totals_add_up_every_plan():
+    """`totals` (int64 [4]) gets each plan's (hits, pcie, cpu, unique) added: the executor's stats
+    and hit rate with no launch of their own."""
+    cache, ref_cache = Cache(2, 8, 4), Cache(2, 8, 4)
+    totals, ref_totals = (torch.tensor([5, 0, 1, 6], dtype=torch.int64, device=DEVICE) for _ in range(2))
+    expected = [5, 0, 1, 6]
+    for clock, (layer, rows, n_pcie) in enumerate([(0, [[1, 2, 3]], 2), (1, [[1, 4], [2, 1]], 8), (0, [[1, 2]], 0)]):
+        got = route_plan(ids(rows), layer, 8, *cache.args(), clock + 1, n_pcie, totals=totals)
+        ref = route_plan_ref(ids(rows), layer, 8, *ref_cache.args(), clock + 1, n_pcie, totals=ref_totals)
+        assert torch.equal(got.counts, ref.counts)
+        expected = [a + b for a, b in zip(expected, ref.counts.tolist(), strict=True)]
+        assert totals.tolist() == ref_totals.tolist() == expected
+
+
+@needs_triton
 def test_full_cache_of_this_steps_hits_sends_misses_to_cpu():
     """Every slot holds an expert this step uses: no victim may be taken, whatever n_pcie_max says."""
     cache = Cache(2, 8, 3)

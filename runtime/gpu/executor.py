@@ -97,10 +97,10 @@ class ExpertStats:
 
 class RecentHitRate:
     """Hits over reads (distinct experts) of decode layer calls, both decayed by HIT_RATE_DECAY
-    per call: the trace simulator's measure. Off CUDA it is exact, call by call. On CUDA the
-    counts are summed on the device and read back every WINDOW calls without a sync (a pinned
-    copy and an event polled later); a block of w calls is folded in as decay^w * old + block, so
-    the value lags by one or two windows."""
+    per call: the trace simulator's measure. Off CUDA it is exact, call by call. On CUDA the route
+    plan sums the counts on the device; every WINDOW calls those running sums are copied to pinned
+    memory without a sync (an event polled later) and the block of w calls since the last copy is
+    folded in as decay^w * old + block, so the value lags by one or two windows."""
 
     WINDOW = 16
 
@@ -108,10 +108,10 @@ class RecentHitRate:
         self.hits = self.reads = 0.0
         self.is_cuda = device.type == "cuda"
         if self.is_cuda:
-            self._sums = torch.zeros(2, dtype=torch.int64, device=device)  # (hits, reads) since the last read-back
-            self._host = torch.zeros(2, dtype=torch.int64).pin_memory()
+            self._host = torch.zeros(2, dtype=torch.int64).pin_memory()  # (hits, reads) running sums
             self._event: torch.cuda.Event | None = None
-            self._calls_summed = self._calls_in_flight = 0
+            self._last = (0, 0)
+            self._calls = self._calls_in_flight = 0
 
     @property
     def value(self) -> float:
@@ -121,22 +121,25 @@ class RecentHitRate:
         decay = HIT_RATE_DECAY ** calls
         self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
 
-    def observe(self, counts: torch.Tensor) -> None:
+    def observe(self, counts: torch.Tensor, totals: Sequence[torch.Tensor]) -> None:
+        """One decode call: its plan's `counts`, and the device's running sums `totals` [4] each."""
         if not self.is_cuda:
             self._fold(int(counts[HIT]), int(counts[NUM_UNIQUE]), 1)
             return
-        self._sums += counts[HIT::NUM_UNIQUE - HIT]  # (hits, unique)
-        self._calls_summed += 1
-        if self._calls_summed < self.WINDOW or (self._event is not None and not self._event.query()):
+        self._calls += 1
+        if self._calls < self.WINDOW or (self._event is not None and not self._event.query()):
             return
         if self._event is not None:
             hits, reads = self._host.tolist()
-            self._fold(hits, reads, self._calls_in_flight)
-        self._host.copy_(self._sums, non_blocking=True)
-        self._sums.zero_()
+            if hits < self._last[0] or reads < self._last[1]:  # the sums were reset (reset_stats)
+                self._last = (0, 0)
+            self._fold(hits - self._last[0], reads - self._last[1], self._calls_in_flight)
+            self._last = (hits, reads)
+        sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else totals[0]
+        self._host.copy_(sums[HIT::NUM_UNIQUE - HIT], non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
-        self._calls_in_flight, self._calls_summed = self._calls_summed, 0
+        self._calls_in_flight, self._calls = self._calls, 0
 
 
 class HybridExpertExecutor:
@@ -233,7 +236,8 @@ class HybridExpertExecutor:
         table, owner, last_used = cache.device_state()
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if num_pairs <= MAX_KERNEL_PAIRS else route_plan_ref
-        plan = planner(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(), n_pcie)
+        plan = planner(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(), n_pcie,
+                       totals=self._totals(stride))
         # with every miss sent to PCIe, one still lands on the CPU when no slot may take it: more
         # distinct experts than slots
         may_use_cpu = uses_cpu or num_pairs > cache.num_slots
@@ -255,15 +259,18 @@ class HybridExpertExecutor:
         elif self.mode in ("auto", "offload"):
             expert_fill_ref(plan, bank.data, self.cache.slots)
 
-    def _count(self, plan: RoutePlan, stride: int, num_tokens: int) -> None:
-        """Stats on the device (read when asked), and "auto"'s recent hit rate."""
+    def _totals(self, stride: int) -> torch.Tensor:
+        """The device's running (hits, pcie, cpu, unique) sums for experts of `stride` bytes (the
+        route plan adds to them: stats are read when asked, with one sync)."""
         totals = self._device_counts.get(stride)
         if totals is None:
             totals = self._device_counts[stride] = torch.zeros(4, dtype=torch.int64, device=self.device)
-        totals += plan.counts
+        return totals
+
+    def _count(self, plan: RoutePlan, stride: int, num_tokens: int) -> None:
         self._calls, self._tokens = self._calls + 1, self._tokens + num_tokens
         if self.mode == "auto":
-            self._hit_rate.observe(plan.counts)
+            self._hit_rate.observe(plan.counts, list(self._device_counts.values()))
 
     @property
     def recent_hit_rate(self) -> float:

@@ -33,9 +33,9 @@ def _route_plan_kernel(
     ids_ptr, n_ids, layer, num_experts,
     table_ptr, owner_ptr, last_used_ptr, num_slots,
     clock_arg, n_pcie_max_arg, n_table_last,
-    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr,
+    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr, totals_ptr,
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
     if CLOCK_ON_DEVICE:
         clock = tl.load(clock_arg).to(tl.int64)
@@ -127,17 +127,22 @@ def _route_plan_kernel(
     tl.store(counts_ptr + 1, num_pcie)
     tl.store(counts_ptr + 2, num_miss - num_pcie)
     tl.store(counts_ptr + 3, num_unique)
+    if ACCUMULATE:  # running sums (int64): launches on one stream run in order, so no atomics
+        tl.store(totals_ptr + 0, tl.load(totals_ptr + 0) + num_hits)
+        tl.store(totals_ptr + 1, tl.load(totals_ptr + 1) + num_pcie)
+        tl.store(totals_ptr + 2, tl.load(totals_ptr + 2) + (num_miss - num_pcie))
+        tl.store(totals_ptr + 3, tl.load(totals_ptr + 3) + num_unique)
 
 
 def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
                owner: torch.Tensor, last_used: torch.Tensor, clock: int | torch.Tensor,
-               n_pcie_max: int | torch.Tensor, *, out: RoutePlan | None = None,
+               n_pcie_max: int | torch.Tensor, *, out: RoutePlan | None = None, totals: torch.Tensor | None = None,
                block_slots: int = 4096, num_warps: int = 4) -> RoutePlan:
     """Plan one layer on the device (semantics: route_plan_ref); updates table/owner/last_used in place.
 
     expert_ids [T, K] int32/int64; table int32 [L*E]; owner int32 [S]; last_used int64 [S];
     clock / n_pcie_max: Python ints or one-element device tensors (any int dtype; pass tensors
-    to capture in a CUDA graph); n_pcie_max may also be a device table [M] indexed by the
+    to capture in a CUDA graph); `totals` (int64 [4], optional) gets the counts added; n_pcie_max may also be a device table [M] indexed by the
     layer's number of misses (clamped to M - 1): the policy's count for every miss count. `out`: a RoutePlan.empty(T, K, device) to fill (graph-static
     outputs); otherwise a new one. No host sync.
 
@@ -168,7 +173,8 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         table, owner, last_used, num_slots,
         clock, n_pcie_max, n_table_last,
         plan.unique_ids, plan.status, plan.slot, plan.evicted, plan.counts, plan.inverse, plan.pair_slot,
+        totals if totals is not None else plan.counts,
         CLOCK_ON_DEVICE=clock_on_device, N_PCIE_MODE=n_pcie_mode,
-        BLOCK_N=block_n, BLOCK_S=block_s, num_warps=num_warps,
+        BLOCK_N=block_n, BLOCK_S=block_s, ACCUMULATE=totals is not None, num_warps=num_warps,
     )
     return plan

@@ -75,8 +75,9 @@ def _as_int(x: int | torch.Tensor) -> int:
 
 def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
                    owner: torch.Tensor, last_used: torch.Tensor, clock: int | torch.Tensor,
-                   n_pcie_max: int | torch.Tensor) -> RoutePlan:
-    """Plan one layer (see the module docstring); updates table, owner and last_used in place.
+                   n_pcie_max: int | torch.Tensor, *, totals: torch.Tensor | None = None) -> RoutePlan:
+    """Plan one layer (see the module docstring); updates table, owner and last_used in place, and
+    adds the counts to `totals` (int64 [4]) when given.
 
     Host syncs freely: it is the specification, not the fast path.
     """
@@ -128,6 +129,9 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
 
     def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
+
+    if totals is not None:
+        totals += torch.tensor(counts, dtype=totals.dtype, device=totals.device)
 
     return RoutePlan(
         unique_ids=i32(unique + pad),
