@@ -189,6 +189,23 @@ def test_kernel_ragged_shapes_and_strided_rows() -> None:
 
 
 @needs_triton
+def test_router_weights_in_bf16_are_read_as_fp32() -> None:
+    """The router's bf16 weights go in as they are (no conversion launch): the same sum as fp32."""
+    gen = torch.Generator().manual_seed(4)
+    cache = Slots("bf16", 64, 32, [0, 1, 2])
+    x = torch.randn(2, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    weights = torch.tensor([0.5, 0.25, 1.0, 0.125], dtype=torch.bfloat16, device=DEVICE)  # exact in bf16
+    token, slot = (torch.tensor(v, dtype=torch.int32, device=DEVICE) for v in ([0, 0, 1, 1], [2, 0, 1, -1]))
+    results = []
+    for fn, w in ((slot_experts, weights), (slot_experts_ref, weights), (slot_experts_ref, weights.float())):
+        out = torch.zeros(2, 64, device=DEVICE)
+        fn(x, cache.slots, token, slot, w, out=out, **cache.kwargs)
+        results.append(out)
+    torch.testing.assert_close(results[0], results[1], **TIGHT)
+    assert torch.equal(results[1], results[2])
+
+
+@needs_triton
 def test_kernel_no_pairs_or_all_skipped_leave_out_alone() -> None:
     cache = Slots("f16", 64, 32, [None, None])  # every slot NaN
     x = torch.randn(2, 64).to(torch.float16).to(DEVICE)

@@ -33,14 +33,14 @@ _TOKEN_INDEX: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 
 def pairs_of(plan: RoutePlan, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(token int32 [P], slot int32 [P] (-1: not on the device), weight float32 [P]) for P = T*K."""
+    """(token int32 [P], slot int32 [P] (-1: not on the device), weight [P] as routed) for P = T*K."""
     num_tokens, top_k = plan.inverse.shape
     device = plan.pair_slot.device
     token = _TOKEN_INDEX.get((num_tokens, top_k, device))
     if token is None:  # the same few decode shapes every call: made once, not a launch per call
         token = _TOKEN_INDEX[num_tokens, top_k, device] = (
             torch.arange(num_tokens, dtype=torch.int32, device=device).repeat_interleave(top_k))
-    return token, plan.pair_slot, weights.reshape(-1).to(torch.float32)
+    return token, plan.pair_slot, weights.reshape(-1)
 
 
 def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:
@@ -67,5 +67,5 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     on_device = slot >= 0
     w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
     y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2)[:, 0]  # [P, H]
-    y = torch.where(on_device[:, None], y.to(torch.float32) * weight[:, None], 0.0)  # never-filled slots: not even NaN
+    y = torch.where(on_device[:, None], y.to(torch.float32) * weight.float()[:, None], 0.0)  # never-filled slots: not even NaN
     out.index_add_(0, token.long(), y)

@@ -80,7 +80,7 @@ def _down_kernel(
     if slot < 0:
         return
     token = tl.load(token_ptr + p).to(tl.int64)
-    weight = tl.load(weight_ptr + p)
+    weight = tl.load(weight_ptr + p).to(tl.float32)
     rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
     cols = tl.arange(0, BLOCK_K)
     w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
@@ -110,7 +110,7 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
 
     x [T, H] float (bf16/f16) and out [T, H] float32 with unit inner stride; slots uint8
-    [S, slot_bytes]; pair_token / pair_slot int32 [P], pair_weight float32 [P], all on one device.
+    [S, slot_bytes]; pair_token / pair_slot int32 [P], pair_weight [P] (any float dtype: read as fp32), all on one device.
     w13_offset / w2_offset: byte offsets of the parts in a record, multiples of dtype's size;
     hidden, inter: H and I; dtype: the parts' dtype (bf16 or f16). No host sync; pair_token must
     be in [0, T) for every pair that is not skipped (not checked: that would need a sync).

@@ -40,8 +40,8 @@ def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: to
     if slots.dtype != torch.uint8 or slots.dim() != 2 or slots.stride(1) != 1:
         raise TypeError(f"slot_experts: slots must be uint8 [S, slot_bytes] with unit inner stride, got "
                         f"{slots.dtype} {tuple(slots.shape)} stride {slots.stride()}")
-    if pair_token.dtype != torch.int32 or pair_slot.dtype != torch.int32 or pair_weight.dtype != torch.float32:
-        raise TypeError(f"slot_experts: pair_token/pair_slot must be int32 and pair_weight float32, got "
+    if pair_token.dtype != torch.int32 or pair_slot.dtype != torch.int32 or not pair_weight.is_floating_point():
+        raise TypeError(f"slot_experts: pair_token/pair_slot must be int32 and pair_weight float, got "
                         f"{pair_token.dtype}/{pair_slot.dtype}/{pair_weight.dtype}")
     num_pairs = pair_token.numel()
     if pair_token.dim() != 1 or pair_slot.shape != (num_pairs,) or pair_weight.shape != (num_pairs,):
@@ -87,5 +87,5 @@ def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Ten
     xs = x[token].float()  # [P, H]
     h = torch.einsum("ph,pjh->pj", xs, w13)  # [P, 2I]
     act = F.silu(h[:, :inter]) * h[:, inter:]  # [P, I]
-    y = torch.einsum("pi,phi->ph", act, w2) * pair_weight[:, None]  # [P, H]
+    y = torch.einsum("pi,phi->ph", act, w2) * pair_weight.float()[:, None]  # [P, H]
     out.index_add_(0, token, torch.where(used[:, None], y, 0.0))  # where, not a 0 weight: a skipped slot may hold NaNs
