@@ -1,38 +1,20 @@
 """The expert-fill Triton kernel (zero-copy PCIe fills planned on the device) against its torch twin.
 
-Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors (see test_route_plan.py for
-why the variable must be set before the kernel module loads); with CUDA the bank is pinned, as
+Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors (tests/kernels.py); with CUDA the bank is pinned, as
 the runtime pins it, and the kernel reads it over PCIe.
 """
 
 from __future__ import annotations
-
-import importlib
-import os
-import sys
 
 import pytest
 import torch
 
 from runtime.gpu.kernels import PCIE, route_plan_ref
 from runtime.gpu.kernels.expert_fill_ref import expert_fill_ref
+from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-
-
-def _import_kernel():
-    name = "runtime.gpu.kernels.expert_fill"
-    if not HAS_CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return (importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)).expert_fill
-    except ImportError:
-        return None
-
-
-expert_fill = _import_kernel()
-needs_triton = pytest.mark.skipif(expert_fill is None, reason="triton is not installed")
+expert_fill = import_kernel("expert_fill", "expert_fill")
+needs_triton = needs(expert_fill)
 
 
 def plan_for(ids: list[list[int]], num_experts: int, num_slots: int, n_pcie: int, cached: dict[int, int]):
@@ -71,3 +53,30 @@ def test_kernel_refuses_records_larger_than_slots() -> None:
     plan = plan_for([[1]], 2, 2, n_pcie=1, cached={})
     with pytest.raises(ValueError, match="records of 8192 bytes into slots of 4096"):
         expert_fill(plan, torch.zeros(2, 8192, dtype=torch.uint8), torch.zeros(2, 4096, dtype=torch.uint8, device=DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@needs_triton
+def test_cuda_real_shape_fills_from_a_pinned_bank() -> None:
+    """Qwen3-30B records (9 MiB), 8 routed, 5 over PCIe into a 480-slot cache, read from a bank
+    pinned the way the runtime pins it (cudaHostRegister)."""
+    from ftw.reader import page_aligned_empty
+    from runtime.gpu.host_memory import HostPinner
+
+    stride, num_experts = 9_437_184, 16
+    bank = page_aligned_empty(num_experts * stride).view(num_experts, stride)
+    bank.copy_(torch.randint(0, 256, (num_experts, stride), dtype=torch.uint8))
+    pinner = HostPinner()
+    assert pinner.pin(bank)
+    try:
+        plan = plan_for([[3, 9, 1, 14, 7, 0, 12, 5]], num_experts, 480, n_pcie=5, cached={7: 100, 0: 200, 12: 300})
+        slots = torch.zeros(480, stride, dtype=torch.uint8, device="cuda")
+        expert_fill(plan, bank, slots)
+        torch.cuda.synchronize()
+        filled = [(u, s) for u, (st, s) in enumerate(zip(plan.status.tolist(), plan.slot.tolist(), strict=True)) if st == PCIE]
+        assert len(filled) == 5
+        for u, slot in filled:
+            assert torch.equal(slots[slot].cpu(), bank[plan.unique_ids[u].item()])
+    finally:
+        pinner.close()

@@ -1,7 +1,6 @@
 """The route-plan Triton kernel against its torch twin (runtime/gpu/kernels), bit for bit.
 
-Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors (the env var must be set
-when the kernel module is imported: triton picks the interpreter at decoration time). With
+Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors (tests/kernels.py). With
 CUDA the same tiny cases run compiled on the GPU, and the `gpu` tests add the real decode
 shapes, a CUDA-graph replay and a timing. Without triton the kernel tests skip and the
 reference is still checked by hand.
@@ -9,38 +8,16 @@ reference is still checked by hand.
 
 from __future__ import annotations
 
-import importlib
-import os
 import random
-import sys
 
 import pytest
 import torch
 
 from runtime.gpu.kernels import CPU, HIT, NUM_UNIQUE, PCIE, RoutePlan, route_plan_ref
+from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-
-
-def _import_kernel():
-    """route_plan, interpreted when there is no GPU; None without triton.
-
-    Without CUDA, TRITON_INTERPRET=1 stays set for the rest of the process: triton reads it
-    again on later launches (its gluon module asserts it), and every triton kernel needs the
-    interpreter on a machine without a GPU anyway.
-    """
-    name = "runtime.gpu.kernels.route_plan"
-    if not HAS_CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return (importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)).route_plan
-    except ImportError:
-        return None
-
-
-route_plan = _import_kernel()
-needs_triton = pytest.mark.skipif(route_plan is None, reason="triton is not installed")
+route_plan = import_kernel("route_plan", "route_plan")
+needs_triton = needs(route_plan)
 PLAN_FIELDS = ("unique_ids", "status", "slot", "evicted", "counts", "inverse", "pair_slot")
 
 

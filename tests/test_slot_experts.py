@@ -1,10 +1,8 @@
 """Slot experts (runtime/gpu/kernels/slot_experts*.py): the Triton kernel against its torch twin,
 and the twin against an independent computation from RecordViews + swiglu_experts.
 
-Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors at tiny shapes. The variable
-is set before the runtime imports: triton decides interpreted or compiled for its own jit helpers
-(tl.zeros, tl.sum) when it is first imported, and it stays set (tests/test_route_plan.py says
-why). Tolerances, from the arithmetic in
+Without CUDA the kernel runs under TRITON_INTERPRET=1 on CPU tensors at tiny shapes
+(tests/kernels.py). Tolerances, from the arithmetic in
 slot_experts_ref.py: kernel vs twin and twin vs an fp32 RecordViews computation differ only in
 fp32 summation order (rtol 1e-4, atol 1e-5 at outputs of size ~1); the twin vs the existing
 gather + bmm path in bf16/f16 (which rounds its intermediates) within 2% of max|out|.
@@ -12,37 +10,20 @@ gather + bmm path in bf16/f16 (which rounds its intermediates) within 2% of max|
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-if not HAS_CUDA:  # before the runtime imports: if one loads triton, its own jit helpers (tl.zeros) pick the mode then
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from runtime.experts.synthetic import random_bank  # noqa: E402
-from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref  # noqa: E402
-from runtime.gpu.records import PairPlan, RecordViews, experts_from_records, swiglu_experts  # noqa: E402
+from runtime.experts.synthetic import random_bank
+from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref
+from runtime.gpu.records import PairPlan, RecordViews, experts_from_records, swiglu_experts
+from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 TIGHT = {"rtol": 1e-4, "atol": 1e-5}  # fp32 summation order only
 
 
-def _import_kernel():
-    """slot_experts, interpreted when there is no GPU; None without triton."""
-    name = "runtime.gpu.kernels.slot_experts"
-    try:
-        return (importlib.reload(sys.modules[name]) if name in sys.modules else importlib.import_module(name)).slot_experts
-    except ImportError:
-        return None
-
-
-slot_experts = _import_kernel()
-needs_triton = pytest.mark.skipif(slot_experts is None, reason="triton is not installed")
+slot_experts = import_kernel("slot_experts", "slot_experts")
+needs_triton = needs(slot_experts)
 
 
 class Slots:

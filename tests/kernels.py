@@ -1,0 +1,28 @@
+"""Importing a Triton kernel in a test: compiled on a GPU, interpreted without one.
+
+tests/conftest.py sets TRITON_INTERPRET=1 on a machine without CUDA before any module imports
+triton (triton picks interpreted or compiled helpers when it is first imported, and reads the
+variable again on later launches), so here a kernel module only has to be imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def import_kernel(module: str, name: str):
+    """`name` from runtime.gpu.kernels.`module`; None without triton (the test then skips)."""
+    try:
+        return getattr(importlib.import_module(f"runtime.gpu.kernels.{module}"), name)
+    except ImportError:
+        return None
+
+
+def needs(kernel) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(kernel is None, reason="triton is not installed")
