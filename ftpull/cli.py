@@ -268,12 +268,23 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (default: FT_HOST's, else 11435).")
 @click.option("--api-key", envvar="FT_API_KEY", default=None,
               help="Require this key from clients (Authorization: Bearer KEY or x-api-key: KEY); env FT_API_KEY.")
-def serve_cmd(host: str | None, port: int | None, api_key: str | None) -> None:
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="gpu: the hybrid GPU runtime (experimental, issue 4); its VRAM budget changes with `ft vram`.")
+@click.option("--vram-gib", type=float, default=None, help="VRAM budget per model with --device gpu (default: free VRAM).")
+@click.option("--mode", type=click.Choice(["auto", "offload", "cpu", "static", "prefill_placement"]), default="auto",
+              show_default=True, help="How expert-cache misses are served with --device gpu.")
+def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: str, vram_gib: float | None,
+              mode: str) -> None:
     """Serve the Ollama API (and OpenAI/Anthropic ones) for the local models.
 
     Models load on first use and unload after FT_KEEP_ALIVE (default 5m) idle; at most
     FT_MAX_QUEUE requests wait (default 16), more get 503."""
+    from runtime.resources import probe_gpu
+
     from . import serve as serve_mod
+
+    if device == "gpu" and probe_gpu() is None:
+        raise NoGPUError("--device gpu needs a CUDA GPU and none was found; serve with --device cpu")
 
     try:
         default_host, default_port = serve_mod.parse_host(os.environ.get("FT_HOST"))
@@ -282,11 +293,23 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None) -> None:
     host = host or default_host
     port = default_port if port is None else port
     try:
-        app = serve_mod.build_app(_store(), api_key=api_key)
+        app = serve_mod.build_app(_store(), api_key=api_key, device=device, gpu_mode=mode,
+                                  vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30))
     except ValueError as e:  # FT_KEEP_ALIVE, FT_MAX_QUEUE, ...
         raise click.UsageError(str(e)) from None
     click.echo(f"ft serve: listening on {serve_mod.server_url(f'{host}:{port}')} (Ctrl-C stops)", err=True)
     serve_mod.serve(app, host, port)
+
+
+@cli.command("vram")
+@click.argument("name")
+@click.argument("gib", type=float)
+def vram_cmd(name: str, gib: float) -> None:
+    """Change the VRAM budget of a model a running `ft serve --device gpu` holds: its expert cache
+    grows or shrinks before the next token, nothing is reloaded."""
+    reply = Client().post("/api/ft/vram", {"model": name, "vram_gib": gib})
+    click.echo(f"{reply['model']}: VRAM budget {gib:g} GiB, expert cache {reply['cache_slots']} slots "
+               f"({reply['cache_bytes'] / 2**30:.2f} GiB) from the next token")
 
 
 @cli.command("ps")

@@ -109,9 +109,16 @@ def test_repl_through_the_server(env: str, capsys: pytest.CaptureFixture[str], m
 
 def test_no_server(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")
-    for command in (["ps"], ["stop", "tiny"]):
+    for command in (["ps"], ["stop", "tiny"], ["vram", "tiny", "6"]):
         code, _, err = ft(capsys, *command)
         assert code == 1 and "no ft server is running" in err and "ft serve" in err
     monkeypatch.setenv("FT_HOST", "localhost:http")
     code, _, err = ft(capsys, "serve")
     assert code == 2 and "port" in err
+
+
+def test_serve_on_the_gpu_without_one_is_refused(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runtime.resources.probe_gpu", lambda: None)
+    code, _, err = ft(capsys, "serve", "--device", "gpu")
+    assert code == 1 and "--device gpu needs a CUDA GPU" in err and "--device cpu" in err

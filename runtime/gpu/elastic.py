@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -53,6 +54,7 @@ class VramGovernor:
         self.reserve_bytes = reserve_bytes
         self._next_check = 0.0
         self._pending: int | None = None
+        self._lock = threading.Lock()  # set_budget may come from another thread (the server's event loop)
         self.events: list[str] = []  # what changed and why, newest last (for `ft ps` / logs)
 
     @property
@@ -69,14 +71,15 @@ class VramGovernor:
             raise ValueError(f"a VRAM budget of {size(budget_bytes)} leaves {max(slots, 0)} expert slots, fewer "
                              f"than one token's experts ({self.min_slots} slots of {size(self.slot_bytes)}); "
                              f"give at least {size(need)}")
-        self.budget_bytes = budget_bytes
-        self._pending = slots
+        with self._lock:
+            self.budget_bytes = budget_bytes
+            self._pending = slots
         return slots
 
     def poll(self, current: int) -> int | None:
         """At a safe point: the slot count to resize to now, or None to stay."""
-        target = self._pending
-        self._pending = None
+        with self._lock:
+            target, self._pending = self._pending, None
         if self.probe is not None and self.clock() >= self._next_check:
             self._next_check = self.clock() + self.check_every_s
             target = self._fit_free_memory(self.budget_slots if target is None else target, current)

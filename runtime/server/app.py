@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
-FLAVOURS = ("openai_api", "anthropic_api")  # optional modules with make_router(backend)
+FLAVOURS = ("openai_api", "anthropic_api", "ft_api")  # optional modules with make_router(backend)
 OPEN_PATHS = ("/",)  # answered without the API key: "is a server running?"
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

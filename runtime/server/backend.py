@@ -71,8 +71,17 @@ class ModelManager:
 
     def __init__(self, store: Store, *, keep_alive_s: float | None = None, max_queue: int | None = None,
                  default_num_ctx: int | None = None, ram_budget_bytes: int | None = None,
-                 machine: Callable[[], Machine] = Machine.probe) -> None:
+                 machine: Callable[[], Machine] = Machine.probe, device: str = "cpu",
+                 vram_budget_bytes: int | None = None, gpu_mode: str = "auto",
+                 gpu_options: dict[str, Any] | None = None) -> None:
+        """device "gpu": models load into the hybrid GPU runtime (runtime.gpu) within
+        `vram_budget_bytes` (default: the free VRAM), misses split by `gpu_mode`; `gpu_options`
+        go to runtime.gpu.load_gpu as they are (tests run the hybrid runtime on CPU tensors)."""
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device is cpu or gpu, not {device!r}")
         self.store = store
+        self.device, self.vram_budget_bytes, self.gpu_mode = device, vram_budget_bytes, gpu_mode
+        self.gpu_options = dict(gpu_options or {})
         try:
             self.default_keep_alive_s = keep_alive_s if keep_alive_s is not None else parse_keep_alive(
                 os.environ.get("FT_KEEP_ALIVE", DEFAULT_KEEP_ALIVE_S))
@@ -165,6 +174,26 @@ class ModelManager:
         if runner.active == 0:
             self._unload(runner)
         return True
+
+    def set_vram(self, name: str, vram_gib: float) -> dict[str, Any]:
+        """A new VRAM budget for the loaded model `name`: its expert cache is resized before its
+        next token, no weight reloaded (runtime/gpu/elastic.py)."""
+        registered = models.lookup(self.store, name)
+        runner = self.runners.get(str(registered.name))
+        if runner is None:
+            raise BadRequest(f"{registered.name.display} is not loaded; send it a request first (or ft run it)")
+        governor = getattr(runner.loaded.experts, "elastic", None)
+        if governor is None:
+            raise BadRequest(f"{registered.name.display} runs on the CPU, which has no VRAM budget; start the "
+                             "server with `ft serve --device gpu`")
+        if not isinstance(vram_gib, int | float) or isinstance(vram_gib, bool) or not vram_gib > 0:
+            raise BadRequest(f"vram_gib must be a positive number of GiB, not {vram_gib!r}")
+        try:
+            slots = governor.set_budget(int(vram_gib * 2**30))
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        return {"model": registered.name.display, "vram_budget_bytes": governor.budget_bytes, "cache_slots": slots,
+                "cache_bytes": slots * governor.slot_bytes}
 
     def ps(self) -> list[LoadedStatus]:
         now = time.time()
@@ -313,8 +342,9 @@ class ModelManager:
             # spinning on every core starve the event loop and streaming lost more than compute gained.
             num_thread = max(1, machine.num_physical_cores - 1)
         overrides = PlanOverrides(num_ctx=num_ctx or recipe_ctx or self.default_num_ctx, num_threads=num_thread,
-                                  device="cpu", ram_budget_bytes=self.ram_budget_bytes)
-        try:  # the runtime computes on the CPU today: plan for that
+                                  device=self.device, ram_budget_bytes=self.ram_budget_bytes,
+                                  vram_budget_bytes=self.vram_budget_bytes)
+        try:
             return plan(footprint, machine, overrides)
         except FitError as e:
             raise ModelTooLarge(str(e)) from None
@@ -368,7 +398,8 @@ class ModelManager:
         torch.set_num_threads(fitted.num_threads)
         start = time.perf_counter()
         try:
-            loaded = load_registered(registered, compute_dtype(registered.config))
+            gpu = {"backend": "gpu", "fit": fitted, "mode": self.gpu_mode, **self.gpu_options} if self.device == "gpu" else {}
+            loaded = load_registered(registered, compute_dtype(registered.config), **gpu)
         except UnsupportedFamilyError as e:
             raise BadRequest(str(e)) from None
         except Exception as e:  # a damaged model on disk: name it, keep serving the others

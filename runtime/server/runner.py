@@ -116,12 +116,17 @@ class Runner:
         if self.keep_alive_s >= 0:
             expires = now + self.keep_alive_s if self.active else self.expires_at
         vram = p.vram_needed_bytes
+        cache_bytes = p.cache_bytes
+        experts = self.loaded.experts
+        if experts is not None:  # the cache as it is now: elastic VRAM may have resized it since the plan
+            cache_bytes = experts.cache.num_slots * experts.cache.slot_bytes
+            vram += cache_bytes - p.cache_bytes
         ram = self.weight_bytes + (kv if p.device == "cpu" else 0)
         share = round(100 * vram / (ram + vram)) if vram else 0
         return LoadedStatus(
             name=self.registered.name.display, digest=self.digest, family=c.get("family"), dtype=c.get("dtype"),
             parameters=c.get("num_params_total"), context_length=self.session.context_length, ram_bytes=ram,
-            vram_bytes=vram, expert_cache_bytes=p.cache_bytes, kv_bytes=kv, device=p.device,
+            vram_bytes=vram, expert_cache_bytes=cache_bytes, kv_bytes=kv, device=p.device,
             processor="100% CPU" if not vram else f"{100 - share}%/{share}% CPU/GPU", num_threads=p.num_threads,
             expires_at=expires, active_requests=self.active)
 

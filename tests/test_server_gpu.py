@@ -1,0 +1,104 @@
+"""`ft serve --device gpu`: models load into the hybrid runtime, and /api/ft/vram (`ft vram`)
+changes a loaded model's VRAM budget between tokens.
+
+The hybrid runtime runs here on CPU tensors (gpu_options device="cpu", as the executor's CPU
+tests run it) under a planner that sees an emulated 8 GiB GPU; the real `ollama` client talks
+to a live server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import ollama
+import pytest
+
+from ftpull.pull import pull
+from registry import Store
+from runtime.resources import GPU, Machine
+from tests.test_server_util import LiveServer
+
+GiB = 1 << 30
+ASK = [{"role": "user", "content": "Hello"}]
+GREEDY = {"num_predict": 8, "temperature": 0}
+
+
+def emulated_gpu_machine() -> Machine:
+    return Machine(ram_total_bytes=16 * GiB, ram_available_bytes=16 * GiB, num_physical_cores=2,
+                   gpu=GPU("emulated", 8 * GiB, 8 * GiB))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    store = Store(tmp_path_factory.mktemp("ft_home"))
+    pull("tiny", store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def gpu_server(store: Store) -> Iterator[LiveServer]:
+    with LiveServer(store, device="gpu", gpu_mode="offload", machine=emulated_gpu_machine,
+                    gpu_options={"device": "cpu"}) as server:
+        yield server
+
+
+def test_the_gpu_runtime_answers_like_the_cpu_one(store: Store, gpu_server: LiveServer) -> None:
+    on_gpu = ollama.Client(host=gpu_server.url).chat(model="tiny", messages=ASK, options=GREEDY)
+    with LiveServer(store) as cpu_server:
+        on_cpu = ollama.Client(host=cpu_server.url).chat(model="tiny", messages=ASK, options=GREEDY)
+    assert on_gpu.message.content == on_cpu.message.content and on_gpu.eval_count == on_cpu.eval_count
+    ps = httpx.get(gpu_server.url + "/api/ps").json()["models"][0]
+    assert ps["ft"]["device"] == "gpu" and ps["ft"]["expert_cache_bytes"] > 0 and ps["size_vram"] > 0
+
+
+def test_vram_budget_changes_between_tokens(gpu_server: LiveServer) -> None:
+    client = ollama.Client(host=gpu_server.url)
+    client.chat(model="tiny", messages=ASK, options=GREEDY)
+    (runner,) = gpu_server.manager.runners.values()
+    experts = runner.loaded.experts
+    cache, governor = experts.cache, experts.elastic
+    before = cache.num_slots
+    gib = (governor.other_bytes + (before + 3) * cache.slot_bytes) / GiB
+    reply = httpx.post(gpu_server.url + "/api/ft/vram", json={"model": "tiny", "vram_gib": gib})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["cache_slots"] == before + 3 and reply.json()["model"] == "tiny:latest"
+    assert cache.num_slots == before  # applied at the next token, not now
+    answer = client.chat(model="tiny", messages=ASK, options=GREEDY)
+    assert answer.eval_count > 0 and experts.cache.num_slots == before + 3
+    ps = httpx.get(gpu_server.url + "/api/ps").json()["models"][0]["ft"]
+    assert ps["expert_cache_bytes"] == (before + 3) * cache.slot_bytes
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"model": "tiny", "vram_gib": 1e-6}, 400, "fewer than one token's experts"),
+    ({"model": "tiny", "vram_gib": -2}, 400, "positive number of GiB"),
+    ({"model": "nope", "vram_gib": 4}, 404, "not found"),
+    ({"model": "tiny"}, 400, "vram_gib"),
+])
+def test_bad_vram_requests_are_refused_with_the_reason(gpu_server: LiveServer, body: dict, status: int,
+                                                       words: str) -> None:
+    ollama.Client(host=gpu_server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})
+    reply = httpx.post(gpu_server.url + "/api/ft/vram", json=body)
+    assert reply.status_code == status and words in reply.text, reply.text
+
+
+def test_a_cpu_server_says_vram_needs_the_gpu_runtime(store: Store) -> None:
+    with LiveServer(store) as server:
+        ollama.Client(host=server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})
+        reply = httpx.post(server.url + "/api/ft/vram", json={"model": "tiny", "vram_gib": 4})
+    assert reply.status_code == 400 and "ft serve --device gpu" in reply.text
+
+
+def test_ft_vram_through_the_cli(gpu_server: LiveServer, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.clirun import ft
+
+    monkeypatch.setenv("FT_HOST", gpu_server.url)
+    ollama.Client(host=gpu_server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})
+    (runner,) = gpu_server.manager.runners.values()
+    cache, governor = runner.loaded.experts.cache, runner.loaded.experts.elastic
+    gib = (governor.other_bytes + (cache.num_slots + 1) * cache.slot_bytes) / GiB
+    code, out, _ = ft(capsys, "vram", "tiny", repr(gib))
+    assert code == 0 and f"expert cache {cache.num_slots + 1} slots" in out and "from the next token" in out
+    code, _, err = ft(capsys, "vram", "tiny", "0.000001")
+    assert code == 1 and "fewer than one token's experts" in err
