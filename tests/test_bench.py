@@ -86,3 +86,13 @@ def test_profile_tokens_report_where_host_time_goes(tmp_path) -> None:
     assert rows == sorted(rows, key=lambda r: r["host_us_per_call"], reverse=True)
     assert (tmp_path / "decode-offload.json").stat().st_size > 0
     assert "offload: host profile per layer call" in format_report(report)
+
+
+def test_saved_json_reports_print_as_text(report: dict, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.bench.report import main
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "policy" in out and "offload" in out and "prefill tokens" in out

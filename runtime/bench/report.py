@@ -79,3 +79,16 @@ def replace_inf(x: Any) -> Any:
     return x
 
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The text report of saved `ft bench --json` runs (benchmarks/gpu_batch.sh calls it)."""
+    import json
+    import sys
+
+    paths = sys.argv[1:] if argv is None else argv
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            print(format_report(json.load(f)))
+    return 0
+
