@@ -28,6 +28,8 @@ run q30-8g-trace 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing 
     --tokens 96 --prefill '' --policies $ALL --profile-tokens 4
 run q30-32g-trace 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies $ALL --profile-tokens 4
+run q30-32g-trace-graphs 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
+    --tokens 96 --prefill '' --policies offload,auto --cuda-graphs
 if [ "$WHAT" = full ]; then
   run q30-8g-synth 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --tokens 64 --prefill 1024,4096,16384 \
       --policies $ALL

@@ -389,12 +389,13 @@ def pull_main() -> None:
 @click.option("--profile-tokens", type=int, default=0, show_default=True,
               help="Profile this many more decode tokens per policy (torch.profiler: where host and device time go).")
 @click.option("--profile-dir", default=None, help="Write each policy's Chrome trace here (with --profile-tokens).")
+@click.option("--cuda-graphs", is_flag=True, help="Replay decode calls without a CPU share as CUDA graphs (experimental).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,
               prompt_tokens: int, prefill: str, device: str, layers: int | None, num_ctx: int, cache_slots: int | None,
               profile_path: str | None, reps: int, trace_path: str | None, profile_tokens: int, profile_dir: str | None,
-              seed: int, as_json: bool) -> None:
+              cuda_graphs: bool, seed: int, as_json: bool) -> None:
     """Benchmark the MoE expert path of decode and prefill for every cache policy on identical routing."""
     from runtime.bench.moe import BenchConfig, format_report, json_ready, run_bench
 
@@ -403,7 +404,7 @@ def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str,
                       tokens=tokens, prompt_tokens=prompt_tokens,
                       prefill=tuple(int(n) for n in prefill.split(",") if n.strip()), device=device, layers=layers,
                       num_ctx=num_ctx, cache_slots=cache_slots, profile=profile_path, reps=reps, seed=seed, trace=trace_path,
-                      profile_tokens=profile_tokens, profile_dir=profile_dir,
+                      profile_tokens=profile_tokens, profile_dir=profile_dir, cuda_graphs=cuda_graphs,
                       profile_seconds=0.05 if device == "cpu" else 0.4)
     try:
         report = run_bench(cfg)

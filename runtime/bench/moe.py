@@ -132,6 +132,7 @@ class BenchConfig:
     reps: int = 1  # decode runs per policy (median tok/s)
     profile_tokens: int = 0  # profile this many extra decode tokens per policy (torch.profiler: host ops, kernels)
     profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
+    cuda_graphs: bool = False  # decode calls without a CPU share replayed as CUDA graphs (experimental)
 
 
 # -- setup ----------------------------------------------------------------------------------------------
@@ -381,7 +382,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         try:
             ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
                               cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
-                              prefill_min_tokens=2)
+                              prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs)
         except (CacheTooSmallError, ValueError) as e:
             report["policies"][policy] = {"error": str(e)}
             continue
@@ -394,6 +395,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         finally:
             ex.close()
         report["policies"][policy] = _summary(runs, stride, profile, hbm, resident, slots)
+        if ex.graphs is not None:
+            report["policies"][policy]["cuda_graphs"] = {"captures": ex.graphs.captures, "replays": ex.graphs.replays}
         if cfg.profile_tokens:
             report["policies"][policy]["host_profile"] = profiled
     if cfg.prefill:

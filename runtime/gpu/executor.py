@@ -33,6 +33,7 @@ from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .auto_guard import PCIE_ONLY, AutoGuard
 from .cpu_share import CPUShare
+from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
 from .expert_cache import ExpertCache
 from .kernels import HIT, NUM_UNIQUE, RoutePlan, route_plan_ref
@@ -121,9 +122,11 @@ class RecentHitRate:
         decay = HIT_RATE_DECAY ** calls
         self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
 
-    def observe(self, counts: torch.Tensor, totals: Sequence[torch.Tensor]) -> None:
-        """One decode call: its plan's `counts`, and the device's running sums `totals` [4] each."""
+    def observe(self, counts: torch.Tensor | None, totals: Sequence[torch.Tensor]) -> None:
+        """One decode call: its plan's `counts` (read off CUDA), and the device's running sums
+        `totals` [4] each (read back on CUDA)."""
         if not self.is_cuda:
+            assert counts is not None
             self._fold(int(counts[HIT]), int(counts[NUM_UNIQUE]), 1)
             return
         self._calls += 1
@@ -154,14 +157,16 @@ class HybridExpertExecutor:
     Calls with at least `prefill_min_tokens` tokens stream whole banks through `prefill_buffers`
     (2: double-buffered, 1: single, 0: never) bank-sized device buffers. "auto" checks its split
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
-    `auto_guard` is False.
+    `auto_guard` is False. `cuda_graphs` replays decode calls without a CPU share as CUDA graphs
+    (experimental; CUDA with triton only).
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], *, device: torch.device | str, cache: ExpertCache,
                  mode: str = "auto", cpu_executor: ExpertExecutor | None = None,
                  compute_dtype: torch.dtype = torch.bfloat16, profile: BandwidthProfile | None = None,
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
-                 prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True) -> None:
+                 prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
+                 cuda_graphs: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if mode == "auto" and split is None and profile is None:
@@ -193,6 +198,9 @@ class HybridExpertExecutor:
         # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
         self._zero_copy = {layer: kernels is not None and bank.data.is_pinned() for layer, bank in banks.items()}
         self.cpu_share = CPUShare(self.cpu_executor, self.device)
+        # decode calls without a CPU share replayed as CUDA graphs (experimental: decode_graphs.py)
+        self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
+        self._graph_tables: dict[int, torch.Tensor] = {}
         self._stats = ExpertStats()
         self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
         self._calls = self._tokens = 0
@@ -233,23 +241,60 @@ class HybridExpertExecutor:
         n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
         if self.guard is not None and self.guard.on_decode_call(layer) == PCIE_ONLY:
             n_pcie, uses_cpu = num_pairs, False
-        table, owner, last_used = cache.device_state()
-        # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
-        planner = self._route_plan if num_pairs <= MAX_KERNEL_PAIRS else route_plan_ref
-        plan = planner(expert_ids, layer, cache.num_experts, table, owner, last_used, cache.advance(), n_pcie,
-                       totals=self._totals(stride))
+        cache.device_state()  # the device's bookkeeping is current (uploaded after host-side changes)
+        clock = cache.advance()
         # with every miss sent to PCIe, one still lands on the CPU when no slot may take it: more
         # distinct experts than slots
         may_use_cpu = uses_cpu or num_pairs > cache.num_slots
-        pending = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if may_use_cpu else None
+        out = None
+        if self.graphs is not None and not may_use_cpu and num_pairs <= MAX_KERNEL_PAIRS and self._zero_copy[layer]:
+            out = self._replay(layer, x, expert_ids, weights, clock, n_pcie)
+        if out is None:
+            out, plan = self._plan_fill_compute(layer, x, expert_ids, weights, clock, n_pcie, may_use_cpu)
+            if self.mode == "auto" and not self._hit_rate.is_cuda:
+                self._hit_rate.observe(plan.counts, ())
+        self._calls, self._tokens = self._calls + 1, self._tokens + x.shape[0]
+        if self.mode == "auto" and self._hit_rate.is_cuda:
+            self._hit_rate.observe(None, list(self._device_counts.values()))
+        return out
+
+    def _plan_fill_compute(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                           clock: int | torch.Tensor, n_pcie: int | torch.Tensor,
+                           cpu_share: bool) -> tuple[torch.Tensor, RoutePlan]:
+        """One decode layer call's work, all queued: the output in x's dtype, and the plan."""
+        bank, cache = self.banks[layer], self.cache
+        table, owner, last_used = cache.device_state()
+        # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
+        planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
+        plan = planner(expert_ids, layer, cache.num_experts, table, owner, last_used, clock, n_pcie,
+                       totals=self._totals(bank.layout.expert_stride))
+        pending = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if cpu_share else None
         self._fill(plan, bank)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if self.mode != "cpu":
             add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out)
         if pending is not None:
             self.cpu_share.add_result(pending, out)
-        self._count(plan, stride, x.shape[0])
-        return out.to(x.dtype)
+        return out.to(x.dtype), plan
+
+    def _replay(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, clock: int,
+                n_pcie: int | torch.Tensor) -> torch.Tensor | None:
+        """The call through a CUDA graph (decode_graphs.py); None the first time a key is seen."""
+        assert self.graphs is not None
+        if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a buffer of fixed address
+            fixed = self._graph_tables.get(n_pcie.numel())
+            if fixed is None:
+                fixed = self._graph_tables[n_pcie.numel()] = torch.empty_like(n_pcie)
+            fixed.copy_(n_pcie)
+            n_pcie, split_key = fixed, "table"
+        else:
+            split_key = n_pcie
+        key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key)
+
+        def step(sx: torch.Tensor, sids: torch.Tensor, sweights: torch.Tensor, sclock: torch.Tensor) -> torch.Tensor:
+            return self._plan_fill_compute(layer, sx, sids, sweights, sclock, n_pcie, False)[0]
+
+        return self.graphs.run(key, self.cache.generation, step, x, expert_ids, weights, clock)
 
     def _fill(self, plan: RoutePlan, bank: HostExpertBank) -> None:
         """The plan's PCIe fills: the zero-copy kernel from a pinned bank; else copies planned on
@@ -266,11 +311,6 @@ class HybridExpertExecutor:
         if totals is None:
             totals = self._device_counts[stride] = torch.zeros(4, dtype=torch.int64, device=self.device)
         return totals
-
-    def _count(self, plan: RoutePlan, stride: int, num_tokens: int) -> None:
-        self._calls, self._tokens = self._calls + 1, self._tokens + num_tokens
-        if self.mode == "auto":
-            self._hit_rate.observe(plan.counts, list(self._device_counts.values()))
 
     @property
     def recent_hit_rate(self) -> float:

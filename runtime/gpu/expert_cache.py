@@ -59,6 +59,7 @@ class ExpertCache:
         self._reset(num_slots)
 
     def _reset(self, num_slots: int) -> None:
+        self.generation = getattr(self, "generation", -1) + 1  # bumped whenever tensors are made anew
         self._owner = np.full(num_slots, EMPTY, dtype=np.int64)
         self._last_used = np.full(num_slots, EMPTY, dtype=np.int64)
         self._pinned = np.zeros(num_slots, dtype=bool)
