@@ -24,19 +24,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from ..cache_policy import HIT_RATE_DECAY
 from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .auto_guard import PCIE_ONLY, AutoGuard
 from .cpu_share import CPUShare
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
+from .executor_stats import ExpertStats, RecentHitRate
 from .expert_cache import ExpertCache
-from .kernels import HIT, NUM_UNIQUE, RoutePlan, route_plan_ref
+from .kernels import RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import StreamingPrefill
 from .profile import BandwidthProfile
@@ -65,84 +65,6 @@ MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
 PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
 MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
-
-
-@dataclass
-class ExpertStats:
-    """Counters since the last reset; experts are counted once per layer call (deduplicated)."""
-
-    calls: int = 0  # layer calls on the decode path
-    tokens: int = 0
-    hits: int = 0
-    misses: int = 0
-    pcie_experts: int = 0
-    pcie_bytes: int = 0
-    cpu_experts: int = 0
-    cpu_bytes: int = 0
-    prefill_calls: int = 0  # layer calls that streamed the bank
-    prefill_tokens: int = 0
-    prefill_bytes: int = 0
-    prefill_experts_skipped: int = 0  # read from the cache instead of streamed
-    decode_ms: float = 0.0  # wall time of decode-path calls (the host side; the device may lag)
-    prefill_ms: float = 0.0
-    cpu_ms: float = 0.0  # the CPU kernel's time on the worker thread
-    cpu_wait_ms: float = 0.0  # how long calls waited for the CPU after queueing the device work
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / (self.hits + self.misses) if self.hits + self.misses else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "hit_rate": self.hit_rate}
-
-
-class RecentHitRate:
-    """Hits over reads (distinct experts) of decode layer calls, both decayed by HIT_RATE_DECAY
-    per call: the trace simulator's measure. Off CUDA it is exact, call by call. On CUDA the route
-    plan sums the counts on the device; every WINDOW calls those running sums are copied to pinned
-    memory without a sync (an event polled later) and the block of w calls since the last copy is
-    folded in as decay^w * old + block, so the value lags by one or two windows."""
-
-    WINDOW = 16
-
-    def __init__(self, device: torch.device) -> None:
-        self.hits = self.reads = 0.0
-        self.is_cuda = device.type == "cuda"
-        if self.is_cuda:
-            self._host = torch.zeros(2, dtype=torch.int64).pin_memory()  # (hits, reads) running sums
-            self._event: torch.cuda.Event | None = None
-            self._last = (0, 0)
-            self._calls = self._calls_in_flight = 0
-
-    @property
-    def value(self) -> float:
-        return self.hits / self.reads if self.reads else 0.0
-
-    def _fold(self, hits: float, reads: float, calls: int) -> None:
-        decay = HIT_RATE_DECAY ** calls
-        self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
-
-    def observe(self, counts: torch.Tensor | None, totals: Sequence[torch.Tensor]) -> None:
-        """One decode call: its plan's `counts` (read off CUDA), and the device's running sums
-        `totals` [4] each (read back on CUDA)."""
-        if not self.is_cuda:
-            assert counts is not None
-            self._fold(int(counts[HIT]), int(counts[NUM_UNIQUE]), 1)
-            return
-        self._calls += 1
-        if self._calls < self.WINDOW or (self._event is not None and not self._event.query()):
-            return
-        if self._event is not None:
-            hits, reads = self._host.tolist()
-            if hits < self._last[0] or reads < self._last[1]:  # the sums were reset (reset_stats)
-                self._last = (0, 0)
-            self._fold(hits - self._last[0], reads - self._last[1], self._calls_in_flight)
-            self._last = (hits, reads)
-        sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else totals[0]
-        self._host.copy_(sums[HIT::NUM_UNIQUE - HIT], non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
-        self._calls_in_flight, self._calls = self._calls, 0
 
 
 class HybridExpertExecutor:
