@@ -25,9 +25,9 @@ run() {  # name, seconds, ft bench arguments...
 }
 
 run q30-8g-trace 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
-    --tokens 96 --prefill '' --policies $ALL --profile-tokens 4
+    --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
 run q30-32g-trace 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
-    --tokens 96 --prefill '' --policies $ALL --profile-tokens 4
+    --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
 run q30-32g-trace-graphs 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies offload,auto --cuda-graphs
 if [ "$WHAT" = full ]; then

@@ -51,6 +51,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 TRACE_DIR = next((d for d in (_ROOT / "shared" / "traces" / "bigmoeonedge", _ROOT.parent / "shared" / "traces" / "bigmoeonedge")
                   if d.is_dir()), _ROOT / "shared" / "traces" / "bigmoeonedge")
 GiB = 1 << 30
+WARMUP_STEPS = 3  # untimed decode steps before each policy's run
 
 
 @dataclass(frozen=True)
@@ -249,9 +250,15 @@ def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device
 def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarray, hidden: int,
                device: torch.device, seed: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
+    # warm-up: a few whole decode steps (kernels, allocator, worker, CUDA graphs when on), so that
+    # the policy run first does not carry the process's first-use costs; then a cold cache
     warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
-    executor(layers[0], warm, torch.from_numpy(decode[0, :1]).to(device), _weights(gen, decode[0, :1].shape).to(
-        device, torch.bfloat16))  # warm-up: first-call costs out of the timing
+    warm_ids = torch.from_numpy(decode[: WARMUP_STEPS]).to(device)
+    warm_weights = _weights(gen, decode[: WARMUP_STEPS].shape).to(device, torch.bfloat16)
+    for t in range(len(warm_ids)):
+        for i, layer in enumerate(layers):
+            executor(layer, warm, warm_ids[t, i: i + 1], warm_weights[t, i: i + 1])
+    _sync(device)
     executor.clear()
     if executor.prefill is not None and len(prompt):
         _prompt(executor, layers, prompt, hidden, device, gen)
