@@ -3,8 +3,11 @@
 # and threads of consumer machines), for BENCHMARKS.md. Each run is capped so the batch fits one
 # device call; results go to $OUT (JSON + stderr), a summary line per run to stdout.
 #
-#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [quick|full]
+#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|full]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
+#   tests: the GPU tests and `ft run tiny --device gpu` (~4 min); quick: the trace runs at 8 and 32
+#   GiB with host profiles, and CUDA graphs side by side (~8 min); full: quick plus synthetic
+#   routing, prefill, and the Qwen3.6 and GLM-4.5-Air shapes (two device calls' worth).
 set -u
 WHAT=${1:-quick}
 OUT=${OUT:-./bench-out}
@@ -23,6 +26,15 @@ run() {  # name, seconds, ft bench arguments...
   echo "$name rc=$?"
   python3 -c 'from runtime.bench.report import main; main()' "$OUT/$name.json" 2>/dev/null || tail -3 "$OUT/$name.err"
 }
+
+if [ "$WHAT" = tests ]; then
+  timeout 300 python3 -m pytest -m gpu -p no:cacheprovider -v tests/ > "$OUT/gpu-tests.txt" 2>&1
+  echo "gpu tests rc=$?"; grep -E "PASSED|FAILED|ERROR|XFAIL|XPASS" "$OUT/gpu-tests.txt" | tail -40
+  python3 -m ftpull pull tiny > /dev/null && timeout 120 python3 -m ftpull run tiny "Hello" --device gpu --verbose \
+      --num-predict 16 > "$OUT/run-gpu.txt" 2>&1
+  echo "ft run --device gpu rc=$?"; tail -8 "$OUT/run-gpu.txt"
+  exit 0
+fi
 
 run q30-8g-trace 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
