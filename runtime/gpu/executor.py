@@ -44,6 +44,13 @@ from .records import check_device_layout
 from .slot_compute import add_slot_experts
 from .split import miss_cost
 
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
+PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
+MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
+Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
+
 
 def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
     """(route_plan, expert_fill), the Triton kernels, on CUDA with triton installed; else None
@@ -58,13 +65,6 @@ def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
         log.warning("triton is not installed: expert routing is planned on the host (slower)")
         return None
     return route_plan, expert_fill
-
-log = logging.getLogger(__name__)
-
-MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
-PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
-MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
-Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
 
 
 class HybridExpertExecutor:
