@@ -28,13 +28,10 @@ class HostFlag:
     def __init__(self, pinned: bool = True) -> None:
         self._tensor = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)
         self.address = self._tensor.data_ptr()  # under unified addressing also the device address
-        self.value = 0
-
-    def next_value(self) -> int:
-        """The value the next set() writes (never 0, the start; wraps in 32 bits)."""
-        return (self.value % 0xFFFFFFFF) + 1
+        self.value = 0  # the last value set; 0 at the start
 
     def set(self, value: int) -> None:
+        """Store `value` (1 .. 2**32 - 1: the stream compares the 32 bits)."""
         self._tensor[0] = value - (1 << 32) if value >= 1 << 31 else value
         self.value = value
 
