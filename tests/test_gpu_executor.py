@@ -720,3 +720,15 @@ def test_cuda_graph_replays_match_uncaptured_calls_across_a_resize(mode: str) ->
     assert (a.hits, a.misses, a.pcie_experts) == (b.hits, b.misses, b.pcie_experts)
     plain.close()
     graphed.close()
+
+
+def test_the_cache_generation_moves_when_its_tensors_are_made_anew() -> None:
+    """Captured CUDA graphs hold the cache's addresses: clear and resize must be visible to them."""
+    cache = cache_of(4)
+    first = cache.generation
+    cache.device_state()
+    assert cache.generation == first  # an upload reuses the tensors
+    cache.clear()
+    assert cache.generation == first + 1
+    cache.resize(6)
+    assert cache.generation == first + 2

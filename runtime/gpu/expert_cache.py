@@ -51,6 +51,7 @@ class ExpertCache:
         self.slot_bytes, self.num_layers, self.num_experts = slot_bytes, num_layers, num_experts
         self.streams = streams or DeviceStreams(self.device)
         self.clock = 0
+        self.generation = -1  # bumped whenever the tensors are made anew (captured CUDA graphs hold their addresses)
         self._table = np.full(num_layers * num_experts, EMPTY, dtype=np.int32)
         self._allocate(num_slots)
 
@@ -59,7 +60,7 @@ class ExpertCache:
         self._reset(num_slots)
 
     def _reset(self, num_slots: int) -> None:
-        self.generation = getattr(self, "generation", -1) + 1  # bumped whenever tensors are made anew
+        self.generation += 1
         self._owner = np.full(num_slots, EMPTY, dtype=np.int64)
         self._last_used = np.full(num_slots, EMPTY, dtype=np.int64)
         self._pinned = np.zeros(num_slots, dtype=bool)
