@@ -3,11 +3,11 @@
 # and threads of consumer machines), for BENCHMARKS.md. Each run is capped so the batch fits one
 # device call; results go to $OUT (JSON + stderr), a summary line per run to stdout.
 #
-#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|full]
+#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
 #   tests: the GPU tests and `ft run tiny --device gpu` (~4 min); quick: the trace runs at 8 and 32
-#   GiB with host profiles, and CUDA graphs side by side (~8 min); full: quick plus synthetic
-#   routing, prefill, and the Qwen3.6 and GLM-4.5-Air shapes (two device calls' worth).
+#   GiB with host profiles, and CUDA graphs side by side (~8 min); more: synthetic routing,
+#   prefill, and the Qwen3.6 and GLM-4.5-Air shapes (~9 min). Each fits one device call.
 set -u
 WHAT=${1:-quick}
 OUT=${OUT:-./bench-out}
@@ -36,17 +36,19 @@ if [ "$WHAT" = tests ]; then
   exit 0
 fi
 
+if [ "$WHAT" = more ]; then
+  run q30-8g-synth 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --tokens 64 --prefill 1024,4096,16384 \
+      --policies $ALL
+  run q30-32g-synth 130 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --tokens 64 --prefill '' --policies $ALL
+  run q36-8g-synth 130 --shape qwen3.6-35b-a3b --budget-gib 8 --threads 6 --tokens 64 --prefill '' --policies $ALL
+  run glm-air-32g-synth 130 --shape glm-4.5-air --budget-gib 32 --threads 8 --layers 16 --tokens 64 --prefill '' \
+      --policies $ALL
+  exit 0
+fi
+
 run q30-8g-trace 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
 run q30-32g-trace 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
 run q30-32g-trace-graphs 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies offload,auto --cuda-graphs
-if [ "$WHAT" = full ]; then
-  run q30-8g-synth 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --tokens 64 --prefill 1024,4096,16384 \
-      --policies $ALL
-  run q30-32g-synth 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --tokens 64 --prefill '' --policies $ALL
-  run q36-8g-synth 150 --shape qwen3.6-35b-a3b --budget-gib 8 --threads 6 --tokens 64 --prefill '' --policies $ALL
-  run glm-air-32g-synth 150 --shape glm-4.5-air --budget-gib 32 --threads 8 --layers 23 --tokens 64 --prefill '' \
-      --policies $ALL
-fi
