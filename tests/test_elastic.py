@@ -11,19 +11,19 @@ SLOT = 10 * MiB
 
 
 class Device:
-    """A fake device: `free` is what another program leaves us."""
+    """A fake device: `free` is what nobody holds, `held` what this process's allocator holds."""
 
-    def __init__(self, free: int, total: int = 8192 * MiB) -> None:
-        self.free, self.total = free, total
+    def __init__(self, free: int, held: int = 900 * MiB) -> None:
+        self.free, self.held = free, held
 
     def __call__(self) -> tuple[int, int]:
-        return self.free, self.total
+        return self.free, self.held
 
 
 def governor(device: Device | None = None, **kw) -> VramGovernor:
     # budget 1000 MiB: 400 MiB of dense weights, KV and workspace + 60 slots of 10 MiB; floor 16 slots
     return VramGovernor(slot_bytes=SLOT, budget_bytes=1000 * MiB, cache_slots=60, min_slots=16, probe=device,
-                        reserve_bytes=100 * MiB, check_every_s=0.0, **kw)
+                        check_every_s=0.0, **kw)
 
 
 def test_a_new_budget_is_applied_once_at_the_next_safe_point() -> None:
@@ -46,25 +46,37 @@ def test_a_budget_under_one_tokens_experts_is_refused_with_numbers() -> None:
 
 
 def test_another_program_takes_memory_then_gives_it_back() -> None:
-    device = Device(free=500 * MiB)
+    device = Device(free=2000 * MiB)
     g = governor(device)
     assert g.poll(60) is None  # room to spare, and already at the budget
-    device.free = 40 * MiB  # another program took memory: 60 MiB under the reserve
-    assert g.poll(60) == 54  # give back 6 slots
-    device.free = 100 * MiB  # exactly the reserve: stay
-    assert g.poll(54) is None
-    device.free = 135 * MiB  # 35 MiB over the reserve: 3 slots back
-    assert g.poll(54) == 57
-    device.free = 900 * MiB  # all back: up to the budget, not beyond
-    assert g.poll(57) == 60
+    device.free = 40 * MiB  # another program took memory: 940 MiB left to us, 60 short of the budget
+    assert g.poll(60) == 54
+    device.free, device.held = 100 * MiB, 840 * MiB  # after the shrink the freed slots show as free...
+    assert g.poll(54) is None  # ...and the target stays: it does not ratchet down
+    device.free = 120 * MiB  # 20 MiB back: two slots
+    assert g.poll(54) == 56
+    device.free = 125 * MiB  # half a slot more: nothing to do
+    assert g.poll(56) is None
+    device.free = 5000 * MiB  # all back, and more: up to the budget, not beyond
+    assert g.poll(56) == 60
+
+
+def test_small_growth_waits_until_it_is_worth_a_rebuild() -> None:
+    device = Device(free=0, held=400 * MiB + 300 * SLOT)
+    g = VramGovernor(slot_bytes=SLOT, budget_bytes=400 * MiB + 400 * SLOT, cache_slots=400, min_slots=16,
+                     probe=device, check_every_s=0.0)
+    assert g.poll(400) == 300
+    device.free = 5 * SLOT  # 5 slots back: under 300 // 32 = 9, not worth a rebuild
+    assert g.poll(300) is None
+    device.free = 12 * SLOT
+    assert g.poll(300) == 312
 
 
 def test_never_under_the_floor_and_says_why(caplog) -> None:
-    device = Device(free=0)  # 100 MiB short: 10 slots to give back
+    device = Device(free=0, held=500 * MiB)  # room for 10 slots beside the 400 MiB of the rest
     g = governor(device)
-    assert g.poll(60) == 50
-    assert g.poll(20) == 16  # 20 - 10 would be under one token's experts
-    assert "stays at one token's experts (16 slots)" in caplog.text
+    assert g.poll(60) == 16
+    assert "the expert cache stays at 16 slots" in caplog.text
     assert g.poll(16) is None
 
 
@@ -72,10 +84,10 @@ def test_free_memory_is_read_at_most_every_check_interval() -> None:
     now = [0.0]
     device = Device(free=500 * MiB)
     g = VramGovernor(slot_bytes=SLOT, budget_bytes=1000 * MiB, cache_slots=60, min_slots=16, probe=device,
-                     reserve_bytes=100 * MiB, check_every_s=0.5, clock=lambda: now[0])
+                     check_every_s=0.5, clock=lambda: now[0])
     assert g.poll(60) is None
     device.free = 0
     now[0] = 0.2
     assert g.poll(60) is None  # not checked yet
     now[0] = 0.6
-    assert g.poll(60) == 50
+    assert g.poll(60) == 50  # 900 MiB left to us: 50 slots beside the rest

@@ -5,9 +5,13 @@ call of a step: nothing of the previous step is in flight once the resize has sy
 without reloading any weight (HybridExpertExecutor.resize keeps the most recent entries):
 
 - `set_budget(bytes)`: the user asked (`/set vram GIB` in `ft run --device gpu`);
-- another program took VRAM: every `check_every_s` the governor reads the device's free memory;
-  below `reserve_bytes` it gives back the shortfall (and empties torch's allocator cache, so the
-  other program can have it); once memory is free again it grows back toward the budget.
+- another program took VRAM: every `check_every_s` the governor reads what this process could
+  hold now, the device's free memory plus what its own allocator holds. When that no longer
+  covers the budget (dense weights, KV, workspace and cache, as planned), the cache shrinks to
+  what does, and torch's allocator cache is emptied so the other program can have the memory.
+  When the memory comes back, the cache grows back toward the budget. The target is absolute, not
+  a step: shrinking moves memory from held to free and leaves it unchanged, so it does not
+  ratchet down. Small growth steps wait until they are worth a rebuild.
 
 The floor is one token's experts (MoE layers x top-k slots: below it a global LRU thrashes): the
 governor never goes under it, and says so with the numbers when the device would need it to.
@@ -17,7 +21,6 @@ This module is policy only (sizes in slots, from numbers it is given); `probe` i
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -28,14 +31,14 @@ from ..footprint import size
 
 log = logging.getLogger(__name__)
 
-Probe = Callable[[], tuple[int, int]]  # () -> (free bytes, total bytes) of the device
+Probe = Callable[[], tuple[int, int]]  # () -> (free bytes on the device, bytes this process's allocator holds)
 GiB = 1 << 30
 
 
 def cuda_probe(device: torch.device) -> Probe:
     def probe() -> tuple[int, int]:
-        free, total = torch.cuda.mem_get_info(device)
-        return int(free), int(total)
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), int(torch.cuda.memory_reserved(device))
 
     return probe
 
@@ -44,14 +47,14 @@ class VramGovernor:
     """Decides the cache's slot count; `poll(current)` returns a new count or None."""
 
     def __init__(self, *, slot_bytes: int, budget_bytes: int, cache_slots: int, min_slots: int,
-                 probe: Probe | None = None, reserve_bytes: int | None = None, check_every_s: float = 0.5,
+                 probe: Probe | None = None, margin_bytes: int = 0, check_every_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.slot_bytes, self.min_slots = slot_bytes, min_slots
         # what the budget holds besides the cache (dense weights, KV, workspace): fixed while loaded
         self.other_bytes = max(0, budget_bytes - cache_slots * slot_bytes)
         self.budget_bytes = budget_bytes
         self.probe, self.check_every_s, self.clock = probe, check_every_s, clock
-        self.reserve_bytes = reserve_bytes
+        self.margin_bytes = margin_bytes  # kept free beyond the budget (the plan's workspace already has a reserve)
         self._next_check = 0.0
         self._pending: int | None = None
         self._lock = threading.Lock()  # set_budget may come from another thread (the server's event loop)
@@ -90,18 +93,15 @@ class VramGovernor:
         return target
 
     def _fit_free_memory(self, wanted: int, current: int) -> int:
-        free, total = self.probe()  # type: ignore[misc]
-        reserve = self.reserve_bytes if self.reserve_bytes is not None else max(256 << 20, total // 50)
-        if free < reserve:  # another program took memory: give back the shortfall
-            shrink = math.ceil((reserve - free) / self.slot_bytes)
-            fitted = min(wanted, current - shrink)
-            if fitted < self.min_slots:
-                log.warning("free VRAM is %s, under the %s reserve; the expert cache stays at one token's experts "
-                            "(%d slots): other programs on this GPU may run out of memory", size(free), size(reserve),
-                            self.min_slots)
-                fitted = self.min_slots
-            return min(fitted, current)
-        # room again: grow toward what is wanted, keeping the reserve (a resize holds old + new at once,
-        # or falls back to refilling from host memory)
-        room = (free - reserve) // self.slot_bytes
-        return min(wanted, current + room) if wanted > current else wanted
+        free, held = self.probe()  # type: ignore[misc]
+        available = free + held  # what this process could hold now: what it holds, and what nobody does
+        fits = (available - self.margin_bytes - self.other_bytes) // self.slot_bytes
+        target = min(wanted, fits)
+        if target < self.min_slots:
+            log.warning("%s of VRAM is left to this process (%s free), too little for its dense weights, KV and "
+                        "one token's experts; the expert cache stays at %d slots: other programs on this GPU may "
+                        "run out of memory", size(available), size(free), self.min_slots)
+            return self.min_slots
+        if current < target < wanted and target - current < max(1, current // 32):
+            return current  # a small step up: not worth a rebuild yet
+        return target
