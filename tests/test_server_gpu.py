@@ -7,6 +7,7 @@ to a live server on loopback."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -102,3 +103,20 @@ def test_ft_vram_through_the_cli(gpu_server: LiveServer, capsys: pytest.CaptureF
     assert code == 0 and f"expert cache {cache.num_slots + 1} slots" in out and "from the next token" in out
     code, _, err = ft(capsys, "vram", "tiny", "0.000001")
     assert code == 1 and "fewer than one token's experts" in err
+
+
+def test_unloading_releases_the_gpu_runtime(store: Store) -> None:
+    """keep_alive 0: once the answer is done the model is unloaded, its CPU worker stopped and its
+    weights dropped (VRAM and pinned host memory go back now, not at some later collection)."""
+    with LiveServer(store, device="gpu", gpu_mode="auto", machine=emulated_gpu_machine,
+                    gpu_options={"device": "cpu", "split": lambda misses, nbytes: misses // 2}) as server:
+        client = ollama.Client(host=server.url)
+        client.chat(model="tiny", messages=ASK, options={"num_predict": 2})
+        (runner,) = server.manager.runners.values()
+        experts = runner.loaded.experts
+        client.chat(model="tiny", messages=ASK, options={"num_predict": 2}, keep_alive=0)
+        deadline = time.monotonic() + 10
+        while server.manager.runners and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not server.manager.runners and runner.loaded is None
+        assert experts.cpu_share._pool._shutdown  # the CPU worker is stopped

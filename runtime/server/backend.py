@@ -295,6 +295,7 @@ class ModelManager:
         """`runner` has nothing to do: unload it now (keep_alive 0) or when its keep-alive ends."""
         if self.runners.get(runner.key) is not runner:  # unloaded while it worked: finish the job
             runner.close()
+            runner.release()
             return
         if runner.keep_alive_s == 0:
             self._unload(runner)
@@ -315,7 +316,11 @@ class ModelManager:
             log.info("unloaded %s", runner.registered.name.display)
         if runner.active == 0 or cancel:
             runner.close(cancel)
+            if runner.active == 0:
+                runner.release()
             gc.collect()  # the weights are large: return their memory now, not at the next collection
+            if self.device == "gpu" and torch.cuda.is_available():
+                torch.cuda.empty_cache()  # and their VRAM to the driver: other programs may want it
 
     # ---- loading ---------------------------------------------------------------------------------
 

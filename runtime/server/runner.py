@@ -109,6 +109,18 @@ class Runner:
         if cancel and job is not None:
             job.cancel()
 
+    def release(self) -> None:
+        """Once no job runs: give back what the GPU runtime holds beyond Python's reach (the CPU
+        worker thread, the page-locked registration of the expert banks) and drop the weights, so
+        the caller's collection frees them (and their VRAM) now."""
+        experts = self.loaded.experts if self.loaded is not None else None
+        if experts is not None:
+            experts.close()
+            pinner = getattr(experts, "pinner", None)
+            if pinner is not None:
+                pinner.close()
+        self.loaded = self.model = self.session = None  # type: ignore[assignment]
+
     def status(self, now: float) -> LoadedStatus:
         p, c = self.plan, self.registered.config
         kv = tensor_bytes(self.session.state, 5) or p.kv_bytes
