@@ -120,3 +120,16 @@ def test_unloading_releases_the_gpu_runtime(store: Store) -> None:
             time.sleep(0.02)
         assert not server.manager.runners and runner.loaded is None
         assert experts.cpu_share._pool._shutdown  # the CPU worker is stopped
+
+
+def test_gpu_models_take_the_gpu_one_at_a_time(store: Store, gpu_server: LiveServer) -> None:
+    """A second GPU-runtime model unloads the idle first one (each one's cache fills the VRAM its
+    budget leaves), and gets its cache sized after that unload."""
+    store.copy("tiny", "tiny-copy")
+    client = ollama.Client(host=gpu_server.url)
+    client.chat(model="tiny", messages=ASK, options={"num_predict": 1})
+    client.chat(model="tiny-copy", messages=ASK, options={"num_predict": 1})
+    names = [r.registered.name.display for r in gpu_server.manager.runners.values()]
+    assert names == ["tiny-copy:latest"]
+    client.chat(model="tiny", messages=ASK, options={"num_predict": 1})
+    assert [r.registered.name.display for r in gpu_server.manager.runners.values()] == ["tiny:latest"]

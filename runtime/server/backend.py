@@ -376,6 +376,8 @@ class ModelManager:
                 return runner, 0.0
             if runner is not None:  # the name now points at another model (re-pulled, re-created)
                 self._unload(runner)
+            if self.device == "gpu":
+                await self._make_gpu_room(registered)  # first: the plan sizes its cache from the VRAM left free
             fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
             self._make_room(fitted)
             runner = await asyncio.to_thread(self._load, registered, fitted)
@@ -398,6 +400,24 @@ class ModelManager:
             raise Busy(f"not enough memory to load {fitted.model} while {busy} is generating "
                        f"(needs {fitted.ram_needed_bytes >> 20} MiB, {resident() >> 20} MiB in use of "
                        f"{fitted.ram_budget_bytes >> 20} MiB); retry when it is done")
+
+    async def _make_gpu_room(self, registered: RegisteredModel) -> None:
+        """GPU-runtime models take the GPU one at a time (each one's expert cache fills the VRAM its
+        budget leaves): unload the idle ones, and wait for a busy one to finish its requests."""
+        waited = False
+        while True:
+            for runner in list(self.runners.values()):
+                if runner.active == 0:
+                    log.info("unloading %s to give the GPU to %s", runner.registered.name.display,
+                             registered.name.display)
+                    self._unload(runner)
+            if not self.runners:
+                return
+            if not waited:
+                busy = ", ".join(r.registered.name.display for r in self.runners.values())
+                log.info("%s waits for the GPU: %s is generating", registered.name.display, busy)
+                waited = True
+            await asyncio.sleep(0.02)
 
     def _load(self, registered: RegisteredModel, fitted: Plan) -> Runner:
         torch.set_num_threads(fitted.num_threads)
