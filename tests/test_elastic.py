@@ -42,6 +42,8 @@ def test_a_budget_under_one_tokens_experts_is_refused_with_numbers() -> None:
     with pytest.raises(ValueError, match=r"leaves 15 expert slots, fewer than one token's experts \(16 slots of "
                                          r"10.0 MiB\); give at least 560.0 MiB"):
         g.set_budget(550 * MiB)
+    with pytest.raises(ValueError, match="a positive size"):
+        g.set_budget(-2 * MiB)
     assert g.poll(60) is None  # nothing changed
 
 

@@ -72,7 +72,7 @@ def test_vram_budget_changes_between_tokens(gpu_server: LiveServer) -> None:
 
 @pytest.mark.parametrize(("body", "status", "words"), [
     ({"model": "tiny", "vram_gib": 1e-6}, 400, "fewer than one token's experts"),
-    ({"model": "tiny", "vram_gib": -2}, 400, "positive number of GiB"),
+    ({"model": "tiny", "vram_gib": -2}, 400, "a positive size"),
     ({"model": "nope", "vram_gib": 4}, 404, "not found"),
     ({"model": "tiny"}, 400, "vram_gib"),
 ])

@@ -68,6 +68,8 @@ class VramGovernor:
     def set_budget(self, budget_bytes: int) -> int:
         """A new budget (bytes for everything, as at load); applied at the next safe point.
         Returns the slot count it asks for. Raises ValueError below one token's experts."""
+        if not budget_bytes > 0:
+            raise ValueError(f"a VRAM budget is a positive size, not {budget_bytes} bytes")
         slots = (budget_bytes - self.other_bytes) // self.slot_bytes
         if slots < self.min_slots:
             need = self.other_bytes + self.min_slots * self.slot_bytes

@@ -125,7 +125,6 @@ class HybridExpertExecutor:
         self._graph_tables: dict[int, torch.Tensor] = {}
         self._stats = ExpertStats()
         self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
-        self._calls = self._tokens = 0
         self._static_request = static_resident_layers
         self.resident_layers: tuple[int, ...] = ()
         if mode == "static":
@@ -163,32 +162,34 @@ class HybridExpertExecutor:
         n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
         if self.guard is not None and self.guard.on_decode_call(layer) == PCIE_ONLY:
             n_pcie, uses_cpu = num_pairs, False
-        cache.device_state()  # the device's bookkeeping is current (uploaded after host-side changes)
+        # uploaded here, outside any graph capture, when the host changed the bookkeeping
+        state = cache.device_state()
         clock = cache.advance()
         # with every miss sent to PCIe, one still lands on the CPU when no slot may take it: more
         # distinct experts than slots
         may_use_cpu = uses_cpu or num_pairs > cache.num_slots
-        out = None
+        out, counts = None, None
         if self.graphs is not None and not may_use_cpu and num_pairs <= MAX_KERNEL_PAIRS and self._zero_copy[layer]:
-            out = self._replay(layer, x, expert_ids, weights, clock, n_pcie)
+            out = self._replay(layer, state, x, expert_ids, weights, clock, n_pcie)
         if out is None:
-            out, plan = self._plan_fill_compute(layer, x, expert_ids, weights, clock, n_pcie, may_use_cpu)
-            if self.mode == "auto" and not self._hit_rate.is_cuda:
-                self._hit_rate.observe(plan.counts, ())
-        self._calls, self._tokens = self._calls + 1, self._tokens + x.shape[0]
-        if self.mode == "auto" and self._hit_rate.is_cuda:
-            self._hit_rate.observe(None, list(self._device_counts.values()))
+            out, plan = self._plan_fill_compute(layer, state, x, expert_ids, weights, clock, n_pcie, may_use_cpu)
+            counts = plan.counts
+        self._stats.calls += 1
+        self._stats.tokens += x.shape[0]
+        if self.mode == "auto":
+            self._hit_rate.observe(counts, list(self._device_counts.values()))
         return out
 
-    def _plan_fill_compute(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+    def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                           x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
                            clock: int | torch.Tensor, n_pcie: int | torch.Tensor,
                            cpu_share: bool) -> tuple[torch.Tensor, RoutePlan]:
-        """One decode layer call's work, all queued: the output in x's dtype, and the plan."""
+        """One decode layer call's work, all queued: the output in x's dtype, and the plan.
+        `state`: the cache's device (table, owner, last_used)."""
         bank, cache = self.banks[layer], self.cache
-        table, owner, last_used = cache.device_state()
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
-        plan = planner(expert_ids, layer, cache.num_experts, table, owner, last_used, clock, n_pcie,
+        plan = planner(expert_ids, layer, cache.num_experts, *state, clock, n_pcie,
                        totals=self._totals(bank.layout.expert_stride))
         pending = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if cpu_share else None
         self._fill(plan, bank)
@@ -199,7 +200,8 @@ class HybridExpertExecutor:
             self.cpu_share.add_result(pending, out)
         return out.to(x.dtype), plan
 
-    def _replay(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, clock: int,
+    def _replay(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor,
+                expert_ids: torch.Tensor, weights: torch.Tensor, clock: int,
                 n_pcie: int | torch.Tensor) -> torch.Tensor | None:
         """The call through a CUDA graph (decode_graphs.py); None the first time a key is seen."""
         assert self.graphs is not None
@@ -214,7 +216,7 @@ class HybridExpertExecutor:
         key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key)
 
         def step(sx: torch.Tensor, sids: torch.Tensor, sweights: torch.Tensor, sclock: torch.Tensor) -> torch.Tensor:
-            return self._plan_fill_compute(layer, sx, sids, sweights, sclock, n_pcie, False)[0]
+            return self._plan_fill_compute(layer, state, sx, sids, sweights, sclock, n_pcie, False)[0]
 
         return self.graphs.run(key, self.cache.generation, step, x, expert_ids, weights, clock)
 
@@ -320,8 +322,7 @@ class HybridExpertExecutor:
 
     def stats(self) -> ExpertStats:
         """The counters so far (a device sync: the decode counts are summed on the device)."""
-        s = replace(self._stats, calls=self._calls, tokens=self._tokens, cpu_ms=self.cpu_share.cpu_ms,
-                    cpu_wait_ms=self.cpu_share.wait_ms)
+        s = replace(self._stats, cpu_ms=self.cpu_share.cpu_ms, cpu_wait_ms=self.cpu_share.wait_ms)
         for stride, totals in self._device_counts.items():
             hits, pcie, cpu, _ = totals.tolist()
             s.hits, s.misses = s.hits + hits, s.misses + pcie + cpu
@@ -334,7 +335,6 @@ class HybridExpertExecutor:
         self._stats = ExpertStats()
         for totals in self._device_counts.values():
             totals.zero_()
-        self._calls = self._tokens = 0
         self.cpu_share.cpu_ms = self.cpu_share.wait_ms = 0.0
 
     def close(self) -> None:

@@ -186,8 +186,6 @@ class ModelManager:
         if governor is None:
             raise BadRequest(f"{registered.name.display} runs on the CPU, which has no VRAM budget; start the "
                              "server with `ft serve --device gpu`")
-        if not isinstance(vram_gib, int | float) or isinstance(vram_gib, bool) or not vram_gib > 0:
-            raise BadRequest(f"vram_gib must be a positive number of GiB, not {vram_gib!r}")
         try:
             slots = governor.set_budget(int(vram_gib * 2**30))
         except ValueError as e:
