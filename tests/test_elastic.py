@@ -93,3 +93,22 @@ def test_free_memory_is_read_at_most_every_check_interval() -> None:
     assert g.poll(60) is None  # not checked yet
     now[0] = 0.6
     assert g.poll(60) == 50  # 900 MiB left to us: 50 slots beside the rest
+
+
+def test_a_cache_holding_every_expert_leaves_the_rest_of_a_large_budget_alone(caplog) -> None:
+    # a small model on a large GPU: the plan's cache holds all 16 experts and 400 MiB of the 100 GiB
+    # budget go to dense weights, KV and workspace; the rest is unused, not taken by anything
+    device = Device(free=100 * 1024 * MiB, held=600 * MiB)
+    g = VramGovernor(slot_bytes=SLOT, budget_bytes=100 * 1024 * MiB, cache_slots=16, min_slots=4, probe=device,
+                     check_every_s=0.0, other_bytes=400 * MiB, max_slots=16)
+    assert g.budget_slots == 16
+    assert g.poll(16) is None
+    assert not caplog.records  # no warning that the budget is short
+    assert g.set_budget(50 * 1024 * MiB) == 16  # more slots than experts would stay empty
+    assert g.poll(16) is None
+    device.free = 100 * MiB  # another program took almost everything: 700 MiB left to us
+    assert g.poll(16) is None  # 30 slots fit: still every expert
+    device.free = 0  # 600 MiB: 20 slots
+    assert g.poll(16) is None
+    device.held = 500 * MiB  # 10 slots fit
+    assert g.poll(16) == 10

@@ -101,7 +101,7 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
 
 
 def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit: Plan | None,
-                 vram_budget_bytes: int | None) -> VramGovernor:
+                 vram_budget_bytes: int | None, prefill_bytes: int = 0) -> VramGovernor:
     """The elastic-VRAM governor of a loaded model: the budget it was planned for (or, with slots
     given outright, what those slots take), free-memory checks on CUDA."""
     cache = executor.cache
@@ -110,8 +110,14 @@ def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit:
         budget = cache.num_slots * cache.slot_bytes
     min_slots = 0 if executor.mode == "cpu" else footprint.num_moe_layers * footprint.num_experts_per_tok
     probe = cuda_probe(executor.device) if executor.device.type == "cuda" else None
+    # what the budget holds beside the cache: the plan's dense weights, KV and workspace, and the
+    # prefill buffers taken out of its slots (the plan's cache may be capped at every expert, so
+    # the budget less the cache would count unused budget as taken)
+    other = None
+    if fit is not None:
+        other = fit.dense_bytes + fit.kv_bytes + fit.workspace_bytes + prefill_bytes
     return VramGovernor(slot_bytes=cache.slot_bytes, budget_bytes=budget, cache_slots=cache.num_slots,
-                        min_slots=min_slots, probe=probe)
+                        min_slots=min_slots, other_bytes=other, max_slots=footprint.num_expert_records, probe=probe)
 
 
 def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.device | str = "cuda",
@@ -126,11 +132,11 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+    buffers = prefill_buffer_bytes(weights.banks, prefill_buffers) if mode != "cpu" else 0
     if cache_slots is None:
         if fit is None:
             overrides = PlanOverrides(vram_budget_bytes=vram_budget_bytes, num_ctx=num_ctx, device="gpu", force=True)
             fit = plan(footprint, Machine.probe(), overrides)
-        buffers = prefill_buffer_bytes(weights.banks, prefill_buffers) if mode != "cpu" else 0
         cache_slots = max(0, fit.cache_slots - math.ceil(buffers / max(footprint.expert_stride_bytes, 1)))
         log.info("expert cache: %d planned slots, %d after %s of prefill buffers", fit.cache_slots, cache_slots,
                  size(buffers))
@@ -142,7 +148,7 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     executor = build_hybrid(weights, device=device, cache_slots=cache_slots, mode=mode, compute_dtype=dtype,
                             prefill_buffers=prefill_buffers, force=force, pin=False, **options)
     executor.pinner = pinner  # type: ignore[attr-defined]
-    executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes)
+    executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes, buffers)
     with torch.device(device):
         model = build_model(weights.config, weights, executor, dtype)
     return weights, DeviceModel(model, device), executor

@@ -79,7 +79,7 @@ class CPUShare:
                 ready = torch.cuda.Event()
                 ready.record(self._side)
         else:  # the CPU device: the inputs are host tensors already, alive until add_result
-            staging = _Staging(*inputs, result=torch.empty(x.shape, dtype=torch.float32))
+            staging = _Staging(*inputs, result=torch.empty(x.shape, dtype=torch.float32, device="cpu"))
             ready = None
         self._issued = self._issued % 0xFFFFFFFF + 1
         pending = Pending(self._pool.submit(self._run, layer, staging, ready, self._issued), staging, self._issued)
@@ -102,7 +102,7 @@ class CPUShare:
         staging = self._staging.get(key)
         if staging is None:
             def pinned(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-                return torch.empty(like.shape, dtype=dtype or like.dtype, pin_memory=True)
+                return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu", pin_memory=True)
 
             staging = self._staging[key] = _Staging(pinned(x), pinned(ids), pinned(weights), pinned(plan.status),
                                                     pinned(plan.inverse), pinned(x, torch.float32))

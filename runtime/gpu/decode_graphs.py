@@ -76,7 +76,7 @@ class DecodeGraphs:
 
     def _capture(self, step: Step, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> _Captured:
         static_x, static_ids, static_weights = x.clone(), ids.clone(), weights.clone()
-        clock_host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        clock_host = torch.zeros(1, dtype=torch.int64, device="cpu", pin_memory=True)
         clock = torch.zeros(1, dtype=torch.int64, device=self.device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

@@ -47,11 +47,14 @@ class VramGovernor:
     """Decides the cache's slot count; `poll(current)` returns a new count or None."""
 
     def __init__(self, *, slot_bytes: int, budget_bytes: int, cache_slots: int, min_slots: int,
+                 other_bytes: int | None = None, max_slots: int | None = None,
                  probe: Probe | None = None, margin_bytes: int = 0, check_every_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.slot_bytes, self.min_slots = slot_bytes, min_slots
-        # what the budget holds besides the cache (dense weights, KV, workspace): fixed while loaded
-        self.other_bytes = max(0, budget_bytes - cache_slots * slot_bytes)
+        self.max_slots = max_slots  # every expert of the model: more slots would stay empty
+        # what the budget holds besides the cache (dense weights, KV, workspace): fixed while loaded.
+        # Given by the plan; else what the budget leaves beside the cache (right when the cache fills it)
+        self.other_bytes = max(0, budget_bytes - cache_slots * slot_bytes) if other_bytes is None else other_bytes
         self.budget_bytes = budget_bytes
         self.probe, self.check_every_s, self.clock = probe, check_every_s, clock
         self.margin_bytes = margin_bytes  # kept free beyond the budget (the plan's workspace already has a reserve)
@@ -63,7 +66,10 @@ class VramGovernor:
     @property
     def budget_slots(self) -> int:
         """The slots the budget holds, never under the floor."""
-        return max(self.min_slots, (self.budget_bytes - self.other_bytes) // self.slot_bytes)
+        return max(self.min_slots, self._capped((self.budget_bytes - self.other_bytes) // self.slot_bytes))
+
+    def _capped(self, slots: int) -> int:
+        return slots if self.max_slots is None else min(slots, self.max_slots)
 
     def set_budget(self, budget_bytes: int) -> int:
         """A new budget (bytes for everything, as at load); applied at the next safe point.
@@ -76,6 +82,7 @@ class VramGovernor:
             raise ValueError(f"a VRAM budget of {size(budget_bytes)} leaves {max(slots, 0)} expert slots, fewer "
                              f"than one token's experts ({self.min_slots} slots of {size(self.slot_bytes)}); "
                              f"give at least {size(need)}")
+        slots = self._capped(slots)
         with self._lock:
             self.budget_bytes = budget_bytes
             self._pending = slots

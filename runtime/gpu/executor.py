@@ -264,7 +264,7 @@ class HybridExpertExecutor:
                 self._split_tables.clear()
             counts = [max(0, min(m, self.split(m, expert_bytes))) if m else 0 for m in range(num_pairs + 1)]
             uses_cpu = any(c < m for m, c in enumerate(counts))
-            staged = torch.tensor(counts, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+            staged = torch.tensor(counts, dtype=torch.int32, device="cpu", pin_memory=self.device.type == "cuda")
             entry = self._split_tables[key] = (staged.to(self.device, non_blocking=True), uses_cpu)  # no host wait
         return entry
 

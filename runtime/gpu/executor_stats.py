@@ -54,7 +54,7 @@ class RecentHitRate:
         self.hits = self.reads = 0.0
         self.is_cuda = device.type == "cuda"
         if self.is_cuda:
-            self._host = torch.zeros(2, dtype=torch.int64).pin_memory()  # (hits, reads) running sums
+            self._host = torch.zeros(2, dtype=torch.int64, device="cpu").pin_memory()  # (hits, reads) running sums
             self._event: torch.cuda.Event | None = None
             self._last = (0, 0)
             self._calls = self._calls_in_flight = 0

@@ -26,7 +26,7 @@ class HostFlag:
     """One 32-bit counter in host memory: pinned (page-locked, mapped) when `pinned`."""
 
     def __init__(self, pinned: bool = True) -> None:
-        self._tensor = torch.zeros(1, dtype=torch.int32, pin_memory=pinned)
+        self._tensor = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=pinned)
         self.address = self._tensor.data_ptr()  # under unified addressing also the device address
         self.value = 0  # the last value set; 0 at the start
 
