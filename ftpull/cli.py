@@ -383,7 +383,7 @@ def pull_main() -> None:
 @click.option("--num-ctx", type=int, default=4096, show_default=True, help="Context whose KV the planner reserves.")
 @click.option("--cache-slots", type=int, default=None, help="Override the planner's cache size.")
 @click.option("--profile", "profile_path", default=None, help="A bandwidth-profile JSON to use for 'auto'.")
-@click.option("--reps", type=int, default=1, show_default=True, help="Decode runs per policy (median).")
+@click.option("--reps", type=int, default=1, show_default=True, help="Rounds of decode runs, each policy once per round (median).")
 @click.option("--trace", "trace_path", default=None,
               help="The routing trace .npz for --routing trace (default: shared/traces/bigmoeonedge/qwen3-30b-a3b.npz).")
 @click.option("--profile-tokens", type=int, default=0, show_default=True,

@@ -718,8 +718,9 @@ def test_cuda_graph_replays_match_uncaptured_calls_across_a_resize(mode: str) ->
             ids, weights = routing(1, gen, num_experts=16, top_k=8)
             ids, weights = ids.cuda(), weights.cuda().to(torch.bfloat16)
             # (the slot kernel adds with atomics: equal up to the order of fp32 sums, then bf16 rounding)
-            assert_close(graphed(layer, x, ids, weights).float().cpu(), plain(layer, x, ids, weights).float().cpu(),
-                         rel=1e-2)
+            ours, ref = graphed(layer, x, ids, weights).float().cpu(), plain(layer, x, ids, weights).float().cpu()
+            err = float((ours - ref).abs().max() / ref.abs().max())
+            assert err <= 1e-2, f"step {step} layer {layer}: max error {err:.2e} of the largest output"
     assert graphed.graphs is not None and graphed.graphs.replays > 0 and graphed.graphs.captures >= 2 * len(banks)
     a, b = plain.stats(), graphed.stats()
     assert (a.hits, a.misses, a.pcie_experts) == (b.hits, b.misses, b.pcie_experts)

@@ -130,7 +130,7 @@ class BenchConfig:
     profile_seconds: float = 0.4
     seed: int = 0
     trace: str | None = None  # the .npz; default shared/traces/bigmoeonedge/qwen3-30b-a3b.npz
-    reps: int = 1  # decode runs per policy (median tok/s)
+    reps: int = 1  # rounds of decode runs, every policy once per round (median tok/s)
     profile_tokens: int = 0  # profile this many extra decode tokens per policy (torch.profiler: host ops, kernels)
     profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
     cuda_graphs: bool = False  # decode calls without a CPU share replayed as CUDA graphs (experimental)
@@ -385,27 +385,36 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "policies": {}, "prefill": [],
     }
     slots = sizing["cache_slots"]
-    for policy in cfg.policies:
-        try:
-            ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
-                              cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
-                              prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs)
-        except (CacheTooSmallError, ValueError) as e:
-            report["policies"][policy] = {"error": str(e)}
-            continue
-        try:
-            runs = [decode_run(ex, layers, prompt, decode, shape.hidden, device, cfg.seed) for _ in range(max(1, cfg.reps))]
-            resident = list(ex.resident_layers)
-            if cfg.profile_tokens:
-                trace = Path(cfg.profile_dir) / f"decode-{policy}.json" if cfg.profile_dir else None
-                profiled = profile_decode(ex, layers, decode, shape.hidden, device, cfg.profile_tokens, trace)
-        finally:
-            ex.close()
-        report["policies"][policy] = _summary(runs, stride, profile, hbm, resident, slots)
-        if ex.graphs is not None:
-            report["policies"][policy]["cuda_graphs"] = {"captures": ex.graphs.captures, "replays": ex.graphs.replays}
-        if cfg.profile_tokens:
-            report["policies"][policy]["host_profile"] = profiled
+    # rounds: every policy once per round, so drift over the run (clocks, host memory, the other
+    # tenants of the machine) falls on all policies alike; each policy's median run is reported
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for round_ in range(max(1, cfg.reps)):
+        for policy in cfg.policies:
+            if policy in report["policies"]:  # failed to build in an earlier round
+                continue
+            try:
+                ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
+                                  cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
+                                  prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs)
+            except (CacheTooSmallError, ValueError) as e:
+                report["policies"][policy] = {"error": str(e)}
+                continue
+            last_round = round_ == max(1, cfg.reps) - 1
+            try:
+                runs.setdefault(policy, []).append(decode_run(ex, layers, prompt, decode, shape.hidden, device,
+                                                              cfg.seed))
+                if last_round and cfg.profile_tokens:
+                    trace = Path(cfg.profile_dir) / f"decode-{policy}.json" if cfg.profile_dir else None
+                    profiled = profile_decode(ex, layers, decode, shape.hidden, device, cfg.profile_tokens, trace)
+            finally:
+                ex.close()
+            if last_round:
+                summary = _summary(runs[policy], stride, profile, hbm, list(ex.resident_layers), slots)
+                if ex.graphs is not None:
+                    summary["cuda_graphs"] = {"captures": ex.graphs.captures, "replays": ex.graphs.replays}
+                if cfg.profile_tokens:
+                    summary["host_profile"] = profiled
+                report["policies"][policy] = summary
     if cfg.prefill:
         longest = max(cfg.prefill)
         long_ids = _long_routing(shape, len(layers), top_k, longest, cfg.seed)

@@ -89,5 +89,11 @@ class DecodeGraphs:
         return _Captured(graph, static_x, static_ids, static_weights, clock_host, out, done)
 
     def invalidate(self) -> None:
+        """Drop every graph, and their memory pool with them: a later capture gets a new pool.
+        (Capturing into a pool whose graphs were all destroyed lets torch free its blocks at the
+        next empty_cache, which every capture runs, while the new graphs still use them.)"""
+        for captured in self._graphs.values():
+            captured.done.synchronize()  # no replay in flight reads what is freed
         self._graphs.clear()
         self._warm.clear()
+        self._pool = None
