@@ -46,9 +46,22 @@ if [ "$WHAT" = more ]; then
   exit 0
 fi
 
-run q30-8g-trace 150 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
-    --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
-run q30-32g-trace 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
-    --tokens 96 --prefill '' --policies $ALL --reps 2 --profile-tokens 4
-run q30-32g-trace-graphs 150 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
-    --tokens 96 --prefill '' --policies offload,auto --cuda-graphs
+# quick: the CUDA-graph parity tests, `ft run tiny` on the GPU against the CPU, then the trace
+# runs (CUDA graphs on, the default) in 3 interleaved rounds; SHAPES=1 adds one run each of the
+# Qwen3.6 and GLM-4.5-Air shapes
+timeout 90 python3 -m pytest -p no:cacheprovider -q tests/test_gpu_executor.py -k "graph or parity" > "$OUT/graph-tests.txt" 2>&1
+echo "graph tests rc=$?"; tail -3 "$OUT/graph-tests.txt"
+python3 -m ftpull pull tiny > /dev/null
+for d in gpu cpu; do
+  timeout 60 python3 -m ftpull run tiny "Hello" --device $d --num-predict 24 --temperature 0 > "$OUT/run-$d.txt" 2>&1
+  echo "ft run --device $d rc=$?: $(head -c 200 "$OUT/run-$d.txt")"
+done
+run q30-8g-trace 200 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
+    --tokens 96 --prefill '' --policies $ALL --reps 3
+run q30-32g-trace 200 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
+    --tokens 96 --prefill '' --policies $ALL --reps 3
+if [ "${SHAPES:-0}" = 1 ]; then
+  run q36-8g-synth 75 --shape qwen3.6-35b-a3b --budget-gib 8 --threads 6 --tokens 48 --prefill '' --policies $ALL
+  run glm-air-32g-synth 75 --shape glm-4.5-air --budget-gib 32 --threads 8 --layers 16 --tokens 48 --prefill '' \
+      --policies $ALL
+fi

@@ -389,7 +389,8 @@ def pull_main() -> None:
 @click.option("--profile-tokens", type=int, default=0, show_default=True,
               help="Profile this many more decode tokens per policy (torch.profiler: where host and device time go).")
 @click.option("--profile-dir", default=None, help="Write each policy's Chrome trace here (with --profile-tokens).")
-@click.option("--cuda-graphs", is_flag=True, help="Replay decode calls without a CPU share as CUDA graphs (experimental).")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+              help="Replay decode calls without a CPU share as CUDA graphs.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,

@@ -133,7 +133,7 @@ class BenchConfig:
     reps: int = 1  # rounds of decode runs, every policy once per round (median tok/s)
     profile_tokens: int = 0  # profile this many extra decode tokens per policy (torch.profiler: host ops, kernels)
     profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
-    cuda_graphs: bool = False  # decode calls without a CPU share replayed as CUDA graphs (experimental)
+    cuda_graphs: bool = True  # decode calls without a CPU share replayed as CUDA graphs (--no-cuda-graphs: the uncaptured path)
 
 
 # -- setup ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""CUDA graphs of decode layer calls (experimental, off by default: executor option `cuda_graphs`).
+"""CUDA graphs of decode layer calls (on by default: executor option `cuda_graphs`).
 
 A decode layer call with no CPU share is device work only: the route plan, the PCIe fills and
 the slot experts, about eight launches that cost the host ~0.3 ms a layer, more than the device
@@ -36,6 +36,7 @@ class _Captured:
     ids: torch.Tensor
     weights: torch.Tensor
     clock: torch.Tensor  # pinned host int64 [1], read by the graph's first node
+    device_clock: torch.Tensor  # where that node copies it: the graph holds its address, so it must stay allocated
     out: torch.Tensor
     done: torch.cuda.Event
 
@@ -86,7 +87,7 @@ class DecodeGraphs:
             out = step(static_x, static_ids, static_weights, clock)
         done = torch.cuda.Event()
         done.record()
-        return _Captured(graph, static_x, static_ids, static_weights, clock_host, out, done)
+        return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock, out, done)
 
     def invalidate(self) -> None:
         """Drop every graph, and their memory pool with them: a later capture gets a new pool.

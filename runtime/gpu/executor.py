@@ -79,8 +79,8 @@ class HybridExpertExecutor:
     Calls with at least `prefill_min_tokens` tokens stream whole banks through `prefill_buffers`
     (2: double-buffered, 1: single, 0: never) bank-sized device buffers. "auto" checks its split
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
-    `auto_guard` is False. `cuda_graphs` replays decode calls without a CPU share as CUDA graphs
-    (experimental; CUDA with triton only).
+    `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
+    without a CPU share as CUDA graphs (decode_graphs.py).
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], *, device: torch.device | str, cache: ExpertCache,
@@ -88,7 +88,7 @@ class HybridExpertExecutor:
                  compute_dtype: torch.dtype = torch.bfloat16, profile: BandwidthProfile | None = None,
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
                  prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if mode == "auto" and split is None and profile is None:
