@@ -122,7 +122,7 @@ class HybridExpertExecutor:
         self.cpu_share = CPUShare(self.cpu_executor, self.device)
         # decode calls without a CPU share replayed as CUDA graphs (experimental: decode_graphs.py)
         self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
-        self._graph_tables: dict[int, torch.Tensor] = {}
+        self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graph's copy, its source)
         self._stats = ExpertStats()
         self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
         self._static_request = static_resident_layers
@@ -206,10 +206,12 @@ class HybridExpertExecutor:
         """The call through a CUDA graph (decode_graphs.py); None the first time a key is seen."""
         assert self.graphs is not None
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a buffer of fixed address
-            fixed = self._graph_tables.get(n_pcie.numel())
+            fixed, source = self._graph_tables.get(n_pcie.numel(), (None, None))
             if fixed is None:
-                fixed = self._graph_tables[n_pcie.numel()] = torch.empty_like(n_pcie)
-            fixed.copy_(n_pcie)
+                fixed = torch.empty_like(n_pcie)
+            if source is not n_pcie:  # a new table (the split or the hit rate moved): one copy, not one per call
+                fixed.copy_(n_pcie)
+                self._graph_tables[n_pcie.numel()] = (fixed, n_pcie)
             n_pcie, split_key = fixed, "table"
         else:
             split_key = n_pcie
