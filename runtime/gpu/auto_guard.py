@@ -22,9 +22,13 @@ MODEL, PCIE_ONLY = "model", "pcie"
 
 
 class AutoGuard:
-    EXPLORE = 6  # steps per trial block
+    # Trials are short: with CUDA graphs the PCIe-only arm replays graphs and the model arm (its
+    # calls may hand work to the CPU) cannot, so a trial step of the losing arm can cost twice a
+    # step of the winner. 2 blocks of 3 steps per arm, then one block per 128 steps: under 3% of
+    # steps in the slower arm once chosen (measured on the H200: BENCHMARKS.md, GPU decode).
+    EXPLORE = 3  # steps per trial block
     ROUNDS = 2  # blocks per arm before the first choice
-    REVISIT = 96  # steps between re-trials of the losing arm
+    REVISIT = 128  # steps between re-trials of the losing arm
     KEEP = 48  # step times kept per arm
 
     def __init__(self, first_layer: int) -> None:
