@@ -56,3 +56,16 @@ def test_an_interrupted_step_is_not_timed(monkeypatch) -> None:
     clock.now += 0.01
     guard.on_decode_call(0)
     assert guard.times[MODEL] == [pytest.approx(0.01)]
+
+
+def test_a_step_that_did_one_time_work_is_not_timed(monkeypatch) -> None:
+    """A step that captured CUDA graphs is slow once; charging it to its arm would bias the choice."""
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=0)
+    guard.on_decode_call(0)
+    clock.now += 0.5  # this step captured graphs
+    guard.on_decode_call(0, settled=False)
+    clock.now += 0.01
+    guard.on_decode_call(0)
+    assert guard.times[MODEL] == [pytest.approx(0.01)]

@@ -41,12 +41,15 @@ class AutoGuard:
         self._since_choice = 0
         self.switches = 0
 
-    def on_decode_call(self, layer: int) -> str:
-        """Called at the start of every decode layer call; returns the arm for this call."""
+    def on_decode_call(self, layer: int, settled: bool = True) -> str:
+        """Called at the start of every decode layer call; returns the arm for this call.
+        `settled` (read at the first layer): False when the step that just ended did one-time
+        work (a CUDA graph's first call or capture), so its time says nothing about its arm and
+        is not counted."""
         if layer != self.first_layer:
             return self.arm
         now = time.perf_counter()
-        if self._step_start is not None:
+        if self._step_start is not None and settled:
             times = self.times[self.arm]
             times.append(now - self._step_start)
             del times[: -self.KEEP]

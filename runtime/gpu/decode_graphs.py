@@ -52,6 +52,7 @@ class DecodeGraphs:
         self._generation: int | None = None
         self.replays = 0
         self.captures = 0
+        self.first_calls = 0  # keys run uncaptured on first sight
 
     def run(self, key: Hashable, generation: int, step: Step, x: torch.Tensor, ids: torch.Tensor,
             weights: torch.Tensor, clock: int) -> torch.Tensor | None:
@@ -60,6 +61,7 @@ class DecodeGraphs:
             self._generation = generation
         if key not in self._warm:
             self._warm.add(key)
+            self.first_calls += 1
             return None
         captured = self._graphs.get(key)
         if captured is None:
@@ -88,6 +90,11 @@ class DecodeGraphs:
         done = torch.cuda.Event()
         done.record()
         return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock, out, done)
+
+    @property
+    def one_time_work(self) -> int:
+        """First calls and captures so far: a step that moved it paid costs a later step will not."""
+        return self.first_calls + self.captures
 
     def invalidate(self) -> None:
         """Drop every graph, and their memory pool with them: a later capture gets a new pool.

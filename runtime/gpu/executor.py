@@ -123,6 +123,7 @@ class HybridExpertExecutor:
         # decode calls without a CPU share replayed as CUDA graphs (experimental: decode_graphs.py)
         self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
         self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graph's copy, its source)
+        self._graph_work_at_step = 0  # graphs' one-time work when the current step began (the guard's timing)
         self._stats = ExpertStats()
         self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
         self._static_request = static_resident_layers
@@ -160,7 +161,7 @@ class HybridExpertExecutor:
         stride = bank.layout.expert_stride
         num_pairs = expert_ids.numel()
         n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
-        if self.guard is not None and self.guard.on_decode_call(layer) == PCIE_ONLY:
+        if self.guard is not None and self.guard.on_decode_call(layer, self._step_settled(layer)) == PCIE_ONLY:
             n_pcie, uses_cpu = num_pairs, False
         # uploaded here, outside any graph capture, when the host changed the bookkeeping
         state = cache.device_state()
@@ -179,6 +180,15 @@ class HybridExpertExecutor:
         if self.mode == "auto":
             self._hit_rate.observe(counts, list(self._device_counts.values()))
         return out
+
+    def _step_settled(self, layer: int) -> bool:
+        """At the guard's first layer: whether the step that just ended ran without one-time graph
+        work (first calls, captures), whose cost would be charged to its arm."""
+        if self.graphs is None or self.guard is None or layer != self.guard.first_layer:
+            return True
+        work = self.graphs.one_time_work
+        settled, self._graph_work_at_step = work == self._graph_work_at_step, work
+        return settled
 
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
