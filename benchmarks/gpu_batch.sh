@@ -41,8 +41,9 @@ if [ "$WHAT" = more ]; then
       --policies $ALL
   run q30-32g-synth 130 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --tokens 64 --prefill '' --policies $ALL
   run q36-8g-synth 130 --shape qwen3.6-35b-a3b --budget-gib 8 --threads 6 --tokens 64 --prefill '' --policies $ALL
-  run glm-air-32g-synth 130 --shape glm-4.5-air --budget-gib 32 --threads 8 --layers 16 --tokens 64 --prefill '' \
-      --policies $ALL
+  # all 46 MoE layers of GLM-4.5-Air (190 GiB of experts) in 66 GiB of host RAM: 16 banks shared
+  run glm-air-32g-synth 150 --shape glm-4.5-air --budget-gib 32 --threads 8 --host-banks 16 --tokens 64 --prefill '' \
+      --policies $ALL --reps 2
   exit 0
 fi
 

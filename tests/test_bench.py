@@ -96,3 +96,26 @@ def test_saved_json_reports_print_as_text(report: dict, tmp_path, capsys: pytest
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "policy" in out and "offload" in out and "prefill tokens" in out
+
+
+def test_shared_host_banks_save_ram_but_not_cache_traffic() -> None:
+    """--host-banks N: N banks in host memory shared round-robin by the layers; the cache still sees
+    every layer's own (layer, expert) keys, so its hits, misses and bytes are the same."""
+    from runtime.bench.moe import SHAPES, BenchConfig, format_report, make_banks, run_bench
+
+    shape = SHAPES["tiny"]
+    banks = make_banks(shape, list(shape.moe_layers), seed=0, distinct=1)
+    first = banks[shape.moe_layers[0]]
+    assert all(b.data.data_ptr() == first.data.data_ptr() for b in banks.values())
+    assert all(b.layer == layer == b.layout.layer for layer, b in banks.items())
+
+    cfg = dict(shape="tiny", device="cpu", tokens=6, prompt_tokens=8, prefill=(), policies=("offload", "cpu"), threads=1)
+    own, shared = run_bench(BenchConfig(**cfg)), run_bench(BenchConfig(**cfg, host_banks=1))
+    for policy in ("offload", "cpu"):
+        a, b = own["policies"][policy]["stats"], shared["policies"][policy]["stats"]
+        assert (a["hits"], a["misses"], a["pcie_bytes"], a["cpu_bytes"]) == (b["hits"], b["misses"], b["pcie_bytes"],
+                                                                            b["cpu_bytes"])
+    assert shared["cache"]["host_bytes"] * len(shape.moe_layers) == own["cache"]["host_bytes"]
+    assert "banks shared by the" in format_report(shared)
+    with pytest.raises(ValueError, match="--host-banks must be at least 1"):
+        run_bench(BenchConfig(**cfg, host_banks=0))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,7 @@ class BenchConfig:
     prefill: tuple[int, ...] = (1024, 4096, 16384)
     device: str = "cuda"
     layers: int | None = None  # build only this many MoE layers (a reduced run)
+    host_banks: int | None = None  # distinct host banks, shared round-robin by the layers (full depth in less RAM)
     num_ctx: int = 4096  # KV the planner reserves
     cache_slots: int | None = None  # overrides the planner
     profile: str | None = None  # a BandwidthProfile JSON; default: the kept one (CUDA) or a quick measurement
@@ -173,10 +174,24 @@ def cache_plan(shape: BenchShape, cfg: BenchConfig, top_k: int, built_layers: in
             "full_min_slots": moe * top_k}
 
 
-def make_banks(shape: BenchShape, layers: list[int], seed: int) -> dict[int, HostExpertBank]:
-    """Random banks (a few distinct experts repeated: quick to build, every byte still read)."""
-    return {layer: random_bank(shape.dtype, shape.num_experts, shape.hidden, shape.moe_inter, layer=layer,
-                               seed=seed + layer, num_distinct=4) for layer in layers}
+def make_banks(shape: BenchShape, layers: list[int], seed: int, distinct: int | None = None) -> dict[int, HostExpertBank]:
+    """Random banks (a few distinct experts repeated: quick to build, every byte still read).
+
+    `distinct`: build only that many banks in host memory and give layer i the memory of bank
+    i mod `distinct`, so a model deeper than the host's RAM runs at full depth. Each layer is still
+    its own bank to the cache ((layer, expert) keys), and every fill and CPU read still moves its
+    bytes: a layer's bank (GiBs) is far larger than any CPU cache, so sharing saves RAM, not reads."""
+    made: list[HostExpertBank] = []
+    banks = {}
+    for i, layer in enumerate(layers):
+        if distinct is None or i < distinct:
+            made.append(random_bank(shape.dtype, shape.num_experts, shape.hidden, shape.moe_inter, layer=layer,
+                                    seed=seed + layer, num_distinct=4))
+            banks[layer] = made[-1]
+        else:
+            base = made[i % distinct]
+            banks[layer] = HostExpertBank(layer, replace(base.layout, layer=layer), base.data)
+    return banks
 
 
 def make_routing(shape: BenchShape, cfg: BenchConfig, num_layers: int) -> tuple[np.ndarray, np.ndarray, int, str]:
@@ -361,7 +376,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     prompt, decode, top_k, routing_what = make_routing(shape, cfg, len(layers))
     sizing = cache_plan(shape, cfg, top_k, len(layers))
-    banks = make_banks(shape, layers, cfg.seed)
+    sizing["host_banks"] = min(cfg.host_banks or len(layers), len(layers))
+    sizing["host_bytes"] = sizing["host_banks"] * shape.num_experts * sizing["slot_bytes"]
+    if cfg.host_banks is not None and cfg.host_banks < 1:
+        raise ValueError(f"--host-banks must be at least 1, not {cfg.host_banks}")
+    banks = make_banks(shape, layers, cfg.seed, cfg.host_banks)
     pinner = None
     if device.type == "cuda":
         pinner = HostPinner()

@@ -17,6 +17,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"cache: {c['cache_slots']} slots ({c['source']}) = {size(c['cache_slots'] * c['slot_bytes'])}; one token needs "
         f"{c['min_slots']}; pool {size(c['pool_bytes'])}",
     ]
+    if c.get("host_banks", sh["moe_layers_built"]) < sh["moe_layers_built"]:
+        lines[-1] += (f" ({size(c['host_bytes'])} in host RAM: {c['host_banks']} banks shared by the "
+                      f"{sh['moe_layers_built']} layers)")
     if c.get("source") == "fit planner":
         lines.append(f"  budget {size(c['budget_bytes'])} = dense {size(c['dense_bytes'])} + workspace "
                      f"{size(c['workspace_bytes'])} + KV {size(c['kv_bytes'])} ({c['context']} tokens) + cache "
