@@ -196,23 +196,24 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
 @click.option("--num-predict", type=int, default=None, help="Most tokens to generate.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: planned).")
 @click.option("--local", is_flag=True, help="Load the model in this process even when an `ft serve` is running.")
-@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
-              help="gpu: the hybrid GPU runtime (experimental: experts cached in VRAM, misses split PCIe/CPU).")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
+              help="gpu: the hybrid GPU runtime (experts cached in VRAM, misses split PCIe/CPU); auto: the GPU "
+                   "when there is one and the model's plan fits it, else the CPU.")
 @click.option("--vram-gib", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="With --device gpu: cap the VRAM ft uses (weights + KV + expert cache).")
+              help="On the GPU: cap the VRAM ft uses (weights + KV + expert cache).")
 @click.option("--mode", type=click.Choice(["auto", "offload", "cpu", "static", "prefill_placement"]), default="auto",
-              show_default=True, help="With --device gpu: how expert-cache misses are served.")
+              show_default=True, help="On the GPU: how expert-cache misses are served.")
 def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | None, dtype: str | None,
             temperature: float | None, seed: int | None, num_predict: int | None, threads: int | None,
             local: bool, device: str, vram_gib: float | None, mode: str) -> None:
     """Chat with a model (pulled first if missing), or answer PROMPT (or stdin) and exit.
 
     When an `ft serve` answers at FT_HOST, the model is pulled, loaded and run by that server
-    (no second copy in memory); --local, --dtype or --device gpu load it here instead."""
+    (no second copy in memory); --local, --dtype or --device gpu/cpu load it here instead."""
     from . import run as run_mod
     from . import serve as serve_mod
 
-    if not local and dtype is None and device == "cpu":
+    if not local and dtype is None and device == "auto":
         client = serve_mod.Client()
         if client.running():
             options = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict),
@@ -268,11 +269,12 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (default: FT_HOST's, else 11435).")
 @click.option("--api-key", envvar="FT_API_KEY", default=None,
               help="Require this key from clients (Authorization: Bearer KEY or x-api-key: KEY); env FT_API_KEY.")
-@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
-              help="gpu: the hybrid GPU runtime (experimental, issue 4); its VRAM budget changes with `ft vram`.")
-@click.option("--vram-gib", type=float, default=None, help="VRAM budget per model with --device gpu (default: free VRAM).")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
+              help="gpu: the hybrid GPU runtime (its VRAM budget changes with `ft vram`); auto: each model on the GPU "
+                   "when there is one and its plan fits, else on the CPU.")
+@click.option("--vram-gib", type=float, default=None, help="VRAM budget per model on the GPU (default: free VRAM).")
 @click.option("--mode", type=click.Choice(["auto", "offload", "cpu", "static", "prefill_placement"]), default="auto",
-              show_default=True, help="How expert-cache misses are served with --device gpu.")
+              show_default=True, help="How expert-cache misses are served on the GPU.")
 def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: str, vram_gib: float | None,
               mode: str) -> None:
     """Serve the Ollama API (and OpenAI/Anthropic ones) for the local models.

@@ -5,6 +5,7 @@ Only presentation lives here; the conversation state is a `runtime.engine.Sessio
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -21,6 +22,8 @@ from runtime.resources import Machine
 from runtime.sampling import SamplingParams
 from runtime.tokenizer import Tokenizer
 from runtime.weights import open_model
+
+log = logging.getLogger(__name__)
 
 DEFAULT_NUM_CTX = 4096
 HELP = """Available commands:
@@ -55,7 +58,7 @@ class Chat:
         ValueError with the numbers when it cannot hold one token's experts."""
         governor = getattr(self.experts, "elastic", None)
         if governor is None:
-            raise ValueError("/set vram needs a model running with --device gpu (the CPU runtime uses no VRAM)")
+            raise ValueError("/set vram needs a model running on the GPU (the CPU runtime uses no VRAM)")
         slots = governor.set_budget(int(gib * 2**30))
         return f"Set VRAM budget to {gib:g} GiB: the expert cache becomes {slots} slots before the next token"
 
@@ -85,14 +88,14 @@ class NoGPUError(RuntimeError):
 
 
 def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | None,
-                  overrides: dict[str, Any], threads: int | None = None, device: str = "cpu",
+                  overrides: dict[str, Any], threads: int | None = None, device: str = "auto",
                   vram_gib: float | None = None, mode: str = "auto") -> tuple[LoadedModel, Chat, float]:
     """Plan (placement, context, threads) with the fit planner, load the weights, open a chat.
 
-    device "cpu" (the default) computes everything on the CPU. "gpu" is the hybrid runtime:
-    dense weights and KV on the GPU, experts in pinned host RAM behind a VRAM expert cache, misses
-    split by `mode` (auto/offload/cpu/static/prefill_placement); it is new and not yet measured
-    end to end (issue 4), so it is opt-in."""
+    device "gpu" is the hybrid runtime: dense weights and KV on the GPU, experts in pinned host
+    RAM behind a VRAM expert cache, misses split by `mode` (auto/offload/cpu/static/
+    prefill_placement). "cpu" computes everything on the CPU. "auto" (the default) takes the GPU
+    when there is one and the plan fits it, else the CPU, and says why."""
     registered = open_model(store, name)
     options = {**(registered.config.get("parameters") or {}), **overrides}
     recipe_ctx = options.pop("num_ctx", None)
@@ -106,7 +109,9 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
         vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30)))
     torch.set_num_threads(fitted.num_threads)
     start = time.perf_counter()
-    gpu_options: dict[str, Any] = {"backend": "gpu", "fit": fitted, "mode": mode} if device == "gpu" else {}
+    if device == "auto" and machine.gpu is not None and fitted.device == "cpu":
+        log.warning("running %s on the CPU: %s", registered.name.display, fitted.device_reason)
+    gpu_options: dict[str, Any] = {"backend": "gpu", "fit": fitted, "mode": mode} if fitted.device == "gpu" else {}
     loaded = load_registered(registered, compute_dtype(registered.config, dtype), **gpu_options)
     tokenizer = Tokenizer.from_model(registered)
     load_seconds = time.perf_counter() - start

@@ -695,7 +695,7 @@ def test_set_vram_in_ft_run_resizes_before_the_next_token(tiny_store) -> None:
     assert said[-1] == "Error: /set vram takes a size in GiB, e.g. '/set vram 6', not 'lots'"
     cpu_chat = Chat(None, None, {})  # type: ignore[arg-type]
     handle_command(cpu_chat, "/set vram 6", said.append)
-    assert said[-1] == "Error: /set vram needs a model running with --device gpu (the CPU runtime uses no VRAM)"
+    assert said[-1] == "Error: /set vram needs a model running on the GPU (the CPU runtime uses no VRAM)"
 
 
 @pytest.mark.gpu

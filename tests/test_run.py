@@ -163,3 +163,19 @@ def test_gpu_device_without_cuda_is_refused_plainly(home: Path, capsys, monkeypa
     monkeypatch.setenv("FT_HOME", str(home))
     code, _, err = ft(capsys, "run", "tiny", "hi", "--device", "gpu")
     assert code == 1 and "--device gpu needs a CUDA GPU" in err and "--device cpu" in err
+
+
+def test_device_auto_takes_the_cpu_when_the_gpu_cannot_hold_the_plan(home: Path, monkeypatch, caplog) -> None:
+    """`ft run` (device auto, the default) on a machine whose GPU is too small for the model's dense
+    weights and KV: the CPU runtime, with the planner's reason in a warning."""
+    from ftpull import run as run_mod
+    from runtime.resources import GPU, Machine
+
+    small_gpu = Machine(ram_total_bytes=16 << 30, ram_available_bytes=16 << 30, num_physical_cores=2,
+                        gpu=GPU("tiny card", 1 << 20, 1 << 20))
+    monkeypatch.setattr(run_mod.Machine, "probe", staticmethod(lambda: small_gpu))
+    loaded, chat, _ = run_mod.load_for_chat(Store(home), "tiny", dtype=None, num_ctx=256, overrides={})
+    assert getattr(loaded.experts, "elastic", None) is None  # the CPU runtime: no VRAM budget
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(m == "running tiny:latest on the CPU: the dense weights do not fit in VRAM" for m in warned)
+    assert chat.ask("Hello", lambda s: None).tokens

@@ -133,3 +133,22 @@ def test_gpu_models_take_the_gpu_one_at_a_time(store: Store, gpu_server: LiveSer
     assert names == ["tiny-copy:latest"]
     client.chat(model="tiny", messages=ASK, options={"num_predict": 1})
     assert [r.registered.name.display for r in gpu_server.manager.runners.values()] == ["tiny:latest"]
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_device_auto_puts_each_model_where_its_plan_does(store: Store, gpu: bool) -> None:
+    """`ft serve` (device auto, the default): the hybrid runtime when the machine has a GPU the
+    plan fits, the CPU runtime otherwise; the same greedy answer either way."""
+    def machine() -> Machine:
+        m = emulated_gpu_machine()
+        return m if gpu else Machine(m.ram_total_bytes, m.ram_available_bytes, m.num_physical_cores, gpu=None)
+
+    with LiveServer(store, device="auto", gpu_mode="offload", machine=machine, gpu_options={"device": "cpu"}) as server:
+        reply = ollama.Client(host=server.url).chat(model="tiny", messages=ASK, options=GREEDY)
+        ps = httpx.get(server.url + "/api/ps").json()["models"][0]
+        (runner,) = server.manager.runners.values()
+        assert ps["ft"]["device"] == ("gpu" if gpu else "cpu")
+        assert (getattr(runner.loaded.experts, "elastic", None) is not None) == gpu
+    with LiveServer(store) as cpu_server:
+        on_cpu = ollama.Client(host=cpu_server.url).chat(model="tiny", messages=ASK, options=GREEDY)
+    assert reply.message.content == on_cpu.message.content

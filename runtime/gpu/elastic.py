@@ -4,7 +4,7 @@ Two reasons to change size, both applied by the executor at a safe point (the fi
 call of a step: nothing of the previous step is in flight once the resize has synchronized)
 without reloading any weight (HybridExpertExecutor.resize keeps the most recent entries):
 
-- `set_budget(bytes)`: the user asked (`/set vram GIB` in `ft run --device gpu`);
+- `set_budget(bytes)`: the user asked (`/set vram GIB` in `ft run` on the GPU);
 - another program took VRAM: every `check_every_s` the governor reads what this process could
   hold now, the device's free memory plus what its own allocator holds. When that no longer
   covers the budget (dense weights, KV, workspace and cache, as planned), the cache shrinks to

@@ -76,9 +76,10 @@ class ModelManager:
                  gpu_options: dict[str, Any] | None = None) -> None:
         """device "gpu": models load into the hybrid GPU runtime (runtime.gpu) within
         `vram_budget_bytes` (default: the free VRAM), misses split by `gpu_mode`; `gpu_options`
-        go to runtime.gpu.load_gpu as they are (tests run the hybrid runtime on CPU tensors)."""
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device is cpu or gpu, not {device!r}")
+        go to runtime.gpu.load_gpu as they are (tests run the hybrid runtime on CPU tensors).
+        "auto": each model where its plan puts it, the GPU when the machine has one and it fits."""
+        if device not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"device is auto, cpu or gpu, not {device!r}")
         self.store = store
         self.device, self.vram_budget_bytes, self.gpu_mode = device, vram_budget_bytes, gpu_mode
         self.gpu_options = dict(gpu_options or {})
@@ -317,7 +318,7 @@ class ModelManager:
             if runner.active == 0:
                 runner.release()
             gc.collect()  # the weights are large: return their memory now, not at the next collection
-            if self.device == "gpu" and torch.cuda.is_available():
+            if runner.plan.device == "gpu" and torch.cuda.is_available():
                 torch.cuda.empty_cache()  # and their VRAM to the driver: other programs may want it
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -374,7 +375,7 @@ class ModelManager:
                 return runner, 0.0
             if runner is not None:  # the name now points at another model (re-pulled, re-created)
                 self._unload(runner)
-            if self.device == "gpu":
+            if self.device != "cpu":
                 await self._make_gpu_room(registered)  # first: the plan sizes its cache from the VRAM left free
             fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
             self._make_room(fitted)
@@ -404,16 +405,18 @@ class ModelManager:
         budget leaves): unload the idle ones, and wait for a busy one to finish its requests."""
         waited = False
         while True:
-            for runner in list(self.runners.values()):
+            on_gpu = [runner for runner in self.runners.values() if runner.plan.device == "gpu"]
+            for runner in on_gpu:
                 if runner.active == 0:
                     log.info("unloading %s to give the GPU to %s", runner.registered.name.display,
                              registered.name.display)
                     self._unload(runner)
-            if not self.runners:
+            busy = [runner for runner in on_gpu if runner.active]
+            if not busy:
                 return
             if not waited:
-                busy = ", ".join(r.registered.name.display for r in self.runners.values())
-                log.info("%s waits for the GPU: %s is generating", registered.name.display, busy)
+                log.info("%s waits for the GPU: %s is generating", registered.name.display,
+                         ", ".join(r.registered.name.display for r in busy))
                 waited = True
             await asyncio.sleep(0.02)
 
@@ -421,7 +424,7 @@ class ModelManager:
         torch.set_num_threads(fitted.num_threads)
         start = time.perf_counter()
         try:
-            gpu = {"backend": "gpu", "fit": fitted, "mode": self.gpu_mode, **self.gpu_options} if self.device == "gpu" else {}
+            gpu = {"backend": "gpu", "fit": fitted, "mode": self.gpu_mode, **self.gpu_options} if fitted.device == "gpu" else {}
             loaded = load_registered(registered, compute_dtype(registered.config), **gpu)
         except UnsupportedFamilyError as e:
             raise BadRequest(str(e)) from None
