@@ -69,3 +69,38 @@ def test_a_step_that_did_one_time_work_is_not_timed(monkeypatch) -> None:
     clock.now += 0.01
     guard.on_decode_call(0)
     assert guard.times[MODEL] == [pytest.approx(0.01)]
+
+
+def test_a_model_arm_that_sends_nothing_to_the_cpu_is_left_after_one_block(monkeypatch) -> None:
+    """The model's split sent no miss to the CPU: the arms made the same decisions, and the
+    PCIe-only one replays CUDA graphs, so it is taken at once (timing would only cost steps), and
+    the model arm is tried again ever more rarely."""
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    reads = []
+
+    def cpu_experts() -> int:
+        reads.append(clock.now)
+        return 7  # never moves
+
+    guard = AutoGuard(first_layer=3, cpu_experts=cpu_experts)
+    arms = run_steps(guard, clock, 2000, {MODEL: 0.010, PCIE_ONLY: 0.010})  # equal times: no timing signal
+    assert arms[: AutoGuard.EXPLORE] == [MODEL] * AutoGuard.EXPLORE and arms[AutoGuard.EXPLORE] == PCIE_ONLY
+    assert guard.model_idle and guard.best == PCIE_ONLY
+    trials = [i for i in range(1, len(arms)) if arms[i] == MODEL and arms[i - 1] == PCIE_ONLY]
+    gaps = [b - a for a, b in zip(trials, trials[1:], strict=False)]
+    assert len(gaps) >= 2 and all(b >= 2 * a for a, b in zip(gaps, gaps[1:], strict=False))  # ever rarer
+    assert arms.count(MODEL) < 0.03 * len(arms)
+    assert len(reads) <= 2 * (len(trials) + 1) + 1  # the count is read at a model block's start and end only
+
+
+def test_a_model_arm_that_uses_the_cpu_is_timed_as_before(monkeypatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    served = iter(range(10**6))
+    guard = AutoGuard(first_layer=3, cpu_experts=lambda: next(served))  # every read: more CPU work
+    arms = run_steps(guard, clock, 400, {MODEL: 0.020, PCIE_ONLY: 0.030})
+    assert not guard.model_idle and guard.best == MODEL
+    explore = 2 * AutoGuard.ROUNDS * AutoGuard.EXPLORE
+    assert set(arms[:explore]) == {MODEL, PCIE_ONLY}
+    assert arms[explore + 1:].count(MODEL) > 0.85 * len(arms[explore + 1:])

@@ -33,6 +33,7 @@ from runtime.gpu import (
     measure,
     q_star,
 )
+from runtime.gpu.auto_guard import PCIE_ONLY, AutoGuard
 from runtime.gpu.prefill import BankStreamer
 from runtime.gpu.split import layer_ms, miss_cost
 
@@ -738,3 +739,21 @@ def test_the_cache_generation_moves_when_its_tensors_are_made_anew() -> None:
     assert cache.generation == first + 1
     cache.resize(6)
     assert cache.generation == first + 2
+
+
+@pytest.mark.parametrize("cpu_share", [False, True])
+def test_the_guard_reads_whether_the_model_split_used_the_cpu(cpu_share: bool) -> None:
+    """"auto"'s guard asks the executor how many misses the CPU served: a split that sends none
+    leaves the model arm after one block (the PCIe-only arm decides the same and can replay graphs)."""
+    banks = make_banks(layers=(0, 1))
+    split = (lambda misses, nbytes: misses // 2) if cpu_share else (lambda misses, nbytes: misses)
+    ex = hybrid(banks, "auto", slots=2 * K, split=split)
+    assert ex.guard is not None
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(AutoGuard.EXPLORE + 2):
+        for layer in (0, 1):
+            ids, weights = routing(1, gen)
+            ex(layer, torch.randn(1, H, generator=gen), ids, weights)
+    assert ex.guard.model_idle is (not cpu_share)
+    assert (ex.stats().cpu_experts > 0) is cpu_share
+    assert ex.guard.arm == PCIE_ONLY  # the second block: a trial of PCIe-only, or its choice

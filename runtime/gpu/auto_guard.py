@@ -9,14 +9,18 @@ same for both arms). The arms alternate in blocks of EXPLORE steps until each ha
 blocks, then the faster (by median step time) runs, and the other is tried again for one block
 every REVISIT steps, so a change in load or hit rate is noticed.
 
-Where the model never sends a miss to the CPU the two arms are the same, and there is nothing
-to choose.
+Where the model sends no miss to the CPU the two arms make the same decisions, and the PCIe-only
+arm is at least as fast (its calls replay CUDA graphs; the model arm's cannot, since they may
+hand work to the CPU). So when a trial block of the model arm ends having sent nothing to the CPU
+(`cpu_experts`, a running count read once per block), the guard takes the PCIe-only arm without
+timing, and waits twice as long before the next trial (up to MAX_REVISIT): the hit rate may change.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 MODEL, PCIE_ONLY = "model", "pcie"
 
@@ -25,20 +29,28 @@ class AutoGuard:
     # Trials are short: with CUDA graphs the PCIe-only arm replays graphs and the model arm (its
     # calls may hand work to the CPU) cannot, so a trial step of the losing arm can cost twice a
     # step of the winner. 2 blocks of 3 steps per arm, then one block per 128 steps: under 3% of
-    # steps in the slower arm once chosen (measured on the H200: BENCHMARKS.md, GPU decode).
+    # steps in the slower arm once chosen (measured on the H200: BENCHMARKS.md, GPU decode). A
+    # model arm that sends nothing to the CPU is left after one block, and tried ever more rarely.
     EXPLORE = 3  # steps per trial block
     ROUNDS = 2  # blocks per arm before the first choice
     REVISIT = 128  # steps between re-trials of the losing arm
+    MAX_REVISIT = 1024  # the longest wait while the model arm keeps sending nothing to the CPU
     KEEP = 48  # step times kept per arm
 
-    def __init__(self, first_layer: int) -> None:
+    def __init__(self, first_layer: int, cpu_experts: Callable[[], int] | None = None) -> None:
+        """`cpu_experts`: the running count of misses served by the CPU (a device read, made at the
+        start and end of each model-arm block); None: always compare times."""
         self.first_layer = first_layer
+        self.cpu_experts = cpu_experts
         self.arm = MODEL
         self.times: dict[str, list[float]] = {MODEL: [], PCIE_ONLY: []}
         self._blocks = {MODEL: 0, PCIE_ONLY: 0}
         self._step_start: float | None = None
         self._in_block = 0
         self._since_choice = 0
+        self._revisit = self.REVISIT
+        self._cpu_at_block_start: int | None = None
+        self.model_idle = False  # the last model-arm block sent nothing to the CPU
         self.switches = 0
 
     def on_decode_call(self, layer: int, settled: bool = True) -> str:
@@ -48,6 +60,8 @@ class AutoGuard:
         is not counted."""
         if layer != self.first_layer:
             return self.arm
+        if self._cpu_at_block_start is None and self.arm == MODEL and self.cpu_experts is not None:
+            self._cpu_at_block_start = self.cpu_experts()  # the first block's start
         now = time.perf_counter()
         if self._step_start is not None and settled:
             times = self.times[self.arm]
@@ -63,6 +77,8 @@ class AutoGuard:
 
     @property
     def best(self) -> str:
+        if self.model_idle:
+            return PCIE_ONLY
         medians = {arm: statistics.median(t) for arm, t in self.times.items() if t}
         return min(medians, key=medians.get) if len(medians) == 2 else self.arm
 
@@ -72,18 +88,30 @@ class AutoGuard:
             return
         self._in_block = 0
         self._blocks[self.arm] += 1
+        if self.arm == MODEL:
+            self._end_model_block()
         other = PCIE_ONLY if self.arm == MODEL else MODEL
-        if min(self._blocks.values()) < self.ROUNDS:  # still exploring: alternate blocks
+        if not self.model_idle and min(self._blocks.values()) < self.ROUNDS:  # still exploring: alternate blocks
             self._switch(other if self._blocks[other] < self.ROUNDS else self.arm)
             return
         self._since_choice += self.EXPLORE
-        if self._since_choice >= self.REVISIT:  # one re-trial block of the arm that is behind
+        if self._since_choice >= self._revisit:  # one re-trial block of the arm that is behind
             self._since_choice = 0
             self._switch(PCIE_ONLY if self.best == MODEL else MODEL)
         else:
             self._switch(self.best)
 
+    def _end_model_block(self) -> None:
+        """A model-arm block ended: did it send anything to the CPU?"""
+        if self.cpu_experts is None or self._cpu_at_block_start is None:
+            return
+        idle = self.cpu_experts() == self._cpu_at_block_start
+        self._revisit = min(2 * self._revisit, self.MAX_REVISIT) if idle else self.REVISIT
+        self.model_idle = idle
+
     def _switch(self, arm: str) -> None:
+        if arm == MODEL and self.cpu_experts is not None:
+            self._cpu_at_block_start = self.cpu_experts()
         if arm != self.arm:
             self.switches += 1
             self.arm = arm

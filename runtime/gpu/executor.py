@@ -107,7 +107,7 @@ class HybridExpertExecutor:
         self._cost = miss_cost(profile) if profile is not None else None
         self.split = split or (self._profile_split if mode == "auto" else None)
         self._split_tables: dict[tuple, tuple[torch.Tensor, bool]] = {}  # -> (table, sends any miss to the CPU)
-        self.guard = AutoGuard(min(banks)) if mode == "auto" and auto_guard and banks else None
+        self.guard = AutoGuard(min(banks), self._cpu_experts) if mode == "auto" and auto_guard and banks else None
         self.first_layer = min(banks) if banks else 0
         self.elastic: VramGovernor | None = None  # set by load_gpu: the cache follows the VRAM budget
         self._hit_rate = RecentHitRate(self.device)
@@ -180,6 +180,10 @@ class HybridExpertExecutor:
         if self.mode == "auto":
             self._hit_rate.observe(counts, list(self._device_counts.values()))
         return out
+
+    def _cpu_experts(self) -> int:
+        """Decode misses served by the CPU so far (a device read: the guard asks once per block)."""
+        return int(sum(int(totals[2]) for totals in self._device_counts.values()))
 
     def _step_settled(self, layer: int) -> bool:
         """At the guard's first layer: whether the step that just ended ran without one-time graph
