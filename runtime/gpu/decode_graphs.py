@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x, ids, weights, clock
@@ -36,6 +37,7 @@ class _Captured:
     ids: torch.Tensor
     weights: torch.Tensor
     clock: torch.Tensor  # pinned host int64 [1], read by the graph's first node
+    clock_view: np.ndarray  # the same memory as numpy: the host writes it without a torch dispatch
     device_clock: torch.Tensor  # where that node copies it: the graph holds its address, so it must stay allocated
     out: torch.Tensor
     done: torch.cuda.Event
@@ -71,7 +73,7 @@ class DecodeGraphs:
         captured.x.copy_(x)
         captured.ids.copy_(ids)
         captured.weights.copy_(weights)
-        captured.clock[0] = clock
+        captured.clock_view[0] = clock
         captured.graph.replay()
         captured.done.record()
         self.replays += 1
@@ -89,7 +91,7 @@ class DecodeGraphs:
             out = step(static_x, static_ids, static_weights, clock)
         done = torch.cuda.Event()
         done.record()
-        return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock, out, done)
+        return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock_host.numpy(), clock, out, done)
 
     @property
     def one_time_work(self) -> int:
