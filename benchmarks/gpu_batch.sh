@@ -5,9 +5,10 @@
 #
 #   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
-#   tests: the GPU tests and `ft run tiny --device gpu` (~4 min); quick: the trace runs at 8 and 32
-#   GiB with host profiles, and CUDA graphs side by side (~8 min); more: synthetic routing,
-#   prefill, and the Qwen3.6 and GLM-4.5-Air shapes (~9 min). Each fits one device call.
+#   tests: the GPU tests and `ft run tiny --device gpu` (~1.5 min); quick: the CUDA-graph parity
+#   tests, `ft run tiny` on GPU and CPU, and the trace runs at 8 and 32 GiB in 3 rounds (~5 min;
+#   SHAPES=1 adds Qwen3.6 and GLM-4.5-Air, ~7 min); more: synthetic routing, prefill, and the
+#   Qwen3.6 and full-depth GLM-4.5-Air shapes (~9 min). Each fits one device call.
 set -u
 WHAT=${1:-quick}
 OUT=${OUT:-./bench-out}
