@@ -120,7 +120,7 @@ class HybridExpertExecutor:
         # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
         self._zero_copy = {layer: kernels is not None and bank.data.is_pinned() for layer, bank in banks.items()}
         self.cpu_share = CPUShare(self.cpu_executor, self.device)
-        # decode calls without a CPU share replayed as CUDA graphs (experimental: decode_graphs.py)
+        # decode calls without a CPU share replayed as CUDA graphs (decode_graphs.py)
         self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
         self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graph's copy, its source)
         self._graph_work_at_step = 0  # graphs' one-time work when the current step began (the guard's timing)
