@@ -6,9 +6,10 @@
 #   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
 #   tests: the GPU tests and `ft run tiny --device gpu` (~1.5 min); quick: the CUDA-graph parity
-#   tests, `ft run tiny` on GPU and CPU, and the trace runs at 8 and 32 GiB in 3 rounds (~5 min;
-#   SHAPES=1 adds Qwen3.6 and GLM-4.5-Air, ~7 min); more: synthetic routing, prefill, and the
-#   Qwen3.6 and full-depth GLM-4.5-Air shapes (~9 min). Each fits one device call.
+#   tests, `ft run tiny` on GPU and CPU, and the trace runs at 8 and 32 GiB in 3 rounds, and at 8
+#   GiB over an emulated x8 link (~7 min; SHAPES=1 adds Qwen3.6 and GLM-4.5-Air, ~9 min); more:
+#   synthetic routing, prefill, and the Qwen3.6 and full-depth GLM-4.5-Air shapes (~9 min). Each
+#   fits one device call.
 set -u
 WHAT=${1:-quick}
 OUT=${OUT:-./bench-out}
@@ -62,6 +63,9 @@ run q30-8g-trace 200 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing 
     --tokens 96 --prefill '' --policies $ALL --reps 3
 run q30-32g-trace 200 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
     --tokens 96 --prefill '' --policies $ALL --reps 3
+# a laptop (RTX 4060 class: 8 GiB, 6 threads, an x8 link): every PCIe copy made twice
+run q30-8g-trace-x8 200 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
+    --tokens 96 --prefill '' --policies $ALL --reps 3 --pcie-repeat 2
 if [ "${SHAPES:-0}" = 1 ]; then
   run q36-8g-synth 75 --shape qwen3.6-35b-a3b --budget-gib 8 --threads 6 --tokens 48 --prefill '' --policies $ALL
   run glm-air-32g-synth 75 --shape glm-4.5-air --budget-gib 32 --threads 8 --layers 16 --tokens 48 --prefill '' \

@@ -384,6 +384,8 @@ def pull_main() -> None:
 @click.option("--layers", type=int, default=None, help="Build only this many MoE layers (a reduced run).")
 @click.option("--host-banks", type=int, default=None,
               help="Build this many host banks and share them among the layers: full depth in less RAM.")
+@click.option("--pcie-repeat", type=int, default=1, show_default=True,
+              help="Make every PCIe copy N times: emulates a link 1/N as fast (2: a laptop's x8 Gen5 link).")
 @click.option("--num-ctx", type=int, default=4096, show_default=True, help="Context whose KV the planner reserves.")
 @click.option("--cache-slots", type=int, default=None, help="Override the planner's cache size.")
 @click.option("--profile", "profile_path", default=None, help="A bandwidth-profile JSON to use for 'auto'.")
@@ -398,7 +400,8 @@ def pull_main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,
-              prompt_tokens: int, prefill: str, device: str, layers: int | None, host_banks: int | None, num_ctx: int,
+              prompt_tokens: int, prefill: str, device: str, layers: int | None, host_banks: int | None,
+              pcie_repeat: int, num_ctx: int,
               cache_slots: int | None,
               profile_path: str | None, reps: int, trace_path: str | None, profile_tokens: int, profile_dir: str | None,
               cuda_graphs: bool, seed: int, as_json: bool) -> None:
@@ -409,7 +412,7 @@ def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str,
                       policies=tuple(p.strip() for p in policies.split(",") if p.strip()), routing=routing,
                       tokens=tokens, prompt_tokens=prompt_tokens,
                       prefill=tuple(int(n) for n in prefill.split(",") if n.strip()), device=device, layers=layers,
-                      host_banks=host_banks,
+                      host_banks=host_banks, pcie_repeat=pcie_repeat,
                       num_ctx=num_ctx, cache_slots=cache_slots, profile=profile_path, reps=reps, seed=seed, trace=trace_path,
                       profile_tokens=profile_tokens, profile_dir=profile_dir, cuda_graphs=cuda_graphs,
                       profile_seconds=0.05 if device == "cpu" else 0.4)

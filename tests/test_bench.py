@@ -119,3 +119,15 @@ def test_shared_host_banks_save_ram_but_not_cache_traffic() -> None:
     assert "banks shared by the" in format_report(shared)
     with pytest.raises(ValueError, match="--host-banks must be at least 1"):
         run_bench(BenchConfig(**cfg, host_banks=0))
+
+
+def test_an_emulated_slower_link_is_reported() -> None:
+    from runtime.bench.moe import BenchConfig, format_report, run_bench
+
+    cfg = dict(shape="tiny", device="cpu", tokens=4, prompt_tokens=4, prefill=(), policies=("offload",), threads=1)
+    report = run_bench(BenchConfig(**cfg, pcie_repeat=2))
+    assert report["config"]["pcie_repeat"] == 2
+    assert "link: emulated at 1/2 of this host's PCIe" in format_report(report)
+    assert "link:" not in format_report(run_bench(BenchConfig(**cfg)))
+    with pytest.raises(ValueError, match="--pcie-repeat must be at least 1"):
+        run_bench(BenchConfig(**cfg, pcie_repeat=0))

@@ -757,3 +757,34 @@ def test_the_guard_reads_whether_the_model_split_used_the_cpu(cpu_share: bool) -
     assert ex.guard.model_idle is (not cpu_share)
     assert (ex.stats().cpu_experts > 0) is cpu_share
     assert ex.guard.arm == PCIE_ONLY  # the second block: a trial of PCIe-only, or its choice
+
+
+def test_an_emulated_slower_link_copies_every_fill_again_and_changes_nothing_else(monkeypatch) -> None:
+    """pcie_repeat=2 (benchmarks: a link half as fast): each PCIe fill and prefill stream is made
+    twice; outputs and cache statistics are those of one copy."""
+    from runtime.gpu import executor as executor_mod
+    from runtime.gpu.profile import machine_key
+
+    fills = []
+    real_fill = executor_mod.expert_fill_ref
+    monkeypatch.setattr(executor_mod, "expert_fill_ref", lambda *a: (fills.append(1), real_fill(*a))[1])
+    banks = make_banks()
+    one, two = hybrid(banks, "offload", slots=4 * K), hybrid(banks, "offload", slots=4 * K, pcie_repeat=2)
+    gen = torch.Generator().manual_seed(4)
+    for num_tokens in (1, 1, 2, 12, 1, 3):  # 12 tokens: a streamed prefill
+        for layer in LAYERS:
+            x = torch.randn(num_tokens, H, generator=gen)
+            ids, weights = routing(num_tokens, gen)
+            before = len(fills)
+            a = one(layer, x, ids, weights)
+            once = len(fills) - before
+            b = two(layer, x, ids, weights)
+            assert len(fills) - before == 3 * once  # one call's fills, then twice as many
+            assert_close(b, a)
+    s1, s2 = one.stats(), two.stats()
+    assert (s1.hits, s1.misses, s1.pcie_bytes, s1.prefill_bytes) == (s2.hits, s2.misses, s2.pcie_bytes, s2.prefill_bytes)
+    assert s1.prefill_bytes > 0 and two.prefill is not None and two.prefill.streamer.pcie_repeat == 2
+    with pytest.raises(ValueError, match="pcie_repeat is a whole number of copies, at least 1"):
+        hybrid(banks, "offload", slots=4 * K, pcie_repeat=0)
+    assert machine_key("cpu", cpu_threads=2, dtype="bf16", pcie_repeat=2).endswith("-pcie1of2")
+    assert "pcie1of" not in machine_key("cpu", cpu_threads=2, dtype="bf16")

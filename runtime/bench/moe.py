@@ -125,6 +125,7 @@ class BenchConfig:
     device: str = "cuda"
     layers: int | None = None  # build only this many MoE layers (a reduced run)
     host_banks: int | None = None  # distinct host banks, shared round-robin by the layers (full depth in less RAM)
+    pcie_repeat: int = 1  # every PCIe copy made this many times: a link 1/N as fast (2: a laptop's x8 Gen5 link)
     num_ctx: int = 4096  # KV the planner reserves
     cache_slots: int | None = None  # overrides the planner
     profile: str | None = None  # a BandwidthProfile JSON; default: the kept one (CUDA) or a quick measurement
@@ -237,8 +238,9 @@ def get_profile(cfg: BenchConfig, bank: HostExpertBank, cpu: CPUExpertExecutor, 
     if cfg.profile:
         return BandwidthProfile.load(Path(cfg.profile)), f"loaded {cfg.profile}"
     if device.type == "cuda":
-        return load_or_measure(bank, cpu, device, cpu_threads=threads), "kept profile of this machine (or measured now)"
-    return measure(bank, cpu, device, cpu_threads=threads, seconds=cfg.profile_seconds), \
+        return load_or_measure(bank, cpu, device, cpu_threads=threads, pcie_repeat=cfg.pcie_repeat), \
+            "kept profile of this machine (or measured now)"
+    return measure(bank, cpu, device, cpu_threads=threads, seconds=cfg.profile_seconds, pcie_repeat=cfg.pcie_repeat), \
         f"measured now ({cfg.profile_seconds} s per point), not kept"
 
 
@@ -319,11 +321,12 @@ def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int,
 
 
 def prefill_run(banks: dict[int, HostExpertBank], layers: list[int], length: int, buffers: int, slots: int,
-                top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int) -> dict[str, Any]:
+                top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int,
+                pcie_repeat: int = 1) -> dict[str, Any]:
     """`length` prompt tokens through every built MoE layer's streamed prefill (mode offload's
     placement: an LRU cache of `slots`, cold), `buffers` bank buffers."""
     ex = build_hybrid(banks, device=device, cache_slots=slots, mode="offload", top_k=top_k, cpu_threads=threads,
-                      prefill_buffers=buffers, pin=False, force=True, prefill_min_tokens=2)
+                      prefill_buffers=buffers, pin=False, force=True, prefill_min_tokens=2, pcie_repeat=pcie_repeat)
     try:
         gen = torch.Generator().manual_seed(length)
         x = torch.randn(length, hidden, generator=gen).to(device, torch.bfloat16)
@@ -380,6 +383,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     sizing["host_bytes"] = sizing["host_banks"] * shape.num_experts * sizing["slot_bytes"]
     if cfg.host_banks is not None and cfg.host_banks < 1:
         raise ValueError(f"--host-banks must be at least 1, not {cfg.host_banks}")
+    if cfg.pcie_repeat < 1:
+        raise ValueError(f"--pcie-repeat must be at least 1, not {cfg.pcie_repeat}")
     banks = make_banks(shape, layers, cfg.seed, cfg.host_banks)
     pinner = None
     if device.type == "cuda":
@@ -414,7 +419,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             try:
                 ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
                                   cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
-                                  prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs)
+                                  prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs, pcie_repeat=cfg.pcie_repeat)
             except (CacheTooSmallError, ValueError) as e:
                 report["policies"][policy] = {"error": str(e)}
                 continue
@@ -441,7 +446,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             for buffers in (1, 2):
                 try:
                     report["prefill"].append(prefill_run(banks, layers, length, buffers, slots, top_k, long_ids,
-                                                         shape.hidden, device, threads))
+                                                         shape.hidden, device, threads, cfg.pcie_repeat))
                 except (RuntimeError, ValueError) as e:  # out of memory on a small device
                     report["prefill"].append({"tokens": length, "buffers": buffers, "error": str(e)})
     _ttft_and_check(report)

@@ -30,6 +30,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"profile: PCIe {pr['pcie_gbps']:.1f} GB/s (alone {pr['pcie_alone_gbps']:.1f}), CPU {pr['cpu_gbps']:.1f} "
                  f"GB/s (alone {pr['cpu_alone_gbps']:.1f}), fixed {pr['pcie_fixed_ms']:.3f}/{pr['cpu_fixed_ms']:.3f} ms "
                  f"[{pr['source']}]; device memory {report['hbm_gbps']:.0f} GB/s")
+    repeat = report["config"].get("pcie_repeat", 1)
+    if repeat > 1:
+        lines.append(f"link: emulated at 1/{repeat} of this host's PCIe (every copy over it made {repeat} times; the "
+                     "profile and roofline above are of the emulated link)")
     lines.append(f"scope: {report['scope']}")
     lines.append("")
     lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'hit':>6} {'miss':>6} {'PCIe MB/t':>10} "

@@ -88,7 +88,8 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
         pinner.pin_banks(banks)
     cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype, threads=cpu_threads)
     if mode == "auto" and profile is None and options.get("split") is None:
-        profile = load_or_measure(banks[min(banks)], cpu_executor, device, cpu_threads=cpu_threads)
+        profile = load_or_measure(banks[min(banks)], cpu_executor, device, cpu_threads=cpu_threads,
+                                  pcie_repeat=options.get("pcie_repeat", 1))
     cache = ExpertCache(cache_slots, slot_bytes, device, num_layers=max(banks) + 1,
                         num_experts=max(b.num_experts for b in banks.values()))
     executor = HybridExpertExecutor(banks, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,

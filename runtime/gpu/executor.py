@@ -80,7 +80,8 @@ class HybridExpertExecutor:
     (2: double-buffered, 1: single, 0: never) bank-sized device buffers. "auto" checks its split
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
     `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
-    without a CPU share as CUDA graphs (decode_graphs.py).
+    without a CPU share as CUDA graphs (decode_graphs.py). `pcie_repeat` > 1 emulates a slower
+    link for benchmarks: every copy over PCIe (fills, prefill streams) is made that many times.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], *, device: torch.device | str, cache: ExpertCache,
@@ -88,9 +89,12 @@ class HybridExpertExecutor:
                  compute_dtype: torch.dtype = torch.bfloat16, profile: BandwidthProfile | None = None,
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
                  prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, pcie_repeat: int = 1) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
+        if pcie_repeat < 1:
+            raise ValueError(f"pcie_repeat is a whole number of copies, at least 1, not {pcie_repeat}")
+        self.pcie_repeat = pcie_repeat
         if mode == "auto" and split is None and profile is None:
             raise ValueError("mode 'auto' needs a BandwidthProfile (runtime.gpu.profile.load_or_measure) or a split")
         self.banks, self.device, self.cache, self.mode = banks, torch.device(device), cache, mode
@@ -113,7 +117,7 @@ class HybridExpertExecutor:
         self._hit_rate = RecentHitRate(self.device)
         self.prefill_min_tokens = prefill_min_tokens
         self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
-                                         placement=PLACEMENT[mode])
+                                         placement=PLACEMENT[mode], pcie_repeat=pcie_repeat)
                         if prefill_buffers and mode != "cpu" else None)
         kernels = _device_kernels(self.device)
         self._route_plan, self._expert_fill = kernels or (route_plan_ref, None)
@@ -238,11 +242,13 @@ class HybridExpertExecutor:
 
     def _fill(self, plan: RoutePlan, bank: HostExpertBank) -> None:
         """The plan's PCIe fills: the zero-copy kernel from a pinned bank; else copies planned on
-        the host (a sync: only when pinning was refused, or off CUDA where it costs nothing)."""
-        if self._zero_copy.get(bank.layer, False):
-            self._expert_fill(plan, bank.data, self.cache.slots)
-        elif self.mode in ("auto", "offload"):
-            expert_fill_ref(plan, bank.data, self.cache.slots)
+        the host (a sync: only when pinning was refused, or off CUDA where it costs nothing).
+        `pcie_repeat` times: the same bytes again, the time of a slower link."""
+        for _ in range(self.pcie_repeat):
+            if self._zero_copy.get(bank.layer, False):
+                self._expert_fill(plan, bank.data, self.cache.slots)
+            elif self.mode in ("auto", "offload"):
+                expert_fill_ref(plan, bank.data, self.cache.slots)
 
     def _totals(self, stride: int) -> torch.Tensor:
         """The device's running (hits, pcie, cpu, unique) sums for experts of `stride` bytes (the

@@ -44,7 +44,9 @@ class LoadedBank:
 class BankStreamer:
     """Copies whole banks into `num_buffers` (1 or 2) bank-sized device buffers on the copy stream."""
 
-    def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, *, num_buffers: int = 2) -> None:
+    def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, *, num_buffers: int = 2,
+                 pcie_repeat: int = 1) -> None:
+        self.pcie_repeat = pcie_repeat  # copies per transfer: >1 emulates a slower link (benchmarks)
         if num_buffers not in (1, 2):
             raise ValueError(f"num_buffers is 1 (single-buffered) or 2 (double-buffered), not {num_buffers}")
         self.banks, self.cache, self.streams = banks, cache, cache.streams
@@ -108,7 +110,8 @@ class BankStreamer:
                 end = start
                 while end < num and end not in skipped:
                     end += 1
-                rows[start:end].copy_(bank.data[start:end], non_blocking=True)
+                for _ in range(self.pcie_repeat):
+                    rows[start:end].copy_(bank.data[start:end], non_blocking=True)
                 self.bytes_streamed += (end - start) * stride
                 start = end
             event = self.streams.record()
@@ -123,7 +126,8 @@ class BankStreamer:
         bank = self.banks[loaded.layer]
         with self.streams.copying():
             for e in moved:
-                loaded.rows[e].copy_(bank.data[e], non_blocking=True)
+                for _ in range(self.pcie_repeat):
+                    loaded.rows[e].copy_(bank.data[e], non_blocking=True)
                 del loaded.skipped[e]
             loaded.event = self.streams.record()
 
@@ -132,11 +136,11 @@ class StreamingPrefill:
     """One MoE layer of a prefill on the device from a streamed bank; keeps the cache coherent."""
 
     def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, compute_dtype: torch.dtype, *,
-                 num_buffers: int = 2, placement: str = "lru") -> None:
+                 num_buffers: int = 2, placement: str = "lru", pcie_repeat: int = 1) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}, not {placement!r}")
         self.banks, self.cache, self.dtype, self.placement = banks, cache, compute_dtype, placement
-        self.streamer = BankStreamer(banks, cache, num_buffers=num_buffers)
+        self.streamer = BankStreamer(banks, cache, num_buffers=num_buffers, pcie_repeat=pcie_repeat)
         self.layer_index = {layer: i for i, layer in enumerate(sorted(banks))}
 
     @property

@@ -72,11 +72,12 @@ def profiles_dir() -> Path:
     return (Path(home) if home else Path.home() / ".ft") / "profiles"
 
 
-def machine_key(device: torch.device | str, *, cpu_threads: int, dtype: str) -> str:
-    """Host, accelerator, CPU threads and weight dtype: what the two rates depend on."""
+def machine_key(device: torch.device | str, *, cpu_threads: int, dtype: str, pcie_repeat: int = 1) -> str:
+    """Host, accelerator, CPU threads and weight dtype: what the two rates depend on (and an
+    emulated slower link, kept apart from the real one)."""
     device = torch.device(device)
     accel = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    raw = f"{platform.node() or 'host'}-{accel}-{cpu_threads}t-{dtype}"
+    raw = f"{platform.node() or 'host'}-{accel}-{cpu_threads}t-{dtype}" + (f"-pcie1of{pcie_repeat}" if pcie_repeat > 1 else "")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
 
 
@@ -85,7 +86,8 @@ def bank_dtype(bank: HostExpertBank) -> str:
 
 
 def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
-            num_experts: int = 16, seconds: float = 0.4, cpu_threads: int | None = None) -> BandwidthProfile:
+            num_experts: int = 16, seconds: float = 0.4, cpu_threads: int | None = None,
+            pcie_repeat: int = 1) -> BandwidthProfile:
     """Time the hybrid executor itself on one layer (`bank`, pinned, larger than the CPU's last-level
     cache), its calls queued back to back as decode queues them (one sync per batch, not per call):
 
@@ -96,7 +98,8 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
       drops beside the other (they share host DRAM), as one factor on both alone rates.
 
     `seconds` per point. Experts rotate through half the bank each, so every call misses and the
-    CPU reads from DRAM, not from a cache warmed by the previous call."""
+    CPU reads from DRAM, not from a cache warmed by the previous call. `pcie_repeat`: the
+    executor's emulation of a slower link, measured as it will run."""
     from .executor import HybridExpertExecutor  # (it imports this module)
 
     device = torch.device(device)
@@ -116,7 +119,7 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
         cache = ExpertCache(slots, stride, device, num_layers=layer + 1, num_experts=bank.num_experts)
         return HybridExpertExecutor({layer: bank}, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,
                                     compute_dtype=compute, prefill_buffers=0, split=lambda m, b: m // 2,
-                                    auto_guard=False)
+                                    auto_guard=False, pcie_repeat=pcie_repeat)
 
     x = torch.randn(1, hidden, dtype=compute, device=device)
 
@@ -159,7 +162,7 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
     profile = BandwidthProfile(
         pcie_gbps=f * stride / (pcie_per * 1e6), cpu_gbps=f * stride / (cpu_per * 1e6), cpu_fixed_ms=cpu_fixed,
         pcie_fixed_ms=pcie_fixed, pcie_alone_gbps=stride / (pcie_per * 1e6), cpu_alone_gbps=stride / (cpu_per * 1e6),
-        machine=machine_key(device, cpu_threads=threads, dtype=dtype), expert_bytes=stride,
+        machine=machine_key(device, cpu_threads=threads, dtype=dtype, pcie_repeat=pcie_repeat), expert_bytes=stride,
         cpu_threads=threads, dtype=dtype, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), version=PROFILE_VERSION)
     log.info("bandwidth profile %s: PCIe %.1f GB/s (alone %.1f) + %.3f ms, CPU %.1f GB/s (alone %.1f) + %.3f ms per "
              "layer call", profile.machine, profile.pcie_gbps, profile.pcie_alone_gbps, profile.pcie_fixed_ms,
@@ -173,10 +176,12 @@ def _sync(device: torch.device) -> None:
 
 
 def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
-                    cpu_threads: int | None = None, remeasure: bool = False, **kwargs) -> BandwidthProfile:
+                    cpu_threads: int | None = None, remeasure: bool = False, pcie_repeat: int = 1,
+                    **kwargs) -> BandwidthProfile:
     """The kept profile of this machine, or a fresh measurement (then kept)."""
     threads = cpu_threads or getattr(cpu_executor, "threads", None) or torch.get_num_threads()
-    path = profiles_dir() / f"{machine_key(device, cpu_threads=threads, dtype=bank_dtype(bank))}.json"
+    key = machine_key(device, cpu_threads=threads, dtype=bank_dtype(bank), pcie_repeat=pcie_repeat)
+    path = profiles_dir() / f"{key}.json"
     if path.exists() and not remeasure:
         try:
             kept = BandwidthProfile.load(path)
@@ -187,7 +192,7 @@ def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: 
                 return kept
             log.info("bandwidth profile %s is of version %d, not %d; measuring again", path, kept.version,
                      PROFILE_VERSION)
-    profile = measure(bank, cpu_executor, device, cpu_threads=threads, **kwargs)
+    profile = measure(bank, cpu_executor, device, cpu_threads=threads, pcie_repeat=pcie_repeat, **kwargs)
     profile.save(path)
     return profile
 
