@@ -285,8 +285,11 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
 
     from . import serve as serve_mod
 
-    if device == "gpu" and probe_gpu() is None:
+    gpu = probe_gpu() if device != "cpu" else None
+    if device == "gpu" and gpu is None:
         raise NoGPUError("--device gpu needs a CUDA GPU and none was found; serve with --device cpu")
+    where = ("on the CPU" if gpu is None else f"on the {gpu.name} (the hybrid runtime)" if device == "gpu"
+             else f"on the {gpu.name} where their plan fits (the hybrid runtime), else on the CPU")
 
     try:
         default_host, default_port = serve_mod.parse_host(os.environ.get("FT_HOST"))
@@ -299,7 +302,8 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
                                   vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30))
     except ValueError as e:  # FT_KEEP_ALIVE, FT_MAX_QUEUE, ...
         raise click.UsageError(str(e)) from None
-    click.echo(f"ft serve: listening on {serve_mod.server_url(f'{host}:{port}')} (Ctrl-C stops)", err=True)
+    click.echo(f"ft serve: listening on {serve_mod.server_url(f'{host}:{port}')}; models run {where} (Ctrl-C stops)",
+               err=True)
     serve_mod.serve(app, host, port)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from tests.clirun import ft
 from tests.test_server_util import free_port, pulled_home
@@ -48,6 +49,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         process.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
         try:
             assert process.wait(timeout=20) == 0
+            said = process.stdout.read() if process.stdout else ""
+            where = "models run on the CPU" if not torch.cuda.is_available() else "where their plan fits"
+            assert f"ft serve: listening on http://{host}; {where}" in said, said
         finally:
             if process.poll() is None:
                 process.kill()
