@@ -12,8 +12,9 @@ every REVISIT steps, so a change in load or hit rate is noticed.
 Where the model sends no miss to the CPU the two arms make the same decisions, and the PCIe-only
 arm is at least as fast (its calls replay CUDA graphs; the model arm's cannot, since they may
 hand work to the CPU). So when a trial block of the model arm ends having sent nothing to the CPU
-(`cpu_experts`, a running count read once per block), the guard takes the PCIe-only arm without
-timing, and waits twice as long before the next trial (up to MAX_REVISIT): the hit rate may change.
+(`cpu_experts`, a running count read when such a block starts and ends), the guard takes the
+PCIe-only arm without timing, and waits twice as long before the next trial (up to MAX_REVISIT):
+the hit rate may change.
 """
 
 from __future__ import annotations
