@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +40,19 @@ def build(path: Path, args: argparse.Namespace) -> None:
     model.save_pretrained(path)
 
 
-def time_ft(store_root: Path, src: Path, prompt: list[int], steps: int, dtype: torch.dtype) -> dict[str, float]:
+def median_seconds(run, reps: int) -> float:
+    """Median wall time of `reps` calls of `run`, after one untimed call (first-use costs)."""
+    run()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_ft(store_root: Path, src: Path, prompt: list[int], steps: int, dtype: torch.dtype,
+            prefill_reps: int) -> dict[str, float]:
     from ftpull.pull import pull
     from registry import Store
     from runtime.load import load
@@ -47,10 +60,10 @@ def time_ft(store_root: Path, src: Path, prompt: list[int], steps: int, dtype: t
     store = Store(store_root)
     name = str(pull(str(src), store).name)
     loaded = load(store, name, dtype)
+    ids = torch.tensor(prompt)
+    prefill = median_seconds(lambda: loaded.model.forward(ids, loaded.model.new_state(len(prompt))), prefill_reps)
     state = loaded.model.new_state(len(prompt) + steps + 1)
-    start = time.perf_counter()
-    logits = loaded.model.forward(torch.tensor(prompt), state)[-1]
-    prefill = time.perf_counter() - start
+    logits = loaded.model.forward(ids, state)[-1]
     start = time.perf_counter()
     for _ in range(steps):
         token = int(torch.argmax(logits))
@@ -59,15 +72,13 @@ def time_ft(store_root: Path, src: Path, prompt: list[int], steps: int, dtype: t
     return {"prefill_tok_s": len(prompt) / prefill, "decode_tok_s": steps / decode}
 
 
-def time_hf(src: Path, prompt: list[int], steps: int, dtype: torch.dtype) -> dict[str, float]:
+def time_hf(src: Path, prompt: list[int], steps: int, dtype: torch.dtype, prefill_reps: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).eval()
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        start = time.perf_counter()
-        model(ids)
-        prefill = time.perf_counter() - start
+        prefill = median_seconds(lambda: model(ids), prefill_reps)
         start = time.perf_counter()
         model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False, pad_token_id=0)
         one = time.perf_counter() - start
@@ -89,6 +100,7 @@ def main() -> None:
     ap.add_argument("--embedding-scale", type=float, default=10.0)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prefill-reps", type=int, default=5, help="Timed prefills per side (median), after one untimed.")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
@@ -96,8 +108,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "hf"
         build(src, args)
-        hf = time_hf(src, prompt, args.steps, dtype)
-        ft = time_ft(Path(tmp) / "store", src, prompt, args.steps, dtype)
+        hf = time_hf(src, prompt, args.steps, dtype, args.prefill_reps)
+        ft = time_ft(Path(tmp) / "store", src, prompt, args.steps, dtype, args.prefill_reps)
     print(json.dumps({
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cpus",
         "threads": args.threads, "dtype": args.dtype,

@@ -75,7 +75,7 @@ class Session:
         new = prompt[len(self.tokens):]
         stats.cached_tokens, stats.prompt_tokens = len(self.tokens), len(new)
         start = time.perf_counter()
-        logits = self.model.forward(torch.tensor(new, dtype=torch.long), self.state)[-1]
+        logits = self.model.forward(torch.tensor(new, dtype=torch.long), self.state, last_only=True)[-1]
         stats.prompt_seconds = time.perf_counter() - start
         self.tokens = list(prompt)
         return logits

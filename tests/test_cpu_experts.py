@@ -72,7 +72,7 @@ def test_matches_reference_small(kernels, variant: str, dtype: str, scales: bool
     # rows are whole 32-element blocks
     hidden, inter = (96, 64) if dtype == "q8_0" else (80, 40)
     bank = random_bank(dtype, NUM_EXPERTS, hidden, inter, seed=3, fp8_scales=scales)
-    fast = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels[variant])
+    fast = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels[variant], grouped_gemm_min_rows=None)
     reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
     for num_tokens in (1, 3, 64):
         x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(num_tokens))
@@ -154,3 +154,26 @@ def test_compile_failure_falls_back_to_torch(monkeypatch, tmp_path, caplog) -> N
         assert all(torch.equal(out, ref) for out in outs)
     finally:
         cpu_kernels.native_kernel.cache_clear()  # the next user builds (or finds) the real kernel
+
+
+@pytest.mark.parametrize(("dtype", "grouped"), [("bf16", True), ("q8_0", False)])
+def test_prefill_sized_calls_on_unquantized_banks_take_grouped_gemms(kernels, monkeypatch, dtype: str,
+                                                                      grouped: bool) -> None:
+    """From GROUPED_GEMM_MIN_ROWS rows per expert, a bank stored in the compute dtype runs one GEMM
+    per expert (faster than the kernel there); decode calls, and quantized banks, stay on the kernel."""
+    from runtime.experts import executor as executor_mod
+
+    bank = random_bank(dtype, NUM_EXPERTS, 96, 64, seed=17)
+    fast = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"])
+    grouped_calls = []
+    real = executor_mod.ReferenceCPUExpertExecutor.__call__
+    monkeypatch.setattr(executor_mod.ReferenceCPUExpertExecutor, "__call__",
+                        lambda self, *a: (grouped_calls.append(a[1].shape[0]), real(self, *a))[1])
+    prefill = executor_mod.GROUPED_GEMM_MIN_ROWS * NUM_EXPERTS // TOP_K  # tokens that make the threshold
+    for num_tokens in (1, prefill - 1, prefill):
+        x = torch.randn(num_tokens, 96, generator=torch.Generator().manual_seed(num_tokens)).bfloat16()
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        out = fast(0, x, ids, weights.bfloat16())
+        kernel_only = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"], grouped_gemm_min_rows=None)
+        assert_close(out, kernel_only(0, x, ids, weights.bfloat16()), rel=2e-2)  # bf16 rounding between projections
+    assert grouped_calls == ([prefill] if grouped else [])

@@ -40,6 +40,11 @@ class HostExpertBank:
     def has_part(self, name: str) -> bool:
         return any(p.name == name for p in self.layout.parts)
 
+    def stored_as(self, dtype: torch.dtype) -> bool:
+        """Whether every weight is stored in `dtype`, unscaled: `weights` then returns views, no copy."""
+        parts = [p for p in self.layout.parts if not p.name.endswith("_scale")]
+        return len(parts) == len(self.layout.parts) and all(torch_dtype_of(p.dtype) == dtype for p in parts)
+
     def weights(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of one expert in `dtype`, dequantized if needed (reference path)."""
         if self.has_part("w13"):

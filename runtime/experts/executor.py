@@ -59,28 +59,45 @@ class ReferenceCPUExpertExecutor:
         return out
 
 
+# Rows per expert (tokens x top-k / experts) from which a bank stored in the compute dtype runs
+# faster as one GEMM per expert (torch, oneDNN) than through the compiled kernel, whose time grows
+# with every token. Measured on the 2-core VM, bf16, 64 experts of 1024 x 512, top-8: even at
+# ~14 rows (110 tokens); 1.6x faster at 32, 3.5x at 256 (BENCHMARKS.md, CPU experts).
+GROUPED_GEMM_MIN_ROWS = 16
+
+
 class CPUExpertExecutor(ReferenceCPUExpertExecutor):
     """Experts computed on the CPU straight from the host banks by the compiled kernel
     (cpu_kernels.py): every selected expert's weights streamed once, all threads at once.
+    Prefill-sized calls on banks stored in the compute dtype take the grouped-GEMM path of the
+    reference instead (GROUPED_GEMM_MIN_ROWS); quantized banks stay on the kernel, which reads them
+    as they are.
 
     Layers the kernel cannot run (a dtype it lacks, no compiler) take the reference path; both
     give sum_k w * expert(x) in x's dtype. The kernel accumulates in fp32 whatever `dtype` is
     (the reference rounds to `dtype` between the two projections). `threads`: OpenMP threads per
-    call, default torch's.
+    call, default torch's. `grouped_gemm_min_rows`: None keeps every call on the kernel.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], dtype: torch.dtype, *, threads: int | None = None,
-                 kernel: Kernel | None = None) -> None:
+                 kernel: Kernel | None = None, grouped_gemm_min_rows: int | None = GROUPED_GEMM_MIN_ROWS) -> None:
         super().__init__(banks, dtype)
         self.threads = threads
+        self.grouped_gemm_min_rows = grouped_gemm_min_rows
         self._kernel = kernel
         self._layers: dict[int, ExpertKernel | None] = {}
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         fast = self._layers[layer] if layer in self._layers else self._bind(layer)
-        if fast is None:
+        if fast is None or self._grouped_gemm_pays(layer, expert_ids):
             return super().__call__(layer, x, expert_ids, weights)
         return fast(x, expert_ids, weights, self.threads or torch.get_num_threads())
+
+    def _grouped_gemm_pays(self, layer: int, expert_ids: torch.Tensor) -> bool:
+        if self.grouped_gemm_min_rows is None:
+            return False
+        bank = self.banks[layer]
+        return expert_ids.numel() >= self.grouped_gemm_min_rows * bank.num_experts and bank.stored_as(self.dtype)
 
     def _bind(self, layer: int) -> ExpertKernel | None:
         kernel = self._kernel or native_kernel()

@@ -34,9 +34,9 @@ class DeviceModel:
         with torch.device(self.device):
             return self.model.new_state(max_tokens)
 
-    def forward(self, input_ids: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, state: DecodeState, last_only: bool = False) -> torch.Tensor:
         with torch.device(self.device):
-            return self.model.forward(input_ids.to(self.device), state)
+            return self.model.forward(input_ids.to(self.device), state, last_only)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)

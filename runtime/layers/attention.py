@@ -21,19 +21,39 @@ class KVCache:
         return self.k[:end], self.v[:end]
 
 
+# Scores a masked attention call may hold at once (heads x queries x keys): the query chunk is
+# sized to it, so a long prompt over a cached prefix stays within ~512 MiB of float32 scores.
+MASKED_SCORES_PER_CALL = 1 << 27
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
-    """q [T, Hq, D] at positions [start, start+T); k/v [L, Hkv, D] for positions [0, L). -> [T, Hq, Dv]."""
+    """q [T, Hq, D] at positions [start, start+T); k/v [L, Hkv, D] for positions [0, L). -> [T, Hq, Dv].
+
+    Inputs go to SDPA as 4-D [1, H, T, D]: its CPU flash kernel takes only 4-D, and 3-D falls to
+    the math path, which keeps [H, T, L] scores (gigabytes for a long prompt) and runs ~4-6x
+    slower. A prompt from position 0 is SDPA's own causal case. Queries after a cached prefix see
+    all of it and the causal part of their own block, a mask SDPA's `is_causal` does not express
+    (it aligns at the top left), so they get an explicit mask, in chunks of queries whose scores
+    stay within MASKED_SCORES_PER_CALL where a backend does keep them."""
     t, heads = q.shape[0], q.shape[1]
     kv_heads = k.shape[1]
     if t == 1:
         return _decode_attention(q, k, v, scale)
     group = heads // kv_heads
-    qh = q.transpose(0, 1)  # [Hq, T, D]
-    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, L, D], contiguous: the fast SDPA path
-    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
-    query_pos = torch.arange(start, start + t)[:, None]
-    mask = torch.arange(k.shape[0])[None, :] <= query_pos  # [T, L]
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    qh = q.transpose(0, 1)[None]  # [1, Hq, T, D]
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)[None]  # [1, Hq, L, D], contiguous: the fast SDPA path
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)[None]
+    if start == 0 and k.shape[0] == t:
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)[0].transpose(0, 1)
+    length = k.shape[0]
+    chunk = max(1, MASKED_SCORES_PER_CALL // (heads * length))
+    keys = torch.arange(length)[None, :]
+    parts = []
+    for first in range(0, t, chunk):
+        last = min(t, first + chunk)
+        mask = keys <= torch.arange(start + first, start + last)[:, None]  # [C, L]
+        parts.append(F.scaled_dot_product_attention(qh[:, :, first:last], kh, vh, attn_mask=mask, scale=scale)[0])
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     return out.transpose(0, 1)
 
 

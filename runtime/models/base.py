@@ -73,8 +73,10 @@ class DecoderModel:
         return rms_norm(x, weight, self.eps, offset=self.norm_offset)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Logits [T, V] (float32) for `input_ids` [T] following the `state.length` tokens before."""
+    def forward(self, input_ids: torch.Tensor, state: DecodeState, last_only: bool = False) -> torch.Tensor:
+        """Logits [T, V] (float32) for `input_ids` [T] following the `state.length` tokens before;
+        `last_only`: [1, V], the last token's (what a prefill needs: [T, V] of a long prompt is
+        gigabytes, and the largest matmul of the pass)."""
         t, start = input_ids.shape[0], state.length
         if start + t > state.max_tokens:
             raise ContextOverflowError(
@@ -87,4 +89,6 @@ class DecoderModel:
             x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
             x = x + block.ffn(self.norm(x, block.post_norm))
         state.length = start + t
+        if last_only:
+            x = x[-1:]
         return F.linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)

@@ -109,8 +109,9 @@ class DSAttention:
             cache.selection.visible = visible
         visible = cache.selection.visible
         assert visible is not None and visible.shape == (t, length), "a shared DSA layer ran before its full layer"
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             attn_mask=visible, scale=self.mla.scale)  # [heads, T, v_dim]
+        # 4-D: the CPU flash kernel's form (3-D takes the math path, which keeps [heads, T, L] scores)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                             attn_mask=visible, scale=self.mla.scale)[0]  # [heads, T, v_dim]
         return self.mla.output(out.transpose(0, 1))
 
 

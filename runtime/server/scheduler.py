@@ -139,7 +139,7 @@ class CancellableModel:
     def new_state(self, max_tokens: int) -> Any:
         return self.model.new_state(max_tokens)
 
-    def forward(self, input_ids: Any, state: Any) -> Any:
+    def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         if self.job is not None and self.job.cancelled.is_set():
             raise GenerationCancelled
-        return self.model.forward(input_ids, state)
+        return self.model.forward(input_ids, state, last_only)
