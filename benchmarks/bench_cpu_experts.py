@@ -8,7 +8,7 @@ weights come from DRAM. Printed side by side:
 - DRAM read GB/s: one pass over a buffer >> LLC, by the kernel library's reader (same OpenMP
   threads as the kernel) and by torch's sum (same torch threads);
 - the reference torch executor (runtime/experts/executor.py, ReferenceCPUExpertExecutor);
-- the fast executor (CPUExpertExecutor: the compiled kernel of cpu_kernels.py);
+- the fast executor (CPUExpertExecutor: the compiled kernel of cpu_kernels.py, on every call);
 
 as GB/s of expert weights streamed (bytes of every distinct expert record a step touches,
 scales included, over the step's time), best and median over the repetitions.
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         num_experts = max(args.experts, -(-(args.bank_mib << 20) // record_bytes))
         bank = random_bank(dtype, num_experts, args.hidden, args.inter, num_distinct=4)
         record_bytes = sum(p.nbytes for p in bank.layout.parts)
-        fast = CPUExpertExecutor({0: bank}, compute, threads=args.threads)
+        fast = CPUExpertExecutor({0: bank}, compute, threads=args.threads, grouped_gemm_min_rows=None)  # the kernel alone
         reference = ReferenceCPUExpertExecutor({0: bank}, compute)
         for num_tokens in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(num_tokens, args.hidden).to(compute)

@@ -62,7 +62,7 @@ class ReferenceCPUExpertExecutor:
 # Rows per expert (tokens x top-k / experts) from which a bank stored in the compute dtype runs
 # faster as one GEMM per expert (torch, oneDNN) than through the compiled kernel, whose time grows
 # with every token. Measured on the 2-core VM, bf16, 64 experts of 1024 x 512, top-8: even at
-# ~14 rows (110 tokens); 1.6x faster at 32, 3.5x at 256 (BENCHMARKS.md, CPU experts).
+# ~14 rows (110 tokens); 1.4x faster at 32 rows, 2.9x at 256 (BENCHMARKS.md, prefill by length).
 GROUPED_GEMM_MIN_ROWS = 16
 
 
