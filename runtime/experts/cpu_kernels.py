@@ -34,6 +34,8 @@ SCALAR_FLAGS = (*NATIVE_FLAGS, "-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f1
 
 # FTW dtype -> the kernel's dtype code (enum Dtype in moe_cpu.cpp)
 DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "f8_e4m3": 3, "f8_e5m2": 4, "q8_0": 5}
+TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 
 
@@ -114,7 +116,23 @@ class Kernel:
         self._read = lib.ft_read_bytes
         self._read.restype = ctypes.c_uint64
         self._read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self._dense = lib.ft_dense_forward
+        self._dense.restype = ctypes.c_int
+        self._dense.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self.simd_width = int(lib.ft_moe_simd_width())
+
+    def dense(self, x: torch.Tensor, weight: torch.Tensor, threads: int) -> torch.Tensor:
+        """x [T, C] @ weight[R, C]^T in float32, T <= DENSE_MAX_TOKENS; weight f32/f16/bf16, contiguous."""
+        x = x.to(torch.float32).contiguous()
+        rows, cols = weight.shape
+        out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+        rc = self._dense(weight.data_ptr(), DTYPE_CODES[TORCH_NAMES[weight.dtype]], rows, cols, x.shape[0],
+                         x.data_ptr(), out.data_ptr(), threads)
+        if rc != 0:
+            raise ValueError(f"the dense kernel takes f32/f16/bf16 weights and 1-{DENSE_MAX_TOKENS} tokens, "
+                             f"not {weight.dtype} and {x.shape[0]}")
+        return out
 
     def read_bytes(self, data: torch.Tensor, threads: int) -> int:
         """Read every byte of contiguous `data` once (a checksum, so nothing is optimized away)."""

@@ -59,19 +59,19 @@ class ReferenceCPUExpertExecutor:
         return out
 
 
-# Rows per expert (tokens x top-k / experts) from which a bank stored in the compute dtype runs
-# faster as one GEMM per expert (torch, oneDNN) than through the compiled kernel, whose time grows
-# with every token. Measured on the 2-core VM, bf16, 64 experts of 1024 x 512, top-8: even at
-# ~14 rows (110 tokens); 1.4x faster at 32 rows, 2.9x at 256 (BENCHMARKS.md, prefill by length).
+# Rows per expert (tokens x top-k / experts) from which a bf16 bank runs faster as one GEMM per
+# expert (torch, oneDNN's bf16 GEMM) than through the compiled kernel, whose time grows with every
+# token. Measured on the 2-core VM, 64 experts of 1024 x 512, top-8: even at ~14 rows (110
+# tokens); 1.4x faster at 32 rows, 2.9x at 256 (BENCHMARKS.md, prefill by length). Not for f32:
+# there torch's GEMM stayed slower than the kernel up to 1024 tokens (0.33-0.8x).
 GROUPED_GEMM_MIN_ROWS = 16
 
 
 class CPUExpertExecutor(ReferenceCPUExpertExecutor):
     """Experts computed on the CPU straight from the host banks by the compiled kernel
     (cpu_kernels.py): every selected expert's weights streamed once, all threads at once.
-    Prefill-sized calls on banks stored in the compute dtype take the grouped-GEMM path of the
-    reference instead (GROUPED_GEMM_MIN_ROWS); quantized banks stay on the kernel, which reads them
-    as they are.
+    Prefill-sized calls on bf16 banks take the grouped-GEMM path of the reference instead
+    (GROUPED_GEMM_MIN_ROWS); other banks stay on the kernel, which reads them as they are.
 
     Layers the kernel cannot run (a dtype it lacks, no compiler) take the reference path; both
     give sum_k w * expert(x) in x's dtype. The kernel accumulates in fp32 whatever `dtype` is
@@ -97,7 +97,8 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         if self.grouped_gemm_min_rows is None:
             return False
         bank = self.banks[layer]
-        return expert_ids.numel() >= self.grouped_gemm_min_rows * bank.num_experts and bank.stored_as(self.dtype)
+        return (self.dtype == torch.bfloat16 and expert_ids.numel() >= self.grouped_gemm_min_rows * bank.num_experts
+                and bank.stored_as(torch.bfloat16))
 
     def _bind(self, layer: int) -> ExpertKernel | None:
         kernel = self._kernel or native_kernel()

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..loader import ModelWeights
+from .linear import linear
 from .norm import rms_norm
 
 CHUNK_SIZE = 64
@@ -162,7 +163,7 @@ class GatedDeltaNet:
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> (qkv [T, 2*key_size + value_size] in q|k|v order, z [T, value_size], b [T, Hv], a [T, Hv])."""
-        return F.linear(x, self.in_qkv), F.linear(x, self.in_z), F.linear(x, self.in_b), F.linear(x, self.in_a)
+        return linear(x, self.in_qkv), linear(x, self.in_z), linear(x, self.in_b), linear(x, self.in_a)
 
     def new_cache(self, max_tokens: int) -> DeltaNetState:
         conv_dim, width = self.conv.shape
@@ -185,4 +186,4 @@ class GatedDeltaNet:
                                                 chunked=t > 1 if chunked is None else chunked)
         cache.length = start + t
         out = gated_rms_norm(out, z.reshape(t, self.v_heads, self.v_head_dim), self.norm, self.eps)
-        return F.linear(out.reshape(t, self.value_size), self.out)
+        return linear(out.reshape(t, self.value_size), self.out)

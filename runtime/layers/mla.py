@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..loader import ModelWeights
 from .attention import causal_attention
+from .linear import linear
 from .norm import rms_norm
 from .rope import RotaryEmbedding, apply_rotary, apply_rotary_interleaved, yarn_mscale
 
@@ -83,29 +83,29 @@ class MLAttention:
         """(q [T, heads, nope + rope] with its rope part rotated, the normalized low-rank query
         [T, q_lora_rank] that GLM's indexer reads; None without q_lora_rank)."""
         if self.q_proj is not None:
-            q, q_low = F.linear(x, self.q_proj), None
+            q, q_low = linear(x, self.q_proj), None
         else:
-            q_low = rms_norm(F.linear(x, self.q_a, self.q_a_bias), self.q_a_norm, LATENT_NORM_EPS)
-            q = F.linear(q_low, self.q_b)
+            q_low = rms_norm(linear(x, self.q_a, self.q_a_bias), self.q_a_norm, LATENT_NORM_EPS)
+            q = linear(q_low, self.q_b)
         q_nope, q_rot = q.view(x.shape[0], self.heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
         return torch.cat((q_nope, self.rotate(q_rot, cos, sin)), dim=-1), q_low
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: MLACache,
                     start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cache this step's latents; k [L, heads, nope + rope] and v [L, heads, v_dim] of all L tokens."""
-        latent, k_rot = F.linear(x, self.kv_a, self.kv_a_bias).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        latent, k_rot = linear(x, self.kv_a, self.kv_a_bias).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = rms_norm(latent, self.kv_a_norm, LATENT_NORM_EPS)
         k_rot = self.rotate(k_rot[:, None, :], cos, sin)[:, 0]  # one key head shared by all heads
         latent, k_rot = cache.append(start, latent, k_rot)
         length = latent.shape[0]
-        kv = F.linear(latent, self.kv_b).view(length, self.heads, self.nope_dim + self.v_dim)  # [L, heads, nope + v]
+        kv = linear(latent, self.kv_b).view(length, self.heads, self.nope_dim + self.v_dim)  # [L, heads, nope + v]
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat((k_nope, k_rot[:, None, :].expand(length, self.heads, self.rope_dim)), dim=-1)
         return k, v
 
     def output(self, attended: torch.Tensor) -> torch.Tensor:
         """attended [T, heads, v_dim] -> [T, H]."""
-        return F.linear(attended.reshape(attended.shape[0], -1), self.o, self.o_bias)
+        return linear(attended.reshape(attended.shape[0], -1), self.o, self.o_bias)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: MLACache, start: int) -> torch.Tensor:
         cos, sin = self.rope(positions, x.dtype)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .linear import linear
+
 
 def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
 def softmax_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

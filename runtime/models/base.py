@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..loader import ModelWeights
 
@@ -91,4 +92,4 @@ class DecoderModel:
         state.length = start + t
         if last_only:
             x = x[-1:]
-        return F.linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
+        return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)

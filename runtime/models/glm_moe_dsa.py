@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
+from ..layers.linear import linear
 from ..layers.mla import MLACache, MLAttention
 from ..layers.rope import apply_rotary_interleaved
 from ..loader import ModelWeights
@@ -46,7 +47,7 @@ class Indexer:
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """This step's indexer keys [T, index_head_dim], as cached for decode."""
-        k = F.layer_norm(F.linear(x, self.wk), (self.head_dim,), self.k_norm, self.k_norm_bias, INDEXER_NORM_EPS)
+        k = F.layer_norm(linear(x, self.wk), (self.head_dim,), self.k_norm, self.k_norm_bias, INDEXER_NORM_EPS)
         return self._rope(k[:, None, :], cos, sin)[:, 0]
 
     def select(self, x: torch.Tensor, q_low: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -59,7 +60,7 @@ class Indexer:
         differ between rows of different lengths: then a cached step and a full recompute select
         differently, in transformers as here (tests/test_parity_deepseek.py, "ties")."""
         t = x.shape[0]
-        q = self._rope(F.linear(q_low, self.wq_b).view(t, self.heads, self.head_dim), cos, sin)  # [T, h, D]
+        q = self._rope(linear(q_low, self.wq_b).view(t, self.heads, self.head_dim), cos, sin)  # [T, h, D]
         scores = torch.relu(torch.matmul(q.float(), keys.float().T) * self.head_dim**-0.5)  # [T, h, L]
         # weights_proj is kept in float32 by transformers (`_keep_in_fp32_modules`)
         weights = F.linear(x.float(), self.weights_proj.float()) * self.heads**-0.5  # [T, h]

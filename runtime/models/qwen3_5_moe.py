@@ -10,12 +10,12 @@ to ordinary partial RoPE.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, causal_attention
 from ..layers.gated_deltanet import GatedDeltaNet
+from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loader import ModelWeights
@@ -36,15 +36,15 @@ class GatedAttention(GQAAttention):
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         t = x.shape[0]
         # q_proj interleaves per head: [q_h | gate_h] for each head h, not [all q | all gates]
-        q, gate = F.linear(x, self.q, self.q_bias).view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-        k = F.linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)
-        v = F.linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
+        q, gate = linear(x, self.q, self.q_bias).view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+        k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)
+        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
         q, k = rms_norm(q, self.q_norm, self.eps, offset=1.0), rms_norm(k, self.k_norm, self.eps, offset=1.0)
         cos, sin = self.rope(positions, x.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = cache.append(start, k, v)
         out = causal_attention(q, keys, values, start, self.scale).reshape(t, self.heads * self.head_dim)
-        return F.linear(out * torch.sigmoid(gate.reshape(t, -1)), self.o, self.o_bias)
+        return linear(out * torch.sigmoid(gate.reshape(t, -1)), self.o, self.o_bias)
 
 
 class SharedExpertMoE:
@@ -58,7 +58,7 @@ class SharedExpertMoE:
         self.shared_gate = weights.get(prefix + "shared_expert_gate.weight")  # [1, H]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.routed(x) + torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
+        return self.routed(x) + torch.sigmoid(linear(x, self.shared_gate)) * self.shared(x)
 
 
 def layer_types(config: ModelConfig) -> list[str]:

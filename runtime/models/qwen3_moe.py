@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, causal_attention
+from ..layers.linear import linear
 from ..layers.mlp import softmax_topk, swiglu_mlp
 from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
@@ -34,16 +34,16 @@ class GQAAttention:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         t = x.shape[0]
-        q = F.linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
-        k = F.linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = F.linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
+        q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
+        k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = self.rope(positions, x.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = cache.append(start, k, v)
         out = causal_attention(q, keys, values, start, self.scale)
-        return F.linear(out.reshape(t, self.heads * self.head_dim), self.o)
+        return linear(out.reshape(t, self.heads * self.head_dim), self.o)
 
 
 class SoftmaxMoE:
@@ -56,7 +56,7 @@ class SoftmaxMoE:
         self.k, self.normalize = config.num_experts_per_tok, normalize
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        ids, weights = softmax_topk(F.linear(x, self.router), self.k, self.normalize)
+        ids, weights = softmax_topk(linear(x, self.router), self.k, self.normalize)
         return self.executor(self.layer, x, ids, weights.to(x.dtype))
 
 

@@ -333,7 +333,7 @@ constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weig
 
 extern "C" {
 
-int ft_moe_version() { return 1; }
+int ft_moe_version() { return 2; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -437,6 +437,37 @@ int ft_moe_forward(const uint8_t* bank, const Layout* layout, int64_t num_tokens
         const float wk = weights[t * top_k + k];
         const float* yk = y + position[t * top_k + k] * hidden + r0;
         for (int64_t r = 0; r < n; ++r) o[r] += wk * yk[r];
+      }
+    }
+  }
+  return 0;
+}
+
+// out[T, rows] = x[T, cols] . w[rows, cols]^T for a dense weight matrix (f32, f16 or bf16, no
+// scales), T <= 4: decode's projections and the LM head, streamed once at DRAM speed (torch's
+// GEMV reads a large bf16 matrix at about half of it). fp32 x and out, contiguous. Returns 0, -2
+// for an unsupported dtype or T.
+int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols, int64_t num_tokens,
+                     const float* x, float* out, int64_t num_threads) {
+  Dot2 fns[MAX_NT];
+  if (num_tokens < 1 || num_tokens > MAX_NT || dtype == E4M3 || dtype == E5M2 || dtype == Q8_0 ||
+      !dot2_table(dtype, fns))
+    return -2;
+  Mat m{0, cols * elem_bytes(dtype), dtype, rows, cols, -1, 0, 1, 1};
+  const float* xs[MAX_NT];
+  for (int t = 0; t < num_tokens; ++t) xs[t] = x + t * cols;
+  const int64_t items = (rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
+  const int threads = int(std::clamp<int64_t>((rows * m.row_bytes) >> 16, 1, std::max<int64_t>(1, num_threads)));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t r0 = item * ROWS_PER_ITEM, r1 = std::min(r0 + ROWS_PER_ITEM, rows);
+    float ra[MAX_NT], rb[MAX_NT];
+    for (int64_t r = r0; r < r1; r += 2) {
+      const int64_t r2 = std::min(r + 1, r1 - 1);  // an odd last row is paired with itself
+      fns[num_tokens - 1](w + r * m.row_bytes, w + r2 * m.row_bytes, nullptr, nullptr, m, xs, ra, rb);
+      for (int t = 0; t < num_tokens; ++t) {
+        out[t * rows + r] = ra[t];
+        out[t * rows + r2] = rb[t];
       }
     }
   }

@@ -1,0 +1,35 @@
+"""x @ W^T, as F.linear, with decode-sized products of large CPU weights on the compiled kernel.
+
+torch's CPU GEMV streams a large bf16 weight from DRAM at about half the memory's rate (24-30
+GB/s on the 2-core VM, where the expert kernel's reader reaches 46-62): in CPU decode the
+attention projections and the LM head are ~40% of the bytes a Qwen3-30B token reads. The expert
+kernel's row-pair dot products (runtime/experts/csrc) serve them instead when there are a few
+tokens, the weight is f32/f16/bf16 on the CPU and large enough to matter. Everything else, prefill
+and the GPU included, is F.linear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..experts.cpu_kernels import DENSE_MAX_TOKENS, TORCH_NAMES, native_kernel
+
+# Weights smaller than this (bytes) stay on torch, where the kernel's call overhead would dominate.
+# Measured on the 2-core VM (bench_decode's model, bf16, decode tok/s in interleaved rounds): torch
+# only 107, kernel from 1 MiB 154, from 256 KiB 163, from 64 KiB 167 (BENCHMARKS.md).
+DENSE_KERNEL_MIN_BYTES = 64 << 10
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [T, C]; the result in x's dtype."""
+    if (x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > DENSE_MAX_TOKENS or weight.dtype not in TORCH_NAMES
+            or weight.numel() * weight.element_size() < DENSE_KERNEL_MIN_BYTES or not weight.is_contiguous()):
+        return F.linear(x, weight, bias)
+    kernel = native_kernel()
+    if kernel is None:
+        return F.linear(x, weight, bias)
+    out = kernel.dense(x, weight, torch.get_num_threads())
+    if bias is not None:
+        out += bias
+    return out.to(x.dtype)
