@@ -126,7 +126,7 @@ class Kernel:
         """x [T, C] @ weight[R, C]^T in float32, T <= DENSE_MAX_TOKENS; weight f32/f16/bf16, contiguous."""
         x = x.to(torch.float32).contiguous()
         rows, cols = weight.shape
-        out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+        out = torch.empty(x.shape[0], rows, dtype=torch.float32, device="cpu")
         rc = self._dense(weight.data_ptr(), DTYPE_CODES[TORCH_NAMES[weight.dtype]], rows, cols, x.shape[0],
                          x.data_ptr(), out.data_ptr(), threads)
         if rc != 0:
