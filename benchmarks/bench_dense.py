@@ -50,13 +50,14 @@ def main() -> None:
     with torch.inference_mode():
         for rows, cols in SHAPES:
             w, x = torch.randn(rows, cols).bfloat16(), torch.randn(1, cols).bfloat16()
-            t_torch = ms_per_call(lambda: F.linear(x, w))
-            t_kernel = ms_per_call(lambda: kernel.dense(x, w, args.threads))
+            t_torch = ms_per_call(lambda x=x, w=w: F.linear(x, w))
+            t_kernel = ms_per_call(lambda x=x, w=w: kernel.dense(x, w, args.threads))
             gb = rows * cols * 2 / 1e6
             print(f"  {rows:>6} x {cols:<5} torch {t_torch:7.3f} ms {gb / t_torch:6.1f} GB/s | kernel {t_kernel:7.3f} ms "
                   f"{gb / t_kernel:6.1f} GB/s | {t_torch / t_kernel:.2f}x")
 
     import bench_decode
+
     from ftpull.pull import pull
     from registry import Store
     from runtime.load import load

@@ -17,11 +17,9 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +49,12 @@ def measure(side: str, length: int, reps: int, threads: int, src: Path, store: P
         def run() -> None:
             Session(loaded.model, None, length + 1)._prefill(prompt.tolist(), GenerationStats())  # type: ignore[arg-type]
 
+    from bench_decode import median_seconds  # this script's folder leads sys.path
+
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    run()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+    seconds = median_seconds(run, reps)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"tok_s": length / statistics.median(times), "prefill_peak_gib": (peak - before) / 2**20}
+    return {"tok_s": length / seconds, "prefill_peak_gib": (peak - before) / 2**20}
 
 
 def main() -> None:
