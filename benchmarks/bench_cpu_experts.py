@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ref-reps", type=int, default=8)
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) reference executor")
     parser.add_argument("--dram-mib", type=int, default=2048, help="DRAM read buffer (>> LLC)")
+    parser.add_argument("--dispatch", action="store_true",
+                        help="also time the runtime's choice (the kernel, or dequantize + one GEMM per expert for "
+                             "prefill-sized calls): 'runtime ms' and its speedup over the kernel")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         record_bytes = sum(p.nbytes for p in bank.layout.parts)
         fast = CPUExpertExecutor({0: bank}, compute, threads=args.threads, grouped_gemm_min_rows=None)  # the kernel alone
         reference = ReferenceCPUExpertExecutor({0: bank}, compute)
+        runtime = CPUExpertExecutor({0: bank}, compute, threads=args.threads)  # as the model runs it
         for num_tokens in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(num_tokens, args.hidden).to(compute)
             weights = torch.rand(num_tokens, args.top_k).to(compute)
@@ -133,8 +137,13 @@ def main(argv: list[str] | None = None) -> None:
                 ref_s = timed_steps(reference, x, steps, weights, args.ref_reps, budget_s=10, warmup=1)
                 ref_text = f"{statistics.median(ref_s) * 1e3:12.2f} {gbps(step_bytes, ref_s)[1]:6.1f}"
                 speedup = f"{statistics.median(ref_s) / statistics.median(fast_s):6.1f}x"
+            runtime_text = ""
+            if args.dispatch:
+                run_s = timed_steps(runtime, x, steps, weights, args.ref_reps, budget_s=30, warmup=1)
+                runtime_text = (f" | runtime {statistics.median(run_s) * 1e3:8.2f} ms, "
+                                f"{statistics.median(fast_s) / statistics.median(run_s):4.2f}x the kernel")
             print(f"{dtype:8} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
-                  f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}")
+                  f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}{runtime_text}")
 
 
 if __name__ == "__main__":

@@ -177,3 +177,40 @@ def test_prefill_sized_calls_on_unquantized_banks_take_grouped_gemms(kernels, mo
         kernel_only = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"], grouped_gemm_min_rows=None)
         assert_close(out, kernel_only(0, x, ids, weights.bfloat16()), rel=2e-2)  # bf16 rounding between projections
     assert grouped_calls == ([prefill] if grouped else [])
+
+
+@pytest.mark.parametrize("dtype, scales", [d for d in DTYPES if d[0] not in ("f32", "bf16")],
+                         ids=[i for d, i in zip(DTYPES, DTYPE_IDS, strict=True) if d[0] not in ("f32", "bf16")])
+def test_the_kernels_dequantizer_matches_the_reference_exactly(kernels, dtype: str, scales: bool) -> None:
+    """ft_dequant_expert gives bank.weights(e, bf16) bit for bit (sizes off the SIMD width and the
+    FP8 block; q8_0 rows are whole blocks)."""
+    from runtime.experts.cpu_kernels import ExpertKernel
+
+    hidden, inter = (96, 64) if dtype == "q8_0" else (200, 136)
+    bank = random_bank(dtype, 4, hidden, inter, seed=19, fp8_scales=scales)
+    fast = ExpertKernel(kernels["native"], bank)
+    for expert in range(4):
+        want, got = bank.weights(expert, torch.bfloat16), fast.dequantized(expert, threads=2)
+        assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    with pytest.raises(IndexError, match="out of range"):
+        fast.dequantized(4, threads=1)
+
+
+def test_long_prefills_on_quantized_banks_take_dequantized_gemms(kernels, monkeypatch) -> None:
+    from runtime.experts import executor as executor_mod
+
+    bank = random_bank("f8_e4m3", NUM_EXPERTS, 96, 64, seed=23)
+    fast = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"])
+    kernel_only = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"], grouped_gemm_min_rows=None)
+    dequantized = []
+    real = executor_mod.ExpertKernel.dequantized
+    monkeypatch.setattr(executor_mod.ExpertKernel, "dequantized",
+                        lambda self, e, t: (dequantized.append(e), real(self, e, t))[1])
+    rows = executor_mod.DEQUANT_GEMM_MIN_ROWS["other"]
+    for num_tokens in (rows * NUM_EXPERTS // TOP_K - 1, rows * NUM_EXPERTS // TOP_K):
+        x = torch.randn(num_tokens, 96, generator=torch.Generator().manual_seed(num_tokens)).bfloat16()
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        before = len(dequantized)
+        assert_close(fast(0, x, ids, weights.bfloat16()), kernel_only(0, x, ids, weights.bfloat16()), rel=2e-2)
+        assert (len(dequantized) > before) is (num_tokens * TOP_K >= rows * NUM_EXPERTS)
+    assert sorted(set(dequantized)) == list(range(NUM_EXPERTS))

@@ -116,6 +116,10 @@ class Kernel:
         self._read = lib.ft_read_bytes
         self._read.restype = ctypes.c_uint64
         self._read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self._dequant = lib.ft_dequant_expert
+        self._dequant.restype = ctypes.c_int
+        self._dequant.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Layout), ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.c_int64]
         self._dense = lib.ft_dense_forward
         self._dense.restype = ctypes.c_int
         self._dense.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -175,6 +179,18 @@ class ExpertKernel:
                              f"(the layer has {self.bank.num_experts} experts): {expert_ids.tolist()}")
         assert rc == 0, f"ft_moe_forward returned {rc}"
         return out.to(x.device, x.dtype)
+
+    def dequantized(self, expert: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [2I, H], w2 [H, I]) of one expert in bf16: bank.weights(expert, torch.bfloat16), fast."""
+        inter, hidden = self.layout.gate.rows, self.layout.gate.cols
+        w13 = torch.empty(2 * inter, hidden, dtype=torch.bfloat16, device="cpu")
+        w2 = torch.empty(hidden, inter, dtype=torch.bfloat16, device="cpu")
+        rc = self.kernel._dequant(self.bank.data.data_ptr(), ctypes.byref(self.layout), expert, w13.data_ptr(),
+                                  w2.data_ptr(), threads)
+        if rc == -1:
+            raise IndexError(f"expert {expert} of layer {self.bank.layer} is out of range ({self.bank.num_experts})")
+        assert rc == 0, f"ft_dequant_expert returned {rc}"
+        return w13, w2
 
 
 def bank_layout(bank: HostExpertBank) -> _Layout:

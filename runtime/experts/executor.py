@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Protocol
 
 import torch
@@ -38,7 +39,6 @@ class ReferenceCPUExpertExecutor:
         self.dtype = dtype
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        bank = self.banks[layer]
         out = torch.zeros_like(x)
         flat_ids = expert_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
@@ -52,11 +52,14 @@ class ReferenceCPUExpertExecutor:
             while end < len(sorted_ids) and sorted_ids[end] == expert:
                 end += 1
             tokens = token_of[start:end]
-            w13, w2 = bank.weights(expert, self.dtype)
+            w13, w2 = self._expert_weights(layer, expert)
             y = swiglu(x[tokens], w13, w2)
             out.index_add_(0, tokens, y * flat_weights[start:end, None].to(y.dtype))
             start = end
         return out
+
+    def _expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.banks[layer].weights(expert, self.dtype)
 
 
 # Rows per expert (tokens x top-k / experts) from which a bf16 bank runs faster as one GEMM per
@@ -65,13 +68,19 @@ class ReferenceCPUExpertExecutor:
 # tokens); 1.4x faster at 32 rows, 2.9x at 256 (BENCHMARKS.md, prefill by length). Not for f32:
 # there torch's GEMM stayed slower than the kernel up to 1024 tokens (0.33-0.8x).
 GROUPED_GEMM_MIN_ROWS = 16
+# The same for banks the GEMMs need dequantized first, by the kernel's own dequantizer
+# (ft_dequant_expert: q8_0 at ~9 G weights/s, fp8 and f16 at ~2). Same VM and shape, kernel time
+# over dequantize + GEMM time: fp8 0.51 at 32 rows, 0.90 at 64, 1.44 at 128, 2.44 at 256; q8_0
+# 0.78 at 16 rows, 1.46 at 32, 2.2-3.0 at 64-256.
+DEQUANT_GEMM_MIN_ROWS = {"q8_0": 24, "other": 80}
 
 
 class CPUExpertExecutor(ReferenceCPUExpertExecutor):
     """Experts computed on the CPU straight from the host banks by the compiled kernel
     (cpu_kernels.py): every selected expert's weights streamed once, all threads at once.
-    Prefill-sized calls on bf16 banks take the grouped-GEMM path of the reference instead
-    (GROUPED_GEMM_MIN_ROWS); other banks stay on the kernel, which reads them as they are.
+    Prefill-sized calls with a bf16 compute dtype take the grouped-GEMM path of the reference
+    instead: bf16 banks in place from GROUPED_GEMM_MIN_ROWS rows per expert, quantized ones
+    dequantized by the kernel from DEQUANT_GEMM_MIN_ROWS.
 
     Layers the kernel cannot run (a dtype it lacks, no compiler) take the reference path; both
     give sum_k w * expert(x) in x's dtype. The kernel accumulates in fp32 whatever `dtype` is
@@ -80,10 +89,13 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], dtype: torch.dtype, *, threads: int | None = None,
-                 kernel: Kernel | None = None, grouped_gemm_min_rows: int | None = GROUPED_GEMM_MIN_ROWS) -> None:
+                 kernel: Kernel | None = None, grouped_gemm_min_rows: int | None = GROUPED_GEMM_MIN_ROWS,
+                 dequant_gemm_min_rows: dict[str, int] | None = None) -> None:
         super().__init__(banks, dtype)
         self.threads = threads
         self.grouped_gemm_min_rows = grouped_gemm_min_rows
+        self.dequant_gemm_min_rows = dequant_gemm_min_rows or DEQUANT_GEMM_MIN_ROWS
+        self._gemm_min_pairs: dict[int, float] = {}
         self._kernel = kernel
         self._layers: dict[int, ExpertKernel | None] = {}
 
@@ -94,11 +106,25 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         return fast(x, expert_ids, weights, self.threads or torch.get_num_threads())
 
     def _grouped_gemm_pays(self, layer: int, expert_ids: torch.Tensor) -> bool:
-        if self.grouped_gemm_min_rows is None:
-            return False
-        bank = self.banks[layer]
-        return (self.dtype == torch.bfloat16 and expert_ids.numel() >= self.grouped_gemm_min_rows * bank.num_experts
-                and bank.stored_as(torch.bfloat16))
+        min_pairs = self._gemm_min_pairs.get(layer)
+        if min_pairs is None:
+            min_pairs = self._gemm_min_pairs[layer] = self._min_pairs_for_gemm(self.banks[layer])
+        return expert_ids.numel() >= min_pairs
+
+    def _min_pairs_for_gemm(self, bank: HostExpertBank) -> float:
+        """(token, expert) pairs per call from which one GEMM per expert beats the kernel (inf: never)."""
+        stored = bank.layout.part("w2").dtype
+        if self.grouped_gemm_min_rows is None or self.dtype != torch.bfloat16 or stored == "f32":
+            return math.inf  # torch's f32 GEMM lost to the kernel (above)
+        if bank.stored_as(torch.bfloat16):
+            return self.grouped_gemm_min_rows * bank.num_experts
+        return self.dequant_gemm_min_rows.get(stored, self.dequant_gemm_min_rows["other"]) * bank.num_experts
+
+    def _expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        fast = self._layers.get(layer)
+        if fast is not None and not self.banks[layer].stored_as(self.dtype) and self.dtype == torch.bfloat16:
+            return fast.dequantized(expert, self.threads or torch.get_num_threads())
+        return super()._expert_weights(layer, expert)
 
     def _bind(self, layer: int) -> ExpertKernel | None:
         kernel = self._kernel or native_kernel()

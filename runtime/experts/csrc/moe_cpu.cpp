@@ -93,6 +93,7 @@ constexpr int W = 16;
 inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vset(float s) { return _mm512_set1_ps(s); }
 inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -135,6 +136,7 @@ constexpr int W = 8;
 inline vf vzero() { return _mm256_setzero_ps(); }
 inline vf vset(float s) { return _mm256_set1_ps(s); }
 inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
@@ -178,6 +180,7 @@ constexpr int W = 1;
 inline vf vzero() { return 0.f; }
 inline vf vset(float s) { return s; }
 inline vf vload(const float* p) { return *p; }
+inline void vstore(float* p, vf a) { *p = a; }
 inline vf vfma(vf a, vf b, vf c) { return std::fma(a, b, c); }
 inline vf vmul(vf a, vf b) { return a * b; }
 inline vf vadd(vf a, vf b) { return a + b; }
@@ -326,6 +329,60 @@ inline const float* scale_row(const uint8_t* record, const Mat& m, int64_t row) 
   return reinterpret_cast<const float*>(record + m.scale_offset) + (row / m.block_rows) * m.scale_stride;
 }
 
+// fp32 -> bf16, rounding to nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// Rows [r0, r1) of matrix m of one expert record as bf16, out[r, c] at out + r * m.cols: each
+// weight x its block scale in fp32, then rounded once (the reference's dequantize, then .to).
+template <int D> void dequant_rows(const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
+  const float unit = D == E4M3 ? 256.f : 1.f;  // undo e4m3_as_half's / 256
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = record + m.offset + r * m.row_bytes;
+    uint16_t* o = out + r * m.cols;
+    if constexpr (D == Q8_0) {  // blocks of 34 bytes: fp16 scale d, 32 int8; weight = d x q
+      for (int64_t c = 0, blk = 0; c < m.cols; c += 32, blk += 34) {
+        uint16_t d;
+        std::memcpy(&d, row + blk, 2);
+        const float scale = half_to_float(d);
+        for (int k = 0; k < 32; ++k) o[c + k] = float_to_bf16(scale * float(int8_t(row[blk + 2 + k])));
+      }
+    } else {  // per scale block (or the whole row): W weights at a time through the SIMD loaders
+      const float* s = scale_row(record, m, r);
+      const int64_t step = s != nullptr ? m.block_cols : m.cols;
+      float lanes[W];
+      for (int64_t c0 = 0, k = 0; c0 < m.cols; c0 += step, ++k) {
+        const int64_t c1 = std::min(c0 + step, m.cols);
+        const float mult = (s != nullptr ? s[k] : 1.f) * unit;
+        const vf vm = vset(mult);
+        int64_t c = c0;
+        for (; c + W <= c1; c += W) {
+          vstore(lanes, vmul(loadv<D>(row, c), vm));
+          for (int i = 0; i < W; ++i) o[c + i] = float_to_bf16(lanes[i]);
+        }
+        for (; c < c1; ++c) o[c] = float_to_bf16(load1<D>(row, c) * mult);
+      }
+    }
+  }
+}
+
+bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
+  switch (dtype) {
+    case F32: dequant_rows<F32>(record, m, r0, r1, out); return true;
+    case F16: dequant_rows<F16>(record, m, r0, r1, out); return true;
+    case BF16: dequant_rows<BF16>(record, m, r0, r1, out); return true;
+    case E4M3: dequant_rows<E4M3>(record, m, r0, r1, out); return true;
+    case E5M2: dequant_rows<E5M2>(record, m, r0, r1, out); return true;
+    case Q8_0: dequant_rows<Q8_0>(record, m, r0, r1, out); return true;
+    default: return false;
+  }
+}
+
 constexpr int64_t ROWS_PER_ITEM = 16;  // one work item: 16 rows of one expert matrix
 constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weighted sum
 
@@ -333,7 +390,7 @@ constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weig
 
 extern "C" {
 
-int ft_moe_version() { return 2; }
+int ft_moe_version() { return 3; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -470,6 +527,33 @@ int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols
         out[t * rows + r2] = rb[t];
       }
     }
+  }
+  return 0;
+}
+
+// One expert's weights as bf16: w13 [2I, H] (gate rows, then up rows) and w2 [H, I], for
+// prefill's one-GEMM-per-expert path on quantized banks. Returns 0, -1 for an expert out of
+// range, -2 for an unsupported dtype.
+int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert, uint16_t* w13, uint16_t* w2,
+                      int64_t num_threads) {
+  const Layout& L = *layout;
+  if (expert < 0 || expert >= L.num_experts) return -1;
+  if (L.gate.dtype != L.up.dtype || L.gate.dtype > Q8_0 || L.down.dtype > Q8_0 || L.gate.dtype < 0 ||
+      L.down.dtype < 0)
+    return -2;
+  const uint8_t* record = bank + expert * L.record_stride;
+  const Mat* mats[3] = {&L.gate, &L.up, &L.down};
+  uint16_t* outs[3] = {w13, w13 + L.gate.rows * L.gate.cols, w2};
+  int64_t first_item[4] = {0, 0, 0, 0};
+  for (int k = 0; k < 3; ++k) first_item[k + 1] = first_item[k] + (mats[k]->rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
+  const int64_t expert_bytes = L.gate.rows * (L.gate.row_bytes + L.up.row_bytes) + L.down.rows * L.down.row_bytes;
+  const int threads = int(std::clamp<int64_t>(expert_bytes >> 16, 1, std::max<int64_t>(1, num_threads)));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t item = 0; item < first_item[3]; ++item) {
+    const int k = item < first_item[1] ? 0 : item < first_item[2] ? 1 : 2;
+    const Mat& m = *mats[k];
+    const int64_t r0 = (item - first_item[k]) * ROWS_PER_ITEM;
+    dequant_rows_of(m.dtype, record, m, r0, std::min(r0 + ROWS_PER_ITEM, m.rows), outs[k]);
   }
   return 0;
 }
