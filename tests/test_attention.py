@@ -45,3 +45,24 @@ def test_prefill_logits_of_the_last_token_only(tmp_path) -> None:
     last = model.forward(prompt, model.new_state(64), last_only=True)
     assert last.shape == (1, full.shape[1])
     torch.testing.assert_close(last, full[-1:])
+
+
+@pytest.mark.skipif(__import__("runtime.experts.cpu_kernels", fromlist=["native_kernel"]).native_kernel() is None,
+                    reason="no C++ compiler here")
+@pytest.mark.parametrize(("length", "kv_heads", "group", "dim", "v_dim", "dtype"),
+                         [(64, 2, 4, 80, 80, torch.float32), (300, 4, 8, 128, 128, torch.bfloat16),
+                          (257, 1, 16, 192, 128, torch.bfloat16), (513, 4, 2, 64, 64, torch.float16)])
+def test_cpu_decode_attention_on_the_kernel_matches_the_formula(length, kv_heads, group, dim, v_dim, dtype) -> None:
+    """From DECODE_KERNEL_MIN_LENGTH cached positions: one pass over a cache slice (strided, as
+    KVCache.append returns it), GQA groups, a value width other than the key's (MLA)."""
+    assert length >= attention.DECODE_KERNEL_MIN_LENGTH
+    gen = torch.Generator().manual_seed(length)
+    cache_k = torch.randn(length + 40, kv_heads, dim, generator=gen).to(dtype)
+    cache_v = torch.randn(length + 40, kv_heads, v_dim, generator=gen).to(dtype)
+    k, v = cache_k[:length], cache_v[:length]
+    q = torch.randn(1, kv_heads * group, dim, generator=gen).to(dtype)
+    ours = causal_attention(q, k, v, length - 1, 0.1)
+    assert ours.shape == (1, kv_heads * group, v_dim) and ours.dtype == dtype
+    want = reference(q.float(), k.float(), v.float(), length - 1, 0.1)
+    ulp = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(ours.double(), want, atol=ulp * want.abs().max().item(), rtol=0)

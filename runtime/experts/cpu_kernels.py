@@ -120,11 +120,32 @@ class Kernel:
         self._dequant.restype = ctypes.c_int
         self._dequant.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Layout), ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_void_p, ctypes.c_int64]
+        self._attend = lib.ft_decode_attention
+        self._attend.restype = ctypes.c_int
+        self._attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
         self._dense = lib.ft_dense_forward
         self._dense.restype = ctypes.c_int
         self._dense.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self.simd_width = int(lib.ft_moe_simd_width())
+
+    def decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                         threads: int) -> torch.Tensor:
+        """softmax(q k^T x scale) v for one query token: q [Hq, D], k [L, Hkv, D], v [L, Hkv, Dv] (any
+        position/head strides, unit stride within a head; f32/f16/bf16). -> [Hq, Dv] float32."""
+        if k.dtype != v.dtype or k.dtype not in TORCH_NAMES or k.stride(-1) != 1 or v.stride(-1) != 1:
+            raise ValueError("decode attention takes f32/f16/bf16 keys and values of one dtype, unit stride in a head")
+        length, kv_heads, dim = k.shape
+        group = q.shape[0] // kv_heads
+        qf = q.to(torch.float32).contiguous()
+        out = torch.empty(q.shape[0], v.shape[-1], dtype=torch.float32, device="cpu")
+        strides = torch.tensor([k.stride(0), k.stride(1), v.stride(0), v.stride(1)], dtype=torch.int64)
+        rc = self._attend(k.data_ptr(), v.data_ptr(), DTYPE_CODES[TORCH_NAMES[k.dtype]], length, kv_heads, group, dim,
+                          v.shape[-1], strides.data_ptr(), qf.data_ptr(), scale, out.data_ptr(), threads)
+        assert rc == 0, f"ft_decode_attention returned {rc}"
+        return out
 
     def dense(self, x: torch.Tensor, weight: torch.Tensor, threads: int) -> torch.Tensor:
         """x [T, C] @ weight[R, C]^T in float32, T <= DENSE_MAX_TOKENS; weight f32/f16/bf16, contiguous."""

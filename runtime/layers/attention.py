@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..experts.cpu_kernels import TORCH_NAMES, native_kernel
+
 
 class KVCache:
     """Keys and values of one attention layer: [max_tokens, kv_heads, head_dim] each."""
@@ -20,6 +22,10 @@ class KVCache:
         self.v[start:end] = v
         return self.k[:end], self.v[:end]
 
+
+# Cached positions from which CPU decode attention runs on the compiled kernel: torch's small-M
+# bf16 matmuls read a long cache at 1-5 GB/s (BENCHMARKS.md, decode attention).
+DECODE_KERNEL_MIN_LENGTH = 64
 
 # Scores a masked attention call may hold at once (heads x queries x keys): the query chunk is
 # sized to it, so a long prompt over a cached prefix stays within ~512 MiB of float32 scores.
@@ -58,7 +64,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
 
 
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token over all cached keys: grouped matmuls, softmax in float32 (no mask needed)."""
+    """One query token over all cached keys, softmax in float32 (no mask needed). On the CPU from
+    DECODE_KERNEL_MIN_LENGTH positions, the compiled kernel reads the cache once at DRAM speed;
+    otherwise grouped matmuls."""
+    if (q.device.type == "cpu" and k.shape[0] >= DECODE_KERNEL_MIN_LENGTH and k.dtype == v.dtype
+            and k.dtype in TORCH_NAMES and k.stride(-1) == 1 and v.stride(-1) == 1):
+        kernel = native_kernel()
+        if kernel is not None:
+            out = kernel.decode_attention(q[0], k, v, scale, torch.get_num_threads())
+            return out.to(v.dtype).unsqueeze(0)
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     qg = q[0].view(kv_heads, heads // kv_heads, dim)  # [Hkv, G, D]
     scores = torch.matmul(qg, k.permute(1, 2, 0)).to(torch.float32) * scale  # [Hkv, G, L]

@@ -383,6 +383,49 @@ bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t
   }
 }
 
+// Positions [l0, l1) of kv head h for its `group` query heads, with an online softmax: m (running
+// max), s (running sum of exp) and acc [group, v_dim] (running sum of exp x value), all fp32.
+template <int D>
+void attend_span(const uint8_t* k, const uint8_t* v, const int64_t* st, int64_t h, int64_t group, int64_t dim,
+                 int64_t v_dim, const float* q, float scale, int64_t l0, int64_t l1, float* m, float* s, float* acc) {
+  const int64_t es = elem_bytes(D);
+  for (int64_t g = 0; g < group; ++g) {
+    m[g] = -INFINITY;
+    s[g] = 0.f;
+    std::fill(acc + g * v_dim, acc + (g + 1) * v_dim, 0.f);
+  }
+  for (int64_t l = l0; l < l1; ++l) {
+    const uint8_t* kr = k + (l * st[0] + h * st[1]) * es;
+    const uint8_t* vr = v + (l * st[2] + h * st[3]) * es;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + (h * group + g) * dim;
+      vf a = vzero();
+      int64_t i = 0;
+      for (; i + W <= dim; i += W) a = vfma(loadv<D>(kr, i), vload(qg + i), a);
+      float score = vsum(a);
+      for (; i < dim; ++i) score += load1<D>(kr, i) * qg[i];
+      score *= scale;
+      float* ag = acc + g * v_dim;
+      if (score > m[g]) {  // a new maximum: what was summed so far shrinks by exp(old - new)
+        const float c = std::exp(m[g] - score);
+        s[g] *= c;
+        const vf vc = vset(c);
+        for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vmul(vload(ag + i), vc));
+        for (; i < v_dim; ++i) ag[i] *= c;
+        m[g] = score;
+      }
+      const float p = std::exp(score - m[g]);
+      s[g] += p;
+      const vf vp = vset(p);
+      for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vfma(loadv<D>(vr, i), vp, vload(ag + i)));
+      for (; i < v_dim; ++i) ag[i] += p * load1<D>(vr, i);
+    }
+  }
+}
+
+using AttendSpan = void (*)(const uint8_t*, const uint8_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                            const float*, float, int64_t, int64_t, float*, float*, float*);
+
 constexpr int64_t ROWS_PER_ITEM = 16;  // one work item: 16 rows of one expert matrix
 constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weighted sum
 
@@ -390,7 +433,7 @@ constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weig
 
 extern "C" {
 
-int ft_moe_version() { return 3; }
+int ft_moe_version() { return 4; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -554,6 +597,53 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
     const Mat& m = *mats[k];
     const int64_t r0 = (item - first_item[k]) * ROWS_PER_ITEM;
     dequant_rows_of(m.dtype, record, m, r0, std::min(r0 + ROWS_PER_ITEM, m.rows), outs[k]);
+  }
+  return 0;
+}
+
+// Decode attention of one query token over `length` cached positions, grouped-query: q [Hq, dim]
+// fp32 with Hq = kv_heads x group; keys/values f32, f16 or bf16 at element strides st = {k per
+// position, k per head, v per position, v per head} (unit stride within a head); out [Hq, v_dim]
+// fp32 = softmax(q . k x scale) . v, the softmax in fp32. Positions are split in spans across
+// threads (each span's partial softmax, then combined): the cache is read once, at DRAM speed,
+// where torch's small-M bf16 matmuls reached 1-5 GB/s. Returns 0, or -2 for an unsupported dtype.
+int ft_decode_attention(const uint8_t* k, const uint8_t* v, int64_t dtype, int64_t length, int64_t kv_heads,
+                        int64_t group, int64_t dim, int64_t v_dim, const int64_t* strides, const float* q, float scale,
+                        float* out, int64_t num_threads) {
+  AttendSpan span;
+  switch (dtype) {
+    case F32: span = attend_span<F32>; break;
+    case F16: span = attend_span<F16>; break;
+    case BF16: span = attend_span<BF16>; break;
+    default: return -2;
+  }
+  const int threads = int(std::max<int64_t>(1, num_threads));
+  const int64_t spans = std::clamp<int64_t>(length / 64, 1, std::max<int64_t>(1, (4 * threads + kv_heads - 1) / kv_heads));
+  const int64_t per_span = (length + spans - 1) / spans, items = kv_heads * spans;
+  std::vector<float> ms(size_t(items * group)), ss(size_t(items * group)), accs(size_t(items * group * v_dim));
+#pragma omp parallel for schedule(static) num_threads(int(std::min<int64_t>(threads, items)))
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t h = item / spans, l0 = item % spans * per_span;
+    span(k, v, strides, h, group, dim, v_dim, q, scale, l0, std::min(length, l0 + per_span), ms.data() + item * group,
+         ss.data() + item * group, accs.data() + item * group * v_dim);
+  }
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    for (int64_t g = 0; g < group; ++g) {
+      float top = -INFINITY;
+      for (int64_t c = 0; c < spans; ++c) top = std::max(top, ms[(h * spans + c) * group + g]);
+      float* o = out + (h * group + g) * v_dim;
+      std::fill(o, o + v_dim, 0.f);
+      float total = 0.f;
+      for (int64_t c = 0; c < spans; ++c) {
+        const int64_t at = (h * spans + c) * group + g;
+        if (ss[at] == 0.f) continue;  // an empty span
+        const float w = std::exp(ms[at] - top);
+        total += ss[at] * w;
+        const float* a = accs.data() + at * v_dim;
+        for (int64_t i = 0; i < v_dim; ++i) o[i] += a[i] * w;
+      }
+      for (int64_t i = 0; i < v_dim; ++i) o[i] /= total;
+    }
   }
   return 0;
 }
