@@ -383,42 +383,44 @@ bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t
   }
 }
 
-// Positions [l0, l1) of kv head h for its `group` query heads, with an online softmax: m (running
-// max), s (running sum of exp) and acc [group, v_dim] (running sum of exp x value), all fp32.
+// Positions [l0, l1) for every query head (kv head h = query head / group), with an online
+// softmax: m (running max), s (running sum of exp) and acc [Hq, v_dim] (running sum of exp x
+// value), all fp32. Positions go in order and all heads of a position together, so a span reads
+// its stretch of the cache front to back.
 template <int D>
-void attend_span(const uint8_t* k, const uint8_t* v, const int64_t* st, int64_t h, int64_t group, int64_t dim,
+void attend_span(const uint8_t* k, const uint8_t* v, const int64_t* st, int64_t kv_heads, int64_t group, int64_t dim,
                  int64_t v_dim, const float* q, float scale, int64_t l0, int64_t l1, float* m, float* s, float* acc) {
-  const int64_t es = elem_bytes(D);
-  for (int64_t g = 0; g < group; ++g) {
-    m[g] = -INFINITY;
-    s[g] = 0.f;
-    std::fill(acc + g * v_dim, acc + (g + 1) * v_dim, 0.f);
-  }
+  const int64_t es = elem_bytes(D), heads = kv_heads * group;
+  std::fill(m, m + heads, -INFINITY);
+  std::fill(s, s + heads, 0.f);
+  std::fill(acc, acc + heads * v_dim, 0.f);
   for (int64_t l = l0; l < l1; ++l) {
-    const uint8_t* kr = k + (l * st[0] + h * st[1]) * es;
-    const uint8_t* vr = v + (l * st[2] + h * st[3]) * es;
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + (h * group + g) * dim;
-      vf a = vzero();
-      int64_t i = 0;
-      for (; i + W <= dim; i += W) a = vfma(loadv<D>(kr, i), vload(qg + i), a);
-      float score = vsum(a);
-      for (; i < dim; ++i) score += load1<D>(kr, i) * qg[i];
-      score *= scale;
-      float* ag = acc + g * v_dim;
-      if (score > m[g]) {  // a new maximum: what was summed so far shrinks by exp(old - new)
-        const float c = std::exp(m[g] - score);
-        s[g] *= c;
-        const vf vc = vset(c);
-        for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vmul(vload(ag + i), vc));
-        for (; i < v_dim; ++i) ag[i] *= c;
-        m[g] = score;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const uint8_t* kr = k + (l * st[0] + h * st[1]) * es;
+      const uint8_t* vr = v + (l * st[2] + h * st[3]) * es;
+      for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+        const float* qg = q + g * dim;
+        vf a = vzero();
+        int64_t i = 0;
+        for (; i + W <= dim; i += W) a = vfma(loadv<D>(kr, i), vload(qg + i), a);
+        float score = vsum(a);
+        for (; i < dim; ++i) score += load1<D>(kr, i) * qg[i];
+        score *= scale;
+        float* ag = acc + g * v_dim;
+        if (score > m[g]) {  // a new maximum: what was summed so far shrinks by exp(old - new)
+          const float c = std::exp(m[g] - score);
+          s[g] *= c;
+          const vf vc = vset(c);
+          for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vmul(vload(ag + i), vc));
+          for (; i < v_dim; ++i) ag[i] *= c;
+          m[g] = score;
+        }
+        const float p = std::exp(score - m[g]);
+        s[g] += p;
+        const vf vp = vset(p);
+        for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vfma(loadv<D>(vr, i), vp, vload(ag + i)));
+        for (; i < v_dim; ++i) ag[i] += p * load1<D>(vr, i);
       }
-      const float p = std::exp(score - m[g]);
-      s[g] += p;
-      const vf vp = vset(p);
-      for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vfma(loadv<D>(vr, i), vp, vload(ag + i)));
-      for (; i < v_dim; ++i) ag[i] += p * load1<D>(vr, i);
     }
   }
 }
@@ -605,8 +607,9 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
 // fp32 with Hq = kv_heads x group; keys/values f32, f16 or bf16 at element strides st = {k per
 // position, k per head, v per position, v per head} (unit stride within a head); out [Hq, v_dim]
 // fp32 = softmax(q . k x scale) . v, the softmax in fp32. Positions are split in spans across
-// threads (each span's partial softmax, then combined): the cache is read once, at DRAM speed,
-// where torch's small-M bf16 matmuls reached 1-5 GB/s. Returns 0, or -2 for an unsupported dtype.
+// threads (each span's partial softmax, then combined), each read front to back once: 8-9 GB/s
+// on the 2-core VM at any length, where torch's small-M bf16 matmuls reached 1-5 GB/s. Returns 0,
+// or -2 for an unsupported dtype.
 int ft_decode_attention(const uint8_t* k, const uint8_t* v, int64_t dtype, int64_t length, int64_t kv_heads,
                         int64_t group, int64_t dim, int64_t v_dim, const int64_t* strides, const float* q, float scale,
                         float* out, int64_t num_threads) {
@@ -618,32 +621,31 @@ int ft_decode_attention(const uint8_t* k, const uint8_t* v, int64_t dtype, int64
     default: return -2;
   }
   const int threads = int(std::max<int64_t>(1, num_threads));
-  const int64_t spans = std::clamp<int64_t>(length / 64, 1, std::max<int64_t>(1, (4 * threads + kv_heads - 1) / kv_heads));
-  const int64_t per_span = (length + spans - 1) / spans, items = kv_heads * spans;
-  std::vector<float> ms(size_t(items * group)), ss(size_t(items * group)), accs(size_t(items * group * v_dim));
-#pragma omp parallel for schedule(static) num_threads(int(std::min<int64_t>(threads, items)))
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t h = item / spans, l0 = item % spans * per_span;
-    span(k, v, strides, h, group, dim, v_dim, q, scale, l0, std::min(length, l0 + per_span), ms.data() + item * group,
-         ss.data() + item * group, accs.data() + item * group * v_dim);
+  const int64_t heads = kv_heads * group;
+  const int64_t spans = std::clamp<int64_t>(length / 64, 1, 4 * int64_t(threads));
+  const int64_t per_span = (length + spans - 1) / spans;
+  std::vector<float> ms(size_t(spans * heads)), ss(size_t(spans * heads)), accs(size_t(spans * heads * v_dim));
+#pragma omp parallel for schedule(static) num_threads(int(std::min<int64_t>(threads, spans)))
+  for (int64_t c = 0; c < spans; ++c) {
+    const int64_t l0 = c * per_span;
+    span(k, v, strides, kv_heads, group, dim, v_dim, q, scale, l0, std::min(length, l0 + per_span),
+         ms.data() + c * heads, ss.data() + c * heads, accs.data() + c * heads * v_dim);
   }
-  for (int64_t h = 0; h < kv_heads; ++h) {
-    for (int64_t g = 0; g < group; ++g) {
-      float top = -INFINITY;
-      for (int64_t c = 0; c < spans; ++c) top = std::max(top, ms[(h * spans + c) * group + g]);
-      float* o = out + (h * group + g) * v_dim;
-      std::fill(o, o + v_dim, 0.f);
-      float total = 0.f;
-      for (int64_t c = 0; c < spans; ++c) {
-        const int64_t at = (h * spans + c) * group + g;
-        if (ss[at] == 0.f) continue;  // an empty span
-        const float w = std::exp(ms[at] - top);
-        total += ss[at] * w;
-        const float* a = accs.data() + at * v_dim;
-        for (int64_t i = 0; i < v_dim; ++i) o[i] += a[i] * w;
-      }
-      for (int64_t i = 0; i < v_dim; ++i) o[i] /= total;
+  for (int64_t g = 0; g < heads; ++g) {
+    float top = -INFINITY;
+    for (int64_t c = 0; c < spans; ++c) top = std::max(top, ms[c * heads + g]);
+    float* o = out + g * v_dim;
+    std::fill(o, o + v_dim, 0.f);
+    float total = 0.f;
+    for (int64_t c = 0; c < spans; ++c) {
+      const int64_t at = c * heads + g;
+      if (ss[at] == 0.f) continue;  // an empty span
+      const float w = std::exp(ms[at] - top);
+      total += ss[at] * w;
+      const float* a = accs.data() + at * v_dim;
+      for (int64_t i = 0; i < v_dim; ++i) o[i] += a[i] * w;
     }
+    for (int64_t i = 0; i < v_dim; ++i) o[i] /= total;
   }
   return 0;
 }
