@@ -387,6 +387,8 @@ bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t
 // softmax: m (running max), s (running sum of exp) and acc [Hq, v_dim] (running sum of exp x
 // value), all fp32. Positions go in order and all heads of a position together, so a span reads
 // its stretch of the cache front to back.
+constexpr int64_t ATTEND_BLOCK = 16;  // positions whose scores are taken before their values are summed
+
 template <int D>
 void attend_span(const uint8_t* k, const uint8_t* v, const int64_t* st, int64_t kv_heads, int64_t group, int64_t dim,
                  int64_t v_dim, const float* q, float scale, int64_t l0, int64_t l1, float* m, float* s, float* acc) {
@@ -394,32 +396,46 @@ void attend_span(const uint8_t* k, const uint8_t* v, const int64_t* st, int64_t 
   std::fill(m, m + heads, -INFINITY);
   std::fill(s, s + heads, 0.f);
   std::fill(acc, acc + heads * v_dim, 0.f);
-  for (int64_t l = l0; l < l1; ++l) {
+  float p[ATTEND_BLOCK];
+  const uint8_t* vrows[ATTEND_BLOCK];
+  for (int64_t b0 = l0; b0 < l1; b0 += ATTEND_BLOCK) {
+    const int64_t nb = std::min(ATTEND_BLOCK, l1 - b0);
     for (int64_t h = 0; h < kv_heads; ++h) {
-      const uint8_t* kr = k + (l * st[0] + h * st[1]) * es;
-      const uint8_t* vr = v + (l * st[2] + h * st[3]) * es;
+      for (int64_t b = 0; b < nb; ++b) vrows[b] = v + ((b0 + b) * st[2] + h * st[3]) * es;
       for (int64_t g = h * group; g < (h + 1) * group; ++g) {
         const float* qg = q + g * dim;
-        vf a = vzero();
-        int64_t i = 0;
-        for (; i + W <= dim; i += W) a = vfma(loadv<D>(kr, i), vload(qg + i), a);
-        float score = vsum(a);
-        for (; i < dim; ++i) score += load1<D>(kr, i) * qg[i];
-        score *= scale;
-        float* ag = acc + g * v_dim;
-        if (score > m[g]) {  // a new maximum: what was summed so far shrinks by exp(old - new)
-          const float c = std::exp(m[g] - score);
-          s[g] *= c;
-          const vf vc = vset(c);
-          for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vmul(vload(ag + i), vc));
-          for (; i < v_dim; ++i) ag[i] *= c;
-          m[g] = score;
+        float top = m[g];
+        for (int64_t b = 0; b < nb; ++b) {  // the block's scores
+          const uint8_t* kr = k + ((b0 + b) * st[0] + h * st[1]) * es;
+          vf a = vzero();
+          int64_t i = 0;
+          for (; i + W <= dim; i += W) a = vfma(loadv<D>(kr, i), vload(qg + i), a);
+          float score = vsum(a);
+          for (; i < dim; ++i) score += load1<D>(kr, i) * qg[i];
+          p[b] = score * scale;
+          top = std::max(top, p[b]);
         }
-        const float p = std::exp(score - m[g]);
-        s[g] += p;
-        const vf vp = vset(p);
-        for (i = 0; i + W <= v_dim; i += W) vstore(ag + i, vfma(loadv<D>(vr, i), vp, vload(ag + i)));
-        for (; i < v_dim; ++i) ag[i] += p * load1<D>(vr, i);
+        float* ag = acc + g * v_dim;
+        const float c = std::exp(m[g] - top);  // what was summed so far shrinks by exp(old - new max)
+        float sum = s[g] * c;
+        for (int64_t b = 0; b < nb; ++b) {
+          p[b] = std::exp(p[b] - top);
+          sum += p[b];
+        }
+        s[g] = sum;
+        m[g] = top;
+        const vf vc = vset(c);
+        int64_t i = 0;
+        for (; i + W <= v_dim; i += W) {  // acc stays in a register across the block's values
+          vf a = vmul(vload(ag + i), vc);
+          for (int64_t b = 0; b < nb; ++b) a = vfma(loadv<D>(vrows[b], i), vset(p[b]), a);
+          vstore(ag + i, a);
+        }
+        for (; i < v_dim; ++i) {
+          float a = ag[i] * c;
+          for (int64_t b = 0; b < nb; ++b) a += p[b] * load1<D>(vrows[b], i);
+          ag[i] = a;
+        }
       }
     }
   }
