@@ -214,3 +214,28 @@ def test_long_prefills_on_quantized_banks_take_dequantized_gemms(kernels, monkey
         assert_close(fast(0, x, ids, weights.bfloat16()), kernel_only(0, x, ids, weights.bfloat16()), rel=2e-2)
         assert (len(dequantized) > before) is (num_tokens * TOP_K >= rows * NUM_EXPERTS)
     assert sorted(set(dequantized)) == list(range(NUM_EXPERTS))
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+def test_dense_dequant_and_attention_entry_points_on_every_build(kernels, variant: str) -> None:
+    """The kernel's other entry points (decode products, expert dequantization, decode attention)
+    give the same answers on the AVX2 and scalar builds other CPUs get."""
+    if variant not in kernels:
+        pytest.skip(f"this CPU cannot run the {variant} build")
+    from runtime.experts.cpu_kernels import ExpertKernel
+
+    kernel = kernels[variant]
+    gen = torch.Generator().manual_seed(29)
+    weight = torch.randn(37, 70, generator=gen).bfloat16()  # odd sizes: SIMD tails
+    x = torch.randn(3, 70, generator=gen)
+    torch.testing.assert_close(kernel.dense(x, weight, 2), x @ weight.float().T, atol=1e-4, rtol=1e-4)
+
+    bank = random_bank("f8_e4m3", 2, 200, 136, seed=31)
+    assert all(torch.equal(a, b) for a, b in zip(bank.weights(1, torch.bfloat16),
+                                                   ExpertKernel(kernel, bank).dequantized(1, threads=2), strict=True))
+
+    k, v = torch.randn(150, 2, 40, generator=gen), torch.randn(150, 2, 24, generator=gen)
+    q = torch.randn(6, 40, generator=gen)
+    scores = torch.einsum("hd,lhd->hl", q, k.repeat_interleave(3, dim=1)) * 0.2
+    want = torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), v.repeat_interleave(3, dim=1))
+    torch.testing.assert_close(kernel.decode_attention(q, k, v, 0.2, 2), want, atol=1e-5, rtol=1e-5)
