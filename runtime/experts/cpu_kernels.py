@@ -141,9 +141,9 @@ class Kernel:
         group = q.shape[0] // kv_heads
         qf = q.to(torch.float32).contiguous()
         out = torch.empty(q.shape[0], v.shape[-1], dtype=torch.float32, device="cpu")
-        strides = torch.tensor([k.stride(0), k.stride(1), v.stride(0), v.stride(1)], dtype=torch.int64)
+        strides = (ctypes.c_int64 * 4)(k.stride(0), k.stride(1), v.stride(0), v.stride(1))  # no tensor per token
         rc = self._attend(k.data_ptr(), v.data_ptr(), DTYPE_CODES[TORCH_NAMES[k.dtype]], length, kv_heads, group, dim,
-                          v.shape[-1], strides.data_ptr(), qf.data_ptr(), scale, out.data_ptr(), threads)
+                          v.shape[-1], strides, qf.data_ptr(), scale, out.data_ptr(), threads)
         assert rc == 0, f"ft_decode_attention returned {rc}"
         return out
 

@@ -182,7 +182,7 @@ class HybridExpertExecutor:
         self._stats.calls += 1
         self._stats.tokens += x.shape[0]
         if self.mode == "auto":
-            self._hit_rate.observe(counts, list(self._device_counts.values()))
+            self._hit_rate.observe(counts, self._device_counts.values())
         return out
 
     def _cpu_experts(self) -> int:

@@ -3,7 +3,7 @@ RecentHitRate (the decayed hit rate that prices "auto"'s CPU-served misses)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 import torch
@@ -67,7 +67,7 @@ class RecentHitRate:
         decay = HIT_RATE_DECAY ** calls
         self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
 
-    def observe(self, counts: torch.Tensor | None, totals: Sequence[torch.Tensor]) -> None:
+    def observe(self, counts: torch.Tensor | None, totals: Collection[torch.Tensor]) -> None:
         """One decode call: its plan's `counts` (read off CUDA), and the device's running sums
         `totals` [4] each (read back on CUDA)."""
         if not self.is_cuda:
@@ -83,7 +83,7 @@ class RecentHitRate:
                 self._last = (0, 0)
             self._fold(hits - self._last[0], reads - self._last[1], self._calls_in_flight)
             self._last = (hits, reads)
-        sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else totals[0]
+        sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else next(iter(totals))
         self._host.copy_(sums[HIT::NUM_UNIQUE - HIT], non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
