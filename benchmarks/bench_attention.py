@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
+from bench_dense import ms_per_call  # this script's folder leads sys.path
 
 from runtime.layers import attention
-
-
-def ms_per_call(fn, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps * 1e3
 
 
 def main() -> None:
@@ -41,9 +32,9 @@ def main() -> None:
         q = torch.randn(1, h * g, d).bfloat16()
         with torch.inference_mode():
             attention.DECODE_KERNEL_MIN_LENGTH = 1 << 62
-            t_torch = ms_per_call(lambda k=k, v=v, q=q: attention.causal_attention(q, k, v, length - 1, 0.1), args.reps)
+            t_torch = ms_per_call(lambda k=k, v=v, q=q, n=length: attention.causal_attention(q, k, v, n - 1, 0.1), args.reps)
             attention.DECODE_KERNEL_MIN_LENGTH = 64
-            t_kernel = ms_per_call(lambda k=k, v=v, q=q: attention.causal_attention(q, k, v, length - 1, 0.1), args.reps)
+            t_kernel = ms_per_call(lambda k=k, v=v, q=q, n=length: attention.causal_attention(q, k, v, n - 1, 0.1), args.reps)
         mb = 2 * k.numel() * 2 / 1e6
         print(f"  {length:>6} positions ({mb:6.1f} MB): torch {t_torch:8.3f} ms {mb / t_torch:5.1f} GB/s | kernel "
               f"{t_kernel:8.3f} ms {mb / t_kernel:5.1f} GB/s | {t_torch / t_kernel:.1f}x")

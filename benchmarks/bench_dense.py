@@ -25,6 +25,7 @@ FLOORS = {"torch only": 1 << 62, "1 MiB": 1 << 20, "256 KiB": 256 << 10, "64 KiB
 
 
 def ms_per_call(fn, reps: int = 20) -> float:
+    """Mean ms per call of `fn` over `reps` calls, after three untimed (also bench_attention's)."""
     for _ in range(3):
         fn()
     start = time.perf_counter()
