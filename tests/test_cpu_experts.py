@@ -239,3 +239,33 @@ def test_dense_dequant_and_attention_entry_points_on_every_build(kernels, varian
     scores = torch.einsum("hd,lhd->hl", q, k.repeat_interleave(3, dim=1)) * 0.2
     want = torch.einsum("hl,lhd->hd", torch.softmax(scores, -1), v.repeat_interleave(3, dim=1))
     torch.testing.assert_close(kernel.decode_attention(q, k, v, 0.2, 2), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_the_selected_pairs_entry_point_matches_selecting_in_torch(kernels, ids_dtype, x_dtype) -> None:
+    """The hybrid executor's CPU share: only the pairs the route plan marked CPU, selected by the
+    kernel itself, equal the kernel run on those pairs alone (a token without any: zeros)."""
+    from runtime.experts.cpu_kernels import ExpertKernel
+    from runtime.gpu.kernels import CPU, HIT, PCIE
+
+    bank = random_bank("bf16", NUM_EXPERTS, 96, 64, seed=37)
+    fast = ExpertKernel(kernels["native"], bank)
+    ids, weights = routing(3, seed=41)
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    status = torch.tensor([(CPU, HIT, PCIE)[i % 3] for i in range(len(unique))], dtype=torch.int32)
+    status[inverse[2]] = HIT  # token 2: nothing on the CPU
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(43)).to(x_dtype)
+    w = weights.to(x_dtype)
+    out = torch.full((3, 96), float("nan"))
+    fast.selected(x, ids.to(ids_dtype), w, status, inverse.to(torch.int32), CPU, out, threads=2)
+
+    on_cpu = status[inverse] == CPU
+    assert on_cpu[:2].any() and not on_cpu[2].any()
+    want = torch.zeros(3, 96)
+    for t in range(3):
+        if on_cpu[t].any():
+            want[t] = fast(x[t:t + 1].float(), ids[t:t + 1, on_cpu[t]], w[t:t + 1, on_cpu[t]].float(), threads=2)[0]
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="contiguous host tensors"):
+        fast.selected(x, ids, w, status.long(), inverse.to(torch.int32), CPU, out, threads=2)

@@ -113,6 +113,12 @@ class Kernel:
         self._forward.restype = ctypes.c_int
         self._forward.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Layout), ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._selected = lib.ft_moe_forward_selected
+        self._selected.restype = ctypes.c_int
+        self._selected.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Layout), ctypes.c_int64, ctypes.c_int64,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_int64]
         self._read = lib.ft_read_bytes
         self._read.restype = ctypes.c_uint64
         self._read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
@@ -200,6 +206,29 @@ class ExpertKernel:
                              f"(the layer has {self.bank.num_experts} experts): {expert_ids.tolist()}")
         assert rc == 0, f"ft_moe_forward returned {rc}"
         return out.to(x.device, x.dtype)
+
+    def selected(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, status: torch.Tensor,
+                 inverse: torch.Tensor, code: int, out: torch.Tensor, threads: int) -> None:
+        """out (fp32 [T, H]) = the sum over the pairs (t, k) with status[inverse[t, k]] == code only:
+        the CPU share of a hybrid decode call, selected in the kernel (no torch op on the way).
+        Host tensors, contiguous: x and weights f32/f16/bf16, ids int64/int32, status and inverse int32."""
+        num_tokens, top_k = expert_ids.shape
+        if (x.shape != (num_tokens, self.hidden_size) or out.shape != x.shape or out.dtype != torch.float32
+                or x.dtype not in TORCH_NAMES or weights.dtype not in TORCH_NAMES
+                or expert_ids.dtype not in (torch.int64, torch.int32) or status.dtype != torch.int32
+                or inverse.dtype != torch.int32 or inverse.shape != expert_ids.shape
+                or not all(t.is_contiguous() and t.device.type == "cpu"
+                           for t in (x, expert_ids, weights, status, inverse, out))):
+            raise ValueError("the selected-pairs kernel takes contiguous host tensors: x [T, H] and weights [T, K] "
+                             "f32/f16/bf16, ids int64/int32 [T, K], status and inverse int32, out fp32 [T, H]")
+        rc = self.kernel._selected(self.bank.data.data_ptr(), ctypes.byref(self.layout), num_tokens, top_k,
+                                   expert_ids.data_ptr(), int(expert_ids.dtype == torch.int32), status.data_ptr(),
+                                   inverse.data_ptr(), code, weights.data_ptr(), DTYPE_CODES[TORCH_NAMES[weights.dtype]],
+                                   x.data_ptr(), DTYPE_CODES[TORCH_NAMES[x.dtype]], out.data_ptr(), threads)
+        if rc == -1:
+            raise IndexError(f"an expert id of layer {self.bank.layer} is out of range "
+                             f"(the layer has {self.bank.num_experts} experts): {expert_ids.tolist()}")
+        assert rc == 0, f"ft_moe_forward_selected returned {rc}"
 
     def dequantized(self, expert: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of one expert in bf16: bank.weights(expert, torch.bfloat16), fast."""

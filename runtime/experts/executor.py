@@ -105,6 +105,17 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
             return super().__call__(layer, x, expert_ids, weights)
         return fast(x, expert_ids, weights, self.threads or torch.get_num_threads())
 
+    def forward_selected(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                         status: torch.Tensor, inverse: torch.Tensor, code: int, out: torch.Tensor) -> bool:
+        """out (fp32) = the sum over the pairs whose status[inverse] is `code` only, selected in the
+        kernel (the hybrid executor's CPU share, runtime/gpu/cpu_share.py). False, out untouched,
+        where the kernel does not run this call: the caller selects the pairs itself."""
+        fast = self._layers[layer] if layer in self._layers else self._bind(layer)
+        if fast is None or self._grouped_gemm_pays(layer, expert_ids):
+            return False
+        fast.selected(x, expert_ids, weights, status, inverse, code, out, self.threads or torch.get_num_threads())
+        return True
+
     def _grouped_gemm_pays(self, layer: int, expert_ids: torch.Tensor) -> bool:
         min_pairs = self._gemm_min_pairs.get(layer)
         if min_pairs is None:

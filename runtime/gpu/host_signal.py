@@ -27,12 +27,13 @@ class HostFlag:
 
     def __init__(self, pinned: bool = True) -> None:
         self._tensor = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=pinned)
+        self._view = self._tensor.numpy()  # the same memory: a store without a torch dispatch
         self.address = self._tensor.data_ptr()  # under unified addressing also the device address
         self.value = 0  # the last value set; 0 at the start
 
     def set(self, value: int) -> None:
         """Store `value` (1 .. 2**32 - 1: the stream compares the 32 bits)."""
-        self._tensor[0] = value - (1 << 32) if value >= 1 << 31 else value
+        self._view[0] = value - (1 << 32) if value >= 1 << 31 else value
         self.value = value
 
 

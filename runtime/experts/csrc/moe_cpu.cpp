@@ -447,22 +447,27 @@ using AttendSpan = void (*)(const uint8_t*, const uint8_t*, const int64_t*, int6
 constexpr int64_t ROWS_PER_ITEM = 16;  // one work item: 16 rows of one expert matrix
 constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weighted sum
 
-}  // namespace
+// n values of dtype F32, F16 or BF16 as fp32 into out (nullptr: only check the dtype). False: another dtype.
+bool to_floats(int64_t dtype, const void* in, int64_t n, float* out) {
+  if (dtype != F32 && dtype != F16 && dtype != BF16) return false;
+  if (out == nullptr) return true;
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == F32) out[i] = static_cast<const float*>(in)[i];
+    else if (dtype == F16) out[i] = half_to_float(static_cast<const uint16_t*>(in)[i]);
+    else out[i] = bits_to_float(uint32_t(static_cast<const uint16_t*>(in)[i]) << 16);
+  }
+  return true;
+}
 
-extern "C" {
-
-int ft_moe_version() { return 4; }
-
-int ft_moe_simd_width() { return W; }
-
-// out[T, H] = sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), every tensor fp32 and contiguous.
-// Returns 0, -1 for an expert id out of range, -2 for an unsupported dtype.
-int ft_moe_forward(const uint8_t* bank, const Layout* layout, int64_t num_tokens, int64_t top_k, const int64_t* ids,
-                   const float* weights, const float* x, float* out, int64_t num_threads) {
-  const Layout& L = *layout;
+// The pairs [num_pairs] of a call, grouped by token in ascending order (token t owns pairs
+// token_start[t] .. token_start[t + 1] - 1): out[t] = sum of weight[p] * expert_{expert[p]}(x[t])
+// over t's pairs, in pair order (deterministic); a token without pairs gets zeros. fp32 x, out.
+int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t num_pairs, const int64_t* ids,
+              const int64_t* pair_token, const int64_t* token_start, const float* weights, const float* x, float* out,
+              int64_t num_threads) {
   Dot2 gate_up[MAX_NT], down[MAX_NT];
   if (L.gate.dtype != L.up.dtype || !dot2_table(L.gate.dtype, gate_up) || !dot2_table(L.down.dtype, down)) return -2;
-  const int64_t hidden = L.gate.cols, inter = L.gate.rows, num_pairs = num_tokens * top_k;
+  const int64_t hidden = L.gate.cols, inter = L.gate.rows;
   for (int64_t p = 0; p < num_pairs; ++p)
     if (ids[p] < 0 || ids[p] >= L.num_experts) return -1;
 
@@ -475,6 +480,10 @@ int ft_moe_forward(const uint8_t* bank, const Layout* layout, int64_t num_tokens
     if (i == 0 || ids[order[i]] != ids[order[i - 1]]) run_start.push_back(i);
   const int64_t num_runs = int64_t(run_start.size());
   run_start.push_back(num_pairs);
+  if (num_runs == 0) {  // no pairs: every token's sum is empty
+    std::fill(out, out + num_tokens * hidden, 0.f);
+    return 0;
+  }
 
   std::vector<int64_t> position(num_pairs);  // pair -> its place in `order`
   for (int64_t i = 0; i < num_pairs; ++i) position[order[i]] = i;
@@ -517,7 +526,7 @@ int ft_moe_forward(const uint8_t* bank, const Layout* layout, int64_t num_tokens
         const uint8_t* u = record + L.up.offset + r * L.up.row_bytes;
         for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
           const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
-          for (int t = 0; t < nt; ++t) xs[t] = x + order[i + t] / top_k * hidden;
+          for (int t = 0; t < nt; ++t) xs[t] = x + pair_token[order[i + t]] * hidden;
           gate_up[nt - 1](g, u, scale_row(record, L.gate, r), scale_row(record, L.up, r), L.gate, xs, ra, rb);
           for (int t = 0; t < nt; ++t) h[(i + t) * inter + r] = ra[t] / (1.f + std::exp(-ra[t])) * rb[t];
         }
@@ -544,21 +553,75 @@ int ft_moe_forward(const uint8_t* bank, const Layout* layout, int64_t num_tokens
         }
       }
     }
-    // 3. out[t] = sum_k weights[t, k] * y[(t, k)], k in order (deterministic)
+    // 3. out[t] = sum over t's pairs p of weights[p] * y[p], in pair order (deterministic)
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < sum_items; ++item) {
       const int64_t per_token = sum_items / num_tokens, t = item / per_token, r0 = item % per_token * SUM_ROWS;
       const int64_t n = std::min(SUM_ROWS, hidden - r0);
       float* o = out + t * hidden + r0;
       std::fill(o, o + n, 0.f);
-      for (int64_t k = 0; k < top_k; ++k) {
-        const float wk = weights[t * top_k + k];
-        const float* yk = y + position[t * top_k + k] * hidden + r0;
+      for (int64_t p = token_start[t]; p < token_start[t + 1]; ++p) {
+        const float wk = weights[p];
+        const float* yk = y + position[p] * hidden + r0;
         for (int64_t r = 0; r < n; ++r) o[r] += wk * yk[r];
       }
     }
   }
   return 0;
+}
+
+
+}  // namespace
+
+extern "C" {
+
+int ft_moe_version() { return 5; }
+
+int ft_moe_simd_width() { return W; }
+
+// out[T, H] = sum_k weights[t, k] * expert_{ids[t, k]}(x[t]), every tensor fp32 and contiguous.
+// Returns 0, -1 for an expert id out of range, -2 for an unsupported dtype.
+int ft_moe_forward(const uint8_t* bank, const Layout* layout, int64_t num_tokens, int64_t top_k, const int64_t* ids,
+                   const float* weights, const float* x, float* out, int64_t num_threads) {
+  const int64_t num_pairs = num_tokens * top_k;
+  std::vector<int64_t> pair_token(num_pairs), token_start(num_tokens + 1);
+  for (int64_t p = 0; p < num_pairs; ++p) pair_token[p] = p / top_k;
+  for (int64_t t = 0; t <= num_tokens; ++t) token_start[t] = t * top_k;
+  return moe_pairs(bank, *layout, num_tokens, num_pairs, ids, pair_token.data(), token_start.data(), weights, x, out,
+                   num_threads);
+}
+
+// The CPU's share of a hybrid decode call, selection and all, so the worker thread runs no torch
+// op: out[T, H] (fp32) = sum over the pairs (t, k) whose expert the route plan marked `code`
+// (status[inverse[t, k]] == code) of weights[t, k] * expert_{ids[t, k]}(x[t]). x and weights
+// in `x_dtype` / `w_dtype` (F32, F16 or BF16), ids int64 (or int32 when ids_int32), status [*]
+// and inverse [T, K] int32, all contiguous. Returns 0, -1 for an expert id out of range, -2 for
+// an unsupported dtype.
+int ft_moe_forward_selected(const uint8_t* bank, const Layout* layout, int64_t num_tokens, int64_t top_k,
+                            const void* ids, int64_t ids_int32, const int32_t* status, const int32_t* inverse,
+                            int32_t code, const void* weights, int64_t w_dtype, const void* x, int64_t x_dtype,
+                            float* out, int64_t num_threads) {
+  const int64_t hidden = layout->gate.cols, all_pairs = num_tokens * top_k;
+  if (!to_floats(x_dtype, x, num_tokens * hidden, nullptr) || !to_floats(w_dtype, weights, all_pairs, nullptr))
+    return -2;
+  std::vector<float> xf(static_cast<size_t>(num_tokens * hidden)), wf(static_cast<size_t>(all_pairs));
+  to_floats(x_dtype, x, num_tokens * hidden, xf.data());
+  to_floats(w_dtype, weights, all_pairs, wf.data());
+  std::vector<int64_t> sel_ids, sel_token, token_start(num_tokens + 1, 0);
+  std::vector<float> sel_w;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    token_start[t] = int64_t(sel_ids.size());
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int64_t p = t * top_k + k;
+      if (status[inverse[p]] != code) continue;
+      sel_ids.push_back(ids_int32 ? int64_t(static_cast<const int32_t*>(ids)[p]) : static_cast<const int64_t*>(ids)[p]);
+      sel_token.push_back(t);
+      sel_w.push_back(wf[p]);
+    }
+  }
+  token_start[num_tokens] = int64_t(sel_ids.size());
+  return moe_pairs(bank, *layout, num_tokens, int64_t(sel_ids.size()), sel_ids.data(), sel_token.data(),
+                   token_start.data(), sel_w.data(), xf.data(), out, num_threads);
 }
 
 // out[T, rows] = x[T, cols] . w[rows, cols]^T for a dense weight matrix (f32, f16 or bf16, no
