@@ -57,15 +57,19 @@ class ExpertCache:
 
     def _allocate(self, num_slots: int) -> None:
         self.slots = torch.empty(num_slots, self.slot_bytes, dtype=torch.uint8, device=self.device)
-        self._reset(num_slots)
+        self._reset(num_slots, reallocated=True)
 
-    def _reset(self, num_slots: int) -> None:
-        self.generation += 1
+    def _reset(self, num_slots: int, *, reallocated: bool) -> None:
+        """Every slot empty. `reallocated`: the slots are new tensors, so are the device state's,
+        and `generation` moves on; else (clear) the device state keeps its tensors, refilled in
+        place, and graphs captured over them stay valid."""
+        if reallocated:
+            self.generation += 1
+            self._views: dict[int, RecordViews] = {}
+            self._device: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._owner = np.full(num_slots, EMPTY, dtype=np.int64)
         self._last_used = np.full(num_slots, EMPTY, dtype=np.int64)
         self._pinned = np.zeros(num_slots, dtype=bool)
-        self._views: dict[int, RecordViews] = {}
-        self._device: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._device_fresh = False  # the device tensors equal the host arrays
         self._host_fresh = True  # no device plan ran since the host arrays were last right
 
@@ -208,10 +212,11 @@ class ExpertCache:
                 self._owner[slot], self._last_used[slot], self._pinned[slot] = EMPTY, EMPTY, False
 
     def clear(self) -> None:
-        """Forget every entry (slots stay allocated)."""
+        """Forget every entry (slots and the device state's tensors stay allocated: captured
+        graphs stay valid)."""
         self.streams.synchronize()
         self._table.fill(EMPTY)
-        self._reset(self.num_slots)
+        self._reset(self.num_slots, reallocated=False)
 
     # -- views ---------------------------------------------------------------------------------------
 
@@ -261,7 +266,7 @@ class ExpertCache:
                 torch.cuda.empty_cache()
             new, refill = torch.empty(num_slots, self.slot_bytes, dtype=torch.uint8, device=self.device), True
         self.slots = new
-        self._reset(num_slots)
+        self._reset(num_slots, reallocated=True)
         self._table.fill(EMPTY)
         n = len(keep)
         self._owner[:n], self._last_used[:n], self._pinned[:n] = owner, last_used, pinned
