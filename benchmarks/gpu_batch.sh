@@ -3,7 +3,7 @@
 # and threads of consumer machines), for BENCHMARKS.md. Each run is capped so the batch fits one
 # device call; results go to $OUT (JSON + stderr), a summary line per run to stdout.
 #
-#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more]
+#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more|profile]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
 #   tests: the GPU tests and `ft run tiny --device gpu` (~1.5 min); quick: the CUDA-graph parity
 #   tests, `ft run tiny` on GPU and CPU, and the trace runs at 8 and 32 GiB in 3 rounds, and at 8
@@ -35,6 +35,16 @@ if [ "$WHAT" = tests ]; then
   python3 -m ftpull pull tiny > /dev/null && timeout 120 python3 -m ftpull run tiny "Hello" --device gpu --verbose \
       --num-predict 16 > "$OUT/run-gpu.txt" 2>&1
   echo "ft run --device gpu rc=$?"; tail -8 "$OUT/run-gpu.txt"
+  exit 0
+fi
+
+if [ "$WHAT" = profile ]; then  # where a 32 GiB decode step's time goes: host ops, and Chrome traces of the device
+  timeout 90 python3 -m pytest -p no:cacheprovider -q tests/test_gpu_executor.py -k "graph or parity" > "$OUT/graph-tests.txt" 2>&1
+  echo "graph tests rc=$?"; tail -3 "$OUT/graph-tests.txt"
+  run q30-32g-trace-prof 240 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
+      --tokens 96 --prefill '' --policies auto,offload --reps 3 --profile-tokens 8 --profile-dir "$OUT/prof"
+  run q30-8g-trace-x8 200 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
+      --tokens 96 --prefill '' --policies $ALL --reps 2 --pcie-repeat 2
   exit 0
 fi
 

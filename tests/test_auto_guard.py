@@ -94,6 +94,18 @@ def test_a_model_arm_that_sends_nothing_to_the_cpu_is_left_after_one_block(monke
     assert len(reads) <= 2 * (len(trials) + 1) + 1  # the count is read at a model block's start and end only
 
 
+def test_restart_explores_both_arms_again(monkeypatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=3, cpu_experts=lambda: 7)
+    run_steps(guard, clock, 40, {MODEL: 0.010, PCIE_ONLY: 0.010})
+    assert guard.model_idle and guard.arm == PCIE_ONLY
+    guard.restart()
+    assert not guard.model_idle and guard.times == {MODEL: [], PCIE_ONLY: []}
+    arms = run_steps(guard, clock, 2 * AutoGuard.EXPLORE, {MODEL: 0.010, PCIE_ONLY: 0.010})
+    assert arms == [MODEL] * AutoGuard.EXPLORE + [PCIE_ONLY] * AutoGuard.EXPLORE
+
+
 def test_a_model_arm_that_uses_the_cpu_is_timed_as_before(monkeypatch) -> None:
     clock = Clock()
     monkeypatch.setattr(auto_guard.time, "perf_counter", clock)

@@ -40,6 +40,7 @@ from ftw.writer import plan_expert_parts
 from ..experts import CPUExpertExecutor, HostExpertBank
 from ..experts.synthetic import random_bank
 from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
+from ..gpu.auto_guard import AutoGuard
 from ..gpu.host_memory import HostPinner
 from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan
 from ..resources import GPU, Machine
@@ -51,7 +52,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 TRACE_DIR = next((d for d in (_ROOT / "shared" / "traces" / "bigmoeonedge", _ROOT.parent / "shared" / "traces" / "bigmoeonedge")
                   if d.is_dir()), _ROOT / "shared" / "traces" / "bigmoeonedge")
 GiB = 1 << 30
-WARMUP_STEPS = 3  # untimed decode steps before each policy's run
+WARMUP_STEPS = 2 * AutoGuard.EXPLORE  # untimed decode steps before each policy's run: a block of each arm
 
 
 @dataclass(frozen=True)
@@ -267,8 +268,10 @@ def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device
 def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarray, hidden: int,
                device: torch.device, seed: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
-    # warm-up: a few whole decode steps (kernels, allocator, worker, CUDA graphs when on), so that
-    # the policy run first does not carry the process's first-use costs; then a cold cache
+    # warm-up: a few whole decode steps (kernels, allocator, worker, CUDA graphs when on: for
+    # "auto" both arms of its guard), so that neither the policy run first nor the one with more
+    # graphs carries one-time costs; then a cold cache (graphs stay valid) and, for "auto", a
+    # guard that explores again, in the timed run
     warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
     warm_ids = torch.from_numpy(decode[: WARMUP_STEPS]).to(device)
     warm_weights = _weights(gen, decode[: WARMUP_STEPS].shape).to(device, torch.bfloat16)
@@ -277,6 +280,8 @@ def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarr
             executor(layer, warm, warm_ids[t, i: i + 1], warm_weights[t, i: i + 1])
     _sync(device)
     executor.clear()
+    if executor.guard is not None:
+        executor.guard.restart()
     if executor.prefill is not None and len(prompt):
         _prompt(executor, layers, prompt, hidden, device, gen)
         executor.prefill.streamer.release()  # the transient buffer goes back before decode

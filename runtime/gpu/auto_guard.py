@@ -54,6 +54,10 @@ class AutoGuard:
         self.model_idle = False  # the last model-arm block sent nothing to the CPU
         self.switches = 0
 
+    def restart(self) -> None:
+        """Forget every step time and choice: explore both arms again from the model arm."""
+        self.__init__(self.first_layer, self.cpu_experts)
+
     def on_decode_call(self, layer: int, settled: bool = True) -> str:
         """Called at the start of every decode layer call; returns the arm for this call.
         `settled` (read at the first layer): False when the step that just ended did one-time
