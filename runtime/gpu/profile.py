@@ -27,8 +27,9 @@ from .expert_cache import ExpertCache
 log = logging.getLogger(__name__)
 
 # Bumped when what is measured changes (3: the device-planned decode path, calls queued back to back
-# as decode queues them); a kept profile of another version is measured again.
-PROFILE_VERSION = 3
+# as decode queues them; 4: the CPU share selects its pairs in the kernel, a lower fixed cost); a
+# kept profile of another version is measured again.
+PROFILE_VERSION = 4
 
 
 @dataclass(frozen=True)
