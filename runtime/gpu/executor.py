@@ -164,9 +164,10 @@ class HybridExpertExecutor:
         bank, cache = self.banks[layer], self.cache
         stride = bank.layout.expert_stride
         num_pairs = expert_ids.numel()
-        n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
         if self.guard is not None and self.guard.on_decode_call(layer, self._step_settled(layer)) == PCIE_ONLY:
-            n_pcie, uses_cpu = num_pairs, False
+            n_pcie, uses_cpu = num_pairs, False  # as "offload" (no split table to look up)
+        else:
+            n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
         # uploaded here, outside any graph capture, when the host changed the bookkeeping
         state = cache.device_state()
         clock = cache.advance()
