@@ -532,28 +532,6 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 QWEN3 = (2048, 768)  # Qwen3-30B-A3B experts: 9.4 MB records in bf16
 
 
-@pytest.mark.gpu
-@needs_cuda
-def test_profile_on_cuda_times_queued_batches_behind_a_gate_without_hanging() -> None:
-    """The stream is held while a batch is queued: no call inside a batch may wait for the device
-    (that would stall until the gate's watchdog), so a measurement takes about its `seconds`."""
-    from runtime.gpu.host_memory import HostPinner
-    from runtime.gpu.profile import _StreamGate
-
-    bank = random_bank("bf16", 32, 1024, 512, layer=0)
-    pinner = HostPinner()
-    pinner.pin_banks({0: bank})
-    try:
-        executor = CPUExpertExecutor({0: bank}, torch.bfloat16, threads=4)
-        start = time.perf_counter()
-        profile = measure(bank, executor, "cuda", num_experts=4, seconds=0.1, cpu_threads=4)
-        took = time.perf_counter() - start
-    finally:
-        pinner.close()
-    assert took < 6 * 0.1 + _StreamGate.WATCHDOG_S, f"{took:.1f} s: a batch waited on the held stream"
-    assert profile.pcie_gbps > 0 and profile.cpu_gbps > 0 and profile.cpu_fixed_ms >= 0
-
-
 def big_banks(num_layers: int, num_experts: int = 64):
     return {layer: random_bank("bf16", num_experts, *QWEN3, layer=layer, seed=layer, num_distinct=4)
             for layer in range(num_layers)}
@@ -766,6 +744,9 @@ def test_cuda_graph_replays_match_uncaptured_calls_across_a_resize(mode: str) ->
     assert (a.hits, a.misses, a.pcie_experts) == (b.hits, b.misses, b.pcie_experts)
     plain.close()
     graphed.close()
+    # closed, it holds no graph: none is destroyed later by the garbage collector, perhaps during
+    # another executor's capture (which that would invalidate)
+    assert not graphed.graphs._graphs
 
 
 @pytest.mark.parametrize("cpu_share", [False, True])

@@ -364,3 +364,9 @@ class HybridExpertExecutor:
         self.cpu_share.close()
         if self.prefill is not None:
             self.prefill.streamer.release()
+        if self.graphs is not None:
+            # destroyed now, not whenever the garbage collector reaches this executor (it holds
+            # reference cycles): a CUDA graph destroyed during another executor's capture (a
+            # model loaded after this one) invalidates that capture and aborts the process, as
+            # ft bench did on the H200
+            self.graphs.invalidate()

@@ -15,7 +15,6 @@ import os
 import platform
 import re
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,6 @@ import torch
 
 from ..experts import ExpertExecutor, HostExpertBank
 from .expert_cache import ExpertCache
-from .host_signal import HostFlag, StreamWaiter
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +90,11 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
             num_experts: int = 16, seconds: float = 0.4, cpu_threads: int | None = None,
             pcie_repeat: int = 1) -> BandwidthProfile:
     """Time the hybrid executor itself on one layer (`bank`, pinned, larger than the CPU's last-level
-    cache), its calls queued back to back as decode queues them (one sync per batch, not per call;
-    on CUDA the stream is held until the batch is queued, so the launching thread's time is not
-    counted: `_StreamGate`):
+    cache), its calls queued back to back as decode queues them (one sync per batch, not per call):
 
     - each side alone, with 1 and `num_experts` misses per call ("offload": all over PCIe; "cpu":
       all on the CPU): a line through the two gives the side's fixed cost per call (planning,
-      the hand-off to the CPU worker and back) and its rate alone;
+      launches, the hand-off to the CPU worker and back) and its rate alone;
     - both at once ("auto" with an even split of 2 x `num_experts` misses): how much each rate
       drops beside the other (they share host DRAM), as one factor on both alone rates.
 
@@ -122,10 +118,9 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
 
     def executor(mode: str, slots: int) -> HybridExpertExecutor:
         cache = ExpertCache(slots, stride, device, num_layers=layer + 1, num_experts=bank.num_experts)
-        # uncaptured: a graph replay waits for the key's previous replay, which a held stream never runs
         return HybridExpertExecutor({layer: bank}, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,
                                     compute_dtype=compute, prefill_buffers=0, split=lambda m, b: m // 2,
-                                    auto_guard=False, pcie_repeat=pcie_repeat, cuda_graphs=False)
+                                    auto_guard=False, pcie_repeat=pcie_repeat)
 
     x = torch.randn(1, hidden, dtype=compute, device=device)
 
@@ -133,24 +128,20 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
         """Median ms per call over batches of queued calls with `pcie` + `cpu` misses each."""
         count = pcie + cpu
 
-        def batch(calls: int, gated: bool = True) -> float:
+        def batch(calls: int) -> float:
             if half < 2 * ex.cache.num_slots:  # a small bank: rotation alone would bring back cached experts
                 ex.cache.clear()
             experts = [rotating("pcie", pcie) + rotating("cpu", cpu) for _ in range(calls)]
             ids = torch.tensor(experts, device=device).view(calls, 1, count)
             weights = torch.full((1, count), 1.0 / count, dtype=compute, device=device)
             _sync(device)
-            gate = _StreamGate.hold(device) if gated else None  # the device waits until every call is queued
             start = time.perf_counter()
             for i in range(calls):
                 ex(layer, x, ids[i], weights)
-            if gate is not None:
-                start = time.perf_counter()
-                gate.release()
             _sync(device)  # the device waited for every fill and CPU share
             return (time.perf_counter() - start) * 1e3 / calls
 
-        batch(2, gated=False)  # warm-up: kernels, staging buffers (allocations may sync: not behind a gate)
+        batch(2)  # warm-up: kernels, staging buffers
         times, deadline = [], time.perf_counter() + seconds
         with torch.inference_mode():
             while time.perf_counter() < deadline or len(times) < 3:
@@ -178,43 +169,6 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
              "layer call", profile.machine, profile.pcie_gbps, profile.pcie_alone_gbps, profile.pcie_fixed_ms,
              profile.cpu_gbps, profile.cpu_alone_gbps, profile.cpu_fixed_ms)
     return profile
-
-
-class _StreamGate:
-    """Holds the device stream on a host flag while calls are queued, so a batch is timed from its
-    release: the device and the CPU worker's pipeline alone. In decode the launching thread runs
-    ahead of both wherever misses cost more than launches (PCIe-bound budgets, where the split
-    matters), so its launch time is not a cost of the CPU share; counted, it made the CPU's fixed
-    cost look ~0.5 ms a call on the H200 host instead of ~0.1 (bench_cpu_share.py)."""
-
-    WATCHDOG_S = 2.0  # released by then whatever happens: a host sync while held costs time, not a hang
-
-    def __init__(self, waiter: StreamWaiter) -> None:
-        self.flag = HostFlag()
-        waiter.wait(self.flag, 1)
-        self._watchdog = threading.Timer(self.WATCHDOG_S, self.flag.set, (1,))
-        self._watchdog.daemon = True
-        self._watchdog.start()
-
-    @staticmethod
-    def hold(device: torch.device) -> _StreamGate | None:
-        """A held gate on the current stream; None off CUDA or where stream waits are unavailable
-        (then batches are timed with their launches, an overestimate of the fixed costs)."""
-        waiter = _waiter(device) if device.type == "cuda" else None
-        return _StreamGate(waiter) if waiter is not None else None
-
-    def release(self) -> None:
-        self._watchdog.cancel()
-        self.flag.set(1)
-
-
-_WAITERS: dict[torch.device, StreamWaiter | None] = {}
-
-
-def _waiter(device: torch.device) -> StreamWaiter | None:
-    if device not in _WAITERS:
-        _WAITERS[device] = StreamWaiter.load(device)
-    return _WAITERS[device]
 
 
 def _sync(device: torch.device) -> None:
