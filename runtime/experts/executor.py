@@ -100,8 +100,8 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         self._layers: dict[int, ExpertKernel | None] = {}
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        fast = self._layers[layer] if layer in self._layers else self._bind(layer)
-        if fast is None or self._grouped_gemm_pays(layer, expert_ids):
+        fast = self._kernel_for(layer, expert_ids)
+        if fast is None:
             return super().__call__(layer, x, expert_ids, weights)
         return fast(x, expert_ids, weights, self.threads or torch.get_num_threads())
 
@@ -110,11 +110,17 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         """out (fp32) = the sum over the pairs whose status[inverse] is `code` only, selected in the
         kernel (the hybrid executor's CPU share, runtime/gpu/cpu_share.py). False, out untouched,
         where the kernel does not run this call: the caller selects the pairs itself."""
-        fast = self._layers[layer] if layer in self._layers else self._bind(layer)
-        if fast is None or self._grouped_gemm_pays(layer, expert_ids):
+        fast = self._kernel_for(layer, expert_ids)
+        if fast is None:
             return False
         fast.selected(x, expert_ids, weights, status, inverse, code, out, self.threads or torch.get_num_threads())
         return True
+
+    def _kernel_for(self, layer: int, expert_ids: torch.Tensor) -> ExpertKernel | None:
+        """The kernel bound to `layer` where it runs this call; None: the reference path (a bank
+        the kernel cannot run, or a call the grouped GEMMs serve better)."""
+        fast = self._layers[layer] if layer in self._layers else self._bind(layer)
+        return None if fast is None or self._grouped_gemm_pays(layer, expert_ids) else fast
 
     def _grouped_gemm_pays(self, layer: int, expert_ids: torch.Tensor) -> bool:
         min_pairs = self._gemm_min_pairs.get(layer)

@@ -51,6 +51,8 @@ class CPUShare:
 
     def __init__(self, cpu_executor: ExpertExecutor, device: torch.device) -> None:
         self.cpu_executor, self.device = cpu_executor, device
+        # the executor's kernel entry that selects the CPU pairs itself, where it has one
+        self._forward_selected = getattr(cpu_executor, "forward_selected", None)
         self.is_cuda = device.type == "cuda"
         self.waiter = StreamWaiter.load(device) if self.is_cuda else None
         self.flag = HostFlag(pinned=self.is_cuda)
@@ -127,9 +129,8 @@ class CPUShare:
         """s.result = the sum over the CPU-marked pairs of each token (zeros where there are none):
         in one kernel call where the executor has one (no torch op: on the H200 host the selection
         below cost ~0.4 ms a call, more than a 9 MB expert's read), else selected here."""
-        forward_selected = getattr(self.cpu_executor, "forward_selected", None)
-        if forward_selected is not None and forward_selected(layer, s.x, s.ids, s.weights, s.status, s.inverse, CPU,
-                                                             s.result):
+        if self._forward_selected is not None and self._forward_selected(layer, s.x, s.ids, s.weights, s.status,
+                                                                         s.inverse, CPU, s.result):
             return
         s.result.copy_(self._compute(layer, s))
 

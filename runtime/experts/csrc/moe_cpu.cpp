@@ -447,10 +447,9 @@ using AttendSpan = void (*)(const uint8_t*, const uint8_t*, const int64_t*, int6
 constexpr int64_t ROWS_PER_ITEM = 16;  // one work item: 16 rows of one expert matrix
 constexpr int64_t SUM_ROWS = 512;      // output rows per item of the final weighted sum
 
-// n values of dtype F32, F16 or BF16 as fp32 into out (nullptr: only check the dtype). False: another dtype.
+// n values of dtype F32, F16 or BF16 as fp32 into out. False (nothing written): another dtype.
 bool to_floats(int64_t dtype, const void* in, int64_t n, float* out) {
   if (dtype != F32 && dtype != F16 && dtype != BF16) return false;
-  if (out == nullptr) return true;
   for (int64_t i = 0; i < n; ++i) {
     if (dtype == F32) out[i] = static_cast<const float*>(in)[i];
     else if (dtype == F16) out[i] = half_to_float(static_cast<const uint16_t*>(in)[i]);
@@ -570,7 +569,6 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
   return 0;
 }
 
-
 }  // namespace
 
 extern "C" {
@@ -602,11 +600,9 @@ int ft_moe_forward_selected(const uint8_t* bank, const Layout* layout, int64_t n
                             int32_t code, const void* weights, int64_t w_dtype, const void* x, int64_t x_dtype,
                             float* out, int64_t num_threads) {
   const int64_t hidden = layout->gate.cols, all_pairs = num_tokens * top_k;
-  if (!to_floats(x_dtype, x, num_tokens * hidden, nullptr) || !to_floats(w_dtype, weights, all_pairs, nullptr))
-    return -2;
   std::vector<float> xf(static_cast<size_t>(num_tokens * hidden)), wf(static_cast<size_t>(all_pairs));
-  to_floats(x_dtype, x, num_tokens * hidden, xf.data());
-  to_floats(w_dtype, weights, all_pairs, wf.data());
+  if (!to_floats(x_dtype, x, num_tokens * hidden, xf.data()) || !to_floats(w_dtype, weights, all_pairs, wf.data()))
+    return -2;
   std::vector<int64_t> sel_ids, sel_token, token_start(num_tokens + 1, 0);
   std::vector<float> sel_w;
   for (int64_t t = 0; t < num_tokens; ++t) {
