@@ -424,12 +424,16 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     # rounds: every policy once per round, so drift over the run (clocks, host memory, the other
     # tenants of the machine) falls on all policies alike; each policy's median run is reported
     runs: dict[str, list[dict[str, Any]]] = {}
+
+    def build(policy: str):
+        return build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
+                            cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False, prefill_min_tokens=2,
+                            cuda_graphs=cfg.cuda_graphs, pcie_repeat=cfg.pcie_repeat)
+
     if device.type == "cuda":  # the process's first-use costs (Triton compiles, ...) on no policy's clock
         for policy in cfg.policies:
             with contextlib.suppress(CacheTooSmallError, ValueError):  # reported by the rounds
-                ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
-                                  cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
-                                  prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs, pcie_repeat=cfg.pcie_repeat)
+                ex = build(policy)
                 try:
                     warm_up(ex, layers, decode, shape.hidden, device, torch.Generator().manual_seed(cfg.seed))
                 finally:
@@ -439,9 +443,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             if policy in report["policies"]:  # failed to build in an earlier round
                 continue
             try:
-                ex = build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
-                                  cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False,
-                                  prefill_min_tokens=2, cuda_graphs=cfg.cuda_graphs, pcie_repeat=cfg.pcie_repeat)
+                ex = build(policy)
             except (CacheTooSmallError, ValueError) as e:
                 report["policies"][policy] = {"error": str(e)}
                 continue
