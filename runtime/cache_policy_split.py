@@ -11,12 +11,14 @@ With q of a layer's m misses copied, each side's per-expert work overlaps the ot
 
 p and c are the rates while both sides run (they share host DRAM); a side whose partner has no work
 runs at its `*_alone` rate where one was measured. How the fixed costs compose is the `fixed_costs`
-choice, since the two callers measured different things:
+choice, after what the fixed costs are:
 
-    "overlap" (the simulator's default): each fixed cost runs beside the other side,
+    "overlap" (the simulator's, and the executor's device-timed profile): each fixed cost runs
+              beside the other side,
               finish_s(q) = max(pcie fixed + pcie_work, cpu fixed + cpu_work)
-    "serial"  (the executor's profile): the fixed costs are host work (planning, launches, the
-              hand-off to the CPU worker and back) that one host thread does one after the other,
+    "serial"  fixed costs that are host work one thread does one after the other (planning,
+              launches, the hand-off to the CPU worker), as profiles timed with the launches in
+              them measure it,
               finish_s(q) = pcie fixed + cpu fixed + max(pcie_work, cpu_work)
 
 Without fixed costs, equal finish times give the paper's fraction q*/m = p / (p + c). That ratio alone

@@ -291,12 +291,13 @@ def test_split_fixed_costs_and_never_worse_than_a_fixed_policy() -> None:
 def test_split_uses_the_alone_rates_for_one_sided_layers() -> None:
     """DRAM contention slows both sides only when both run: alone, the CPU may win outright."""
     stride = 9_437_184
-    contended = BandwidthProfile(pcie_gbps=48.0, cpu_gbps=30.0, cpu_fixed_ms=1.0, pcie_fixed_ms=1.0)
+    contended = BandwidthProfile(pcie_gbps=48.0, cpu_gbps=5.0, cpu_fixed_ms=1.0, pcie_fixed_ms=1.0)
     assert choose_pcie_count(8, stride, contended) == 8
-    alone = BandwidthProfile(pcie_gbps=48.0, cpu_gbps=30.0, cpu_fixed_ms=1.0, pcie_fixed_ms=1.0,
+    alone = BandwidthProfile(pcie_gbps=48.0, cpu_gbps=5.0, cpu_fixed_ms=1.0, pcie_fixed_ms=1.0,
                              pcie_alone_gbps=50.0, cpu_alone_gbps=70.0)
     assert choose_pcie_count(8, stride, alone) == 0
-    assert layer_ms(alone, 8, 4, stride) == pytest.approx(2.0 + 4 * stride / 30e6)  # both run: contended rates
+    # both run: the contended rates, the fixed costs beside each other
+    assert layer_ms(alone, 8, 4, stride) == pytest.approx(1.0 + 4 * stride / 5e6)
 
 
 def test_auto_split_is_the_simulators_automatic_policy() -> None:

@@ -3,7 +3,9 @@
 Measured through the executor itself (the runtime's own fill kernel and CPU worker), with calls
 queued back to back as decode queues them: each side alone at two miss counts, so its fixed
 per-call cost comes apart from its rate, then both at once, for how much the rates drop beside
-each other (the fills and the CPU kernel share host DRAM). Profiles are kept as JSON under
+each other (the fills and the CPU kernel share host DRAM). On CUDA each batch is timed on the
+device, behind a head start that lets the launching thread queue the whole batch first
+(`_HeadStart`): what is measured is the pipeline of device and CPU worker, not the host's launches. Profiles are kept as JSON under
 $FT_HOME/profiles/<machine-key>.json and reloaded; one of an older PROFILE_VERSION is measured again.
 """
 
@@ -16,6 +18,7 @@ import platform
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,9 +30,10 @@ from .expert_cache import ExpertCache
 log = logging.getLogger(__name__)
 
 # Bumped when what is measured changes (3: the device-planned decode path, calls queued back to back
-# as decode queues them; 4: the CPU share selects its pairs in the kernel, a lower fixed cost); a
-# kept profile of another version is measured again.
-PROFILE_VERSION = 4
+# as decode queues them; 4: the CPU share selects its pairs in the kernel, a lower fixed cost; 5:
+# batches timed on the device behind a head start, without the launching thread's time); a kept
+# profile of another version is measured again.
+PROFILE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,12 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
             num_experts: int = 16, seconds: float = 0.4, cpu_threads: int | None = None,
             pcie_repeat: int = 1) -> BandwidthProfile:
     """Time the hybrid executor itself on one layer (`bank`, pinned, larger than the CPU's last-level
-    cache), its calls queued back to back as decode queues them (one sync per batch, not per call):
+    cache), its calls queued back to back as decode queues them (one sync per batch, not per call;
+    on CUDA timed on the device from a head start, so the launching thread's time is not counted):
 
     - each side alone, with 1 and `num_experts` misses per call ("offload": all over PCIe; "cpu":
-      all on the CPU): a line through the two gives the side's fixed cost per call (planning,
-      launches, the hand-off to the CPU worker and back) and its rate alone;
+      all on the CPU): a line through the two gives the side's fixed cost per call (the plan and
+      fill's device latency; the hand-off to the CPU worker and back) and its rate alone;
     - both at once ("auto" with an even split of 2 x `num_experts` misses): how much each rate
       drops beside the other (they share host DRAM), as one factor on both alone rates.
 
@@ -123,6 +128,7 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
                                     auto_guard=False, pcie_repeat=pcie_repeat)
 
     x = torch.randn(1, hidden, dtype=compute, device=device)
+    head_start = _HeadStart(device) if device.type == "cuda" else None
 
     def per_call_ms(ex: HybridExpertExecutor, pcie: int, cpu: int) -> float:
         """Median ms per call over batches of queued calls with `pcie` + `cpu` misses each."""
@@ -135,13 +141,15 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
             ids = torch.tensor(experts, device=device).view(calls, 1, count)
             weights = torch.full((1, count), 1.0 / count, dtype=compute, device=device)
             _sync(device)
+            if head_start is not None:
+                return head_start.time(lambda: [ex(layer, x, ids[i], weights) for i in range(calls)]) / calls
             start = time.perf_counter()
             for i in range(calls):
                 ex(layer, x, ids[i], weights)
             _sync(device)  # the device waited for every fill and CPU share
             return (time.perf_counter() - start) * 1e3 / calls
 
-        batch(2)  # warm-up: kernels, staging buffers
+        batch(2)  # warm-up: kernels (a first launch loads its module: a host wait), staging buffers
         times, deadline = [], time.perf_counter() + seconds
         with torch.inference_mode():
             while time.perf_counter() < deadline or len(times) < 3:
@@ -169,6 +177,47 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
              "layer call", profile.machine, profile.pcie_gbps, profile.pcie_alone_gbps, profile.pcie_fixed_ms,
              profile.cpu_gbps, profile.cpu_alone_gbps, profile.cpu_fixed_ms)
     return profile
+
+
+class _HeadStart:
+    """Times queued device work on the device, with the launching thread's time taken out: the
+    device first spins for `ms` (torch.cuda._sleep), so the host has queued the whole batch
+    before the device starts on it, and the batch is timed between two events after the spin.
+
+    In decode the launching thread runs ahead of the device wherever misses cost more than
+    launches (PCIe-bound budgets, where the split matters; where it does not, auto's guard times
+    whole steps). Counted, the ~0.3-0.5 ms of launches of an uncaptured call made the CPU share's
+    fixed cost look 0.3-0.7 ms a call on the H200 host, against ~0.09 ms for its pipeline.
+
+    A batch whose queueing outlasted the spin (a host wait inside it, e.g. a kernel's first
+    launch loading its module) counts the launches after the spin, as a wall clock would, and
+    the spin doubles for the next (the caller takes medians)."""
+
+    MAX_MS = 200.0
+
+    def __init__(self, device: torch.device, ms: float = 10.0) -> None:
+        self.device, self.ms = device, ms
+        probe, start, end = 1 << 21, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(2):  # the first also loads the spin kernel
+            start.record()
+            torch.cuda._sleep(probe)
+            end.record()
+            end.synchronize()
+        self._cycles_per_ms = probe / max(start.elapsed_time(end), 1e-3)
+
+    def time(self, queue: Callable[[], object]) -> float:
+        """ms from the start of the work `queue` enqueues to its end (the device and every wait it
+        makes, the CPU worker's included)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        wall = time.perf_counter()  # the host's queueing time, against the spin
+        torch.cuda._sleep(int(self.ms * self._cycles_per_ms))
+        start.record()
+        queue()
+        end.record()
+        if (time.perf_counter() - wall) * 1e3 > 0.8 * self.ms:
+            self.ms = min(2 * self.ms, self.MAX_MS)
+        _sync(self.device)
+        return start.elapsed_time(end)
 
 
 def _sync(device: torch.device) -> None:

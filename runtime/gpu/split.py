@@ -3,12 +3,16 @@
 The policy itself (how many of a layer's misses cross PCIe, the rest running on the CPU) is
 runtime/cache_policy_split.py, shared with the trace simulator. What is particular to the GPU
 path is only how its profile reads: rates in GB/s while both sides run and each side alone (0:
-not measured), and fixed costs in ms measured end to end through the executor (profile.py). Those
-are mostly host work (planning, launches, the hand-off to the CPU worker and back) that one host
-thread does one side after the other, so they add: `fixed_costs="serial"`.
+not measured), and fixed costs in ms measured on the device through the executor (profile.py),
+without the launching thread's time: the plan and fill's latency on the PCIe side, the hand-off
+to the CPU worker and back on the other. The two run beside each other (the fills go on while
+the worker computes), so they compose as the simulator's: `fixed_costs="overlap"`.
 
-Open question, to settle with GPU measurements (`ft bench` on the GPU host): whether the hardware
-agrees better with "serial" or with the simulator's "overlap"; either is one argument away.
+Until profile version 5 the fixed costs were timed with the host's launches in them, host work
+done one side after the other, and composed "serial"; on the H200 that charged the CPU share
+0.3-0.7 ms a call where its pipeline costs ~0.09 ms (BENCHMARKS.md, fifth session). Where the
+host's launches do bound a step (few misses, a large cache), auto's guard times whole steps and
+falls back to plain offload.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class Rates(Protocol):
     cpu_alone_gbps: float
 
 
-def miss_cost(rates: Rates, fixed_costs: str = "serial") -> MissCost:
+def miss_cost(rates: Rates, fixed_costs: str = "overlap") -> MissCost:
     """The profile in the policy's units (bytes per second, seconds)."""
     return MissCost(pcie_bytes_per_s=rates.pcie_gbps * 1e9, cpu_bytes_per_s=rates.cpu_gbps * 1e9,
                     cpu_overhead_s=rates.cpu_fixed_ms * 1e-3, pcie_overhead_s=rates.pcie_fixed_ms * 1e-3,
