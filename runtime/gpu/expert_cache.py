@@ -218,6 +218,15 @@ class ExpertCache:
         self._table.fill(EMPTY)
         self._reset(self.num_slots, reallocated=False)
 
+    def release(self) -> None:
+        """Give the device memory back now: no slots, every entry forgotten (`resize` makes room
+        again). The slots are one of the largest allocations of a process; released here, they
+        do not wait for the garbage collector to reach their owner (an executor holds reference
+        cycles), which a model loaded next may need the room of."""
+        self.streams.synchronize()
+        self._table.fill(EMPTY)
+        self._allocate(0)
+
     # -- views ---------------------------------------------------------------------------------------
 
     def views(self, layout: ExpertBank) -> RecordViews:
