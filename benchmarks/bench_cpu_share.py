@@ -27,7 +27,7 @@ import torch
 
 from runtime.experts import CPUExpertExecutor
 from runtime.experts.synthetic import random_bank
-from runtime.gpu.cpu_share import CPUShare, _Staging
+from runtime.gpu.cpu_share import CPUShare, Job, _Staging
 from runtime.gpu.executor import HybridExpertExecutor
 from runtime.gpu.expert_cache import ExpertCache
 from runtime.gpu.host_memory import HostPinner
@@ -91,7 +91,7 @@ def main() -> None:
         status = torch.tensor([CPU] * count + [HIT] * (k - count), dtype=torch.int32)
         inverse = torch.arange(k, dtype=torch.int32)[None]
         staging = _Staging(x_host, ids, w, status, inverse, torch.empty(1, args.hidden))
-        pool.submit(share._run, 0, staging, None, 1).result()
+        pool.submit(share._run, Job(0, staging)).result()
 
     cache = ExpertCache(2, bank.layout.expert_stride, device, num_layers=1, num_experts=bank.num_experts)
     ex = HybridExpertExecutor({0: bank}, device=device, cache=cache, mode="cpu", cpu_executor=cpu,

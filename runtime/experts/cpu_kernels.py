@@ -135,6 +135,9 @@ class Kernel:
         self._dense.restype = ctypes.c_int
         self._dense.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._wait = lib.ft_wait_u32
+        self._wait.restype = ctypes.c_int
+        self._wait.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64]
         self.simd_width = int(lib.ft_moe_simd_width())
 
     def decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -164,6 +167,10 @@ class Kernel:
             raise ValueError(f"the dense kernel takes f32/f16/bf16 weights and 1-{DENSE_MAX_TOKENS} tokens, "
                              f"not {weight.dtype} and {x.shape[0]}")
         return out
+
+    def wait_u32(self, address: int, value: int, timeout_s: float) -> bool:
+        """Wait, without the GIL, until the uint32 at `address` equals `value`; False on timeout."""
+        return self._wait(address, value, int(timeout_s * 1e6)) == 0
 
     def read_bytes(self, data: torch.Tensor, threads: int) -> int:
         """Read every byte of contiguous `data` once (a checksum, so nothing is optimized away)."""

@@ -2,16 +2,22 @@
 worker thread straight from the host banks while the device works, with no wait on the thread
 that launches the device work.
 
-Per layer call the launching thread (`submit`) queues, on a side stream after the route plan,
-copies of the layer's inputs and plan into pinned staging buffers and an event; the worker
-waits for that event, runs the CPU kernel over the pairs whose expert the plan marked CPU,
-writes the sum into pinned memory and bumps a host flag. `add_result` makes the device stream
-wait for the flag (host_signal.StreamWaiter) and adds the copied-up result: the launching
-thread has gone on to queue the next layers long before. Where stream waits are unavailable
-(or off CUDA) `add_result` waits on the host instead.
+A call is a `Job` in two halves. The device half (`submit`, then `add_result`), queued on the
+current stream after the route plan: copies of the layer's inputs and plan into pinned staging
+buffers, a write of the `ready` flag; later (after the device's own share) a wait for the `done`
+flag, its reset, and the add of the copied-up result. The host half (`start`): the worker is
+handed the job, waits for `ready`, clears it, runs the CPU kernel over the pairs whose expert
+the plan marked CPU, writes the sum into pinned memory and sets `done`. One pair of flags serves
+every call: the next call's `ready` is written only after the device passed this call's `done`.
 
-Staging buffers are reused per token count without races: the next call's copies into them run
-after the device passed this call's flag wait (stream order), that is after the worker is done.
+With stream memory operations that CUDA graphs capture (host_signal.StreamFlags), the device
+half is captured with the rest of the call and each replay hands the worker the same job again
+(executor, decode_graphs.py). Without stream memory operations the inputs are copied on a side
+stream, the worker waits for an event, and `add_result` waits on the host; off CUDA the worker
+reads the inputs in place.
+
+Staging buffers are reused per shape without races: the next call's copies into them run
+after the device passed this call's `done` wait (stream order), that is after the worker is done.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from ..experts import ExpertExecutor
-from .host_signal import HostFlag, StreamWaiter
+from .host_signal import HostFlag, StreamFlags
 from .kernels import CPU, RoutePlan
+
+WAIT_TIMEOUT_S = 60.0  # the worker's wait for a call's inputs: far beyond any queue of decode work
 
 
 @dataclass
@@ -39,11 +47,14 @@ class _Staging:
     result: torch.Tensor
 
 
-@dataclass
-class Pending:
-    future: Future
+@dataclass(frozen=True)
+class Job:
+    """One call's CPU share: the layer, its staging, and (without stream flags) the event after
+    the inputs' copies."""
+
+    layer: int
     staging: _Staging
-    value: int
+    ready_event: torch.cuda.Event | None = None
 
 
 class CPUShare:
@@ -54,51 +65,59 @@ class CPUShare:
         # the executor's kernel entry that selects the CPU pairs itself, where it has one
         self._forward_selected = getattr(cpu_executor, "forward_selected", None)
         self.is_cuda = device.type == "cuda"
-        self.waiter = StreamWaiter.load(device) if self.is_cuda else None
-        self.flag = HostFlag(pinned=self.is_cuda)
-        self._issued = 0
-        self._side = torch.cuda.Stream(device) if self.is_cuda else None
+        self.flags = StreamFlags.load(device) if self.is_cuda else None
+        # whether a CUDA graph may capture a call's device half
+        self.capturable = self.flags is not None and self.flags.capturable
+        self.ready, self.done = HostFlag(pinned=self.is_cuda), HostFlag(pinned=self.is_cuda)
+        self._side = torch.cuda.Stream(device) if self.is_cuda and self.flags is None else None
         self._staging: dict[tuple, _Staging] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ft-cpu-experts")
-        self._last: Pending | None = None
+        self._last: Future | None = None
         self._error: BaseException | None = None  # a worker failure, raised on the launching thread
         self.cpu_ms = 0.0  # the CPU kernel's time on the worker
-        self.wait_ms = 0.0  # host waits for the worker (only without stream waits)
+        self.wait_ms = 0.0  # host waits for the worker (only without stream flags)
 
     def submit(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
-               plan: RoutePlan) -> Pending:
+               plan: RoutePlan) -> Job:
+        """Queue the call's inputs for the worker (the device half: capturable with stream flags).
+        The worker is handed the job by `start`."""
         self._raise_worker_error()
         inputs = (x, expert_ids, weights, plan.status, plan.inverse)
-        if self.is_cuda:
-            staging = self._staging_for(x, expert_ids, weights, plan)
-            current = torch.cuda.current_stream(self.device)
-            self._side.wait_stream(current)
-            with torch.cuda.stream(self._side):
-                for dst, src in zip((staging.x, staging.ids, staging.weights, staging.status, staging.inverse),
-                                    inputs, strict=True):
-                    dst.copy_(src, non_blocking=True)
-                    src.record_stream(self._side)
-                ready = torch.cuda.Event()
-                ready.record(self._side)
-        else:  # the CPU device: the inputs are host tensors already, alive until add_result
-            staging = _Staging(*(t.contiguous() for t in inputs),
-                               result=torch.empty(x.shape, dtype=torch.float32, device="cpu"))
-            ready = None
-        self._issued = self._issued % 0xFFFFFFFF + 1
-        pending = Pending(self._pool.submit(self._run, layer, staging, ready, self._issued), staging, self._issued)
-        self._last = pending
-        return pending
+        if not self.is_cuda:  # the CPU device: the inputs are host tensors already, alive until add_result
+            return Job(layer, _Staging(*(t.contiguous() for t in inputs),
+                                       result=torch.empty(x.shape, dtype=torch.float32, device="cpu")))
+        staging = self._staging_for(x, expert_ids, weights, plan)
+        targets = (staging.x, staging.ids, staging.weights, staging.status, staging.inverse)
+        if self.flags is not None:
+            for dst, src in zip(targets, inputs, strict=True):
+                dst.copy_(src, non_blocking=True)
+            self.flags.write(self.ready, 1)
+            return Job(layer, staging)
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._side):
+            for dst, src in zip(targets, inputs, strict=True):
+                dst.copy_(src, non_blocking=True)
+                src.record_stream(self._side)
+            ready = torch.cuda.Event()
+            ready.record(self._side)
+        return Job(layer, staging, ready)
 
-    def add_result(self, pending: Pending, out: torch.Tensor) -> None:
-        """out += the CPU share of `pending` (queued on the device stream; the host waits only
-        where stream waits are unavailable)."""
-        if self.waiter is not None:
-            self.waiter.wait(self.flag, pending.value)
-        else:
+    def start(self, job: Job) -> Future:
+        """Hand `job` to the worker (once per run of its device half: per replay when captured)."""
+        self._last = self._pool.submit(self._run, job)
+        return self._last
+
+    def add_result(self, job: Job, out: torch.Tensor, started: Future | None) -> None:
+        """out += the CPU share of `job` (queued on the device stream; the host waits for
+        `started`, the job's run, only without stream flags)."""
+        if self.flags is not None:
+            self.flags.wait(self.done, 1)
+            self.flags.write(self.done, 0)
+        elif started is not None:
             start = time.perf_counter()
-            pending.future.result()
+            started.result()
             self.wait_ms += (time.perf_counter() - start) * 1e3
-        out += pending.staging.result.to(out.device, non_blocking=True)
+        out += job.staging.result.to(out.device, non_blocking=True)
 
     def _staging_for(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, plan: RoutePlan) -> _Staging:
         key = (tuple(x.shape), tuple(ids.shape), tuple(plan.status.shape), x.dtype, ids.dtype, weights.dtype)
@@ -111,19 +130,23 @@ class CPUShare:
                                                     pinned(plan.inverse), pinned(x, torch.float32))
         return staging
 
-    def _run(self, layer: int, s: _Staging, ready: torch.cuda.Event | None, value: int) -> None:
+    def _run(self, job: Job) -> None:
         try:
             with torch.inference_mode():  # a worker thread: no autograd; the inputs may be inference tensors
-                if ready is not None:
-                    ready.synchronize()
+                if self.flags is not None:
+                    if not self.ready.wait(1, WAIT_TIMEOUT_S):
+                        raise TimeoutError(f"the device did not hand over a decode call's inputs in {WAIT_TIMEOUT_S} s")
+                    self.ready.set(0)
+                elif job.ready_event is not None:
+                    job.ready_event.synchronize()
                 start = time.perf_counter()
-                self._compute_into(layer, s)
+                self._compute_into(job.layer, job.staging)
                 self.cpu_ms += (time.perf_counter() - start) * 1e3
         except BaseException as e:
             self._error = e
             raise
         finally:
-            self.flag.set(value)  # always: a device stream is waiting for it
+            self.done.set(1)  # always: a device stream may be waiting for it
 
     def _compute_into(self, layer: int, s: _Staging) -> None:
         """s.result = the sum over the CPU-marked pairs of each token (zeros where there are none):
@@ -156,7 +179,7 @@ class CPUShare:
     def drain(self) -> None:
         """Wait for the queued CPU work (and raise its error)."""
         if self._last is not None:
-            self._last.future.exception()  # waits; the error itself is raised below
+            self._last.exception()  # waits; the error itself is raised below
         self._raise_worker_error()
 
     def close(self) -> None:

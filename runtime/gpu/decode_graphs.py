@@ -1,9 +1,9 @@
 """CUDA graphs of decode layer calls (on by default: executor option `cuda_graphs`).
 
-A decode layer call with no CPU share is device work only: the route plan, the PCIe fills and
-the slot experts, about eight launches that cost the host ~0.3 ms a layer, more than the device
-needs once most experts hit. Captured once per (layer, tokens, split) and replayed, it costs
-three input copies and one graph launch.
+A decode layer call is about eight launches (the route plan, the PCIe fills, the slot experts;
+with a CPU share, the staging copies and the stream flags) that cost the host ~0.3-0.5 ms a
+layer, more than the device needs once most experts hit. Captured once per (layer, tokens,
+split, CPU share or not) and replayed, it costs three input copies and one graph launch.
 
 What a replay needs, and how it gets it:
 - inputs: copied into the graph's own buffers before each replay (stream-ordered);
@@ -11,7 +11,9 @@ What a replay needs, and how it gets it:
   first node copies to the device. Before writing it the host waits for the graph's previous
   replay (an event: in decode the step that replayed it has long been synced for sampling);
 - the cache's tensors: their addresses are baked in, so graphs are dropped whenever the cache
-  is rebuilt (clear, resize: `ExpertCache.generation`);
+  is rebuilt (resize: `ExpertCache.generation`);
+- host work: a step may return a function to run on each replay (the CPU share hands its
+  worker the call: the graph holds only the device half);
 - the output: the graph's own buffer, copied out so a caller may keep it.
 
 A key's first call runs uncaptured (Triton compiles, buffers are allocated); the second captures
@@ -27,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x, ids, weights, clock
+HostWork = Callable[[], object]
+# (x, ids, weights, clock) -> (output, host work to run on each replay or None)
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, HostWork | None]]
 
 
 @dataclass
@@ -41,6 +45,7 @@ class _Captured:
     device_clock: torch.Tensor  # where that node copies it: the graph holds its address, so it must stay allocated
     out: torch.Tensor
     done: torch.cuda.Event
+    host_work: HostWork | None
 
 
 class DecodeGraphs:
@@ -75,6 +80,8 @@ class DecodeGraphs:
         captured.weights.copy_(weights)
         captured.clock_view[0] = clock
         captured.graph.replay()
+        if captured.host_work is not None:
+            captured.host_work()
         captured.done.record()
         self.replays += 1
         return captured.out.clone()
@@ -88,10 +95,11 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             clock.copy_(clock_host, non_blocking=True)
-            out = step(static_x, static_ids, static_weights, clock)
+            out, host_work = step(static_x, static_ids, static_weights, clock)
         done = torch.cuda.Event()
         done.record()
-        return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock_host.numpy(), clock, out, done)
+        return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock_host.numpy(), clock, out, done,
+                         host_work)
 
     @property
     def one_time_work(self) -> int:

@@ -31,7 +31,7 @@ import torch
 from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .auto_guard import PCIE_ONLY, AutoGuard
-from .cpu_share import CPUShare
+from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
 from .executor_stats import ExpertStats, RecentHitRate
@@ -80,7 +80,8 @@ class HybridExpertExecutor:
     (2: double-buffered, 1: single, 0: never) bank-sized device buffers. "auto" checks its split
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
     `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
-    without a CPU share as CUDA graphs (decode_graphs.py). `pcie_repeat` > 1 emulates a slower
+    as CUDA graphs (decode_graphs.py), those with a CPU share where the driver's stream flags can
+    be captured (host_signal.py). `pcie_repeat` > 1 emulates a slower
     link for benchmarks: every copy over PCIe (fills, prefill streams) is made that many times.
     """
 
@@ -124,7 +125,7 @@ class HybridExpertExecutor:
         # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
         self._zero_copy = {layer: kernels is not None and bank.data.is_pinned() for layer, bank in banks.items()}
         self.cpu_share = CPUShare(self.cpu_executor, self.device)
-        # decode calls without a CPU share replayed as CUDA graphs (decode_graphs.py)
+        # decode calls replayed as CUDA graphs (decode_graphs.py)
         self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
         self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graph's copy, its source)
         self._graph_work_at_step = 0  # graphs' one-time work when the current step began (the guard's timing)
@@ -175,10 +176,11 @@ class HybridExpertExecutor:
         # distinct experts than slots
         may_use_cpu = uses_cpu or num_pairs > cache.num_slots
         out, counts = None, None
-        if self.graphs is not None and not may_use_cpu and num_pairs <= MAX_KERNEL_PAIRS and self._zero_copy[layer]:
-            out = self._replay(layer, state, x, expert_ids, weights, clock, n_pcie)
+        if self.graphs is not None and (not may_use_cpu or self.cpu_share.capturable) \
+                and num_pairs <= MAX_KERNEL_PAIRS and self._zero_copy[layer]:
+            out = self._replay(layer, state, x, expert_ids, weights, clock, n_pcie, may_use_cpu)
         if out is None:
-            out, plan = self._plan_fill_compute(layer, state, x, expert_ids, weights, clock, n_pcie, may_use_cpu)
+            out, plan, _ = self._plan_fill_compute(layer, state, x, expert_ids, weights, clock, n_pcie, may_use_cpu)
             counts = plan.counts
         self._stats.calls += 1
         self._stats.tokens += x.shape[0]
@@ -201,28 +203,32 @@ class HybridExpertExecutor:
 
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
-                           clock: int | torch.Tensor, n_pcie: int | torch.Tensor,
-                           cpu_share: bool) -> tuple[torch.Tensor, RoutePlan]:
-        """One decode layer call's work, all queued: the output in x's dtype, and the plan.
-        `state`: the cache's device (table, owner, last_used)."""
+                           clock: int | torch.Tensor, n_pcie: int | torch.Tensor, cpu_share: bool,
+                           capturing: bool = False) -> tuple[torch.Tensor, RoutePlan, Job | None]:
+        """One decode layer call's work, all queued: the output in x's dtype, the plan, and the
+        CPU share's job (None without one). `state`: the cache's device (table, owner, last_used).
+        `capturing`: the work is being captured into a CUDA graph, so the worker is not handed
+        the job now but on each replay."""
         bank, cache = self.banks[layer], self.cache
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
         plan = planner(expert_ids, layer, cache.num_experts, *state, clock, n_pcie,
                        totals=self._totals(bank.layout.expert_stride))
-        pending = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if cpu_share else None
+        job = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if cpu_share else None
+        started = self.cpu_share.start(job) if job is not None and not capturing else None
         self._fill(plan, bank)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if self.mode != "cpu":
             add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out)
-        if pending is not None:
-            self.cpu_share.add_result(pending, out)
-        return out.to(x.dtype), plan
+        if job is not None:
+            self.cpu_share.add_result(job, out, started)
+        return out.to(x.dtype), plan, job
 
     def _replay(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor,
                 expert_ids: torch.Tensor, weights: torch.Tensor, clock: int,
-                n_pcie: int | torch.Tensor) -> torch.Tensor | None:
-        """The call through a CUDA graph (decode_graphs.py); None the first time a key is seen."""
+                n_pcie: int | torch.Tensor, cpu_share: bool) -> torch.Tensor | None:
+        """The call through a CUDA graph (decode_graphs.py); None the first time a key is seen.
+        With a CPU share the graph holds its device half, and each replay hands the worker the job."""
         assert self.graphs is not None
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a buffer of fixed address
             fixed, source = self._graph_tables.get(n_pcie.numel(), (None, None))
@@ -234,10 +240,14 @@ class HybridExpertExecutor:
             n_pcie, split_key = fixed, "table"
         else:
             split_key = n_pcie
-        key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key)
+        key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key,
+               cpu_share)
 
-        def step(sx: torch.Tensor, sids: torch.Tensor, sweights: torch.Tensor, sclock: torch.Tensor) -> torch.Tensor:
-            return self._plan_fill_compute(layer, state, sx, sids, sweights, sclock, n_pcie, False)[0]
+        def step(sx: torch.Tensor, sids: torch.Tensor, sweights: torch.Tensor,
+                 sclock: torch.Tensor) -> tuple[torch.Tensor, Callable[[], object] | None]:
+            out, _, job = self._plan_fill_compute(layer, state, sx, sids, sweights, sclock, n_pcie, cpu_share,
+                                                  capturing=True)
+            return out, (lambda: self.cpu_share.start(job)) if job is not None else None
 
         return self.graphs.run(key, self.cache.generation, step, x, expert_ids, weights, clock)
 

@@ -1,11 +1,15 @@
-"""A flag in pinned host memory that a device stream waits on: how the GPU waits for the CPU's
-share of a layer without the launching thread waiting.
+"""Flags in pinned host memory that a device stream writes and waits on: how the GPU and the CPU
+share's worker hand a decode layer call to each other with no host sync, inside CUDA graphs too.
 
-The CPU worker writes its result into pinned memory, then bumps the flag; the stream was told
-(cuStreamWaitValue32, a stream memory operation of the driver API) to hold its later work until
-the flag reaches the value, so the copy of the result and everything after it are queued by
-the main thread long before the CPU finishes. Where the driver refuses stream memory operations
-(or off CUDA), `StreamWaiter` is None and the executor waits on the host instead.
+The stream writes a flag when the call's inputs have reached pinned memory (cuStreamWriteValue32)
+and the worker, which was handed the call beforehand, waits for it on the host (`HostFlag.wait`,
+a spin in the compiled kernel library with the GIL released); the worker writes its result
+into pinned memory and sets a second flag, which the stream was told to wait for
+(cuStreamWaitValue32) before it copies the result up. Both are stream memory operations of the
+driver API: the launching thread queues them with everything else, and a CUDA graph captures
+them (`StreamFlags.capturable`, probed once), so a decode call with a CPU share is replayed like
+any other. Where the driver refuses them (or off CUDA), `StreamFlags.load` is None and the
+executor waits on the host instead.
 
 x86 stores reach memory in program order, so the result bytes are visible before the flag.
 """
@@ -14,38 +18,59 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 
 import torch
+
+from ..experts.cpu_kernels import native_kernel
 
 log = logging.getLogger(__name__)
 
 CU_STREAM_WAIT_VALUE_EQ = 0x1
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # with a memory barrier: earlier work's writes land first
 
 
 class HostFlag:
-    """One 32-bit counter in host memory: pinned (page-locked, mapped) when `pinned`."""
+    """One 32-bit value in host memory: pinned (page-locked, mapped) when `pinned`."""
 
     def __init__(self, pinned: bool = True) -> None:
         self._tensor = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=pinned)
         self._view = self._tensor.numpy()  # the same memory: a store without a torch dispatch
         self.address = self._tensor.data_ptr()  # under unified addressing also the device address
-        self.value = 0  # the last value set; 0 at the start
+        self.value = 0  # the last value set here; 0 at the start
 
     def set(self, value: int) -> None:
-        """Store `value` (1 .. 2**32 - 1: the stream compares the 32 bits)."""
+        """Store `value` (0 .. 2**32 - 1: the stream compares the 32 bits)."""
         self._view[0] = value - (1 << 32) if value >= 1 << 31 else value
         self.value = value
 
+    def read(self) -> int:
+        return int(self._view[0]) & 0xFFFFFFFF
 
-class StreamWaiter:
-    """Enqueues "wait until flag == value" on a CUDA stream (cuStreamWaitValue32)."""
+    def wait(self, value: int, timeout_s: float) -> bool:
+        """Wait until the flag holds `value` (set by the device or another thread), without the
+        GIL where the kernel library is built; False after `timeout_s`."""
+        kernel = native_kernel()
+        if kernel is not None:
+            return kernel.wait_u32(self.address, value, timeout_s)
+        deadline = time.perf_counter() + timeout_s
+        while self.read() != value:  # no compiled library: look, giving the GIL up between looks
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(0)
+        return True
 
-    def __init__(self, fn) -> None:
-        self._fn = fn
+
+class StreamFlags:
+    """Enqueues "write value to flag" and "wait until flag == value" on the current CUDA stream."""
+
+    def __init__(self, wait_fn, write_fn) -> None:
+        self._wait, self._write = wait_fn, write_fn
+        self.capturable = False  # whether a CUDA graph may capture them (probed in `load`)
 
     @staticmethod
-    def load(device: torch.device) -> StreamWaiter | None:
-        """The driver's wait-value entry point, probed once on `device`; None where unsupported."""
+    def load(device: torch.device) -> StreamFlags | None:
+        """The driver's stream memory operations, probed once on `device`; None where unsupported."""
         if device.type != "cuda":
             return None
         try:
@@ -53,33 +78,62 @@ class StreamWaiter:
         except OSError as e:
             log.info("no libcuda (%s): the CPU share is awaited on the host", e)
             return None
-        fn = None
-        for name in ("cuStreamWaitValue32_v2", "cuStreamWaitValue32"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                break
-        if fn is None:
-            return None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-        fn.restype = ctypes.c_int
-        waiter = StreamWaiter(fn)
+        fns = []
+        for names in (("cuStreamWaitValue32_v2", "cuStreamWaitValue32"),
+                      ("cuStreamWriteValue32_v2", "cuStreamWriteValue32")):
+            fn = next((getattr(lib, name) for name in names if hasattr(lib, name)), None)
+            if fn is None:
+                return None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            fns.append(fn)
+        flags = StreamFlags(*fns)
         probe = HostFlag()
-        probe.set(1)
         with torch.cuda.device(device):
-            err = waiter._enqueue(probe, 1)
+            err = flags._enqueue_write(probe, 1) or flags._enqueue_wait(probe, 1)
             torch.cuda.synchronize(device)
-        if err != 0:
-            log.info("cuStreamWaitValue32 refused (CUresult %d): the CPU share is awaited on the host", err)
+        if err != 0 or probe.read() != 1:
+            log.info("stream memory operations refused (CUresult %d): the CPU share is awaited on the host", err)
             return None
-        return waiter
+        flags.capturable = flags._probe_capture(device, probe)
+        return flags
 
-    def _enqueue(self, flag: HostFlag, value: int) -> int:
-        stream = torch.cuda.current_stream().cuda_stream
-        return self._fn(ctypes.c_void_p(stream), ctypes.c_uint64(flag.address), ctypes.c_uint32(value),
-                        CU_STREAM_WAIT_VALUE_EQ)
+    def _probe_capture(self, device: torch.device, probe: HostFlag) -> bool:
+        """Whether a CUDA graph captures a write and a wait, and its replay runs them."""
+        try:
+            with torch.cuda.device(device):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    self.write(probe, 2)
+                    self.wait(probe, 2)
+                probe.set(0)
+                graph.replay()
+                torch.cuda.synchronize(device)
+                return probe.read() == 2
+        except RuntimeError as e:
+            log.info("CUDA graphs do not capture stream memory operations here (%s): decode calls with a CPU "
+                     "share run uncaptured", e)
+            return False
+
+    def _stream(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def _enqueue_wait(self, flag: HostFlag, value: int) -> int:
+        return self._wait(self._stream(), ctypes.c_uint64(flag.address), ctypes.c_uint32(value),
+                          CU_STREAM_WAIT_VALUE_EQ)
+
+    def _enqueue_write(self, flag: HostFlag, value: int) -> int:
+        return self._write(self._stream(), ctypes.c_uint64(flag.address), ctypes.c_uint32(value),
+                           CU_STREAM_WRITE_VALUE_DEFAULT)
 
     def wait(self, flag: HostFlag, value: int) -> None:
         """The current stream's later work waits until `flag` holds `value`."""
-        err = self._enqueue(flag, value)
+        err = self._enqueue_wait(flag, value)
         if err != 0:
             raise RuntimeError(f"cuStreamWaitValue32 failed (CUresult {err})")
+
+    def write(self, flag: HostFlag, value: int) -> None:
+        """The current stream writes `value` into `flag` once its earlier work is done."""
+        err = self._enqueue_write(flag, value)
+        if err != 0:
+            raise RuntimeError(f"cuStreamWriteValue32 failed (CUresult {err})")

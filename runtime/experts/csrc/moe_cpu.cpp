@@ -12,10 +12,13 @@
 // Threads come from OpenMP (libgomp.so.1: the same runtime torch has already loaded).
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include <sched.h>
 
 #include <omp.h>
 #if defined(__SSE__)
@@ -573,7 +576,7 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
 
 extern "C" {
 
-int ft_moe_version() { return 5; }
+int ft_moe_version() { return 6; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -739,6 +742,26 @@ uint64_t ft_read_bytes(const uint8_t* data, int64_t nbytes, int64_t num_threads)
     total ^= w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4] ^ w[5] ^ w[6] ^ w[7];
   }
   return total;
+}
+
+
+// Waits until *flag == value, a store by another agent (the GPU over PCIe, or a thread): the CPU
+// share's worker waiting for a decode call's inputs. Spins with pause for ~20 us, then yields
+// between looks. Returns 0, or 1 after timeout_us. Called through ctypes, so with the GIL released.
+int ft_wait_u32(const volatile uint32_t* flag, uint32_t value, int64_t timeout_us) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  for (int64_t spin = 0;; ++spin) {
+    if (*flag == value) return 0;
+    if ((spin & 1023) == 1023) {
+      const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
+      if (waited >= timeout_us) return 1;
+      if (waited >= 20) sched_yield();
+    }
+#if defined(__SSE__)
+    _mm_pause();
+#endif
+  }
 }
 
 }  // extern "C"
