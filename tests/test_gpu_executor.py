@@ -761,6 +761,48 @@ def test_cuda_graph_replays_match_uncaptured_calls_across_a_resize(mode: str, cp
     assert not graphed.graphs._graphs
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_a_closed_executor_collected_during_a_capture_breaks_nothing(monkeypatch) -> None:
+    """ft bench's pattern: executors with captured CPU shares built, run, closed, and the garbage
+    collector reaching them while a later executor captures. Closing frees what captures used,
+    so the later captures and pinned allocations go on (on the H200 they failed with "CUDA error:
+    invalid argument" while the collector freed those buffers)."""
+    import gc
+
+    from runtime.gpu import executor as executor_mod
+
+    banks = big_banks(2, num_experts=16)
+    options = dict(device="cuda", cache_slots=24, mode="auto", top_k=8, compute_dtype=torch.bfloat16,
+                   profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), split=lambda m, b: m // 2, prefill_buffers=0,
+                   auto_guard=False)
+    reference = CPUExpertExecutor(banks, torch.float32)
+    real = executor_mod.HybridExpertExecutor._plan_fill_compute
+
+    def collecting(self, *args, capturing: bool = False, **kwargs):
+        if capturing:
+            gc.collect()  # inside the capture: closed executors of earlier rounds are freed now
+        return real(self, *args, capturing=capturing, **kwargs)
+
+    monkeypatch.setattr(executor_mod.HybridExpertExecutor, "_plan_fill_compute", collecting)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        ex = build_hybrid(banks, **options)
+        for _ in range(4):
+            for layer in banks:
+                x = torch.randn(1, QWEN3[0], generator=gen)
+                ids, weights = routing(1, gen, num_experts=16, top_k=8)
+                out = ex(layer, x.to("cuda", torch.bfloat16), ids.cuda(), weights.cuda().to(torch.bfloat16))
+                ref = reference(layer, x.bfloat16().float(), ids, weights.bfloat16().float())
+                err = float((out.float().cpu() - ref).abs().max() / ref.abs().max())
+                assert err <= 2e-2, f"max error {err:.2e} of the largest output"
+        assert ex.cpu_share.capturable is False or ex.graphs.captures > 0
+        ex.close()
+        del ex  # garbage with reference cycles: collected inside the next executor's first capture
+    torch.zeros(1, pin_memory=True)  # a pinned allocation after it all
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("cpu_share", [False, True])
 def test_the_guard_reads_whether_the_model_split_used_the_cpu(cpu_share: bool) -> None:
     """"auto"'s guard asks the executor how many misses the CPU served: a split that sends none

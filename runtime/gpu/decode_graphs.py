@@ -79,9 +79,9 @@ class DecodeGraphs:
         captured.ids.copy_(ids)
         captured.weights.copy_(weights)
         captured.clock_view[0] = clock
-        captured.graph.replay()
-        if captured.host_work is not None:
+        if captured.host_work is not None:  # before the replay: a replay made synchronous (CUDA_LAUNCH_BLOCKING) waits for it
             captured.host_work()
+        captured.graph.replay()
         captured.done.record()
         self.replays += 1
         return captured.out.clone()

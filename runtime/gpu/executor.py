@@ -372,14 +372,13 @@ class HybridExpertExecutor:
 
     def close(self) -> None:
         """The end of the executor: its worker stops, and its graphs, prefill buffers and cache
-        slots are given back now (not whenever the garbage collector reaches it)."""
-        self.cpu_share.close()
+        slots are given back now (not whenever the garbage collector reaches it: the executor
+        holds reference cycles, and a model loaded after this one may be capturing graphs then)."""
+        if self.graphs is not None:
+            # a CUDA graph destroyed during another executor's capture invalidates that capture and
+            # aborts the process, as ft bench did on the H200; first, so no replay reads what follows
+            self.graphs.invalidate()
+        self.cpu_share.close()  # (its staging buffers: the same hazard, cpu_share.py)
         if self.prefill is not None:
             self.prefill.streamer.release()
-        if self.graphs is not None:
-            # destroyed now, not whenever the garbage collector reaches this executor (it holds
-            # reference cycles): a CUDA graph destroyed during another executor's capture (a
-            # model loaded after this one) invalidates that capture and aborts the process, as
-            # ft bench did on the H200
-            self.graphs.invalidate()
         self.cache.release()  # (ft bench at 32 GiB ran out of device memory holding four closed executors' slots)
