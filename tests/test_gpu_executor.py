@@ -87,6 +87,41 @@ def test_modes_match_cpu_executor(mode: str, dtype: str) -> None:
     assert ex.cache.num_slots == 0 and ex.cache.slots.numel() == 0
 
 
+class CaughtUpStreamFlags:
+    """StreamFlags for the CPU device, whose "stream" is the launching thread and always caught
+    up: a write lands at once, a wait holds the launching thread until the worker sets the flag."""
+
+    capturable = False
+
+    def write(self, flag, value: int) -> None:
+        flag.set(value)
+
+    def wait(self, flag, value: int) -> None:
+        assert flag.wait(value, 10.0), f"the flag never reached {value}"
+
+
+@pytest.mark.parametrize("mode", ["cpu", "auto", "static"])
+def test_the_flag_hand_over_to_the_worker_computes_every_call(mode: str) -> None:
+    """The CUDA path's hand-over (inputs staged, `ready` written, the worker waits for it and
+    clears it, sets `done`, the stream waits for it and resets it), one pair of flags for every
+    call, run on the CPU with a stream that is always caught up: outputs as the CPU executor's."""
+    from runtime.gpu.cpu_share import CPUShare
+
+    banks = make_banks("f32")
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=4 * K, split=lambda misses, nbytes: misses // 2, auto_guard=False)
+    ex.cpu_share = CPUShare(ex.cpu_executor, ex.device, flags=CaughtUpStreamFlags())
+    gen = torch.Generator().manual_seed(6)
+    for num_tokens in (1, 1, 2, 1, 3, 1):
+        for layer in LAYERS:
+            x = torch.randn(num_tokens, H, generator=gen)
+            ids, weights = routing(num_tokens, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    assert ex.stats().cpu_experts > 0
+    assert (ex.cpu_share.ready.read(), ex.cpu_share.done.read()) == (0, 0)  # both reset after every call
+    ex.close()
+
+
 @pytest.mark.parametrize("mode", ["offload", "auto"])
 def test_many_experts_per_call_run_in_chunks(mode: str, monkeypatch) -> None:
     """More distinct experts than one batched matmul takes (decode path with a few tokens, and

@@ -60,12 +60,14 @@ class Job:
 class CPUShare:
     """Runs the CPU-marked pairs of each decode call on one worker thread (see the module doc)."""
 
-    def __init__(self, cpu_executor: ExpertExecutor, device: torch.device) -> None:
+    def __init__(self, cpu_executor: ExpertExecutor, device: torch.device, flags: StreamFlags | None = None) -> None:
+        """`flags`: the stream flags to hand calls over with (default: the driver's, probed on
+        CUDA; off CUDA none, so the launching thread waits for the worker)."""
         self.cpu_executor, self.device = cpu_executor, device
         # the executor's kernel entry that selects the CPU pairs itself, where it has one
         self._forward_selected = getattr(cpu_executor, "forward_selected", None)
         self.is_cuda = device.type == "cuda"
-        self.flags = StreamFlags.load(device) if self.is_cuda else None
+        self.flags = flags or (StreamFlags.load(device) if self.is_cuda else None)
         # whether a CUDA graph may capture a call's device half
         self.capturable = self.flags is not None and self.flags.capturable
         self.ready, self.done = HostFlag(pinned=self.is_cuda), HostFlag(pinned=self.is_cuda)
@@ -83,14 +85,14 @@ class CPUShare:
         The worker is handed the job by `start`."""
         self._raise_worker_error()
         inputs = (x, expert_ids, weights, plan.status, plan.inverse)
-        if not self.is_cuda:  # the CPU device: the inputs are host tensors already, alive until add_result
+        if self.flags is None and not self.is_cuda:  # the inputs are host tensors already, alive until add_result
             return Job(layer, _Staging(*(t.contiguous() for t in inputs),
                                        result=torch.empty(x.shape, dtype=torch.float32, device="cpu")))
         staging = self._staging_for(x, expert_ids, weights, plan)
         targets = (staging.x, staging.ids, staging.weights, staging.status, staging.inverse)
         if self.flags is not None:
             for dst, src in zip(targets, inputs, strict=True):
-                dst.copy_(src, non_blocking=True)
+                dst.copy_(src, non_blocking=self.is_cuda)
             self.flags.write(self.ready, 1)
             return Job(layer, staging)
         self._side.wait_stream(torch.cuda.current_stream(self.device))
@@ -124,7 +126,7 @@ class CPUShare:
         staging = self._staging.get(key)
         if staging is None:
             def pinned(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-                return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu", pin_memory=True)
+                return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu", pin_memory=self.is_cuda)
 
             staging = self._staging[key] = _Staging(pinned(x), pinned(ids), pinned(weights), pinned(plan.status),
                                                     pinned(plan.inverse), pinned(x, torch.float32))
