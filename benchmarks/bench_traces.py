@@ -12,7 +12,10 @@ tokens, top-6), and for synthetic requests from runtime/routing_synth.py calibra
 2. the miss rate of every policy at a sweep of cache capacities (5%..80% of all experts, and the
    slots the fit planner gives Qwen3-30B-A3B on 8 GiB and 32 GiB GPUs with bf16 and Q4_K_M experts),
    PCIe MB per token, and the modelled time spent serving misses per token;
-3. a cross-check of our global LRU against the trace repository's own replay (replay_curve_*.csv).
+3. a cross-check of our global LRU against the trace repository's own replay (replay_curve_*.csv);
+4. how the prompt warms the global LRU from an empty cache: what decode then misses when
+   the prefill leaves nothing, the last token's experts, all the prompt's, or (the GPU
+   executor's, runtime/gpu/prefill.py) the prompt's experts within each layer's share.
 
 Capacities are fixed slots. Every policy starts from the prompt passed through the cache as one
 batch per layer (as llama.cpp prefills and as the trace repository replays); misses are counted
@@ -285,11 +288,61 @@ def main(argv: list[str] | None = None) -> None:
         cross_check(t, bme / f"replay_curve_{TRACES[stem]}.csv")
         dense = q4_dense if stem == "qwen3-30b-a3b" else None
         sweep(f"{t.name} (real trace)", [t], cost, dense)
+        prefill_warm(t, capacities(t, dense), cost)
         if args.synthetic_requests <= 0:
             continue
         runs, _ = synthetic(t, heat["qwen3_30b_a3b_heat"], args.synthetic_requests, args.seed)
         sweep(f"{t.name}-shaped synthetic ({len(runs)} requests)", runs, cost, dense)
     print(f"\nplanned slots assume context {NUM_CTX}; done in {time.perf_counter() - start:.0f} s")
+
+
+def warm_steps(trace: RoutingTrace, how: str, slots: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The cache steps a prefill of the trace's prompt leaves, per layer: "none"; "last token";
+    "all" (the prompt's distinct experts, as the sweeps above warm); "share" (the GPU executor's
+    "lru" prefill, runtime/gpu/prefill.py: the prompt's experts, the last tokens' first, up to
+    slots // layers per layer, the last token's at least)."""
+    prompt, layers = trace.prefill, trace.num_layers
+    steps = []
+    for layer in range(layers):
+        if how == "none":
+            continue
+        routed = prompt[:, layer]
+        if how == "last token":
+            experts = list(dict.fromkeys(routed[-1].tolist()))
+        else:
+            experts = list(dict.fromkeys(routed[::-1].reshape(-1).tolist()))  # recent first
+            if how == "share":
+                experts = experts[: max(routed.shape[1], slots // layers)]
+        experts = [e for e in experts if e >= 0]
+        steps.append((layer, tuple(reversed(experts))))  # the most recent inserted last
+    return tuple(steps)
+
+
+def prefill_warm(trace: RoutingTrace, caps: list[tuple[str, int, int | None]], cost: MissCost) -> None:
+    """Decode misses from an empty cache after each way of warming it with the prompt."""
+    hows = ("none", "last token", "all", "share")
+    print(f"\n{trace.name}: decode miss rate %, offload-only / automatic, from an empty cache warmed by the "
+          "prompt\n")
+    print("| capacity | slots | " + " | ".join(hows) + " |")
+    print("|---|---:|" + "---:|" * len(hows))
+    for cap, slots, expert_bytes in caps:
+        if slots >= trace.num_layers * trace.num_experts:
+            continue
+        t = trace.with_expert_bytes(expert_bytes) if expert_bytes else trace
+        cells = []
+        for how in hows:
+            rates = []
+            for policy in (offload_only(slots), automatic(slots, cost, t.expert_bytes.tolist())):
+                schedule = replace(t.schedule("none"), warm=warm_steps(t, how, slots))
+                policy.prepare(schedule)
+                for layer, ids in schedule.warm:
+                    policy.warm(layer, ids)
+                policy.reset_counters()
+                for layer, ids in schedule.decode:
+                    policy.access(layer, ids)
+                rates.append(100 * policy.misses / policy.reads)
+            cells.append(f"{rates[0]:.1f} / {rates[1]:.1f}")
+        print(f"| {cap} | {slots} | " + " | ".join(cells) + " |")
 
 
 def _heat_share(h: np.ndarray, fraction: float = 0.10) -> float:

@@ -432,13 +432,34 @@ def test_prefill_streams_banks_and_matches(buffers: int) -> None:
             ids, weights = routing(16, gen)
             assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
             last = {ex.cache.key(layer, int(e)) for e in ids[-1]}
-            # the cache afterwards: the last prompt token's experts, the most recent entries
+            # the cache afterwards: the last prompt token's experts at least, the most recent entries
             slots = ex.cache.lookup(sorted(last))
             assert min(slots) >= 0 and all(int(ex.cache.last_used[s]) == ex.cache.clock for s in slots)
     s = ex.stats()
     stride = banks[1].layout.expert_stride
     assert s.prefill_calls == 6 and s.prefill_experts_skipped >= cached_before
     assert s.prefill_bytes == (6 * E - s.prefill_experts_skipped) * stride
+
+
+def test_prefill_leaves_the_prompts_recent_experts_cached_within_each_layers_share() -> None:
+    """"lru" placement: after a prefill each layer holds its prompt's experts, the last tokens'
+    first, up to its share of the cache (slots // layers, the last token's K at least): a short
+    prompt's all of them, a long one's most recent, and no layer evicts another's."""
+    banks = make_banks()  # 3 layers of E experts
+    ex = hybrid(banks, "offload", slots=3 * 6)  # a share of 6 slots per layer
+    gen = torch.Generator().manual_seed(8)
+    for layer in LAYERS:
+        ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(12)])  # 12 tokens: most experts
+        ex(layer, torch.randn(12, H, generator=gen), ids, torch.rand(12, K, generator=gen))
+        recent = list(dict.fromkeys(ids.flip(0).reshape(-1).tolist()))[:6]
+        held = {divmod(int(k), E)[1] for k in ex.cache.owner if k >= 0 and divmod(int(k), E)[0] == layer}
+        assert held == set(recent), f"layer {layer}"
+    for layer in LAYERS:  # every layer kept its share: the later layers evicted nothing of the earlier ones
+        assert sum(1 for k in ex.cache.owner if k >= 0 and divmod(int(k), E)[0] == layer) == 6
+    short = hybrid(banks, "offload", slots=40)
+    ids = torch.tensor([[0, 1, 2, 3], [2, 3, 4, 5]] * 4)  # 8 tokens, 6 distinct experts: all fit the share
+    short(1, torch.randn(8, H, generator=gen), ids, torch.rand(8, K, generator=gen))
+    assert {divmod(int(k), E)[1] for k in short.cache.owner if k >= 0} == set(range(6))
 
 
 def test_prefill_placement_places_the_hottest_experts() -> None:
