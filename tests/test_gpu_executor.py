@@ -456,6 +456,10 @@ def test_prefill_leaves_the_prompts_recent_experts_cached_within_each_layers_sha
         assert held == set(recent), f"layer {layer}"
     for layer in LAYERS:  # every layer kept its share: the later layers evicted nothing of the earlier ones
         assert sum(1 for k in ex.cache.owner if k >= 0 and divmod(int(k), E)[0] == layer) == 6
+    repeated = hybrid(banks, "offload", slots=3 * 6)  # the last 10 tokens route alike: the share reaches back
+    ids = torch.cat([torch.tensor([[4, 5, 6, 7], [8, 9, 10, 11]] * 5), torch.tensor([[0, 1, 2, 3]] * 10)])
+    repeated(2, torch.randn(20, H, generator=gen), ids, torch.rand(20, K, generator=gen))
+    assert {divmod(int(k), E)[1] for k in repeated.cache.owner if k >= 0} == {0, 1, 2, 3, 8, 9}
     short = hybrid(banks, "offload", slots=40)
     ids = torch.tensor([[0, 1, 2, 3], [2, 3, 4, 5]] * 4)  # 8 tokens, 6 distinct experts: all fit the share
     short(1, torch.randn(8, H, generator=gen), ids, torch.rand(8, K, generator=gen))

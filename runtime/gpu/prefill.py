@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..experts import HostExpertBank
@@ -180,8 +181,13 @@ class StreamingPrefill:
         the share on a long one, which routes to nearly every expert of every layer and would
         otherwise leave only its last layers cached."""
         share = max(ids.shape[1], self.cache.num_slots // len(self.layer_index))
-        recent_first = dict.fromkeys(ids.flip(0).reshape(-1).tolist())  # first sight from the end
-        return list(recent_first)[:share]
+        routed = ids.flip(0).reshape(-1).numpy()  # the last token's pairs first
+        seen = 4 * share  # a long prompt's last few tokens hold the share: not a pass over all of it
+        while True:
+            experts, first = np.unique(routed[:seen], return_index=True)
+            if len(experts) >= share or seen >= len(routed):
+                return experts[np.argsort(first)][:share].tolist()  # in order of first sight from the end
+            seen *= 4
 
     def _insert(self, loaded: LoadedBank, experts: list[int]) -> None:
         """Touch or insert `experts` of the layer (from the buffer: device to device)."""
