@@ -566,6 +566,25 @@ def test_gpu_backend_refuses_a_cache_below_one_token(tiny_store) -> None:
         load(store, name, torch.float32, backend="tpu")
 
 
+@pytest.mark.parametrize("env,graphs", [(None, True), ("0", False), ("false", False), ("1", True)])
+def test_ft_cuda_graphs_0_loads_a_model_whose_decode_runs_uncaptured(tiny_store, monkeypatch, env, graphs) -> None:
+    """FT_CUDA_GRAPHS=0 (as vLLM's --enforce-eager) reaches the executor ft run and ft serve build."""
+    from runtime.gpu import build as build_mod
+    from runtime.load import load
+
+    seen = {}
+    real = build_mod.build_hybrid
+    monkeypatch.setattr(build_mod, "build_hybrid", lambda *a, **k: (seen.update(k), real(*a, **k))[1])
+    if env is None:
+        monkeypatch.delenv("FT_CUDA_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("FT_CUDA_GRAPHS", env)
+    store, name = tiny_store
+    loaded = load(store, name, torch.float32, backend="gpu", device="cpu", cache_slots=6, mode="offload")
+    assert seen["cuda_graphs"] is graphs
+    loaded.experts.close()
+
+
 # -- the bandwidth profile -----------------------------------------------------------------------------
 
 def test_profile_measures_saves_and_reloads(tmp_path, monkeypatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import torch
 
@@ -128,8 +129,11 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     """Dense weights on `device`, banks in pinned host memory, the expert cache in what is left.
 
     Slots: `cache_slots`, else the fit plan's (`fit`, or one made here for `vram_budget_bytes`
-    and `num_ctx`), less what the prefill buffers take (the planner does not count them)."""
+    and `num_ctx`), less what the prefill buffers take (the planner does not count them).
+    FT_CUDA_GRAPHS=0 in the environment runs every decode call uncaptured (as vLLM's
+    --enforce-eager: a way around a driver that mishandles graphs), unless `cuda_graphs` is given."""
     device = torch.device(device)
+    options.setdefault("cuda_graphs", os.environ.get("FT_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no"))
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
