@@ -842,7 +842,7 @@ def test_cuda_graph_replays_match_uncaptured_calls_across_a_resize(mode: str, cp
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_a_closed_executor_collected_during_a_capture_breaks_nothing(monkeypatch) -> None:
+def test_cuda_graph_captures_survive_a_closed_executor_collected_during_them(monkeypatch) -> None:
     """ft bench's pattern: executors with captured CPU shares built, run, closed, and the garbage
     collector reaching them while a later executor captures. Closing frees what captures used,
     so the later captures and pinned allocations go on (on the H200 they failed with "CUDA error:
