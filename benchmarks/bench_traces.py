@@ -2,6 +2,7 @@
 
     python benchmarks/bench_traces.py                      # traces from shared/traces/
     python benchmarks/bench_traces.py --traces DIR --synthetic-requests 6
+    python benchmarks/bench_traces.py --profile REPORT.json   # the rates a GPU host measured
 
 CPU only (plain Python/numpy simulators from runtime/cache_policy.py). For the Qwen3-30B-A3B and
 Gemma-4-26B-A4B traces (shared/traces/bigmoeonedge, one request each: ~28 prompt + 128 decode
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import platform
 import time
 from collections.abc import Callable
@@ -267,8 +269,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-gbps", type=float, default=40.0, help="assumed CPU expert-kernel rate (dual-channel DDR5)")
     ap.add_argument("--cpu-overhead-us", type=float, default=50.0, help="assumed fixed CPU cost per layer step")
     ap.add_argument("--copy-overhead-us", type=float, default=5.0, help="assumed fixed cost per expert copy")
+    ap.add_argument("--profile", type=Path, help="a machine's measured rates instead of the assumed ones: a "
+                    "BandwidthProfile JSON ($FT_HOME/profiles/) or an `ft bench --json` report")
     args = ap.parse_args(argv)
     cost = MissCost(args.pcie_gbps * 1e9, args.cpu_gbps * 1e9, args.cpu_overhead_us * 1e-6, args.copy_overhead_us * 1e-6)
+    if args.profile is not None:
+        cost = measured_cost(args.profile)
     start = time.perf_counter()
     print(f"# bench_traces on {platform.node()} ({platform.processor() or platform.machine()}), numpy {np.__version__}")
     print(f"q* closed form p/(p+c) = {closed_form_fraction(cost):.3f}")
@@ -343,6 +349,22 @@ def prefill_warm(trace: RoutingTrace, caps: list[tuple[str, int, int | None]], c
                 rates.append(100 * policy.misses / policy.reads)
             cells.append(f"{rates[0]:.1f} / {rates[1]:.1f}")
         print(f"| {cap} | {slots} | " + " | ".join(cells) + " |")
+
+
+def measured_cost(path: Path) -> MissCost:
+    """The GPU executor's cost model for a measured profile (runtime/gpu/split.py): its rates with
+    both sides busy and alone, its fixed costs composed as the executor composes them."""
+    from runtime.gpu.profile import BandwidthProfile
+    from runtime.gpu.split import miss_cost
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data = data.get("profile", data)  # an ft bench report holds the profile it ran with
+    fields = BandwidthProfile.__dataclass_fields__
+    profile = BandwidthProfile(**{k: v for k, v in data.items() if k in fields})
+    print(f"profile {profile.machine or path.name}: PCIe {profile.pcie_gbps:.1f} GB/s (alone {profile.pcie_alone_gbps:.1f}), "
+          f"CPU {profile.cpu_gbps:.1f} (alone {profile.cpu_alone_gbps:.1f}), fixed {profile.pcie_fixed_ms:.3f} / "
+          f"{profile.cpu_fixed_ms:.3f} ms")
+    return miss_cost(profile)
 
 
 def _heat_share(h: np.ndarray, fraction: float = 0.10) -> float:
