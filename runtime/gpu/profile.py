@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 
 # Bumped when what is measured changes (3: the device-planned decode path, calls queued back to back
 # as decode queues them; 4: the CPU share selects its pairs in the kernel, a lower fixed cost; 5:
-# batches timed on the device behind a head start, without the launching thread's time); a kept
-# profile of another version is measured again.
-PROFILE_VERSION = 5
+# batches timed on the device behind a head start, without the launching thread's time; 6: its
+# executors uncaptured, see `measure`); a kept profile of another version is measured again.
+PROFILE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,13 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
 
     def executor(mode: str, slots: int) -> HybridExpertExecutor:
         cache = ExpertCache(slots, stride, device, num_layers=layer + 1, num_experts=bank.num_experts)
+        # uncaptured: a graph replay waits for its key's previous replay (decode_graphs.py), and every
+        # call here has the same key, so the host could not run ahead of the device and the head start
+        # would not hide its launches (profile version 5 charged a captured CPU share 0.28 ms a call for
+        # ~0.1, and the fills 0.04-0.06 ms for ~0.015). In decode each layer has its own key.
         return HybridExpertExecutor({layer: bank}, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,
                                     compute_dtype=compute, prefill_buffers=0, split=lambda m, b: m // 2,
-                                    auto_guard=False, pcie_repeat=pcie_repeat)
+                                    auto_guard=False, pcie_repeat=pcie_repeat, cuda_graphs=False)
 
     x = torch.randn(1, hidden, dtype=compute, device=device)
     head_start = _HeadStart(device) if device.type == "cuda" else None
