@@ -744,10 +744,10 @@ uint64_t ft_read_bytes(const uint8_t* data, int64_t nbytes, int64_t num_threads)
   return total;
 }
 
-
 // Waits until *flag == value, a store by another agent (the GPU over PCIe, or a thread): the CPU
-// share's worker waiting for a decode call's inputs. Spins with pause for ~20 us, then yields
-// between looks. Returns 0, or 1 after timeout_us. Called through ctypes, so with the GIL released.
+// share's worker waiting for a decode call's inputs. Looks with a pause between looks; after
+// ~20 us it also yields the core every 1024 looks. Returns 0, or 1 after timeout_us. Called
+// through ctypes, so with the GIL released.
 int ft_wait_u32(const volatile uint32_t* flag, uint32_t value, int64_t timeout_us) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
