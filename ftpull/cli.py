@@ -400,13 +400,12 @@ def pull_main() -> None:
               help="Profile this many more decode tokens per policy (torch.profiler: where host and device time go).")
 @click.option("--profile-dir", default=None, help="Write each policy's Chrome trace here (with --profile-tokens).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
-              help="Replay decode calls without a CPU share as CUDA graphs.")
+              help="Replay decode calls as CUDA graphs (--no-cuda-graphs: every call uncaptured).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,
               prompt_tokens: int, prefill: str, device: str, layers: int | None, host_banks: int | None,
-              pcie_repeat: int, num_ctx: int,
-              cache_slots: int | None,
+              pcie_repeat: int, num_ctx: int, cache_slots: int | None,
               profile_path: str | None, reps: int, trace_path: str | None, profile_tokens: int, profile_dir: str | None,
               cuda_graphs: bool, seed: int, as_json: bool) -> None:
     """Benchmark the MoE expert path of decode and prefill for every cache policy on identical routing."""

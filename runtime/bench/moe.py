@@ -137,7 +137,7 @@ class BenchConfig:
     reps: int = 1  # rounds of decode runs, every policy once per round (median tok/s)
     profile_tokens: int = 0  # profile this many extra decode tokens per policy (torch.profiler: host ops, kernels)
     profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
-    cuda_graphs: bool = True  # decode calls without a CPU share replayed as CUDA graphs (--no-cuda-graphs: the uncaptured path)
+    cuda_graphs: bool = True  # decode calls replayed as CUDA graphs (--no-cuda-graphs: the uncaptured path)
 
 
 # -- setup ----------------------------------------------------------------------------------------------
@@ -391,12 +391,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     prompt, decode, top_k, routing_what = make_routing(shape, cfg, len(layers))
     sizing = cache_plan(shape, cfg, top_k, len(layers))
-    sizing["host_banks"] = min(cfg.host_banks or len(layers), len(layers))
-    sizing["host_bytes"] = sizing["host_banks"] * shape.num_experts * sizing["slot_bytes"]
     if cfg.host_banks is not None and cfg.host_banks < 1:
         raise ValueError(f"--host-banks must be at least 1, not {cfg.host_banks}")
     if cfg.pcie_repeat < 1:
         raise ValueError(f"--pcie-repeat must be at least 1, not {cfg.pcie_repeat}")
+    sizing["host_banks"] = min(cfg.host_banks or len(layers), len(layers))
+    sizing["host_bytes"] = sizing["host_banks"] * shape.num_experts * sizing["slot_bytes"]
     banks = make_banks(shape, layers, cfg.seed, cfg.host_banks)
     pinner = None
     if device.type == "cuda":

@@ -12,10 +12,10 @@ every REVISIT steps, so a change in load or hit rate is noticed.
 Where the model sends no miss to the CPU the two arms make the same decisions, and the PCIe-only
 arm is at least as fast (a model-arm call that may hand work to the CPU pays the hand-off to the
 worker and back even when its plan gives the CPU nothing, and replays a CUDA graph only where
-the driver's stream flags can be captured). So when a trial block of the model arm ends having sent nothing to the CPU
-(`cpu_experts`, a running count read when such a block starts and ends), the guard takes the
-PCIe-only arm without timing, and waits twice as long before the next trial (up to MAX_REVISIT):
-the hit rate may change.
+the driver's stream flags can be captured). So when a trial block of the model arm ends having
+sent nothing to the CPU (`cpu_experts`, a running count read when such a block starts and ends),
+the guard takes the PCIe-only arm without timing, and waits twice as long before the next trial
+(up to MAX_REVISIT): the hit rate may change.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ MODEL, PCIE_ONLY = "model", "pcie"
 
 class AutoGuard:
     # Trials are short: a trial step of the losing arm can cost twice a step of the winner (where
-    # the model arm's calls cannot replay CUDA graphs). 2 blocks of 3 steps per arm, then one block per 128 steps: under 3% of
-    # steps in the slower arm once chosen (measured on the H200: BENCHMARKS.md, GPU decode). A
-    # model arm that sends nothing to the CPU is left after one block, and tried ever more rarely.
+    # the model arm's calls cannot replay CUDA graphs). 2 blocks of 3 steps per arm, then one block
+    # per 128 steps: under 3% of steps in the slower arm once chosen (measured on the H200:
+    # BENCHMARKS.md, GPU decode). A model arm that sends nothing to the CPU is left after one
+    # block, and tried ever more rarely.
     EXPLORE = 3  # steps per trial block
     ROUNDS = 2  # blocks per arm before the first choice
     REVISIT = 128  # steps between re-trials of the losing arm

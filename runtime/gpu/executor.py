@@ -81,8 +81,8 @@ class HybridExpertExecutor:
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
     `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
     as CUDA graphs (decode_graphs.py), those with a CPU share where the driver's stream flags can
-    be captured (host_signal.py). `pcie_repeat` > 1 emulates a slower
-    link for benchmarks: every copy over PCIe (fills, prefill streams) is made that many times.
+    be captured (host_signal.py). `pcie_repeat` > 1 emulates a slower link for benchmarks: every
+    copy over PCIe (fills, prefill streams) is made that many times.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], *, device: torch.device | str, cache: ExpertCache,

@@ -5,8 +5,9 @@ queued back to back as decode queues them: each side alone at two miss counts, s
 per-call cost comes apart from its rate, then both at once, for how much the rates drop beside
 each other (the fills and the CPU kernel share host DRAM). On CUDA each batch is timed on the
 device, behind a head start that lets the launching thread queue the whole batch first
-(`_HeadStart`): what is measured is the pipeline of device and CPU worker, not the host's launches. Profiles are kept as JSON under
-$FT_HOME/profiles/<machine-key>.json and reloaded; one of an older PROFILE_VERSION is measured again.
+(`_HeadStart`): what is measured is the pipeline of device and CPU worker, not the host's
+launches. Profiles are kept as JSON under $FT_HOME/profiles/<machine-key>.json and reloaded; one
+of an older PROFILE_VERSION is measured again.
 """
 
 from __future__ import annotations
