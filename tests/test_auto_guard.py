@@ -116,3 +116,17 @@ def test_a_model_arm_that_uses_the_cpu_is_timed_as_before(monkeypatch) -> None:
     explore = 2 * AutoGuard.ROUNDS * AutoGuard.EXPLORE
     assert set(arms[:explore]) == {MODEL, PCIE_ONLY}
     assert arms[explore + 1:].count(MODEL) > 0.85 * len(arms[explore + 1:])
+
+
+def test_a_decisively_slower_arm_ends_the_exploring_after_one_block(monkeypatch) -> None:
+    """Each trial step of the losing arm costs its gap: where one block of each shows a gap of
+    DECISIVE or more, the second round is skipped; a closer race gets both rounds."""
+    explore = AutoGuard.EXPLORE
+    for model_s, second_model_block in ((0.030, False), (0.012, True)):
+        clock = Clock()
+        monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+        guard = AutoGuard(first_layer=3)
+        arms = run_steps(guard, clock, 8 * explore, {MODEL: model_s, PCIE_ONLY: 0.010})
+        assert arms[:2 * explore] == [MODEL] * explore + [PCIE_ONLY] * explore
+        assert (arms[2 * explore] == MODEL) == second_model_block
+        assert arms[-explore:] == [PCIE_ONLY] * explore and guard.best == PCIE_ONLY

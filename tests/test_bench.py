@@ -44,6 +44,9 @@ def test_every_policy_has_sane_numbers(report: dict) -> None:
     p = report["policies"]
     assert p["offload"]["stats"]["cpu_experts"] == 0 and p["cpu"]["stats"]["pcie_experts"] == 0
     assert p["cpu"]["hit_rate"] == 0 and p["static"]["stats"]["pcie_experts"] == 0
+    (guard,) = p["auto"]["guard"]  # one run: what auto's guard did over its decode steps
+    assert sum(guard["steps"].values()) == tokens and guard["best"] in ("model", "pcie")
+    assert "guard" not in p["offload"]
 
 
 def test_static_residency_and_the_inputs_are_reported(report: dict) -> None:
@@ -96,6 +99,7 @@ def test_saved_json_reports_print_as_text(report: dict, tmp_path, capsys: pytest
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "policy" in out and "offload" in out and "prefill tokens" in out
+    assert "auto's guard, per run: model arm" in out
 
 
 def test_shared_host_banks_save_ram_but_not_cache_traffic() -> None:

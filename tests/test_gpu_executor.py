@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from runtime.cache_policy import automatic
+from runtime.experts.cpu_kernels import native_kernel
 from runtime.experts.executor import CPUExpertExecutor
 from runtime.experts.synthetic import random_bank
 from runtime.gpu import (
@@ -100,25 +101,59 @@ class CaughtUpStreamFlags:
         assert flag.wait(value, 10.0), f"the flag never reached {value}"
 
 
+@pytest.mark.parametrize("worker", ["native", "python"])
 @pytest.mark.parametrize("mode", ["cpu", "auto", "static"])
-def test_the_flag_hand_over_to_the_worker_computes_every_call(mode: str) -> None:
+def test_the_flag_hand_over_to_the_worker_computes_every_call(mode: str, worker: str) -> None:
     """The CUDA path's hand-over (inputs staged, `ready` written, the worker waits for it and
     clears it, sets `done`, the stream waits for it and resets it), one pair of flags for every
-    call, run on the CPU with a stream that is always caught up: outputs as the CPU executor's."""
+    call, run on the CPU with a stream that is always caught up: outputs as the CPU executor's.
+    The native worker (a thread outside Python) where the kernel runs the call, or the Python one."""
     from runtime.gpu.cpu_share import CPUShare
 
     banks = make_banks("f32")
     reference = CPUExpertExecutor(banks, torch.float32)
     ex = hybrid(banks, mode, slots=4 * K, split=lambda misses, nbytes: misses // 2, auto_guard=False)
-    ex.cpu_share = CPUShare(ex.cpu_executor, ex.device, flags=CaughtUpStreamFlags())
+    ex.cpu_share = CPUShare(ex.cpu_executor, ex.device, flags=CaughtUpStreamFlags(), native=worker == "native")
     gen = torch.Generator().manual_seed(6)
     for num_tokens in (1, 1, 2, 1, 3, 1):
         for layer in LAYERS:
             x = torch.randn(num_tokens, H, generator=gen)
             ids, weights = routing(num_tokens, gen)
             assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
-    assert ex.stats().cpu_experts > 0
+    assert ex.stats().cpu_experts > 0 and ex.stats().cpu_ms > 0
     assert (ex.cpu_share.ready.read(), ex.cpu_share.done.read()) == (0, 0)  # both reset after every call
+    assert ex.cpu_share.native_worker_started == (worker == "native" and native_kernel() is not None)
+    ex.close()
+
+
+class LostWriteStreamFlags(CaughtUpStreamFlags):
+    """A stream whose writes of `ready` never land."""
+
+    def write(self, flag, value: int) -> None:
+        if flag is not self.ready:
+            flag.set(value)
+
+
+@pytest.mark.skipif(native_kernel() is None, reason="needs the compiled kernel library")
+def test_the_native_worker_that_never_gets_its_inputs_gives_up_and_says_so(monkeypatch) -> None:
+    """A call whose `ready` never comes: the native worker waits WAIT_TIMEOUT_S, sets `done` (a
+    stream waits for it) and the next call raises an error that says what happened."""
+    from runtime.gpu import cpu_share as cpu_share_mod
+
+    monkeypatch.setattr(cpu_share_mod, "WAIT_TIMEOUT_S", 0.05)
+    banks = make_banks("f32")
+    ex = hybrid(banks, "cpu", slots=4 * K, auto_guard=False)
+    flags = LostWriteStreamFlags()
+    ex.cpu_share = cpu_share_mod.CPUShare(ex.cpu_executor, ex.device, flags=flags)
+    flags.ready = ex.cpu_share.ready
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, H, generator=gen)
+    ids, weights = routing(1, gen)
+    ex(LAYERS[0], x, ids, weights)  # the "stream" waits for `done`, which the worker sets on giving up
+    assert ex.cpu_share.native_worker_started
+    with pytest.raises(RuntimeError, match="CPU expert worker failed") as caught:
+        ex(LAYERS[0], x, ids, weights)
+    assert "did not hand over" in str(caught.value.__cause__)
     ex.close()
 
 
@@ -844,11 +879,12 @@ def test_cuda_graph_replays_match_uncaptured_calls_across_a_resize(mode: str, cp
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_graph_captures_survive_a_closed_executor_collected_during_them(monkeypatch) -> None:
-    """ft bench's pattern: executors with captured CPU shares built, run, closed, and the garbage
-    collector reaching them while a later executor captures. Closing frees what captures used,
-    so the later captures and pinned allocations go on (on the H200 they failed with "CUDA error:
-    invalid argument" while the collector freed those buffers)."""
+def test_cuda_graph_captures_survive_closed_executors_left_to_the_collector(monkeypatch) -> None:
+    """ft bench's and ft serve's pattern: executors with captured CPU shares built, run, closed,
+    and left to the garbage collector (they hold reference cycles) while later executors capture,
+    the collector made eager. No collection runs inside a capture (on the H200 one that freed a
+    closed executor there aborted the process; before `close` freed the pinned staging, the next
+    pinned allocation failed with "CUDA error: invalid argument"), and the captures go on."""
     import gc
 
     from runtime.gpu import executor as executor_mod
@@ -859,27 +895,35 @@ def test_cuda_graph_captures_survive_a_closed_executor_collected_during_them(mon
                    auto_guard=False)
     reference = CPUExpertExecutor(banks, torch.float32)
     real = executor_mod.HybridExpertExecutor._plan_fill_compute
+    captured_calls = []
 
-    def collecting(self, *args, capturing: bool = False, **kwargs):
+    def checked(self, *args, capturing: bool = False, **kwargs):
         if capturing:
-            gc.collect()  # inside the capture: closed executors of earlier rounds are freed now
+            captured_calls.append(gc.isenabled())
         return real(self, *args, capturing=capturing, **kwargs)
 
-    monkeypatch.setattr(executor_mod.HybridExpertExecutor, "_plan_fill_compute", collecting)
+    monkeypatch.setattr(executor_mod.HybridExpertExecutor, "_plan_fill_compute", checked)
     gen = torch.Generator().manual_seed(5)
-    for _ in range(3):
-        ex = build_hybrid(banks, **options)
-        for _ in range(4):
-            for layer in banks:
-                x = torch.randn(1, QWEN3[0], generator=gen)
-                ids, weights = routing(1, gen, num_experts=16, top_k=8)
-                out = ex(layer, x.to("cuda", torch.bfloat16), ids.cuda(), weights.cuda().to(torch.bfloat16))
-                ref = reference(layer, x.bfloat16().float(), ids, weights.bfloat16().float())
-                err = float((out.float().cpu() - ref).abs().max() / ref.abs().max())
-                assert err <= 2e-2, f"max error {err:.2e} of the largest output"
-        assert ex.cpu_share.capturable is False or ex.graphs.captures > 0
-        ex.close()
-        del ex  # garbage with reference cycles: collected inside the next executor's first capture
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)  # every generation collected every few allocations
+    try:
+        for _ in range(3):
+            ex = build_hybrid(banks, **options)
+            for _ in range(4):
+                for layer in banks:
+                    x = torch.randn(1, QWEN3[0], generator=gen)
+                    ids, weights = routing(1, gen, num_experts=16, top_k=8)
+                    out = ex(layer, x.to("cuda", torch.bfloat16), ids.cuda(), weights.cuda().to(torch.bfloat16))
+                    ref = reference(layer, x.bfloat16().float(), ids, weights.bfloat16().float())
+                    err = float((out.float().cpu() - ref).abs().max() / ref.abs().max())
+                    assert err <= 2e-2, f"max error {err:.2e} of the largest output"
+            assert ex.cpu_share.capturable is False or ex.graphs.captures > 0
+            ex.close()
+            del ex  # garbage with reference cycles, for the collector
+    finally:
+        gc.set_threshold(*thresholds)
+    assert captured_calls and not any(captured_calls), "the collector was on during a capture"
+    assert gc.isenabled()
     torch.zeros(1, pin_memory=True)  # a pinned allocation after it all
     torch.cuda.synchronize()
 

@@ -303,7 +303,10 @@ def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarr
             executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
         _sync(device)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "stats": executor.stats().as_dict()}
+    run = {"seconds": seconds, "stats": executor.stats().as_dict()}
+    if executor.guard is not None:
+        run["guard"] = executor.guard.summary()
+    return run
 
 
 def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device, tokens: int,
@@ -487,7 +490,7 @@ def _summary(runs: list[dict[str, Any]], stride: int, profile: BandwidthProfile,
     return {"stats": s, "runs_s": [r["seconds"] for r in runs], "calls": calls, "lookups": lookups,
             "hit_rate": s["hit_rate"], "miss_rate": s["misses"] / lookups if lookups else 0.0,
             "resident_layers": resident, "cache_slots": slots, "_stride": stride,
-            "_profile": profile, "_hbm": hbm}
+            "_profile": profile, "_hbm": hbm, **({"guard": [r["guard"] for r in runs]} if "guard" in runs[0] else {})}
 
 
 def _ttft_and_check(report: dict[str, Any]) -> None:

@@ -47,6 +47,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {100 * r['hit_rate']:>5.1f}% "
                      f"{100 * r['miss_rate']:>5.1f}% {r['pcie_mb_per_token']:>10.1f} {r['cpu_mb_per_token']:>9.1f}  "
                      f"{r['resident_layers'] or ''}")
+    for policy, r in report["policies"].items():
+        if r.get("guard"):
+            lines.append(f"{policy}'s guard, per run: " + "; ".join(_guard_run(g) for g in r["guard"]))
     if report["prefill"]:
         lines.append("")
         lines.append(f"{'prefill tokens':<15} {'buffers':>7} {'tok/s':>10} {'GB/s streamed':>14} {'TTFT est. s':>12}")
@@ -70,6 +73,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"policy check: {verdict}: auto {check['auto_tok_s']:.2f} tok/s vs best fixed {check['best_fixed']} "
                      f"{check['best_fixed_tok_s']:.2f} (noise {100 * check['noise']:.0f}%)")
     return "\n".join(lines)
+
+
+def _guard_run(g: dict[str, Any]) -> str:
+    steps = g["steps"]
+    medians = ", ".join(f"{arm} {ms:.2f}" for arm, ms in g["median_ms"].items())
+    idle = ", model arm idle" if g.get("model_idle") else ""
+    return (f"model arm {steps['model']}/{sum(steps.values())} steps, picks {g['best']} (median ms: {medians}"
+            f"{idle})")
 
 
 def json_ready(report: dict[str, Any]) -> dict[str, Any]:

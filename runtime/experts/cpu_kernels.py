@@ -57,6 +57,17 @@ class _Layout(ctypes.Structure):
                 ("num_experts", ctypes.c_int64)]
 
 
+class ShareJob(ctypes.Structure):
+    """One decode call's CPU share for the native share worker (struct ShareJob in moe_cpu.cpp)."""
+
+    _fields_ = [("bank", ctypes.c_void_p), ("layout", _Layout), ("num_tokens", ctypes.c_int64),
+                ("top_k", ctypes.c_int64), ("ids", ctypes.c_void_p), ("ids_int32", ctypes.c_int64),
+                ("status", ctypes.c_void_p), ("inverse", ctypes.c_void_p), ("code", ctypes.c_int32),
+                ("weights", ctypes.c_void_p), ("w_dtype", ctypes.c_int64), ("x", ctypes.c_void_p),
+                ("x_dtype", ctypes.c_int64), ("out", ctypes.c_void_p), ("num_threads", ctypes.c_int64),
+                ("ready", ctypes.c_void_p), ("done", ctypes.c_void_p), ("timeout_us", ctypes.c_int64)]
+
+
 def cache_dir() -> Path:
     """Where built kernels are kept: $FT_KERNEL_CACHE, else ~/.cache/ft/kernels."""
     if env := os.environ.get("FT_KERNEL_CACHE"):
@@ -138,6 +149,24 @@ class Kernel:
         self._wait = lib.ft_wait_u32
         self._wait.restype = ctypes.c_int
         self._wait.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64]
+        self._share_open = lib.ft_share_open
+        self._share_open.restype = ctypes.c_void_p
+        self._share_open.argtypes = []
+        self._share_push = lib.ft_share_push
+        self._share_push.restype = ctypes.c_int
+        self._share_push.argtypes = [ctypes.c_void_p, ctypes.POINTER(ShareJob)]
+        self._share_drain = lib.ft_share_drain
+        self._share_drain.restype = ctypes.c_int
+        self._share_drain.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        self._share_error = lib.ft_share_error
+        self._share_error.restype = ctypes.c_int
+        self._share_error.argtypes = [ctypes.c_void_p]
+        self._share_busy = lib.ft_share_busy_ns
+        self._share_busy.restype = ctypes.c_int64
+        self._share_busy.argtypes = [ctypes.c_void_p]
+        self._share_close = lib.ft_share_close
+        self._share_close.restype = None
+        self._share_close.argtypes = [ctypes.c_void_p]
         self.simd_width = int(lib.ft_moe_simd_width())
 
     def decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -219,15 +248,8 @@ class ExpertKernel:
         """out (fp32 [T, H]) = the sum over the pairs (t, k) with status[inverse[t, k]] == code only:
         the CPU share of a hybrid decode call, selected in the kernel (no torch op on the way).
         Host tensors, contiguous: x and weights f32/f16/bf16, ids int64/int32, status and inverse int32."""
+        self._check_selected(x, expert_ids, weights, status, inverse, out)
         num_tokens, top_k = expert_ids.shape
-        if (x.shape != (num_tokens, self.hidden_size) or out.shape != x.shape or out.dtype != torch.float32
-                or x.dtype not in TORCH_NAMES or weights.dtype not in TORCH_NAMES
-                or expert_ids.dtype not in (torch.int64, torch.int32) or status.dtype != torch.int32
-                or inverse.dtype != torch.int32 or inverse.shape != expert_ids.shape
-                or not all(t.is_contiguous() and t.device.type == "cpu"
-                           for t in (x, expert_ids, weights, status, inverse, out))):
-            raise ValueError("the selected-pairs kernel takes contiguous host tensors: x [T, H] and weights [T, K] "
-                             "f32/f16/bf16, ids int64/int32 [T, K], status and inverse int32, out fp32 [T, H]")
         rc = self.kernel._selected(self.bank.data.data_ptr(), ctypes.byref(self.layout), num_tokens, top_k,
                                    expert_ids.data_ptr(), int(expert_ids.dtype == torch.int32), status.data_ptr(),
                                    inverse.data_ptr(), code, weights.data_ptr(), DTYPE_CODES[TORCH_NAMES[weights.dtype]],
@@ -236,6 +258,30 @@ class ExpertKernel:
             raise IndexError(f"an expert id of layer {self.bank.layer} is out of range "
                              f"(the layer has {self.bank.num_experts} experts): {expert_ids.tolist()}")
         assert rc == 0, f"ft_moe_forward_selected returned {rc}"
+
+    def _check_selected(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, status: torch.Tensor,
+                        inverse: torch.Tensor, out: torch.Tensor) -> None:
+        num_tokens, _ = expert_ids.shape
+        if (x.shape != (num_tokens, self.hidden_size) or out.shape != x.shape or out.dtype != torch.float32
+                or x.dtype not in TORCH_NAMES or weights.dtype not in TORCH_NAMES
+                or expert_ids.dtype not in (torch.int64, torch.int32) or status.dtype != torch.int32
+                or inverse.dtype != torch.int32 or inverse.shape != expert_ids.shape
+                or not all(t.is_contiguous() and t.device.type == "cpu"
+                           for t in (x, expert_ids, weights, status, inverse, out))):
+            raise ValueError("the selected-pairs kernel takes contiguous host tensors: x [T, H] and weights [T, K] "
+                             "f32/f16/bf16, ids int64/int32 [T, K], status and inverse int32, out fp32 [T, H]")
+
+    def share_job(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, status: torch.Tensor,
+                  inverse: torch.Tensor, code: int, out: torch.Tensor, threads: int, ready: int, done: int,
+                  timeout_s: float) -> ShareJob:
+        """`selected`'s call as a job for the native share worker (ShareWorker), handed over by the
+        flags at addresses `ready` and `done`. The tensors must outlive the job's run."""
+        self._check_selected(x, expert_ids, weights, status, inverse, out)
+        return ShareJob(self.bank.data.data_ptr(), self.layout, expert_ids.shape[0], expert_ids.shape[1],
+                        expert_ids.data_ptr(), int(expert_ids.dtype == torch.int32), status.data_ptr(),
+                        inverse.data_ptr(), code, weights.data_ptr(), DTYPE_CODES[TORCH_NAMES[weights.dtype]],
+                        x.data_ptr(), DTYPE_CODES[TORCH_NAMES[x.dtype]], out.data_ptr(), threads, ready, done,
+                        int(timeout_s * 1e6))
 
     def dequantized(self, expert: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H], w2 [H, I]) of one expert in bf16: bank.weights(expert, torch.bfloat16), fast."""
@@ -289,3 +335,38 @@ def _mat(bank: HostExpertBank, offset: int, dtype: str, rows: int, cols: int, ro
         scale_offset, scale_stride = part.offset, part.shape[1]
     return _Mat(offset=offset, row_bytes=row_bytes, dtype=DTYPE_CODES[dtype], rows=rows, cols=cols,
                 scale_offset=scale_offset, scale_stride=scale_stride, block_rows=block[0], block_cols=block[1])
+
+
+class ShareWorker:
+    """The native CPU-share worker (struct ShareWorker in moe_cpu.cpp): a thread outside Python
+    that runs queued ShareJobs in order, each after its `ready` flag, then sets its `done`; it
+    never takes the GIL, so the GPU's wait for `done` does not wait for Python."""
+
+    ERRORS = {-1: "an expert id is out of range", -2: "an input dtype is not supported",
+              -3: "the device did not hand over the call's inputs in time"}
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self._handle = kernel._share_open()
+
+    def push(self, job: ShareJob) -> None:
+        self.kernel._share_push(self._handle, ctypes.byref(job))  # copied: the struct may go
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait for every pushed job; False on timeout."""
+        return self.kernel._share_drain(self._handle, int(timeout_s * 1e6)) == 0
+
+    def take_error(self) -> str | None:
+        """The first failure since the last call, in words (None: none)."""
+        code = self.kernel._share_error(self._handle)
+        return None if code == 0 else self.ERRORS.get(code, f"error {code}")
+
+    @property
+    def busy_ms(self) -> float:
+        return self.kernel._share_busy(self._handle) / 1e6
+
+    def close(self) -> None:
+        """Finish the queued jobs and stop the thread (idempotent)."""
+        if self._handle:
+            self.kernel._share_close(self._handle)
+            self._handle = None

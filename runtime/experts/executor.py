@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .bank import HostExpertBank
-from .cpu_kernels import ExpertKernel, Kernel, UnsupportedBank, native_kernel
+from .cpu_kernels import ExpertKernel, Kernel, ShareJob, UnsupportedBank, native_kernel
 
 log = logging.getLogger(__name__)
 _REPORTED: set[str] = set()
@@ -115,6 +115,17 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
             return False
         fast.selected(x, expert_ids, weights, status, inverse, code, out, self.threads or torch.get_num_threads())
         return True
+
+    def selected_job(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                     status: torch.Tensor, inverse: torch.Tensor, code: int, out: torch.Tensor, ready: int, done: int,
+                     timeout_s: float) -> ShareJob | None:
+        """`forward_selected`'s call as a job for the native share worker, handed over by the flags
+        at `ready` and `done` (cpu_kernels.ShareWorker); None where the kernel does not run it."""
+        fast = self._kernel_for(layer, expert_ids)
+        if fast is None:
+            return None
+        return fast.share_job(x, expert_ids, weights, status, inverse, code, out,
+                              self.threads or torch.get_num_threads(), ready, done, timeout_s)
 
     def _kernel_for(self, layer: int, expert_ids: torch.Tensor) -> ExpertKernel | None:
         """The kernel bound to `layer` where it runs this call; None: the reference path (a bank

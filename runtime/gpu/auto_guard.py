@@ -6,8 +6,9 @@ measures them where it matters, whole decode steps: "model" (the model's split, 
 on) and "pcie" (every miss over PCIe, no CPU share). A step is the time between two decode
 calls of the first MoE layer (one token: attention, sampling and the host's wait included, the
 same for both arms). The arms alternate in blocks of EXPLORE steps until each has ROUNDS
-blocks, then the faster (by median step time) runs, and the other is tried again for one block
-every REVISIT steps, so a change in load or hit rate is noticed.
+blocks (or one each, where one arm is DECISIVE times slower), then the faster (by median step
+time) runs, and the other is tried again for one block every REVISIT steps, so a change in load
+or hit rate is noticed.
 
 Where the model sends no miss to the CPU the two arms make the same decisions, and the PCIe-only
 arm is at least as fast (a model-arm call that may hand work to the CPU pays the hand-off to the
@@ -38,6 +39,7 @@ class AutoGuard:
     REVISIT = 128  # steps between re-trials of the losing arm
     MAX_REVISIT = 1024  # the longest wait while the model arm keeps sending nothing to the CPU
     KEEP = 48  # step times kept per arm
+    DECISIVE = 1.5  # after one block of each arm, a median this many times the other's ends the exploring
 
     def __init__(self, first_layer: int, cpu_experts: Callable[[], int] | None = None) -> None:
         """`cpu_experts`: the running count of misses served by the CPU (a device read, made at the
@@ -54,6 +56,7 @@ class AutoGuard:
         self._cpu_at_block_start: int | None = None
         self.model_idle = False  # the last model-arm block sent nothing to the CPU
         self.switches = 0
+        self.steps = {MODEL: 0, PCIE_ONLY: 0}  # decode steps begun under each arm
 
     def restart(self) -> None:
         """Forget every step time and choice: explore both arms again from the model arm."""
@@ -75,6 +78,7 @@ class AutoGuard:
             del times[: -self.KEEP]
             self._next_arm()
         self._step_start = now
+        self.steps[self.arm] += 1
         return self.arm
 
     def interrupt(self) -> None:
@@ -88,6 +92,13 @@ class AutoGuard:
         medians = {arm: statistics.median(t) for arm, t in self.times.items() if t}
         return min(medians, key=medians.get) if len(medians) == 2 else self.arm
 
+    def summary(self) -> dict:
+        """What the guard did: steps begun under each arm, the arm it would pick now, its
+        switches, and each arm's median step time (ms) over the kept times."""
+        return {"steps": dict(self.steps), "best": self.best, "switches": self.switches,
+                "model_idle": self.model_idle,
+                "median_ms": {arm: 1e3 * statistics.median(t) for arm, t in self.times.items() if t}}
+
     def _next_arm(self) -> None:
         self._in_block += 1
         if self._in_block < self.EXPLORE:
@@ -97,7 +108,8 @@ class AutoGuard:
         if self.arm == MODEL:
             self._end_model_block()
         other = PCIE_ONLY if self.arm == MODEL else MODEL
-        if not self.model_idle and min(self._blocks.values()) < self.ROUNDS:  # still exploring: alternate blocks
+        if not self.model_idle and min(self._blocks.values()) < self.ROUNDS and not self._decided_early():
+            # still exploring: alternate blocks
             self._switch(other if self._blocks[other] < self.ROUNDS else self.arm)
             return
         self._since_choice += self.EXPLORE
@@ -106,6 +118,14 @@ class AutoGuard:
             self._switch(PCIE_ONLY if self.best == MODEL else MODEL)
         else:
             self._switch(self.best)
+
+    def _decided_early(self) -> bool:
+        """After a block of each arm: one is DECISIVE times slower (a trial step of the losing arm
+        costs that much; on the H200 a model-arm step at 32 GiB took 2.7x a PCIe-only one)."""
+        if min(self._blocks.values()) < 1:
+            return False
+        medians = sorted(statistics.median(t) for t in self.times.values() if t)
+        return len(medians) == 2 and medians[1] >= self.DECISIVE * medians[0]
 
     def _end_model_block(self) -> None:
         """A model-arm block ended: did it send anything to the CPU?"""

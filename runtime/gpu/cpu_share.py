@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ..experts import ExpertExecutor
+from ..experts.cpu_kernels import ShareJob, ShareWorker, native_kernel
 from .host_signal import HostFlag, StreamFlags
 from .kernels import CPU, RoutePlan
 
@@ -55,14 +56,17 @@ class Job:
     layer: int
     staging: _Staging
     ready_event: torch.cuda.Event | None = None
+    native: ShareJob | None = None  # the job for the native share worker, where the kernel runs it
 
 
 class CPUShare:
     """Runs the CPU-marked pairs of each decode call on one worker thread (see the module doc)."""
 
-    def __init__(self, cpu_executor: ExpertExecutor, device: torch.device, flags: StreamFlags | None = None) -> None:
+    def __init__(self, cpu_executor: ExpertExecutor, device: torch.device, flags: StreamFlags | None = None,
+                 native: bool = True) -> None:
         """`flags`: the stream flags to hand calls over with (default: the driver's, probed on
-        CUDA; off CUDA none, so the launching thread waits for the worker)."""
+        CUDA; off CUDA none, so the launching thread waits for the worker). `native`: with flags,
+        jobs the kernel runs go to the native worker (False: all to the Python one)."""
         self.cpu_executor, self.device = cpu_executor, device
         # the executor's kernel entry that selects the CPU pairs itself, where it has one
         self._forward_selected = getattr(cpu_executor, "forward_selected", None)
@@ -75,8 +79,13 @@ class CPUShare:
         self._staging: dict[tuple, _Staging] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ft-cpu-experts")
         self._last: Future | None = None
+        # with flags, jobs the kernel runs go to the native worker (no GIL on the device's path)
+        self._selected_job = getattr(cpu_executor, "selected_job", None) if self.flags is not None and native else None
+        self._native: ShareWorker | None = None
+        self._native_pending = False  # jobs pushed to the native worker since its last drain
         self._error: BaseException | None = None  # a worker failure, raised on the launching thread
-        self.cpu_ms = 0.0  # the CPU kernel's time on the worker
+        self._python_cpu_ms = 0.0  # the CPU kernel's time on the Python worker
+        self._native_busy_base = 0.0  # the native worker's busy time at the last reset_counters
         self.wait_ms = 0.0  # host waits for the worker (only without stream flags)
 
     def submit(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
@@ -94,7 +103,7 @@ class CPUShare:
             for dst, src in zip(targets, inputs, strict=True):
                 dst.copy_(src, non_blocking=self.is_cuda)
             self.flags.write(self.ready, 1)
-            return Job(layer, staging)
+            return Job(layer, staging, native=self._native_job(layer, staging))
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
             for dst, src in zip(targets, inputs, strict=True):
@@ -104,10 +113,45 @@ class CPUShare:
             ready.record(self._side)
         return Job(layer, staging, ready)
 
-    def start(self, job: Job) -> Future:
-        """Hand `job` to the worker (once per run of its device half: per replay when captured)."""
+    def start(self, job: Job) -> Future | None:
+        """Hand `job` to the worker (once per run of its device half: per replay when captured).
+        The native worker and the Python one share the flags, so a job goes to one only after the
+        other's are done (those calls' device halves are queued already: no deadlock)."""
+        if job.native is not None:
+            if self._last is not None and not self._last.done():
+                self._last.exception()  # waits; an error is raised by the next submit
+            self._raise_worker_error()
+            self._native.push(job.native)
+            self._native_pending = True
+            return None
+        self._drain_native()
         self._last = self._pool.submit(self._run, job)
         return self._last
+
+    @property
+    def native_worker_started(self) -> bool:
+        """Whether a job has gone to the native worker."""
+        return self._native is not None
+
+    def _native_job(self, layer: int, s: _Staging) -> ShareJob | None:
+        """The job for the native share worker where the CPU executor's kernel runs this call."""
+        if self._selected_job is None:
+            return None
+        job = self._selected_job(layer, s.x, s.ids, s.weights, s.status, s.inverse, CPU, s.result,
+                                 self.ready.address, self.done.address, WAIT_TIMEOUT_S)
+        if job is not None and self._native is None:
+            kernel = native_kernel()
+            if kernel is None:
+                return None
+            self._native = ShareWorker(kernel)
+        return job
+
+    def _drain_native(self) -> None:
+        if self._native_pending:
+            if not self._native.drain(WAIT_TIMEOUT_S):
+                raise TimeoutError(f"the CPU share's native worker did not finish in {WAIT_TIMEOUT_S} s")
+            self._native_pending = False
+            self._raise_worker_error()
 
     def add_result(self, job: Job, out: torch.Tensor, started: Future | None) -> None:
         """out += the CPU share of `job` (queued on the device stream; the host waits for
@@ -143,7 +187,7 @@ class CPUShare:
                     job.ready_event.synchronize()
                 start = time.perf_counter()
                 self._compute_into(job.layer, job.staging)
-                self.cpu_ms += (time.perf_counter() - start) * 1e3
+                self._python_cpu_ms += (time.perf_counter() - start) * 1e3
         except BaseException as e:
             self._error = e
             raise
@@ -175,13 +219,26 @@ class CPUShare:
 
     def _raise_worker_error(self) -> None:
         error, self._error = self._error, None
+        if error is None and self._native is not None and (native := self._native.take_error()) is not None:
+            error = RuntimeError(native)
         if error is not None:
             raise RuntimeError("the CPU expert worker failed") from error
+
+    @property
+    def cpu_ms(self) -> float:
+        """The CPU kernel's time on the workers since the last `reset_counters`."""
+        native = self._native.busy_ms - self._native_busy_base if self._native is not None else 0.0
+        return self._python_cpu_ms + native
+
+    def reset_counters(self) -> None:
+        self._python_cpu_ms = self.wait_ms = 0.0
+        self._native_busy_base = self._native.busy_ms if self._native is not None else 0.0
 
     def drain(self) -> None:
         """Wait for the queued CPU work (and raise its error)."""
         if self._last is not None:
             self._last.exception()  # waits; the error itself is raised below
+        self._drain_native()
         self._raise_worker_error()
 
     def close(self) -> None:
@@ -190,4 +247,6 @@ class CPUShare:
         closed executor), torch's pinned allocator records their release into that capture, and
         its next pinned allocation fails ("CUDA error: invalid argument", in ft bench on the H200)."""
         self._pool.shutdown(wait=True)
+        if self._native is not None:
+            self._native.close()
         self._staging.clear()

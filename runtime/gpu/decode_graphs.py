@@ -23,7 +23,9 @@ and replays. On the H200 at a host-bound 32 GiB budget, offload decode went from
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import contextlib
+import gc
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,7 +95,7 @@ class DecodeGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with _collector_off(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             clock.copy_(clock_host, non_blocking=True)
             out, host_work = step(static_x, static_ids, static_weights, clock)
         done = torch.cuda.Event()
@@ -115,3 +117,18 @@ class DecodeGraphs:
         self._graphs.clear()
         self._warm.clear()
         self._pool = None
+
+
+@contextlib.contextmanager
+def _collector_off() -> Iterator[None]:
+    """Python's garbage collector off for a capture (torch.cuda.graph collects just before it
+    begins). A collection inside a capture runs the destructors of whatever it frees there: on
+    the H200, freeing a closed executor's pinned buffers or events inside a capture aborted the
+    process (torch's pinned allocator records a release event on the capturing stream)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -368,7 +368,7 @@ class HybridExpertExecutor:
         self._stats = ExpertStats()
         for totals in self._device_counts.values():
             totals.zero_()
-        self.cpu_share.cpu_ms = self.cpu_share.wait_ms = 0.0
+        self.cpu_share.reset_counters()
 
     def close(self) -> None:
         """The end of the executor: its worker stops, and its graphs, prefill buffers and cache

@@ -12,10 +12,15 @@
 // Threads come from OpenMP (libgomp.so.1: the same runtime torch has already loaded).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include <sched.h>
@@ -576,7 +581,7 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
 
 extern "C" {
 
-int ft_moe_version() { return 6; }
+int ft_moe_version() { return 7; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -744,11 +749,137 @@ uint64_t ft_read_bytes(const uint8_t* data, int64_t nbytes, int64_t num_threads)
   return total;
 }
 
+}  // extern "C"
+
+// One decode call's CPU share for the share worker: the arguments of ft_moe_forward_selected,
+// and the call's hand-over flags (see ShareWorker).
+struct ShareJob {
+  const uint8_t* bank;
+  Layout layout;
+  int64_t num_tokens, top_k;
+  const void* ids;
+  int64_t ids_int32;
+  const int32_t* status;
+  const int32_t* inverse;
+  int32_t code;
+  const void* weights;
+  int64_t w_dtype;
+  const void* x;
+  int64_t x_dtype;
+  float* out;
+  int64_t num_threads;
+  volatile uint32_t* ready;  // set to 1 when the job's inputs are in place (by the GPU stream); cleared here
+  volatile uint32_t* done;   // set to 1 here when `out` holds the result, or the job failed
+  int64_t timeout_us;        // the longest wait for `ready`
+};
+
+int wait_u32(const volatile uint32_t* flag, uint32_t value, int64_t timeout_us);
+
+// The hybrid runtime's CPU-share worker: a thread of its own that takes decode calls' jobs in
+// order, waits for each one's `ready`, runs it and sets `done`, and never holds Python's GIL.
+// A Python worker needs the GIL after each wait and before each `done`, and the thread that
+// launches the GPU work holds it most of the time: on the H200 host every hand-over waited
+// ~0.1 ms for it, twice a layer, while the GPU waited for `done`.
+struct ShareWorker {
+  std::mutex mu;
+  std::condition_variable wake, idle;
+  std::deque<ShareJob> jobs;
+  int64_t pending = 0;  // pushed and not yet finished
+  bool stop = false;
+  std::atomic<int> error{0};  // the first failure's code: -1 expert id out of range, -2 dtype, -3 no `ready`
+  std::atomic<int64_t> busy_ns{0};  // time in the kernel
+  std::thread thread;
+
+  void run() {
+    for (;;) {
+      ShareJob job;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        wake.wait(lock, [&] { return stop || !jobs.empty(); });
+        if (jobs.empty()) return;  // stop, and nothing left
+        job = jobs.front();
+        jobs.pop_front();
+      }
+      int rc = -3;
+      if (wait_u32(job.ready, 1, job.timeout_us) == 0) {
+        *job.ready = 0;
+        const auto start = std::chrono::steady_clock::now();
+        rc = ft_moe_forward_selected(job.bank, &job.layout, job.num_tokens, job.top_k, job.ids, job.ids_int32,
+                                     job.status, job.inverse, job.code, job.weights, job.w_dtype, job.x, job.x_dtype,
+                                     job.out, job.num_threads);
+        busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+                       .count();
+      }
+      if (rc != 0) {
+        int none = 0;
+        error.compare_exchange_strong(none, rc);
+      }
+      std::atomic_thread_fence(std::memory_order_release);  // `out` before `done`
+      *job.done = 1;  // always: the GPU stream is waiting for it
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --pending;
+      }
+      idle.notify_all();
+    }
+  }
+};
+
+extern "C" {
+
+void* ft_share_open() {
+  auto* w = new ShareWorker();
+  w->thread = std::thread([w] { w->run(); });
+  return w;
+}
+
+// Queues one job (copied) behind the earlier ones. Returns the first failure so far (0: none).
+int ft_share_push(void* handle, const ShareJob* job) {
+  auto* w = static_cast<ShareWorker*>(handle);
+  {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->jobs.push_back(*job);
+    ++w->pending;
+  }
+  w->wake.notify_one();
+  return w->error.load();
+}
+
+// Waits until every queued job has finished, up to timeout_us. Returns 0, or 1 on timeout.
+int ft_share_drain(void* handle, int64_t timeout_us) {
+  auto* w = static_cast<ShareWorker*>(handle);
+  std::unique_lock<std::mutex> lock(w->mu);
+  return w->idle.wait_for(lock, std::chrono::microseconds(timeout_us), [&] { return w->pending == 0; }) ? 0 : 1;
+}
+
+// The first failure's code, and clears it (0: none).
+int ft_share_error(void* handle) { return static_cast<ShareWorker*>(handle)->error.exchange(0); }
+
+int64_t ft_share_busy_ns(void* handle) { return static_cast<ShareWorker*>(handle)->busy_ns.load(); }
+
+// Finishes the queued jobs (each waits for its `ready` up to its timeout), stops the thread, frees it.
+void ft_share_close(void* handle) {
+  auto* w = static_cast<ShareWorker*>(handle);
+  {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->stop = true;
+  }
+  w->wake.notify_one();
+  w->thread.join();
+  delete w;
+}
+
 // Waits until *flag == value, a store by another agent (the GPU over PCIe, or a thread): the CPU
 // share's worker waiting for a decode call's inputs. Looks with a pause between looks; after
 // ~20 us it also yields the core every 1024 looks. Returns 0, or 1 after timeout_us. Called
 // through ctypes, so with the GIL released.
 int ft_wait_u32(const volatile uint32_t* flag, uint32_t value, int64_t timeout_us) {
+  return wait_u32(flag, value, timeout_us);
+}
+
+}  // extern "C"
+
+int wait_u32(const volatile uint32_t* flag, uint32_t value, int64_t timeout_us) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   for (int64_t spin = 0;; ++spin) {
@@ -763,5 +894,3 @@ int ft_wait_u32(const volatile uint32_t* flag, uint32_t value, int64_t timeout_u
 #endif
   }
 }
-
-}  // extern "C"
