@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+from transformers.utils.chat_template_utils import render_jinja_template
+
+try:  # newer transformers normalize the messages before rendering
+    from transformers.utils.chat_template_utils import _normalize_chat_messages
+except ImportError:  # earlier 5.x (the GPU machine's) rendered them as given
+
+    def _normalize_chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return messages
 
 from ftpull.tiny import CHAT_TEMPLATE as TINY_TEMPLATE
 from runtime.chat_template import ChatTemplateError, compile_template, plain_data, render_chat
