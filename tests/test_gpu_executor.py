@@ -123,7 +123,9 @@ def test_the_flag_hand_over_to_the_worker_computes_every_call(mode: str, worker:
     assert ex.stats().cpu_experts > 0 and ex.stats().cpu_ms > 0
     assert (ex.cpu_share.ready.read(), ex.cpu_share.done.read()) == (0, 0)  # both reset after every call
     assert ex.cpu_share.native_worker_started == (worker == "native" and native_kernel() is not None)
+    cpu_ms = ex.stats().cpu_ms
     ex.close()
+    assert ex.stats().cpu_ms == cpu_ms  # the counters outlive the worker
 
 
 class LostWriteStreamFlags(CaughtUpStreamFlags):
@@ -155,6 +157,8 @@ def test_the_native_worker_that_never_gets_its_inputs_gives_up_and_says_so(monke
         ex(LAYERS[0], x, ids, weights)
     assert "did not hand over" in str(caught.value.__cause__)
     ex.close()
+    with pytest.raises(RuntimeError, match="native worker is closed"):
+        ex.cpu_share._native.push(None)
 
 
 @pytest.mark.parametrize("mode", ["offload", "auto"])

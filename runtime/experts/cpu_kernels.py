@@ -348,25 +348,31 @@ class ShareWorker:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self._handle = kernel._share_open()
+        self._closed_busy_ms = 0.0
 
     def push(self, job: ShareJob) -> None:
+        if not self._handle:
+            raise RuntimeError("the CPU share's native worker is closed")
         self.kernel._share_push(self._handle, ctypes.byref(job))  # copied: the struct may go
 
     def drain(self, timeout_s: float) -> bool:
         """Wait for every pushed job; False on timeout."""
-        return self.kernel._share_drain(self._handle, int(timeout_s * 1e6)) == 0
+        return not self._handle or self.kernel._share_drain(self._handle, int(timeout_s * 1e6)) == 0
 
     def take_error(self) -> str | None:
         """The first failure since the last call, in words (None: none)."""
-        code = self.kernel._share_error(self._handle)
+        code = self.kernel._share_error(self._handle) if self._handle else 0
         return None if code == 0 else self.ERRORS.get(code, f"error {code}")
 
     @property
     def busy_ms(self) -> float:
+        if not self._handle:
+            return self._closed_busy_ms
         return self.kernel._share_busy(self._handle) / 1e6
 
     def close(self) -> None:
         """Finish the queued jobs and stop the thread (idempotent)."""
         if self._handle:
+            self._closed_busy_ms = self.busy_ms
             self.kernel._share_close(self._handle)
             self._handle = None

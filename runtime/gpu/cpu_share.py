@@ -10,6 +10,12 @@ handed the job, waits for `ready`, clears it, runs the CPU kernel over the pairs
 the plan marked CPU, writes the sum into pinned memory and sets `done`. One pair of flags serves
 every call: the next call's `ready` is written only after the device passed this call's `done`.
 
+With flags, the worker is the kernel library's own thread (cpu_kernels.ShareWorker), which never
+takes the GIL: a Python worker needs it after the wait and before `done`, and the launching
+thread holds it, so the device waited for Python (+80 us a call on the H200 host, against +27
+native: benchmarks/bench_handoff.py). Calls the kernel does not run go to a Python worker once
+the native one has finished the earlier calls (the two share the flags).
+
 With stream memory operations that CUDA graphs capture (host_signal.StreamFlags), the device
 half is captured with the rest of the call and each replay hands the worker the same job again
 (executor, decode_graphs.py). Without stream memory operations the inputs are copied on a side

@@ -802,6 +802,7 @@ struct ShareWorker {
       }
       int rc = -3;
       if (wait_u32(job.ready, 1, job.timeout_us) == 0) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // the staged inputs after `ready`
         *job.ready = 0;
         const auto start = std::chrono::steady_clock::now();
         rc = ft_moe_forward_selected(job.bank, &job.layout, job.num_tokens, job.top_k, job.ids, job.ids_int32,
