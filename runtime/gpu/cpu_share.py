@@ -12,8 +12,8 @@ every call: the next call's `ready` is written only after the device passed this
 
 With flags, the worker is the kernel library's own thread (cpu_kernels.ShareWorker), which never
 takes the GIL: a Python worker needs it after the wait and before `done`, and the launching
-thread holds it, so the device waited for Python (+80 us a call on the H200 host, against +27
-native: benchmarks/bench_handoff.py). Calls the kernel does not run go to a Python worker once
+thread holds it, so the device waited for Python (+77-80 us a call on the H200 host, against
++27-60 native: benchmarks/bench_handoff.py). Calls the kernel does not run go to a Python worker once
 the native one has finished the earlier calls (the two share the flags).
 
 With stream memory operations that CUDA graphs capture (host_signal.StreamFlags), the device
