@@ -124,7 +124,7 @@ class CPUShare:
         The native worker and the Python one share the flags, so a job goes to one only after the
         other's are done (those calls' device halves are queued already: no deadlock)."""
         if job.native is not None:
-            if self._last is not None and not self._last.done():
+            if self._last is not None:
                 self._last.exception()  # waits; an error is raised by the next submit
             self._raise_worker_error()
             self._native.push(job.native)

@@ -37,12 +37,10 @@ class HostFlag:
         self._tensor = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=pinned)
         self._view = self._tensor.numpy()  # the same memory: a store without a torch dispatch
         self.address = self._tensor.data_ptr()  # under unified addressing also the device address
-        self.value = 0  # the last value set here; 0 at the start
 
     def set(self, value: int) -> None:
         """Store `value` (0 .. 2**32 - 1: the stream compares the 32 bits)."""
         self._view[0] = value - (1 << 32) if value >= 1 << 31 else value
-        self.value = value
 
     def read(self) -> int:
         return int(self._view[0]) & 0xFFFFFFFF
