@@ -260,6 +260,24 @@ def test_global_lru_over_a_hand_made_sequence() -> None:
     assert s.pcie_bytes == 11 * banks[0].layout.expert_stride
 
 
+def test_decode_plans_keep_the_clock_on_the_device_in_step_with_the_host() -> None:
+    """A decode plan moves the device clock itself (nothing written per captured replay); a move
+    made on the host (prefill) reaches the device before the next plan; LRU order holds across."""
+    banks = make_banks("f32", num_experts=8, layers=(0, 1))
+    ex = build_hybrid(banks, device="cpu", cache_slots=6, mode="offload", top_k=3, compute_dtype=torch.float32)
+    cache = ex.cache
+    with pytest.raises(RuntimeError, match="device_state"):
+        cache.tick()  # the device clock does not exist yet
+    ex(0, torch.randn(1, H), torch.tensor([[0, 1, 2]]), torch.rand(1, 3))
+    ex(1, torch.randn(1, H), torch.tensor([[0, 1, 2]]), torch.rand(1, 3))
+    assert cache.clock == 2 and int(cache.device_state()[2].max()) == 2
+    for _ in range(5):  # the host moves the clock without a plan (as prefill does)
+        cache.advance()
+    ex(0, torch.randn(1, H), torch.tensor([[3]]), torch.rand(1, 1))
+    assert cache.clock == 8
+    assert sorted(cache.last_used.tolist()) == [1, 1, 2, 2, 2, 8]  # the miss took the oldest slot, at 8
+
+
 def test_the_current_layers_experts_are_never_evicted() -> None:
     """Five experts needed, four slots all holding them or older ones: only the one slot not
     needed now takes a miss; the other miss runs on the CPU."""

@@ -18,7 +18,7 @@ from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
 
 route_plan = import_kernel("route_plan", "route_plan")
 needs_triton = needs(route_plan)
-PLAN_FIELDS = ("unique_ids", "status", "slot", "evicted", "counts", "inverse", "pair_slot")
+PLAN_FIELDS = ("unique_ids", "status", "slot", "evicted", "counts", "inverse", "pair_slot", "pair_fill")
 
 
 class Cache:
@@ -244,6 +244,29 @@ def test_device_scalars_and_out_buffers():
     for field in PLAN_FIELDS:
         assert torch.equal(getattr(got, field), getattr(ref, field)), field
     assert torch.equal(cache.last_used, ref_cache.last_used) and torch.equal(cache.table, ref_cache.table)
+
+
+@needs_triton
+def test_a_clock_counter_is_moved_on_by_each_plan():
+    """advance_clock: the plan adds one to the counter and plans with the new value, as the twin does."""
+    rng = random.Random(11)
+    cache = random_cache(rng, 2, 16, 12, clock=20, occupancy=0.7)
+    ref_cache = cache.clone()
+    counter = torch.tensor([20], dtype=torch.int64, device=DEVICE)
+    ref_counter = counter.clone()
+    for step in range(4):
+        rows = [rng.sample(range(16), 4)]
+        got = route_plan(ids(rows), step % 2, 16, *cache.args(), counter, 2, advance_clock=True)
+        ref = route_plan_ref(ids(rows), step % 2, 16, *ref_cache.args(), ref_counter, 2, advance_clock=True)
+        assert int(counter) == int(ref_counter) == 21 + step
+        for field in PLAN_FIELDS:
+            assert torch.equal(getattr(got, field), getattr(ref, field)), (step, field)
+        assert torch.equal(cache.last_used, ref_cache.last_used)
+        assert int(cache.last_used.max()) == 21 + step
+    with pytest.raises(TypeError, match="advance_clock"):
+        route_plan(ids([[0]]), 0, 16, *cache.args(), 5, 2, advance_clock=True)
+    with pytest.raises(TypeError, match="advance_clock"):
+        route_plan_ref(ids([[0]]), 0, 16, *ref_cache.args(), 5, 2, advance_clock=True)
 
 
 @needs_triton

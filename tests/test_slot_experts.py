@@ -36,6 +36,7 @@ class Slots:
                  seed: int = 0, device: str = DEVICE) -> None:
         bank = random_bank(dtype, num_experts, hidden, inter, seed=seed)
         self.layout, self.hidden, self.inter, self.dtype = bank.layout, hidden, inter, DTYPES[dtype]
+        self.bank = bank.data.pin_memory() if device == "cuda" else bank.data  # host rows, as the executor's banks
         self.slots = torch.full((len(expert_of), bank.layout.expert_stride + 4096), 0xFF, dtype=torch.uint8)
         for slot, expert in enumerate(expert_of):
             if expert is not None:
@@ -193,6 +194,50 @@ def test_kernel_no_pairs_or_all_skipped_leave_out_alone() -> None:
     out = torch.randn(2, 64).to(DEVICE)
     assert torch.equal(cache.run(slot_experts, x, [], [], [], out), out)
     assert torch.equal(cache.run(slot_experts, x, [0, 1, 1], [-1, -1, -1], [1.0, 1.0, 1.0], out), out)
+
+
+@needs_triton
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (96, 40)])  # whole and ragged tiles
+def test_kernel_fills_the_pcie_pairs_slots_in_the_same_launch(hidden: int, inter: int) -> None:
+    """Pairs with pair_fill >= 0 read their expert from the host bank and leave it in their slot:
+    the output and the slots equal the twin's (fill, then compute) and an independent sum."""
+    gen = torch.Generator().manual_seed(hidden)
+    cache = Slots("bf16", hidden, inter, [3, None, 0, None, 5, 7])  # slots 1 and 3: NaN, filled by the call
+    x = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
+    out = torch.randn(1, hidden, generator=gen).to(DEVICE)
+    tokens, slots, fills, weights = [0, 0, 0, 0, 0], [0, 1, 3, 2, -1], [-1, 6, 2, -1, -1], [0.5, 0.25, 1.0, 0.125, 9.0]
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+    results = []
+    for fn in (slot_experts, slot_experts_ref):
+        slot_tensor, o = cache.slots.clone(), out.clone()
+        fn(x, slot_tensor, tensor(tokens, torch.int32), tensor(slots, torch.int32), tensor(weights, torch.float32),
+           out=o, fill_bank=cache.bank, pair_fill=tensor(fills, torch.int32), **cache.kwargs)
+        results.append((slot_tensor.cpu(), o))
+    (kernel_slots, kernel_out), (ref_slots, ref_out) = results
+    parts = [slice(p.offset, p.offset + p.nbytes) for p in cache.layout.parts]  # (not the padding between)
+    for slot, expert in ((1, 6), (3, 2)):
+        for part in parts:
+            assert torch.equal(kernel_slots[slot, part], cache.bank[expert, part].cpu()), slot
+        assert torch.equal(kernel_slots[slot], ref_slots[slot]), slot
+    for slot in (0, 2, 4, 5):  # the hits' slots are not written
+        assert torch.equal(kernel_slots[slot], cache.slots[slot].cpu()), slot
+    torch.testing.assert_close(kernel_out, ref_out, **TIGHT)
+    filled = Slots("bf16", hidden, inter, [3, 6, 0, 2, 5, 7])
+    torch.testing.assert_close(ref_out, independent(filled, x, tokens, slots, weights, out), **TIGHT)
+
+
+def test_fills_need_the_bank_and_the_pairs_experts_together() -> None:
+    cache = Slots("bf16", 64, 32, [0, 1], device="cpu")
+    x, out = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 64)
+    pair = [torch.tensor([v], dtype=d) for v, d in ((0, torch.int32), (1, torch.int32), (1.0, torch.float32))]
+    with pytest.raises(ValueError, match="together"):
+        slot_experts_ref(x, cache.slots, *pair, out=out, fill_bank=cache.bank, **cache.kwargs)
+    with pytest.raises(ValueError, match="do not hold the parts"):
+        slot_experts_ref(x, cache.slots, *pair, out=out, fill_bank=cache.bank[:, :64].contiguous(), pair_fill=pair[1],
+                         **cache.kwargs)
 
 
 # --- on the GPU host: Qwen3-30B-A3B experts

@@ -3,13 +3,12 @@
 A decode layer call is about eight launches (the route plan, the PCIe fills, the slot experts;
 with a CPU share, the staging copies and the stream flags) that cost the host ~0.3-0.5 ms a
 layer, more than the device needs once most experts hit. Captured once per (layer, tokens,
-split, CPU share or not) and replayed, it costs three input copies and one graph launch.
+split, CPU share or not) and replayed, it costs one copy of the inputs and one graph launch.
 
 What a replay needs, and how it gets it:
 - inputs: copied into the graph's own buffers before each replay (stream-ordered);
-- the cache clock: written by the host into a pinned buffer of the graph's, which the graph's
-  first node copies to the device. Before writing it the host waits for the graph's previous
-  replay (an event: in decode the step that replayed it has long been synced for sampling);
+- the cache clock: kept on the device, where the graph's route plan moves it on by one
+  (ExpertCache.tick): the host writes nothing and waits for nothing per replay;
 - the cache's tensors: their addresses are baked in, so graphs are dropped whenever the cache
   is rebuilt (resize: `ExpertCache.generation`);
 - host work: a step may return a function to run on each replay (the CPU share hands its
@@ -28,12 +27,11 @@ import gc
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 HostWork = Callable[[], object]
-# (x, ids, weights, clock) -> (output, host work to run on each replay or None)
-Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, HostWork | None]]
+# (x, ids, weights) -> (output, host work to run on each replay or None)
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, HostWork | None]]
 
 
 @dataclass
@@ -42,11 +40,7 @@ class _Captured:
     x: torch.Tensor
     ids: torch.Tensor
     weights: torch.Tensor
-    clock: torch.Tensor  # pinned host int64 [1], read by the graph's first node
-    clock_view: np.ndarray  # the same memory as numpy: the host writes it without a torch dispatch
-    device_clock: torch.Tensor  # where that node copies it: the graph holds its address, so it must stay allocated
     out: torch.Tensor
-    done: torch.cuda.Event
     host_work: HostWork | None
 
 
@@ -64,7 +58,7 @@ class DecodeGraphs:
         self.first_calls = 0  # keys run uncaptured on first sight
 
     def run(self, key: Hashable, generation: int, step: Step, x: torch.Tensor, ids: torch.Tensor,
-            weights: torch.Tensor, clock: int) -> torch.Tensor | None:
+            weights: torch.Tensor) -> torch.Tensor | None:
         if generation != self._generation:  # the cache was rebuilt: its addresses changed
             self.invalidate()
             self._generation = generation
@@ -76,32 +70,22 @@ class DecodeGraphs:
         if captured is None:
             captured = self._graphs[key] = self._capture(step, x, ids, weights)
             self.captures += 1
-        captured.done.synchronize()  # its previous replay has read the clock buffer
-        captured.x.copy_(x)
-        captured.ids.copy_(ids)
-        captured.weights.copy_(weights)
-        captured.clock_view[0] = clock
+        # one dispatch for the three copies (a torch op on CUDA costs the host several microseconds)
+        torch._foreach_copy_([captured.x, captured.ids, captured.weights], [x, ids, weights])
         if captured.host_work is not None:  # before the replay: a replay made synchronous (CUDA_LAUNCH_BLOCKING) waits for it
             captured.host_work()
         captured.graph.replay()
-        captured.done.record()
         self.replays += 1
         return captured.out.clone()
 
     def _capture(self, step: Step, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> _Captured:
         static_x, static_ids, static_weights = x.clone(), ids.clone(), weights.clone()
-        clock_host = torch.zeros(1, dtype=torch.int64, device="cpu", pin_memory=True)
-        clock = torch.zeros(1, dtype=torch.int64, device=self.device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with _collector_off(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            clock.copy_(clock_host, non_blocking=True)
-            out, host_work = step(static_x, static_ids, static_weights, clock)
-        done = torch.cuda.Event()
-        done.record()
-        return _Captured(graph, static_x, static_ids, static_weights, clock_host, clock_host.numpy(), clock, out, done,
-                         host_work)
+            out, host_work = step(static_x, static_ids, static_weights)
+        return _Captured(graph, static_x, static_ids, static_weights, out, host_work)
 
     @property
     def one_time_work(self) -> int:
@@ -112,8 +96,8 @@ class DecodeGraphs:
         """Drop every graph, and their memory pool with them: a later capture gets a new pool.
         (Capturing into a pool whose graphs were all destroyed lets torch free its blocks at the
         next empty_cache, which every capture runs, while the new graphs still use them.)"""
-        for captured in self._graphs.values():
-            captured.done.synchronize()  # no replay in flight reads what is freed
+        if self._graphs:
+            torch.cuda.synchronize(self.device)  # no replay in flight reads what is freed
         self._graphs.clear()
         self._warm.clear()
         self._pool = None

@@ -4,8 +4,9 @@ the CPU, in the split the mode (and for "auto", the measured bandwidths) decide.
 One decode call, queued with no host sync: the route-plan kernel (kernels/route_plan.py) dedups
 the routed experts, classifies hits and misses against the cache's device table, lets the first
 n misses take LRU victim slots (never a slot the layer needs) and marks the rest for the CPU;
-the fill kernel copies those n records from the pinned host banks into their slots over PCIe;
-every device pair is computed from its slot (slot_compute.py); the CPU share runs on a worker
+every device pair is computed from its slot (slot_compute.py), and in the same launch the n
+misses are read from the pinned host banks over PCIe and left in their slots (one token; with
+more, the fill kernel copies them first); the CPU share runs on a worker
 thread straight from the host bank, and the device stream waits for its result before adding
 it (cpu_share.py). The launching thread goes on to the next layer at once. A call with many
 tokens (prefill) streams the whole bank instead (prefill.py).
@@ -41,7 +42,7 @@ from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import StreamingPrefill
 from .profile import BandwidthProfile
 from .records import check_device_layout
-from .slot_compute import add_slot_experts
+from .slot_compute import add_slot_experts, fills_in_launch
 from .split import miss_cost
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class HybridExpertExecutor:
             n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
         # uploaded here, outside any graph capture, when the host changed the bookkeeping
         state = cache.device_state()
-        clock = cache.advance()
+        clock = cache.tick()  # the device copy of the clock, which the plan moves on
         # with every miss sent to PCIe, one still lands on the CPU when no slot may take it: more
         # distinct experts than slots
         may_use_cpu = uses_cpu or num_pairs > cache.num_slots
@@ -203,29 +204,33 @@ class HybridExpertExecutor:
 
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
-                           clock: int | torch.Tensor, n_pcie: int | torch.Tensor, cpu_share: bool,
+                           clock: torch.Tensor, n_pcie: int | torch.Tensor, cpu_share: bool,
                            capturing: bool = False) -> tuple[torch.Tensor, RoutePlan, Job | None]:
         """One decode layer call's work, all queued: the output in x's dtype, the plan, and the
-        CPU share's job (None without one). `state`: the cache's device (table, owner, last_used).
+        CPU share's job (None without one). `state`: the cache's device (table, owner, last_used);
+        `clock`: its device clock, which the plan moves on (ExpertCache.tick).
         `capturing`: the work is being captured into a CUDA graph, so the worker is not handed
         the job now but on each replay."""
         bank, cache = self.banks[layer], self.cache
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
         plan = planner(expert_ids, layer, cache.num_experts, *state, clock, n_pcie,
-                       totals=self._totals(bank.layout.expert_stride))
+                       totals=self._totals(bank.layout.expert_stride), advance_clock=True)
         job = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if cpu_share else None
         started = self.cpu_share.start(job) if job is not None and not capturing else None
-        self._fill(plan, bank)
+        # the misses' PCIe reads in the slot kernel's launch, overlapping the hits' compute, where it can
+        in_launch = self.mode != "cpu" and self._zero_copy[layer] and fills_in_launch(bank.layout, x)
+        self._fill(plan, bank, self.pcie_repeat - in_launch)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if self.mode != "cpu":
-            add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out)
+            add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out,
+                             fill_bank=bank.data if in_launch else None)
         if job is not None:
             self.cpu_share.add_result(job, out, started)
         return out.to(x.dtype), plan, job
 
     def _replay(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor,
-                expert_ids: torch.Tensor, weights: torch.Tensor, clock: int,
+                expert_ids: torch.Tensor, weights: torch.Tensor, clock: torch.Tensor,
                 n_pcie: int | torch.Tensor, cpu_share: bool) -> torch.Tensor | None:
         """The call through a CUDA graph (decode_graphs.py); None the first time a key is seen.
         With a CPU share the graph holds its device half, and each replay hands the worker the job."""
@@ -243,19 +248,20 @@ class HybridExpertExecutor:
         key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key,
                cpu_share)
 
-        def step(sx: torch.Tensor, sids: torch.Tensor, sweights: torch.Tensor,
-                 sclock: torch.Tensor) -> tuple[torch.Tensor, Callable[[], object] | None]:
-            out, _, job = self._plan_fill_compute(layer, state, sx, sids, sweights, sclock, n_pcie, cpu_share,
+        def step(sx: torch.Tensor, sids: torch.Tensor,
+                 sweights: torch.Tensor) -> tuple[torch.Tensor, Callable[[], object] | None]:
+            out, _, job = self._plan_fill_compute(layer, state, sx, sids, sweights, clock, n_pcie, cpu_share,
                                                   capturing=True)
             return out, (lambda: self.cpu_share.start(job)) if job is not None else None
 
-        return self.graphs.run(key, self.cache.generation, step, x, expert_ids, weights, clock)
+        return self.graphs.run(key, self.cache.generation, step, x, expert_ids, weights)
 
-    def _fill(self, plan: RoutePlan, bank: HostExpertBank) -> None:
-        """The plan's PCIe fills: the zero-copy kernel from a pinned bank; else copies planned on
-        the host (a sync: only when pinning was refused, or off CUDA where it costs nothing).
-        `pcie_repeat` times: the same bytes again, the time of a slower link."""
-        for _ in range(self.pcie_repeat):
+    def _fill(self, plan: RoutePlan, bank: HostExpertBank, copies: int) -> None:
+        """The plan's PCIe fills, made `copies` times (`pcie_repeat` emulates a slower link by
+        copying the same bytes again; the slot kernel may make one of them): the zero-copy kernel
+        from a pinned bank; else copies planned on the host (a sync: only when pinning was
+        refused, or off CUDA where it costs nothing)."""
+        for _ in range(copies):
             if self._zero_copy.get(bank.layer, False):
                 self._expert_fill(plan, bank.data, self.cache.slots)
             elif self.mode in ("auto", "offload"):

@@ -40,7 +40,8 @@ class ExpertCache:
     - `last_used` int64 [S] (host, numpy): the clock when slot s was last used (-1: never);
       `advance` moves the clock once per layer call, so the order is the global access order;
     - `pinned` bool [S] (host, numpy): slots never chosen as victims (static residency);
-    - `device_state()`: (table int32 [L*E], owner int32 [S], last_used int64 [S]) on the device.
+    - `device_state()`: (table int32 [L*E], owner int32 [S], last_used int64 [S]) on the device,
+      and the clock's device copy, which decode plans move on themselves (`tick`).
     """
 
     def __init__(self, num_slots: int, slot_bytes: int, device: torch.device | str, *, num_layers: int,
@@ -67,6 +68,8 @@ class ExpertCache:
             self.generation += 1
             self._views: dict[int, RecordViews] = {}
             self._device: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+            self._device_clock: torch.Tensor | None = None  # int64 [1]: decode plans move it on (`tick`)
+            self._device_clock_value: int | None = None  # the host clock it holds, as far as the host knows
         self._owner = np.full(num_slots, EMPTY, dtype=np.int64)
         self._last_used = np.full(num_slots, EMPTY, dtype=np.int64)
         self._pinned = np.zeros(num_slots, dtype=bool)
@@ -89,6 +92,11 @@ class ExpertCache:
                 for dst, src in zip(self._device, state, strict=True):
                     dst.copy_(src)
             self._device_fresh = True
+        if self._device_clock is None:
+            self._device_clock = torch.tensor([self.clock], dtype=torch.int64, device=self.device)
+        elif self._device_clock_value != self.clock:  # the host moved the clock (prefill, `advance`)
+            self._device_clock.fill_(self.clock)
+        self._device_clock_value = self.clock
         self._host_fresh = False
         return self._device  # type: ignore[return-value]
 
@@ -145,6 +153,16 @@ class ExpertCache:
         """Move the clock (once per layer call); returns the new time."""
         self.clock += 1
         return self.clock
+
+    def tick(self) -> torch.Tensor:
+        """Move the clock for a device plan that moves the device's copy itself (route_plan's
+        `advance_clock`): returns that copy, an int64 [1] of fixed address, so a call captured in
+        a CUDA graph needs nothing from the host per replay. Call `device_state` first."""
+        if self._device_clock is None or self._device_clock_value != self.clock:
+            raise RuntimeError("ExpertCache.tick: call device_state() first (the device clock is not current)")
+        self.clock += 1
+        self._device_clock_value = self.clock
+        return self._device_clock
 
     def touch(self, slots: Sequence[int]) -> None:
         if len(slots):

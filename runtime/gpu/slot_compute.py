@@ -51,18 +51,30 @@ def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:
     return _IN_PLACE_DTYPES.get(names["w13"])
 
 
+def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
+    """Whether `add_slot_experts` can make the plan's PCIe fills in its own launch for this call:
+    the kernel reads the layout in place, and each filled expert has one pair (one token)."""
+    return x.is_cuda and x.shape[0] == 1 and in_place_dtype(layout) is not None and _kernel() is not None
+
+
 def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, slots: torch.Tensor,
-                     views: RecordViews, compute_dtype: torch.dtype, out: torch.Tensor) -> None:
-    """out (float32 [T, H]) += the plan's device pairs, each expert read from its slot."""
+                     views: RecordViews, compute_dtype: torch.dtype, out: torch.Tensor,
+                     fill_bank: torch.Tensor | None = None) -> None:
+    """out (float32 [T, H]) += the plan's device pairs, each expert read from its slot.
+    `fill_bank` (the layer's pinned host bank, where `fills_in_launch`): the plan's PCIe fills
+    are made by the same launch, the misses read over PCIe while the hits compute."""
     token, slot, weight = pairs_of(plan, weights)
     layout = views.layout
     dtype = in_place_dtype(layout)
     slot_experts = _kernel() if x.is_cuda and dtype is not None else None
+    if fill_bank is not None and not fills_in_launch(layout, x):
+        raise ValueError("add_slot_experts: this call's fills cannot be made in the launch (see fills_in_launch)")
     if slot_experts is not None:
         parts = {p.name: p for p in layout.parts}
         hidden, inter = parts["w2"].shape
         slot_experts(x.to(compute_dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
-                     w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
+                     w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
+                     fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None)
         return
     on_device = slot >= 0
     w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]

@@ -3,8 +3,10 @@
 The route plan (route_plan.py) chooses, on the device, which experts cross PCIe and into which
 slots; the host never learns which ones, so it cannot issue the copies. This kernel does them:
 the SMs read the host bank over PCIe (zero-copy: the bank is page-locked and mapped, so its
-host address is valid on the device under unified addressing) and write the slots. Programs
-are (plan row, chunk of the record); rows that are not PCIE fills return at once.
+host address is valid on the device under unified addressing) and write the slots. A program
+is one chunk of a record, for every plan row in turn: the fills of a decode call (a handful of
+rows, most of them hits) cost one launch of stride / CHUNK programs, and a call with nothing to
+fill costs those programs one look at the statuses.
 
 Semantics: expert_fill_ref.py (the torch twin; it also serves off CUDA and for banks that are
 not pinned, where it reads the plan on the host).
@@ -21,18 +23,16 @@ from .route_plan_ref import PCIE, RoutePlan
 CHUNK_WORDS = 4096  # int64 words per program: 32 KiB in flight per program
 
 
-@triton.jit(do_not_specialize=["bank_addr", "stride_words", "slot_words", "n_rows"])
-def _expert_fill_kernel(bank_addr, stride_words, unique_ptr, status_ptr, slot_ptr, slots_ptr, slot_words, n_rows,
-                        CHUNK: tl.constexpr, PCIE_CODE: tl.constexpr):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    if row < n_rows:
+@triton.jit(do_not_specialize=["bank_addr", "stride_words", "slot_words"])
+def _expert_fill_kernel(bank_addr, stride_words, unique_ptr, status_ptr, slot_ptr, slots_ptr, slot_words,
+                        N_ROWS: tl.constexpr, CHUNK: tl.constexpr, PCIE_CODE: tl.constexpr):
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < stride_words
+    for row in range(N_ROWS):  # constexpr bound: a loop, not unrolled; fine in the interpreter too
         status = tl.load(status_ptr + row)
         if status == PCIE_CODE:
             expert = tl.load(unique_ptr + row).to(tl.int64)
             slot = tl.load(slot_ptr + row).to(tl.int64)
-            offs = chunk * CHUNK + tl.arange(0, CHUNK)
-            mask = offs < stride_words
             src = (bank_addr + expert * stride_words * 8).to(tl.pointer_type(tl.int64))
             words = tl.load(src + offs, mask=mask)
             tl.store(slots_ptr + slot * slot_words + offs, words, mask=mask)
@@ -50,8 +50,7 @@ def expert_fill(plan: RoutePlan, bank: torch.Tensor, slots: torch.Tensor) -> Non
         raise ValueError(f"expert_fill: records of {stride} bytes into slots of {slot_bytes} (both multiples of 8)")
     if not bank.is_contiguous() or not slots.is_contiguous():
         raise ValueError("expert_fill: bank and slots must be contiguous")
-    n_rows = plan.status.numel()
-    grid = (n_rows, triton.cdiv(stride // 8, CHUNK_WORDS))
+    grid = (triton.cdiv(stride // 8, CHUNK_WORDS),)
     _expert_fill_kernel[grid](bank.data_ptr(), stride // 8, plan.unique_ids, plan.status, plan.slot,
-                              slots.view(torch.int64), slot_bytes // 8, n_rows,
-                              CHUNK=CHUNK_WORDS, PCIE_CODE=PCIE, num_warps=8)
+                              slots.view(torch.int64), slot_bytes // 8,
+                              N_ROWS=plan.status.numel(), CHUNK=CHUNK_WORDS, PCIE_CODE=PCIE, num_warps=8)

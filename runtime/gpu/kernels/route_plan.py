@@ -33,11 +33,14 @@ def _route_plan_kernel(
     ids_ptr, n_ids, layer, num_experts,
     table_ptr, owner_ptr, last_used_ptr, num_slots,
     clock_arg, n_pcie_max_arg, n_table_last,
-    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr, totals_ptr,
+    unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr, pair_fill_ptr, totals_ptr,
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
-    if CLOCK_ON_DEVICE:
+    if CLOCK_ON_DEVICE == 2:  # a counter: moved on by one, the new value is this call's clock
+        clock = tl.load(clock_arg).to(tl.int64) + 1
+        tl.store(clock_arg, clock)
+    elif CLOCK_ON_DEVICE == 1:
         clock = tl.load(clock_arg).to(tl.int64)
     else:
         clock = clock_arg.to(tl.int64)
@@ -123,6 +126,9 @@ def _route_plan_kernel(
     device_slot = tl.where(hit | pcie, slot, -1)  # per unique row; the CPU's rows hold -1
     pair_slot = tl.sum(tl.where(inverse[:, None] == col, device_slot[None, :], 0), axis=1)  # [N] by (t, k)
     tl.store(pair_slot_ptr + offs, pair_slot, mask=in_n)
+    fill_row = tl.where(pcie, uid, -1)  # per unique row: the bank row a PCIe fill reads
+    pair_fill = tl.sum(tl.where(inverse[:, None] == col, fill_row[None, :], 0), axis=1)
+    tl.store(pair_fill_ptr + offs, pair_fill, mask=in_n)
     tl.store(counts_ptr + 0, num_hits)
     tl.store(counts_ptr + 1, num_pcie)
     tl.store(counts_ptr + 2, num_miss - num_pcie)
@@ -137,14 +143,16 @@ def _route_plan_kernel(
 def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
                owner: torch.Tensor, last_used: torch.Tensor, clock: int | torch.Tensor,
                n_pcie_max: int | torch.Tensor, *, out: RoutePlan | None = None, totals: torch.Tensor | None = None,
-               block_slots: int = 4096, num_warps: int = 4) -> RoutePlan:
+               block_slots: int = 4096, num_warps: int = 4, advance_clock: bool = False) -> RoutePlan:
     """Plan one layer on the device (semantics: route_plan_ref); updates table/owner/last_used in place.
 
     expert_ids [T, K] int32/int64; table int32 [L*E]; owner int32 [S]; last_used int64 [S];
     clock / n_pcie_max: Python ints or one-element device tensors (any int dtype; pass tensors
     to capture in a CUDA graph); `totals` (int64 [4], optional) gets the counts added; n_pcie_max may also be a device table [M] indexed by the
     layer's number of misses (clamped to M - 1): the policy's count for every miss count. `out`: a RoutePlan.empty(T, K, device) to fill (graph-static
-    outputs); otherwise a new one. No host sync.
+    outputs); otherwise a new one. `advance_clock`: `clock` is an int64 counter [1] the kernel
+    moves on by one and plans with (decode keeps the clock on the device: a captured call needs
+    nothing written by the host). No host sync.
 
     Cost on an H200 (kernel time, T=1 K=8 S=3000): ~2 us when nothing goes over PCIe (no
     scan), ~5 us with misses; T=4 S=20000: ~10 us. block_slots 4096 / 4 warps measured best.
@@ -166,6 +174,8 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
     block_n = max(16, triton.next_power_of_2(n))
     block_s = max(16, min(block_slots, triton.next_power_of_2(num_slots)))
     clock_on_device = isinstance(clock, torch.Tensor)
+    if advance_clock and (not clock_on_device or clock.dtype != torch.int64 or clock.numel() != 1):
+        raise TypeError("route_plan: advance_clock needs the clock as an int64 tensor of one element")
     n_pcie_mode = 0 if not isinstance(n_pcie_max, torch.Tensor) else 1 if n_pcie_max.numel() == 1 else 2
     n_table_last = n_pcie_max.numel() - 1 if n_pcie_mode == 2 else 0
     _route_plan_kernel[(1,)](
@@ -173,8 +183,9 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         table, owner, last_used, num_slots,
         clock, n_pcie_max, n_table_last,
         plan.unique_ids, plan.status, plan.slot, plan.evicted, plan.counts, plan.inverse, plan.pair_slot,
+        plan.pair_fill,
         totals if totals is not None else plan.counts,
-        CLOCK_ON_DEVICE=clock_on_device, N_PCIE_MODE=n_pcie_mode,
+        CLOCK_ON_DEVICE=2 if advance_clock else int(clock_on_device), N_PCIE_MODE=n_pcie_mode,
         BLOCK_N=block_n, BLOCK_S=block_s, ACCUMULATE=totals is not None, num_warps=num_warps,
     )
     return plan

@@ -6,6 +6,8 @@ One MoE layer's expert work for a decode step, planned against the global expert
 
 1. dedup the T*K routed ids, keeping first-occurrence order in row-major (t, k) order;
 2. classify each unique expert: hit (table[key] >= 0) or miss;
+0. with `advance_clock`, `clock` is a device counter [1]: it is moved on by one and the new value
+   is the clock below (a decode call's clock kept on the device: nothing for the host to write);
 3. hits: last_used[slot] = clock;
 4. misses: the first n_pcie = min(misses, n_pcie_max) in unique order (n_pcie_max: a number,
    or a table [M] read at min(misses, M - 1): the split policy's count per miss count) get victim slots, the
@@ -50,6 +52,8 @@ class RoutePlan:
     inverse [T, K] int32: row of unique_ids that expert_ids[t, k] maps to (for the combine).
     pair_slot [T*K] int32: the cache slot pair (t, k) is computed from (slot[inverse[t, k]]), -1
         where its expert runs on the CPU.
+    pair_fill [T*K] int32: where pair (t, k)'s expert is a PCIe fill, the expert (its bank row),
+        else -1: a decode kernel may fill the slot while it computes (slot_experts' fill_bank).
     """
 
     unique_ids: torch.Tensor
@@ -59,6 +63,7 @@ class RoutePlan:
     counts: torch.Tensor
     inverse: torch.Tensor
     pair_slot: torch.Tensor
+    pair_fill: torch.Tensor
 
     @staticmethod
     def empty(num_tokens: int, top_k: int, device: torch.device | str) -> RoutePlan:
@@ -66,7 +71,7 @@ class RoutePlan:
         i32 = {"dtype": torch.int32, "device": device}
         return RoutePlan(torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(n, **i32),
                          torch.empty(n, **i32), torch.empty(4, **i32), torch.empty(num_tokens, top_k, **i32),
-                         torch.empty(n, **i32))
+                         torch.empty(n, **i32), torch.empty(n, **i32))
 
 
 def _as_int(x: int | torch.Tensor) -> int:
@@ -75,14 +80,20 @@ def _as_int(x: int | torch.Tensor) -> int:
 
 def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
                    owner: torch.Tensor, last_used: torch.Tensor, clock: int | torch.Tensor,
-                   n_pcie_max: int | torch.Tensor, *, totals: torch.Tensor | None = None) -> RoutePlan:
+                   n_pcie_max: int | torch.Tensor, *, totals: torch.Tensor | None = None,
+                   advance_clock: bool = False) -> RoutePlan:
     """Plan one layer (see the module docstring); updates table, owner and last_used in place, and
-    adds the counts to `totals` (int64 [4]) when given.
+    adds the counts to `totals` (int64 [4]) when given. `advance_clock`: `clock` is a counter tensor
+    moved on by one first (step 0).
 
     Host syncs freely: it is the specification, not the fast path.
     """
     num_tokens, top_k = expert_ids.shape
     n = num_tokens * top_k
+    if advance_clock:
+        if not isinstance(clock, torch.Tensor) or clock.numel() != 1:
+            raise TypeError("route_plan: advance_clock needs the clock as a one-element tensor")
+        clock.add_(1)
     clock = _as_int(clock)
     device = expert_ids.device
 
@@ -141,4 +152,5 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
         counts=i32(counts),
         inverse=i32(inverse).reshape(num_tokens, top_k),
         pair_slot=i32([slots[u] if status[u] != CPU else -1 for u in inverse]),
+        pair_fill=i32([unique[u] if status[u] == PCIE else -1 for u in inverse]),
     )

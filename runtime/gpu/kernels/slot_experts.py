@@ -17,6 +17,14 @@ Atomic adds make `out`'s last bits depend on the order pairs finish: not bitwise
 
 A pair reads its expert's weights once, so tokens sharing an expert (T > 1) read it once per
 token; deduplicating those reads (one program over a slot's tokens) is the next step if T grows.
+
+Fills in the same launch (`fill_bank`, `pair_fill`): a pair whose expert the route plan sent over
+PCIe reads its weights from the pinned host bank (zero-copy, like kernels/expert_fill.py) and
+stores every tile it reads into its slot, so the slot is whole when the launch ends. The misses'
+PCIe reads then overlap the hits' compute instead of preceding it (a separate fill launch is
+~200 us for a 9 MB record over the H200's link, during which the device did nothing else), and
+a call without misses launches no fill at all. Each pair reads its own weights, so only a plan
+whose PCIe experts each belong to one pair (T = 1) may fill here; others fill first.
 """
 
 from __future__ import annotations
@@ -28,11 +36,12 @@ import triton.language as tl
 from .slot_experts_ref import check_slot_experts_args
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _gate_up_kernel(
     x_ptr, stride_x, w_ptr, stride_slot, w13_at,
-    token_ptr, slot_ptr, act_ptr,
+    token_ptr, slot_ptr, act_ptr, bank_addr, bank_stride, fill_ptr,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, EVEN: tl.constexpr,
+    FILL: tl.constexpr, ESIZE: tl.constexpr,
 ):
     p = tl.program_id(0)
     slot = tl.load(slot_ptr + p)
@@ -43,6 +52,14 @@ def _gate_up_kernel(
     cols = tl.arange(0, BLOCK_H)
     w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
     w3 = w1 + INTER * HIDDEN
+    r1 = w1  # where the weights are read: the slot, or the host bank for a pair filled here
+    fill = -1
+    if FILL:
+        fill = tl.load(fill_ptr + p)
+        if fill >= 0:
+            base = (bank_addr + fill.to(tl.int64) * bank_stride + w13_at * ESIZE).to(tl.pointer_type(w_ptr.dtype.element_ty))
+            r1 = base + rows[:, None] * HIDDEN
+    r3 = r1 + INTER * HIDDEN
     x_row = x_ptr + token * stride_x
     # 2-d partial sums, reduced across threads once after the loop rather than every step
     g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
@@ -51,13 +68,19 @@ def _gate_up_kernel(
         h = h0 + cols
         if EVEN:  # no masks: unpredicated 16-byte loads
             xs = tl.load(x_row + h)
-            w1_tile = tl.load(w1 + h[None, :])
-            w3_tile = tl.load(w3 + h[None, :])
+            w1_tile = tl.load(r1 + h[None, :])
+            w3_tile = tl.load(r3 + h[None, :])
+            if fill >= 0:
+                tl.store(w1 + h[None, :], w1_tile)
+                tl.store(w3 + h[None, :], w3_tile)
         else:
             in_tile = (rows[:, None] < INTER) & (h < HIDDEN)[None, :]
             xs = tl.load(x_row + h, mask=h < HIDDEN, other=0.0)
-            w1_tile = tl.load(w1 + h[None, :], mask=in_tile, other=0.0)
-            w3_tile = tl.load(w3 + h[None, :], mask=in_tile, other=0.0)
+            w1_tile = tl.load(r1 + h[None, :], mask=in_tile, other=0.0)
+            w3_tile = tl.load(r3 + h[None, :], mask=in_tile, other=0.0)
+            if fill >= 0:
+                tl.store(w1 + h[None, :], w1_tile, mask=in_tile)
+                tl.store(w3 + h[None, :], w3_tile, mask=in_tile)
         xs = xs.to(tl.float32)[None, :]  # [1, BLOCK_H]
         g += w1_tile.to(tl.float32) * xs
         u += w3_tile.to(tl.float32) * xs
@@ -69,11 +92,12 @@ def _gate_up_kernel(
         tl.store(act_ptr + p * INTER + rows, act, mask=rows < INTER)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _down_kernel(
     act_ptr, w_ptr, stride_slot, w2_at,
-    token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out,
+    token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out, bank_addr, bank_stride, fill_ptr,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    FILL: tl.constexpr, ESIZE: tl.constexpr,
 ):
     p = tl.program_id(0)
     slot = tl.load(slot_ptr + p)
@@ -84,16 +108,28 @@ def _down_kernel(
     rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
     cols = tl.arange(0, BLOCK_K)
     w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
+    r2 = w2
+    fill = -1
+    if FILL:
+        fill = tl.load(fill_ptr + p)
+        if fill >= 0:
+            base = (bank_addr + fill.to(tl.int64) * bank_stride + w2_at * ESIZE).to(tl.pointer_type(w_ptr.dtype.element_ty))
+            r2 = base + rows[:, None] * INTER
     act_row = act_ptr + p * INTER
     y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
     for i0 in range(0, INTER, BLOCK_K):
         i = i0 + cols
         if EVEN:
             a = tl.load(act_row + i)
-            w = tl.load(w2 + i[None, :])
+            w = tl.load(r2 + i[None, :])
+            if fill >= 0:
+                tl.store(w2 + i[None, :], w)
         else:
+            in_tile = (rows[:, None] < HIDDEN) & (i < INTER)[None, :]
             a = tl.load(act_row + i, mask=i < INTER, other=0.0)
-            w = tl.load(w2 + i[None, :], mask=(rows[:, None] < HIDDEN) & (i < INTER)[None, :], other=0.0)
+            w = tl.load(r2 + i[None, :], mask=in_tile, other=0.0)
+            if fill >= 0:
+                tl.store(w2 + i[None, :], w, mask=in_tile)
         y += w.to(tl.float32) * a[None, :]  # act is fp32 already
     y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
     if EVEN:
@@ -104,7 +140,8 @@ def _down_kernel(
 
 def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                  pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
-                 dtype: torch.dtype, out: torch.Tensor, block_i: int = 16, block_h: int = 256,
+                 dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
+                 pair_fill: torch.Tensor | None = None, block_i: int = 16, block_h: int = 256,
                  block_o: int = 32, block_k: int = 256, num_warps: int = 4) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
@@ -115,11 +152,17 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     hidden, inter: H and I; dtype: the parts' dtype (bf16 or f16). No host sync; pair_token must
     be in [0, T) for every pair that is not skipped (not checked: that would need a sync).
 
+    `fill_bank` (uint8 [E, stride], page-locked host memory on CUDA) with `pair_fill` (int32 [P],
+    RoutePlan.pair_fill): pairs with pair_fill[p] = e >= 0 read expert e's parts from the bank and
+    leave them in slot pair_slot[p] (the fill and the compute in one launch); no two such pairs
+    may share a slot.
+
     Tuning (not yet measured on a GPU; benchmarks/bench_slot_experts.py sweeps them): pass 1 is
     [block_i, block_h] tiles of W1 and W3, pass 2 [block_o, block_k] tiles of W2; powers of two.
     """
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
-                                            w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
+                                            w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
+                                            fill_bank=fill_bank, pair_fill=pair_fill)
     num_pairs = pair_slot.numel()
     if num_pairs == 0 or slots.shape[0] == 0:
         return
@@ -129,13 +172,18 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     block_h = min(block_h, triton.next_power_of_2(hidden))
     block_o = min(block_o, triton.next_power_of_2(hidden))
     block_k = min(block_k, triton.next_power_of_2(inter))
+    fills = fill_bank is not None
+    # without fills the bank arguments are placeholders the kernels never read (FILL is constexpr)
+    bank_addr, bank_stride = (fill_bank.data_ptr(), fill_bank.stride(0)) if fills else (0, 0)
+    fill_ptr = pair_fill if fills else pair_slot
+    esize = weights.element_size()
     _gate_up_kernel[(num_pairs, triton.cdiv(inter, block_i))](
-        x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, act,
-        HIDDEN=hidden, INTER=inter, BLOCK_I=block_i, BLOCK_H=block_h,
-        EVEN=hidden % block_h == 0 and inter % block_i == 0, num_warps=num_warps,
+        x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, act, bank_addr, bank_stride,
+        fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i, BLOCK_H=block_h,
+        EVEN=hidden % block_h == 0 and inter % block_i == 0, FILL=fills, ESIZE=esize, num_warps=num_warps,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o))](
         act, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
-        HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
-        EVEN=hidden % block_o == 0 and inter % block_k == 0, num_warps=num_warps,
+        bank_addr, bank_stride, fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
+        EVEN=hidden % block_o == 0 and inter % block_k == 0, FILL=fills, ESIZE=esize, num_warps=num_warps,
     )

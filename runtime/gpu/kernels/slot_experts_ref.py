@@ -32,7 +32,8 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
                             pair_slot: torch.Tensor, pair_weight: torch.Tensor, *, w13_offset: int,
                             w2_offset: int, hidden: int, inter: int, dtype: torch.dtype,
-                            out: torch.Tensor) -> tuple[int, int]:
+                            out: torch.Tensor, fill_bank: torch.Tensor | None = None,
+                            pair_fill: torch.Tensor | None = None) -> tuple[int, int]:
     """Raise TypeError / ValueError on arguments the kernel cannot take (shapes, dtypes, offsets);
     returns the element offsets (w13, w2) inside a record. Reads shapes only: no host sync."""
     if dtype not in WEIGHT_DTYPES:
@@ -60,6 +61,18 @@ def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: to
                              f"of a {slot_bytes}-byte slot")
     if slots.stride(0) % esize:
         raise ValueError(f"slot_experts: slot stride {slots.stride(0)} bytes is not a multiple of {esize}")
+    if (fill_bank is None) != (pair_fill is None):
+        raise ValueError("slot_experts: fill_bank and pair_fill come together (fills in the launch) or not at all")
+    if fill_bank is not None:
+        if fill_bank.dtype != torch.uint8 or fill_bank.dim() != 2 or not fill_bank.is_contiguous():
+            raise TypeError(f"slot_experts: fill_bank must be a contiguous uint8 [E, stride] bank, got "
+                            f"{fill_bank.dtype} {tuple(fill_bank.shape)}")
+        ends = max(w13_offset + 2 * inter * hidden * esize, w2_offset + hidden * inter * esize)
+        if fill_bank.shape[1] < ends or fill_bank.stride(0) % esize:
+            raise ValueError(f"slot_experts: fill_bank records of {fill_bank.shape[1]} bytes do not hold the parts "
+                             f"(up to byte {ends}, aligned to {esize})")
+        if pair_fill.dtype != torch.int32 or pair_fill.shape != (num_pairs,):
+            raise TypeError(f"slot_experts: pair_fill must be int32 [P], got {pair_fill.dtype} {tuple(pair_fill.shape)}")
     return w13_offset // esize, w2_offset // esize
 
 
@@ -71,14 +84,27 @@ def slot_weights(slots: torch.Tensor, offset_elems: int, shape: tuple[int, int],
 
 def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                      pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
-                     dtype: torch.dtype, out: torch.Tensor) -> None:
+                     dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
+                     pair_fill: torch.Tensor | None = None) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]); arithmetic in the module docstring. Skipped pairs (slot -1) read
-    nothing that matters: their token and weight may hold anything."""
+    nothing that matters: their token and weight may hold anything.
+
+    With `fill_bank` and `pair_fill`: first, for every pair with pair_fill[p] = e >= 0, the w13
+    and w2 parts of bank row e are copied into slot pair_slot[p] (read on the host: a sync)."""
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
-                                            w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out)
+                                            w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
+                                            fill_bank=fill_bank, pair_fill=pair_fill)
     if pair_slot.numel() == 0 or slots.shape[0] == 0:
         return
+    if fill_bank is not None:
+        esize = torch.empty(0, dtype=dtype).element_size()
+        parts = ((w13_offset, 2 * inter * hidden * esize), (w2_offset, hidden * inter * esize))
+        for slot, expert in zip(pair_slot.tolist(), pair_fill.tolist(), strict=True):
+            if expert >= 0 and slot >= 0:
+                for offset, nbytes in parts:
+                    slots[slot, offset: offset + nbytes].copy_(fill_bank[expert, offset: offset + nbytes],
+                                                                non_blocking=True)
     used = pair_slot >= 0  # [P]
     slot = torch.where(used, pair_slot, 0).long()
     token = torch.where(used, pair_token, 0).long()
