@@ -55,7 +55,7 @@ def test_an_interrupted_step_is_not_timed(monkeypatch) -> None:
     guard.on_decode_call(0)
     clock.now += 0.01
     guard.on_decode_call(0)
-    assert guard.times[MODEL] == [pytest.approx(0.01)]
+    assert guard.times[PCIE_ONLY] == [pytest.approx(0.01)]
 
 
 def test_a_step_that_did_one_time_work_is_not_timed(monkeypatch) -> None:
@@ -68,7 +68,7 @@ def test_a_step_that_did_one_time_work_is_not_timed(monkeypatch) -> None:
     guard.on_decode_call(0, settled=False)
     clock.now += 0.01
     guard.on_decode_call(0)
-    assert guard.times[MODEL] == [pytest.approx(0.01)]
+    assert guard.times[PCIE_ONLY] == [pytest.approx(0.01)]
 
 
 def test_a_model_arm_that_sends_nothing_to_the_cpu_is_left_after_one_block(monkeypatch) -> None:
@@ -85,11 +85,13 @@ def test_a_model_arm_that_sends_nothing_to_the_cpu_is_left_after_one_block(monke
 
     guard = AutoGuard(first_layer=3, cpu_experts=cpu_experts)
     arms = run_steps(guard, clock, 2000, {MODEL: 0.010, PCIE_ONLY: 0.010})  # equal times: no timing signal
-    assert arms[: AutoGuard.EXPLORE] == [MODEL] * AutoGuard.EXPLORE and arms[AutoGuard.EXPLORE] == PCIE_ONLY
+    explore = AutoGuard.EXPLORE
+    assert arms[: 2 * explore + 1] == [PCIE_ONLY] * explore + [MODEL] * explore + [PCIE_ONLY]
     assert guard.model_idle and guard.best == PCIE_ONLY
     trials = [i for i in range(1, len(arms)) if arms[i] == MODEL and arms[i - 1] == PCIE_ONLY]
     gaps = [b - a for a, b in zip(trials, trials[1:], strict=False)]
-    assert len(gaps) >= 2 and all(b >= 2 * a for a, b in zip(gaps, gaps[1:], strict=False))  # ever rarer
+    # ever rarer: each wait twice the last (the gaps also hold a trial block)
+    assert len(gaps) >= 2 and all(b >= 2 * a - 2 * AutoGuard.EXPLORE for a, b in zip(gaps, gaps[1:], strict=False))
     assert arms.count(MODEL) < 0.03 * len(arms)
     assert len(reads) <= 2 * (len(trials) + 1) + 1  # the count is read at a model block's start and end only
 
@@ -103,7 +105,7 @@ def test_restart_explores_both_arms_again(monkeypatch) -> None:
     guard.restart()
     assert not guard.model_idle and guard.times == {MODEL: [], PCIE_ONLY: []}
     arms = run_steps(guard, clock, 2 * AutoGuard.EXPLORE, {MODEL: 0.010, PCIE_ONLY: 0.010})
-    assert arms == [MODEL] * AutoGuard.EXPLORE + [PCIE_ONLY] * AutoGuard.EXPLORE
+    assert arms == [PCIE_ONLY] * AutoGuard.EXPLORE + [MODEL] * AutoGuard.EXPLORE
 
 
 def test_a_model_arm_that_uses_the_cpu_is_timed_as_before(monkeypatch) -> None:
@@ -119,14 +121,35 @@ def test_a_model_arm_that_uses_the_cpu_is_timed_as_before(monkeypatch) -> None:
 
 
 def test_a_decisively_slower_arm_ends_the_exploring_after_one_block(monkeypatch) -> None:
-    """Each trial step of the losing arm costs its gap: where one block of each shows a gap of
-    DECISIVE or more, the second round is skipped; a closer race gets both rounds."""
+    """Each trial step of the losing arm costs its gap: a model-arm step DECISIVE times the
+    PCIe-only median ends its block at once and the exploring with it; a closer race gets both
+    rounds of whole blocks."""
     explore = AutoGuard.EXPLORE
-    for model_s, second_model_block in ((0.030, False), (0.012, True)):
+    for model_s, decisive in ((0.030, True), (0.012, False)):
         clock = Clock()
         monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
         guard = AutoGuard(first_layer=3)
         arms = run_steps(guard, clock, 8 * explore, {MODEL: model_s, PCIE_ONLY: 0.010})
-        assert arms[:2 * explore] == [MODEL] * explore + [PCIE_ONLY] * explore
-        assert (arms[2 * explore] == MODEL) == second_model_block
+        if decisive:  # one model step, then PCIe-only until the next trial
+            assert arms == [PCIE_ONLY] * explore + [MODEL] + [PCIE_ONLY] * (7 * explore - 1)
+        else:
+            assert arms[:4 * explore] == ([PCIE_ONLY] * explore + [MODEL] * explore) * 2
         assert arms[-explore:] == [PCIE_ONLY] * explore and guard.best == PCIE_ONLY
+
+
+def test_a_hopeless_trial_of_either_arm_is_cut_short(monkeypatch) -> None:
+    """Once the model arm won, a re-trial of PCIe-only that is DECISIVE times slower ends after
+    one step too."""
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=3)
+    arms = run_steps(guard, clock, 3 * AutoGuard.REVISIT, {MODEL: 0.010, PCIE_ONLY: 0.030})
+    assert guard.best == MODEL
+    runs, start = [], 0
+    for i in range(1, len(arms) + 1):
+        if i == len(arms) or arms[i] != arms[start]:
+            runs.append((arms[start], i - start))
+            start = i
+    assert runs[0] == (PCIE_ONLY, AutoGuard.EXPLORE)  # the first block is whole: nothing to compare with yet
+    assert all(n == 1 for arm, n in runs[1:] if arm == PCIE_ONLY)  # every later PCIe-only trial: one step
+    assert sum(1 for arm, _ in runs if arm == PCIE_ONLY) >= 3

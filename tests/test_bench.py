@@ -47,6 +47,10 @@ def test_every_policy_has_sane_numbers(report: dict) -> None:
     (guard,) = p["auto"]["guard"]  # one run: what auto's guard did over its decode steps
     assert sum(guard["steps"].values()) == tokens and guard["best"] in ("model", "pcie")
     assert "guard" not in p["offload"]
+    # where the guarded run's time went, step by step: each arm's total, and the slowest steps
+    assert set(guard["total_ms"]) <= {"model", "pcie"} and all(ms > 0 for ms in guard["total_ms"].values())
+    assert len(guard["slowest"]) == min(4, tokens) and all(x["arm"] in guard["total_ms"] for x in guard["slowest"])
+    assert [x["ms"] for x in guard["slowest"]] == sorted((x["ms"] for x in guard["slowest"]), reverse=True)
 
 
 def test_static_residency_and_the_inputs_are_reported(report: dict) -> None:
@@ -99,7 +103,7 @@ def test_saved_json_reports_print_as_text(report: dict, tmp_path, capsys: pytest
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "policy" in out and "offload" in out and "prefill tokens" in out
-    assert "auto's guard, per run: model arm" in out
+    assert "auto's guard, per run: model arm" in out and "slowest steps: #" in out
 
 
 def test_shared_host_banks_save_ram_but_not_cache_traffic() -> None:

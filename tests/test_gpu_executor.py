@@ -425,7 +425,7 @@ def test_auto_split_is_the_simulators_automatic_policy() -> None:
 
 def test_auto_uses_a_given_split() -> None:
     banks = make_banks()
-    ex = hybrid(banks, "auto", slots=20, split=lambda misses, nbytes: 1)
+    ex = hybrid(banks, "auto", slots=20, split=lambda misses, nbytes: 1, auto_guard=False)  # (its first arm: PCIe-only)
     x, (ids, weights) = torch.randn(1, H), routing(1, torch.Generator().manual_seed(0))
     ex(1, x, ids, weights)
     s = ex.stats()
@@ -954,19 +954,21 @@ def test_cuda_graph_captures_survive_closed_executors_left_to_the_collector(monk
 @pytest.mark.parametrize("cpu_share", [False, True])
 def test_the_guard_reads_whether_the_model_split_used_the_cpu(cpu_share: bool) -> None:
     """"auto"'s guard asks the executor how many misses the CPU served: a split that sends none
-    leaves the model arm after one block (the PCIe-only arm decides the same and can replay graphs)."""
+    leaves the model arm after one block (the PCIe-only arm decides the same and can replay graphs).
+    The guard starts with a block of PCIe-only, then tries the model."""
     banks = make_banks(layers=(0, 1))
     split = (lambda misses, nbytes: misses // 2) if cpu_share else (lambda misses, nbytes: misses)
     ex = hybrid(banks, "auto", slots=2 * K, split=split)
     assert ex.guard is not None
     gen = torch.Generator().manual_seed(9)
-    for _ in range(AutoGuard.EXPLORE + 2):
+    for _ in range(2 * AutoGuard.EXPLORE + 2):
         for layer in (0, 1):
             ids, weights = routing(1, gen)
             ex(layer, torch.randn(1, H, generator=gen), ids, weights)
     assert ex.guard.model_idle is (not cpu_share)
     assert (ex.stats().cpu_experts > 0) is cpu_share
-    assert ex.guard.arm == PCIE_ONLY  # the second block: a trial of PCIe-only, or its choice
+    assert ex.guard.steps["model"] >= 1
+    assert ex.guard.arm == PCIE_ONLY  # after the model block: PCIe-only's second block, or its choice
 
 
 def test_an_emulated_slower_link_copies_every_fill_again_and_changes_nothing_else(monkeypatch) -> None:

@@ -54,6 +54,7 @@ TRACE_DIR = next((d for d in (_ROOT / "shared" / "traces" / "bigmoeonedge", _ROO
                   if d.is_dir()), _ROOT / "shared" / "traces" / "bigmoeonedge")
 GiB = 1 << 30
 WARMUP_STEPS = 2 * AutoGuard.EXPLORE  # untimed decode steps before each policy's run: a block of each arm
+MAX_WARMUP_STEPS = 8 * AutoGuard.EXPLORE  # with CUDA graphs: until both arms' graphs are captured
 
 
 @dataclass(frozen=True)
@@ -268,15 +269,27 @@ def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device
 
 def warm_up(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device,
             gen: torch.Generator) -> None:
-    """WARMUP_STEPS untimed decode steps of the first tokens' routing: kernels, allocator, worker,
-    CUDA graphs when on (for "auto", of both arms of its guard), so that neither the policy run
-    first nor the one with more graphs carries one-time costs."""
+    """Untimed decode steps of the first tokens' routing: kernels, allocator, worker, CUDA graphs
+    when on, so that neither the policy run first nor the one with more graphs carries one-time
+    costs. WARMUP_STEPS of them, and with CUDA graphs, on until a whole step of each arm the
+    guard ran (for "auto") did no one-time graph work (first calls, captures), at most
+    MAX_WARMUP_STEPS."""
+    steps = MAX_WARMUP_STEPS if executor.graphs is not None else WARMUP_STEPS
     warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
-    warm_ids = torch.from_numpy(decode[: WARMUP_STEPS]).to(device)
-    warm_weights = _weights(gen, decode[: WARMUP_STEPS].shape).to(device, torch.bfloat16)
+    warm_ids = torch.from_numpy(decode[:steps]).to(device)
+    warm_weights = _weights(gen, decode[:steps].shape).to(device, torch.bfloat16)
+    settled: set[str] = set()
     for t in range(len(warm_ids)):
+        work = executor.graphs.one_time_work if executor.graphs is not None else 0
         for i, layer in enumerate(layers):
             executor(layer, warm, warm_ids[t, i: i + 1], warm_weights[t, i: i + 1])
+        if executor.graphs is None:
+            continue
+        if executor.graphs.one_time_work == work:
+            settled.add(executor.guard.arm if executor.guard is not None else "")
+        arms = {"model", "pcie"} if executor.guard is not None else {""}
+        if t + 1 >= WARMUP_STEPS and settled >= arms:
+            break
     _sync(device)
 
 
@@ -297,16 +310,30 @@ def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarr
     ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
     weights = _weights(gen, decode.shape).to(device, torch.bfloat16)
     _sync(device)
+    steps_s, arms = [], []
     start = time.perf_counter()
     for t in range(len(decode)):
+        step_start = time.perf_counter()
         for i, layer in enumerate(layers):
             executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
         _sync(device)
+        steps_s.append(time.perf_counter() - step_start)
+        if executor.guard is not None:
+            arms.append(executor.guard.arm)  # the arm chosen at this step's first layer
     seconds = time.perf_counter() - start
-    run = {"seconds": seconds, "stats": executor.stats().as_dict()}
+    run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s]}
     if executor.guard is not None:
-        run["guard"] = executor.guard.summary()
+        run["guard"] = {**executor.guard.summary(), **_time_by_arm(steps_s, arms)}
     return run
+
+
+def _time_by_arm(steps_s: list[float], arms: list[str]) -> dict[str, Any]:
+    """Where a guarded run's time went: each arm's total over its steps, and the slowest steps."""
+    total: dict[str, float] = {}
+    for s, arm in zip(steps_s, arms, strict=True):
+        total[arm] = total.get(arm, 0.0) + 1e3 * s
+    slowest = sorted(range(len(steps_s)), key=lambda i: steps_s[i], reverse=True)[:4]
+    return {"total_ms": total, "slowest": [{"step": i, "arm": arms[i], "ms": 1e3 * steps_s[i]} for i in slowest]}
 
 
 def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device, tokens: int,

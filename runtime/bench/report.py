@@ -79,8 +79,11 @@ def _guard_run(g: dict[str, Any]) -> str:
     steps = g["steps"]
     medians = ", ".join(f"{arm} {ms:.2f}" for arm, ms in g["median_ms"].items())
     idle = ", model arm idle" if g.get("model_idle") else ""
+    totals = ", ".join(f"{arm} {ms:.0f}" for arm, ms in g.get("total_ms", {}).items())
+    slowest = ", ".join(f"#{x['step']} {x['arm']} {x['ms']:.1f}" for x in g.get("slowest", []))
+    spent = f"; total ms: {totals}; slowest steps: {slowest}" if totals else ""
     return (f"model arm {steps['model']}/{sum(steps.values())} steps, picks {g['best']} (median ms: {medians}"
-            f"{idle})")
+            f"{idle}{spent})")
 
 
 def json_ready(report: dict[str, Any]) -> dict[str, Any]:

@@ -5,10 +5,13 @@ costs latency the model may misjudge on a given machine and load. So "auto" runs
 measures them where it matters, whole decode steps: "model" (the model's split, the CPU share
 on) and "pcie" (every miss over PCIe, no CPU share). A step is the time between two decode
 calls of the first MoE layer (one token: attention, sampling and the host's wait included, the
-same for both arms). The arms alternate in blocks of EXPLORE steps until each has ROUNDS
-blocks (or one each, where one arm is DECISIVE times slower), then the faster (by median step
-time) runs, and the other is tried again for one block every REVISIT steps, so a change in load
-or hit rate is noticed.
+same for both arms). The arms alternate in blocks of EXPLORE steps, PCIe-only first (plain
+offload's decisions: the arm a trial of the model must beat), until each has ROUNDS blocks (or
+one each, where one arm is DECISIVE times slower), then the faster (by median step time) runs,
+and the other is tried again for one block every REVISIT steps, so a change in load or hit
+rate is noticed. A trial step DECISIVE times the other arm's median ends its block at once:
+each such step costs the whole gap (at 32 GiB on the H200 a model-arm step took 3x a PCIe-only
+one, and three of them cost auto 5% of a 96-token run).
 
 Where the model sends no miss to the CPU the two arms make the same decisions, and the PCIe-only
 arm is at least as fast (a model-arm call that may hand work to the CPU pays the hand-off to the
@@ -46,7 +49,7 @@ class AutoGuard:
         start and end of each model-arm block); None: always compare times."""
         self.first_layer = first_layer
         self.cpu_experts = cpu_experts
-        self.arm = MODEL
+        self.arm = PCIE_ONLY
         self.times: dict[str, list[float]] = {MODEL: [], PCIE_ONLY: []}
         self._blocks = {MODEL: 0, PCIE_ONLY: 0}
         self._step_start: float | None = None
@@ -59,7 +62,7 @@ class AutoGuard:
         self.steps = {MODEL: 0, PCIE_ONLY: 0}  # decode steps begun under each arm
 
     def restart(self) -> None:
-        """Forget every step time and choice: explore both arms again from the model arm."""
+        """Forget every step time and choice: explore both arms again, PCIe-only first."""
         self.__init__(self.first_layer, self.cpu_experts)
 
     def on_decode_call(self, layer: int, settled: bool = True) -> str:
@@ -101,7 +104,7 @@ class AutoGuard:
 
     def _next_arm(self) -> None:
         self._in_block += 1
-        if self._in_block < self.EXPLORE:
+        if self._in_block < self.EXPLORE and not self._hopeless():
             return
         self._in_block = 0
         self._blocks[self.arm] += 1
@@ -118,6 +121,11 @@ class AutoGuard:
             self._switch(PCIE_ONLY if self.best == MODEL else MODEL)
         else:
             self._switch(self.best)
+
+    def _hopeless(self) -> bool:
+        """The step just timed is DECISIVE times the other arm's median (over a whole block)."""
+        other = self.times[MODEL if self.arm == PCIE_ONLY else PCIE_ONLY]
+        return len(other) >= self.EXPLORE and self.times[self.arm][-1] >= self.DECISIVE * statistics.median(other)
 
     def _decided_early(self) -> bool:
         """After a block of each arm: one is DECISIVE times slower (a trial step of the losing arm
