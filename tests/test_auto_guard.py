@@ -8,6 +8,12 @@ from runtime.gpu import auto_guard
 from runtime.gpu.auto_guard import MODEL, PCIE_ONLY, AutoGuard
 
 
+@pytest.fixture(autouse=True)
+def no_warming(monkeypatch):
+    """Every step timed from the start (the warming steps have a test of their own)."""
+    monkeypatch.setattr(AutoGuard, "WARMING", 0)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -56,6 +62,26 @@ def test_an_interrupted_step_is_not_timed(monkeypatch) -> None:
     clock.now += 0.01
     guard.on_decode_call(0)
     assert guard.times[PCIE_ONLY] == [pytest.approx(0.01)]
+
+
+def test_the_steps_after_a_prompt_are_not_timed(monkeypatch) -> None:
+    """The cache is still taking in the prompt's experts: the first arm would look slower than it
+    is. After a restart or an interrupt, WARMING step times are dropped; the arm runs on."""
+    monkeypatch.setattr(AutoGuard, "WARMING", 2)
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=0)
+    for step_s in (0.05, 0.04, 0.01, 0.01):  # two slow warming steps, then two steady ones
+        guard.on_decode_call(0)
+        clock.now += step_s
+    guard.on_decode_call(0)
+    assert guard.times[PCIE_ONLY] == [pytest.approx(0.01)] * 2
+    guard.interrupt()  # a new prompt
+    for step_s in (0.07, 0.06, 0.02):
+        guard.on_decode_call(0)
+        clock.now += step_s
+    guard.on_decode_call(0)
+    assert guard.times[PCIE_ONLY] == [pytest.approx(0.01)] * 2 + [pytest.approx(0.02)]
 
 
 def test_a_step_that_did_one_time_work_is_not_timed(monkeypatch) -> None:

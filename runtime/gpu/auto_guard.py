@@ -9,7 +9,8 @@ same for both arms). The arms alternate in blocks of EXPLORE steps, PCIe-only fi
 offload's decisions: the arm a trial of the model must beat), until each has ROUNDS blocks (or
 one each, where one arm is DECISIVE times slower), then the faster (by median step time) runs,
 and the other is tried again for one block every REVISIT steps, so a change in load or hit
-rate is noticed. A trial step DECISIVE times the other arm's median ends its block at once:
+rate is noticed. The first WARMING steps after a prompt are not timed (the cache is still
+taking in its experts). A trial step DECISIVE times the other arm's median ends its block at once:
 each such step costs the whole gap (at 32 GiB on the H200 a model-arm step took 3x a PCIe-only
 one, and three of them cost auto 5% of a 96-token run).
 
@@ -43,6 +44,10 @@ class AutoGuard:
     MAX_REVISIT = 1024  # the longest wait while the model arm keeps sending nothing to the CPU
     KEEP = 48  # step times kept per arm
     DECISIVE = 1.5  # after one block of each arm, a median this many times the other's ends the exploring
+    # step times not counted after a restart or a prefill: the cache is still taking in the new
+    # prompt's experts, so the arm that runs first would look slower than it is (on the H200 at
+    # 32 GiB the first PCIe-only steps after a 28-token prompt took twice the later ones)
+    WARMING = 2
 
     def __init__(self, first_layer: int, cpu_experts: Callable[[], int] | None = None) -> None:
         """`cpu_experts`: the running count of misses served by the CPU (a device read, made at the
@@ -60,6 +65,7 @@ class AutoGuard:
         self.model_idle = False  # the last model-arm block sent nothing to the CPU
         self.switches = 0
         self.steps = {MODEL: 0, PCIE_ONLY: 0}  # decode steps begun under each arm
+        self._untimed = self.WARMING  # step times still to drop (the cache is warming)
 
     def restart(self) -> None:
         """Forget every step time and choice: explore both arms again, PCIe-only first."""
@@ -75,7 +81,9 @@ class AutoGuard:
         if self._cpu_at_block_start is None and self.arm == MODEL and self.cpu_experts is not None:
             self._cpu_at_block_start = self.cpu_experts()  # the first block's start
         now = time.perf_counter()
-        if self._step_start is not None and settled:
+        if self._step_start is not None and settled and self._untimed > 0:
+            self._untimed -= 1
+        elif self._step_start is not None and settled:
             times = self.times[self.arm]
             times.append(now - self._step_start)
             del times[: -self.KEEP]
@@ -85,8 +93,10 @@ class AutoGuard:
         return self.arm
 
     def interrupt(self) -> None:
-        """A prefill or a pause between requests: the next interval is not a decode step."""
+        """A prefill or a pause between requests: the next interval is not a decode step, and
+        the WARMING steps after it are not timed."""
         self._step_start = None
+        self._untimed = self.WARMING
 
     @property
     def best(self) -> str:
