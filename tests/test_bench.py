@@ -47,6 +47,7 @@ def test_every_policy_has_sane_numbers(report: dict) -> None:
     (guard,) = p["auto"]["guard"]  # one run: what auto's guard did over its decode steps
     assert sum(guard["steps"].values()) == tokens and guard["best"] in ("model", "pcie")
     assert "guard" not in p["offload"]
+    assert all(len(run) == tokens and min(run) > 0 for r in p.values() for run in r["steps_ms"])  # each step's time
     # where the guarded run's time went, step by step: each arm's total, and the slowest steps
     assert set(guard["total_ms"]) <= {"model", "pcie"} and all(ms > 0 for ms in guard["total_ms"].values())
     assert len(guard["slowest"]) == min(4, tokens) and all(x["arm"] in guard["total_ms"] for x in guard["slowest"])

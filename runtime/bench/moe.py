@@ -514,7 +514,8 @@ def _summary(runs: list[dict[str, Any]], stride: int, profile: BandwidthProfile,
     s = runs[0]["stats"]
     lookups = s["hits"] + s["misses"]
     calls = s["calls"]
-    return {"stats": s, "runs_s": [r["seconds"] for r in runs], "calls": calls, "lookups": lookups,
+    return {"stats": s, "runs_s": [r["seconds"] for r in runs], "steps_ms": [r["steps_ms"] for r in runs],
+            "calls": calls, "lookups": lookups,
             "hit_rate": s["hit_rate"], "miss_rate": s["misses"] / lookups if lookups else 0.0,
             "resident_layers": resident, "cache_slots": slots, "_stride": stride,
             "_profile": profile, "_hbm": hbm, **({"guard": [r["guard"] for r in runs]} if "guard" in runs[0] else {})}

@@ -46,8 +46,9 @@ class AutoGuard:
     DECISIVE = 1.5  # after one block of each arm, a median this many times the other's ends the exploring
     # step times not counted after a restart or a prefill: the cache is still taking in the new
     # prompt's experts, so the arm that runs first would look slower than it is (on the H200 at
-    # 32 GiB the first PCIe-only steps after a 28-token prompt took twice the later ones)
-    WARMING = 2
+    # 32 GiB the first PCIe-only steps after a 28-token prompt took 3x the later ones, and with 2
+    # dropped the exploring still took a second round)
+    WARMING = 4
 
     def __init__(self, first_layer: int, cpu_experts: Callable[[], int] | None = None) -> None:
         """`cpu_experts`: the running count of misses served by the CPU (a device read, made at the
