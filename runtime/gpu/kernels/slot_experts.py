@@ -36,6 +36,22 @@ import triton.language as tl
 from .slot_experts_ref import check_slot_experts_args
 
 
+@triton.jit
+def _read_from(slot_rows, fill_ptr, p, bank_addr, bank_stride, part_at, rows, ROW: tl.constexpr,
+               FILL: tl.constexpr, ESIZE: tl.constexpr):
+    """Where pair p's program reads its tile rows, and the bank row it fills from (-1: none):
+    `slot_rows` (rows of its slot's part), or for a pair filled in this launch the same rows of
+    its record in the host bank (`part_at`: the part's element offset in a record)."""
+    source = slot_rows
+    fill = tl.full([], -1, tl.int32)  # a tensor either way: the callers' `fill >= 0` folds when FILL is off
+    if FILL:
+        fill = tl.load(fill_ptr + p)
+        if fill >= 0:
+            record = bank_addr + fill.to(tl.int64) * bank_stride + part_at * ESIZE
+            source = record.to(tl.pointer_type(slot_rows.dtype.element_ty)) + rows[:, None] * ROW
+    return source, fill
+
+
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _gate_up_kernel(
     x_ptr, stride_x, w_ptr, stride_slot, w13_at,
@@ -52,13 +68,7 @@ def _gate_up_kernel(
     cols = tl.arange(0, BLOCK_H)
     w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
     w3 = w1 + INTER * HIDDEN
-    r1 = w1  # where the weights are read: the slot, or the host bank for a pair filled here
-    fill = -1
-    if FILL:
-        fill = tl.load(fill_ptr + p)
-        if fill >= 0:
-            base = (bank_addr + fill.to(tl.int64) * bank_stride + w13_at * ESIZE).to(tl.pointer_type(w_ptr.dtype.element_ty))
-            r1 = base + rows[:, None] * HIDDEN
+    r1, fill = _read_from(w1, fill_ptr, p, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE)
     r3 = r1 + INTER * HIDDEN
     x_row = x_ptr + token * stride_x
     # 2-d partial sums, reduced across threads once after the loop rather than every step
@@ -108,13 +118,7 @@ def _down_kernel(
     rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
     cols = tl.arange(0, BLOCK_K)
     w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
-    r2 = w2
-    fill = -1
-    if FILL:
-        fill = tl.load(fill_ptr + p)
-        if fill >= 0:
-            base = (bank_addr + fill.to(tl.int64) * bank_stride + w2_at * ESIZE).to(tl.pointer_type(w_ptr.dtype.element_ty))
-            r2 = base + rows[:, None] * INTER
+    r2, fill = _read_from(w2, fill_ptr, p, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE)
     act_row = act_ptr + p * INTER
     y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
     for i0 in range(0, INTER, BLOCK_K):
