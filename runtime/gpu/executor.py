@@ -220,7 +220,7 @@ class HybridExpertExecutor:
         started = self.cpu_share.start(job) if job is not None and not capturing else None
         # the misses' PCIe reads in the slot kernel's launch, overlapping the hits' compute, where it can
         in_launch = self.mode != "cpu" and self._zero_copy[layer] and fills_in_launch(bank.layout, x)
-        self._fill(plan, bank, self.pcie_repeat - in_launch)
+        self._fill(plan, bank, self.pcie_repeat - int(in_launch))
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if self.mode != "cpu":
             add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out,

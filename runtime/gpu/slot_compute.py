@@ -53,7 +53,8 @@ def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:
 
 def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
     """Whether `add_slot_experts` can make the plan's PCIe fills in its own launch for this call:
-    the kernel reads the layout in place, and each filled expert has one pair (one token)."""
+    the kernel reads the layout in place, and the call is one token, whose pairs share a filled
+    expert only where the routing repeats an id (each pair reads its expert itself)."""
     return x.is_cuda and x.shape[0] == 1 and in_place_dtype(layout) is not None and _kernel() is not None
 
 

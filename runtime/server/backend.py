@@ -57,6 +57,7 @@ from .scheduler import (
 log = logging.getLogger(__name__)
 
 DEFAULT_NUM_CTX = 4096  # Ollama's default context, as `ft run` uses
+ROOM_WAIT_S = 1.0  # how long a load waits for a busy model to free its memory before answering Busy
 
 
 class ModelTooLarge(ServerError):
@@ -378,22 +379,31 @@ class ModelManager:
             if self.device != "cpu":
                 await self._make_gpu_room(registered)  # first: the plan sizes its cache from the VRAM left free
             fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
-            self._make_room(fitted)
+            await self._make_room(fitted)
             runner = await asyncio.to_thread(self._load, registered, fitted)
             self.runners[key] = runner
             return runner, runner.load_seconds
 
-    def _make_room(self, fitted: Plan) -> None:
-        """Unload idle models, least recently used first, until `fitted` fits beside the rest."""
+    async def _make_room(self, fitted: Plan) -> None:
+        """Unload idle models, least recently used first, until `fitted` fits beside the rest. A
+        model still busy is waited for up to ROOM_WAIT_S: a client that sends its next request as
+        soon as it has the last one's end gets there before the worker thread has handed the
+        finished request back (the two meet on the event loop in either order)."""
         def resident() -> int:
             return sum(r.resident_bytes for r in self.runners.values())
 
-        for runner in sorted(self.runners.values(), key=lambda r: r.last_used):
-            if resident() + fitted.ram_needed_bytes <= fitted.ram_budget_bytes:
-                return
-            if runner.active == 0:
-                log.info("unloading %s to make room for %s", runner.registered.name.display, fitted.model)
-                self._unload(runner)
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            for runner in sorted(self.runners.values(), key=lambda r: r.last_used):
+                if resident() + fitted.ram_needed_bytes <= fitted.ram_budget_bytes:
+                    return
+                if runner.active == 0:
+                    log.info("unloading %s to make room for %s", runner.registered.name.display, fitted.model)
+                    self._unload(runner)
+            if not self.runners or resident() + fitted.ram_needed_bytes <= fitted.ram_budget_bytes \
+                    or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
         if self.runners and resident() + fitted.ram_needed_bytes > fitted.ram_budget_bytes:
             busy = ", ".join(r.registered.name.display for r in self.runners.values())
             raise Busy(f"not enough memory to load {fitted.model} while {busy} is generating "

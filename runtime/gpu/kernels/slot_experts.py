@@ -158,8 +158,9 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
 
     `fill_bank` (uint8 [E, stride], page-locked host memory on CUDA) with `pair_fill` (int32 [P],
     RoutePlan.pair_fill): pairs with pair_fill[p] = e >= 0 read expert e's parts from the bank and
-    leave them in slot pair_slot[p] (the fill and the compute in one launch); no two such pairs
-    may share a slot.
+    leave them in slot pair_slot[p] (the fill and the compute in one launch). Pairs that share a
+    filled expert (a duplicate id) each read it over PCIe and store the same bytes: right, but
+    the record crosses twice, which is why calls of several tokens fill first.
 
     Tuning (not yet measured on a GPU; benchmarks/bench_slot_experts.py sweeps them): pass 1 is
     [block_i, block_h] tiles of W1 and W3, pass 2 [block_o, block_k] tiles of W2; powers of two.
