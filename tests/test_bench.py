@@ -140,3 +140,50 @@ def test_an_emulated_slower_link_is_reported() -> None:
     assert "link:" not in format_report(run_bench(BenchConfig(**cfg)))
     with pytest.raises(ValueError, match="--pcie-repeat must be at least 1"):
         run_bench(BenchConfig(**cfg, pcie_repeat=0))
+
+
+class _GraphCounter:
+    def __init__(self) -> None:
+        self.one_time_work = 0
+
+
+class _ArmRunner:
+    """An executor stand-in for warm_up: CUDA graphs whose first two steps under each arm do
+    one-time work (first calls, then captures), and a guard that switches arms every 4 steps."""
+
+    def __init__(self, arms: tuple[str, ...]) -> None:
+        self.graphs, self.calls = _GraphCounter(), []
+        self.guard = type("Guard", (), {"arm": arms[0]})() if len(arms) > 1 else None
+        self.arms, self.seen = arms, {}
+        self.step = 0
+
+    def __call__(self, layer: int, x, ids, weights) -> None:
+        if layer == 0:
+            arm = self.arms[(self.step // 4) % len(self.arms)]
+            if self.guard is not None:
+                self.guard.arm = arm
+            self.seen[arm] = self.seen.get(arm, 0) + 1
+            if self.seen[arm] <= 2:
+                self.graphs.one_time_work += 1
+            self.step += 1
+        self.calls.append(layer)
+
+
+@pytest.mark.parametrize("arms", [("pcie", "model"), ("offload",)])
+def test_warm_up_runs_until_every_arms_graphs_are_captured(arms: tuple[str, ...]) -> None:
+    """ft bench's untimed warm-up: at least WARMUP_STEPS, and with CUDA graphs on until a whole
+    step of each arm did no one-time graph work, so no capture lands in a timed round."""
+    import numpy as np
+    import torch
+
+    from runtime.bench.moe import MAX_WARMUP_STEPS, WARMUP_STEPS, warm_up
+
+    layers = [0, 1]
+    decode = np.zeros((MAX_WARMUP_STEPS + 4, len(layers), 2), dtype=np.int64)
+    ex = _ArmRunner(arms)
+    warm_up(ex, layers, decode, 8, torch.device("cpu"), torch.Generator().manual_seed(0))
+    steps = len(ex.calls) // len(layers)
+    # one arm: its third step settles, and WARMUP_STEPS still run; two arms: past WARMUP_STEPS,
+    # to the second arm's third step (steps 4-7 are its block)
+    assert steps == (7 if len(arms) == 2 else WARMUP_STEPS) and WARMUP_STEPS < 7
+    assert all(n >= 3 for n in ex.seen.values())
