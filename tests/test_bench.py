@@ -176,7 +176,7 @@ def test_warm_up_runs_until_every_arms_graphs_are_captured(arms: tuple[str, ...]
     import numpy as np
     import torch
 
-    from runtime.bench.moe import MAX_WARMUP_STEPS, WARMUP_STEPS, warm_up
+    from runtime.bench.runs import MAX_WARMUP_STEPS, WARMUP_STEPS, warm_up
 
     layers = [0, 1]
     decode = np.zeros((MAX_WARMUP_STEPS + 4, len(layers), 2), dtype=np.int64)

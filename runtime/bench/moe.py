@@ -12,8 +12,8 @@ For one shape (a built-in table of real models' MoE geometry, or `tiny` for CI):
   synthetic router (runtime.routing_synth), or a replay of the real Qwen3-30B-A3B trace
   (shared/traces/bigmoeonedge, 48 layers x 128 experts, top-6 as recorded: 28 prompt tokens,
   128 decode tokens);
-- per policy (executor mode): the prompt through the executor's prefill path (warms the LRU modes,
-  places prefill_placement's cache), then decode token by token: per MoE layer a random [1, H]
+- per policy (executor mode; the runs themselves are runs.py): the prompt through the executor's
+  prefill path (warms the LRU modes, places prefill_placement's cache), then decode token by token: per MoE layer a random [1, H]
   activation and the injected ids/weights; a device sync after every token (the next token
   depends on it in a real model).
 
@@ -41,20 +41,18 @@ from ftw.writer import plan_expert_parts
 from ..experts import CPUExpertExecutor, HostExpertBank
 from ..experts.synthetic import random_bank
 from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
-from ..gpu.auto_guard import AutoGuard
 from ..gpu.host_memory import HostPinner
 from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan
 from ..resources import GPU, Machine
 from ..routing_synth import calibrated_router, routing_stats
 from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
+from .runs import decode_run, prefill_run, profile_decode, sync, warm_up
 
 POLICIES = ("auto", "offload", "cpu", "static", "prefill_placement")
 _ROOT = Path(__file__).resolve().parents[2]
 TRACE_DIR = next((d for d in (_ROOT / "shared" / "traces" / "bigmoeonedge", _ROOT.parent / "shared" / "traces" / "bigmoeonedge")
                   if d.is_dir()), _ROOT / "shared" / "traces" / "bigmoeonedge")
 GiB = 1 << 30
-WARMUP_STEPS = 2 * AutoGuard.EXPLORE  # untimed decode steps before each policy's run: a block of each arm
-MAX_WARMUP_STEPS = 8 * AutoGuard.EXPLORE  # with CUDA graphs: until both arms' graphs are captured
 
 
 @dataclass(frozen=True)
@@ -215,23 +213,18 @@ def make_routing(shape: BenchShape, cfg: BenchConfig, num_layers: int) -> tuple[
     return seq[: cfg.prompt_tokens], seq[cfg.prompt_tokens:], shape.top_k, "calibrated synthetic router (Qwen3-30B targets)"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def memory_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
     """Device memory rate: read + write bytes of a large copy / time (the hit path's ceiling)."""
     nbytes = nbytes if device.type == "cuda" else 64 << 20
     a = torch.empty(nbytes, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
     b.copy_(a)
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(5):
         start = time.perf_counter()
         b.copy_(a)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - start)
     return 2 * nbytes / min(times) / 1e9
 
@@ -245,149 +238,6 @@ def get_profile(cfg: BenchConfig, bank: HostExpertBank, cpu: CPUExpertExecutor, 
             "kept profile of this machine (or measured now)"
     return measure(bank, cpu, device, cpu_threads=threads, seconds=cfg.profile_seconds, pcie_repeat=cfg.pcie_repeat), \
         f"measured now ({cfg.profile_seconds} s per point), not kept"
-
-
-# -- runs ----------------------------------------------------------------------------------------------
-
-def _weights(rng: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.softmax(torch.randn(shape, generator=rng), dim=-1)
-
-
-def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device: torch.device,
-            gen: torch.Generator) -> None:
-    """The prompt through the executor's prefill path, layer by layer (tokens with an absent id dropped)."""
-    for i, layer in enumerate(layers):
-        ids = prompt[:, i]
-        ids = ids[(ids >= 0).all(axis=1)]
-        if len(ids) < 2:
-            continue
-        x = torch.randn(len(ids), hidden, generator=gen).to(device, torch.bfloat16)
-        w = _weights(gen, ids.shape).to(device, torch.bfloat16)
-        executor(layer, x, torch.from_numpy(ids).to(device), w)
-    _sync(device)
-
-
-def warm_up(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device,
-            gen: torch.Generator) -> None:
-    """Untimed decode steps of the first tokens' routing: kernels, allocator, worker, CUDA graphs
-    when on, so that neither the policy run first nor the one with more graphs carries one-time
-    costs. WARMUP_STEPS of them, and with CUDA graphs, on until a whole step of each arm the
-    guard ran (for "auto") did no one-time graph work (first calls, captures), at most
-    MAX_WARMUP_STEPS."""
-    steps = MAX_WARMUP_STEPS if executor.graphs is not None else WARMUP_STEPS
-    warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
-    warm_ids = torch.from_numpy(decode[:steps]).to(device)
-    warm_weights = _weights(gen, decode[:steps].shape).to(device, torch.bfloat16)
-    settled: set[str] = set()
-    for t in range(len(warm_ids)):
-        work = executor.graphs.one_time_work if executor.graphs is not None else 0
-        for i, layer in enumerate(layers):
-            executor(layer, warm, warm_ids[t, i: i + 1], warm_weights[t, i: i + 1])
-        if executor.graphs is None:
-            continue
-        if executor.graphs.one_time_work == work:
-            settled.add(executor.guard.arm if executor.guard is not None else "")
-        arms = {"model", "pcie"} if executor.guard is not None else {""}
-        if t + 1 >= WARMUP_STEPS and settled >= arms:
-            break
-    _sync(device)
-
-
-def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarray, hidden: int,
-               device: torch.device, seed: int) -> dict[str, Any]:
-    gen = torch.Generator().manual_seed(seed)
-    warm_up(executor, layers, decode, hidden, device, gen)
-    # then a cold cache (graphs stay valid) and, for "auto", a guard that explores again: its
-    # trials are timed
-    executor.clear()
-    if executor.guard is not None:
-        executor.guard.restart()
-    if executor.prefill is not None and len(prompt):
-        _prompt(executor, layers, prompt, hidden, device, gen)
-        executor.prefill.streamer.release()  # the transient buffer goes back before decode
-    executor.reset_stats()
-    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
-    ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
-    weights = _weights(gen, decode.shape).to(device, torch.bfloat16)
-    _sync(device)
-    steps_s, arms = [], []
-    start = time.perf_counter()
-    for t in range(len(decode)):
-        step_start = time.perf_counter()
-        for i, layer in enumerate(layers):
-            executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
-        _sync(device)
-        steps_s.append(time.perf_counter() - step_start)
-        if executor.guard is not None:
-            arms.append(executor.guard.arm)  # the arm chosen at this step's first layer
-    seconds = time.perf_counter() - start
-    run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s]}
-    if executor.guard is not None:
-        run["guard"] = {**executor.guard.summary(), **_time_by_arm(steps_s, arms)}
-    return run
-
-
-def _time_by_arm(steps_s: list[float], arms: list[str]) -> dict[str, Any]:
-    """Where a guarded run's time went: each arm's total over its steps, and the slowest steps."""
-    total: dict[str, float] = {}
-    for s, arm in zip(steps_s, arms, strict=True):
-        total[arm] = total.get(arm, 0.0) + 1e3 * s
-    slowest = sorted(range(len(steps_s)), key=lambda i: steps_s[i], reverse=True)[:4]
-    return {"total_ms": total, "slowest": [{"step": i, "arm": arms[i], "ms": 1e3 * steps_s[i]} for i in slowest]}
-
-
-def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device, tokens: int,
-                   trace_path: Path | None) -> list[dict[str, Any]]:
-    """`tokens` more decode tokens under torch.profiler (after a timed run: the cache is warm):
-    the ops with the most host time, per layer call, and optionally a Chrome trace."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    gen = torch.Generator().manual_seed(1)
-    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
-    ids = torch.from_numpy(decode[:tokens]).to(device)
-    weights = _weights(gen, decode[:tokens].shape).to(device, torch.bfloat16)
-    _sync(device)
-    with profile(activities=activities) as prof:
-        for t in range(len(ids)):
-            for i, layer in enumerate(layers):
-                executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
-            _sync(device)
-    if trace_path is not None:
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace_path))
-    calls = max(1, len(ids) * len(layers))
-    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
-    return [{"op": e.key, "count_per_call": e.count / calls, "host_us_per_call": e.self_cpu_time_total / calls,
-             "device_us_per_call": getattr(e, "self_device_time_total", 0.0) / calls} for e in rows]
-
-
-def prefill_run(banks: dict[int, HostExpertBank], layers: list[int], length: int, buffers: int, slots: int,
-                top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int,
-                pcie_repeat: int = 1) -> dict[str, Any]:
-    """`length` prompt tokens through every built MoE layer's streamed prefill (mode offload's
-    placement: an LRU cache of `slots`, cold), `buffers` bank buffers."""
-    ex = build_hybrid(banks, device=device, cache_slots=slots, mode="offload", top_k=top_k, cpu_threads=threads,
-                      prefill_buffers=buffers, pin=False, force=True, prefill_min_tokens=2, pcie_repeat=pcie_repeat)
-    try:
-        gen = torch.Generator().manual_seed(length)
-        x = torch.randn(length, hidden, generator=gen).to(device, torch.bfloat16)
-        ids = torch.from_numpy(router_ids[:length]).to(device)
-        w = _weights(gen, router_ids[:length].shape[:-1] + (top_k,)).to(device, torch.bfloat16)
-        ex(layers[0], x, ids[:, 0], w[:, 0])  # warm-up (kernels, buffers)
-        _sync(device)
-        ex.clear()
-        ex.reset_stats()
-        start = time.perf_counter()
-        for i, layer in enumerate(layers):
-            ex(layer, x, ids[:, i], w[:, i])
-        _sync(device)
-        seconds = time.perf_counter() - start
-        s = ex.stats()
-        return {"tokens": length, "buffers": buffers, "seconds": seconds, "tok_s": length / seconds,
-                "streamed_gb_s": s.prefill_bytes / seconds / 1e9, "streamed_bytes": s.prefill_bytes}
-    finally:
-        ex.close()
 
 
 def _long_routing(shape: BenchShape, num_layers: int, top_k: int, length: int, seed: int) -> np.ndarray:

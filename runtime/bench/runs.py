@@ -1,0 +1,166 @@
+"""The timed runs of `ft bench` (moe.py), each on one executor: the untimed warm-up, decode
+token by token (every step's time kept, and for "auto" where its guard spent them), a profiled
+decode, and a streamed prefill."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..experts import HostExpertBank
+from ..gpu import build_hybrid
+from ..gpu.auto_guard import AutoGuard
+
+WARMUP_STEPS = 2 * AutoGuard.EXPLORE  # untimed decode steps before each policy's run: a block of each arm
+MAX_WARMUP_STEPS = 8 * AutoGuard.EXPLORE  # with CUDA graphs: until both arms' graphs are captured
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _weights(rng: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.softmax(torch.randn(shape, generator=rng), dim=-1)
+
+
+def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device: torch.device,
+            gen: torch.Generator) -> None:
+    """The prompt through the executor's prefill path, layer by layer (tokens with an absent id dropped)."""
+    for i, layer in enumerate(layers):
+        ids = prompt[:, i]
+        ids = ids[(ids >= 0).all(axis=1)]
+        if len(ids) < 2:
+            continue
+        x = torch.randn(len(ids), hidden, generator=gen).to(device, torch.bfloat16)
+        w = _weights(gen, ids.shape).to(device, torch.bfloat16)
+        executor(layer, x, torch.from_numpy(ids).to(device), w)
+    sync(device)
+
+
+def warm_up(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device,
+            gen: torch.Generator) -> None:
+    """Untimed decode steps of the first tokens' routing: kernels, allocator, worker, CUDA graphs
+    when on, so that neither the policy run first nor the one with more graphs carries one-time
+    costs. WARMUP_STEPS of them, and with CUDA graphs, on until a whole step of each arm the
+    guard ran (for "auto") did no one-time graph work (first calls, captures), at most
+    MAX_WARMUP_STEPS."""
+    steps = MAX_WARMUP_STEPS if executor.graphs is not None else WARMUP_STEPS
+    warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
+    warm_ids = torch.from_numpy(decode[:steps]).to(device)
+    warm_weights = _weights(gen, decode[:steps].shape).to(device, torch.bfloat16)
+    settled: set[str] = set()
+    for t in range(len(warm_ids)):
+        work = executor.graphs.one_time_work if executor.graphs is not None else 0
+        for i, layer in enumerate(layers):
+            executor(layer, warm, warm_ids[t, i: i + 1], warm_weights[t, i: i + 1])
+        if executor.graphs is None:
+            continue
+        if executor.graphs.one_time_work == work:
+            settled.add(executor.guard.arm if executor.guard is not None else "")
+        arms = {"model", "pcie"} if executor.guard is not None else {""}
+        if t + 1 >= WARMUP_STEPS and settled >= arms:
+            break
+    sync(device)
+
+
+def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarray, hidden: int,
+               device: torch.device, seed: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    warm_up(executor, layers, decode, hidden, device, gen)
+    # then a cold cache (graphs stay valid) and, for "auto", a guard that explores again: its
+    # trials are timed
+    executor.clear()
+    if executor.guard is not None:
+        executor.guard.restart()
+    if executor.prefill is not None and len(prompt):
+        _prompt(executor, layers, prompt, hidden, device, gen)
+        executor.prefill.streamer.release()  # the transient buffer goes back before decode
+    executor.reset_stats()
+    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
+    ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
+    weights = _weights(gen, decode.shape).to(device, torch.bfloat16)
+    sync(device)
+    steps_s, arms = [], []
+    start = time.perf_counter()
+    for t in range(len(decode)):
+        step_start = time.perf_counter()
+        for i, layer in enumerate(layers):
+            executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
+        sync(device)
+        steps_s.append(time.perf_counter() - step_start)
+        if executor.guard is not None:
+            arms.append(executor.guard.arm)  # the arm chosen at this step's first layer
+    seconds = time.perf_counter() - start
+    run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s]}
+    if executor.guard is not None:
+        run["guard"] = {**executor.guard.summary(), **_time_by_arm(steps_s, arms)}
+    return run
+
+
+def _time_by_arm(steps_s: list[float], arms: list[str]) -> dict[str, Any]:
+    """Where a guarded run's time went: each arm's total over its steps, and the slowest steps."""
+    total: dict[str, float] = {}
+    for s, arm in zip(steps_s, arms, strict=True):
+        total[arm] = total.get(arm, 0.0) + 1e3 * s
+    slowest = sorted(range(len(steps_s)), key=lambda i: steps_s[i], reverse=True)[:4]
+    return {"total_ms": total, "slowest": [{"step": i, "arm": arms[i], "ms": 1e3 * steps_s[i]} for i in slowest]}
+
+
+def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device, tokens: int,
+                   trace_path: Path | None) -> list[dict[str, Any]]:
+    """`tokens` more decode tokens under torch.profiler (after a timed run: the cache is warm):
+    the ops with the most host time, per layer call, and optionally a Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    gen = torch.Generator().manual_seed(1)
+    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
+    ids = torch.from_numpy(decode[:tokens]).to(device)
+    weights = _weights(gen, decode[:tokens].shape).to(device, torch.bfloat16)
+    sync(device)
+    with profile(activities=activities) as prof:
+        for t in range(len(ids)):
+            for i, layer in enumerate(layers):
+                executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
+            sync(device)
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace_path))
+    calls = max(1, len(ids) * len(layers))
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+    return [{"op": e.key, "count_per_call": e.count / calls, "host_us_per_call": e.self_cpu_time_total / calls,
+             "device_us_per_call": getattr(e, "self_device_time_total", 0.0) / calls} for e in rows]
+
+
+def prefill_run(banks: dict[int, HostExpertBank], layers: list[int], length: int, buffers: int, slots: int,
+                top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int,
+                pcie_repeat: int = 1) -> dict[str, Any]:
+    """`length` prompt tokens through every built MoE layer's streamed prefill (mode offload's
+    placement: an LRU cache of `slots`, cold), `buffers` bank buffers."""
+    ex = build_hybrid(banks, device=device, cache_slots=slots, mode="offload", top_k=top_k, cpu_threads=threads,
+                      prefill_buffers=buffers, pin=False, force=True, prefill_min_tokens=2, pcie_repeat=pcie_repeat)
+    try:
+        gen = torch.Generator().manual_seed(length)
+        x = torch.randn(length, hidden, generator=gen).to(device, torch.bfloat16)
+        ids = torch.from_numpy(router_ids[:length]).to(device)
+        w = _weights(gen, router_ids[:length].shape[:-1] + (top_k,)).to(device, torch.bfloat16)
+        ex(layers[0], x, ids[:, 0], w[:, 0])  # warm-up (kernels, buffers)
+        sync(device)
+        ex.clear()
+        ex.reset_stats()
+        start = time.perf_counter()
+        for i, layer in enumerate(layers):
+            ex(layer, x, ids[:, i], w[:, i])
+        sync(device)
+        seconds = time.perf_counter() - start
+        s = ex.stats()
+        return {"tokens": length, "buffers": buffers, "seconds": seconds, "tok_s": length / seconds,
+                "streamed_gb_s": s.prefill_bytes / seconds / 1e9, "streamed_bytes": s.prefill_bytes}
+    finally:
+        ex.close()
