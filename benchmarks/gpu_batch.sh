@@ -41,6 +41,9 @@ fi
 if [ "$WHAT" = profile ]; then  # where a 32 GiB decode step's time goes: host ops, and Chrome traces of the device
   timeout 90 python3 -m pytest -p no:cacheprovider -q tests/test_gpu_executor.py -k "graph or parity" > "$OUT/graph-tests.txt" 2>&1
   echo "graph tests rc=$?"; tail -3 "$OUT/graph-tests.txt"
+  # a decode layer call split into host, device and wall; cProfile and the kernels' device time
+  timeout 90 python3 benchmarks/bench_decode_layer.py 48 32 > "$OUT/decode-layer.txt" 2>&1
+  echo "bench_decode_layer rc=$?"; head -6 "$OUT/decode-layer.txt"
   run q30-32g-trace-prof 240 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace --trace "$TRACE" \
       --tokens 96 --prefill '' --policies auto,offload --reps 3 --profile-tokens 8 --profile-dir "$OUT/prof"
   run q30-8g-trace-x8 200 --shape qwen3-30b-a3b --budget-gib 8 --threads 6 --routing trace --trace "$TRACE" \
