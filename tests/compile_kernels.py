@@ -1,0 +1,74 @@
+"""Compile every Triton kernel of the GPU runtime for a CUDA target, with no GPU: the front end,
+the optimizer and ptxas all run, so a kernel that would not compile on the device fails here.
+The interpreter (TRITON_INTERPRET=1, as the other kernel tests run) executes the Python of a
+kernel and never types or lowers it, so it cannot catch that.
+
+Run in its own process (tests/test_kernels_compile.py): triton reads TRITON_INTERPRET when it is
+first imported. Exit status 0: every variant compiled; 77: no CUDA backend in this triton (skip).
+
+    python tests/compile_kernels.py [sm]     # default sm 90 (H100/H200); 89 for an RTX 4090
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_stride": "i64", "fill_ptr": "*i32"}
+
+
+def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes."""
+    from runtime.gpu.kernels import expert_fill, route_plan, slot_experts
+
+    out = []
+    for fill, even in itertools.product((False, True), (True, False)):
+        sig = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*bf16", "stride_slot": "i64", "w13_at": "i32",
+               **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "act_ptr": "*fp32",
+               **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
+        out.append((f"slot_experts gate_up fill={fill} even={even}", slot_experts._gate_up_kernel, sig,
+                    {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256, "EVEN": even,
+                     "FILL": fill, "ESIZE": 2}))
+        sig = {"act_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
+               **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
+               "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
+        out.append((f"slot_experts down fill={fill} even={even}", slot_experts._down_kernel, sig,
+                    {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256, "EVEN": even,
+                     "FILL": fill, "ESIZE": 2}))
+    for clock_mode, n_pcie_mode in ((0, 0), (1, 1), (2, 2), (2, 0)):
+        sig = {"ids_ptr": "*i64", "n_ids": "i32", "layer": "i32", "num_experts": "i32", "table_ptr": "*i32",
+               "owner_ptr": "*i32", "last_used_ptr": "*i64", "num_slots": "i32",
+               "clock_arg": "i64" if clock_mode == 0 else "*i64", "n_pcie_max_arg": "i32" if n_pcie_mode == 0 else "*i32",
+               "n_table_last": "i32",
+               **{name: "*i32" for name in ("unique_ptr", "status_ptr", "slot_ptr", "evicted_ptr", "counts_ptr",
+                                            "inverse_ptr", "pair_slot_ptr", "pair_fill_ptr")},
+               "totals_ptr": "*i64"}
+        out.append((f"route_plan clock={clock_mode} n_pcie={n_pcie_mode}", route_plan._route_plan_kernel, sig,
+                    {"CLOCK_ON_DEVICE": clock_mode, "N_PCIE_MODE": n_pcie_mode, "BLOCK_N": 16, "BLOCK_S": 4096,
+                     "ACCUMULATE": True}))
+    sig = {"bank_addr": "i64", "stride_words": "i64", "unique_ptr": "*i32", "status_ptr": "*i32", "slot_ptr": "*i32",
+           "slots_ptr": "*i64", "slot_words": "i64"}
+    out.append(("expert_fill", expert_fill._expert_fill_kernel, sig, {"N_ROWS": 8, "CHUNK": 4096, "PCIE_CODE": 1}))
+    return out
+
+
+def main() -> int:
+    import triton
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if "nvidia" not in backends:
+        print("this triton has no CUDA backend")
+        return 77
+    sm = int(sys.argv[1]) if len(sys.argv) > 1 else 90
+    target = GPUTarget("cuda", sm, 32)
+    for name, kernel, signature, constexprs in variants():
+        signature = {**signature, **{k: "constexpr" for k in constexprs}}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=target)
+        print(f"sm_{sm} {name}: {len(compiled.asm['cubin'])} bytes of cubin")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
