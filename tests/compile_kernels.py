@@ -23,12 +23,14 @@ def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
 
     out = []
     for fill, even in itertools.product((False, True), (True, False)):
-        sig = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*bf16", "stride_slot": "i64", "w13_at": "i32",
-               **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "act_ptr": "*fp32",
-               **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
-        out.append((f"slot_experts gate_up fill={fill} even={even}", slot_experts._gate_up_kernel, sig,
-                    {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256, "EVEN": even,
-                     "FILL": fill, "ESIZE": 2}))
+        for zero in (False, True):
+            sig = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*bf16", "stride_slot": "i64", "w13_at": "i32",
+                   **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "act_ptr": "*fp32",
+                   **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}, "out_ptr": "*fp32",
+                   "stride_out": "i32", "num_out": "i32", "zero_chunk": "i32"}
+            out.append((f"slot_experts gate_up fill={fill} even={even} zero={zero}", slot_experts._gate_up_kernel,
+                        sig, {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256,
+                              "EVEN": even, "FILL": fill, "ESIZE": 2, "ZERO": zero, "BLOCK_Z": 64}))
         sig = {"act_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
                **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
                "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}

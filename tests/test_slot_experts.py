@@ -229,6 +229,33 @@ def test_kernel_fills_the_pcie_pairs_slots_in_the_same_launch(hidden: int, inter
     torch.testing.assert_close(ref_out, independent(filled, x, tokens, slots, weights, out), **TIGHT)
 
 
+@needs_triton
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_zero_out_overwrites_out_with_the_sum(num_tokens: int) -> None:
+    """zero_out: the launch clears `out` itself (NaN garbage before, strided rows), as the twin's
+    zero then add; with no pairs, or all skipped, out is zeros."""
+    gen = torch.Generator().manual_seed(20 + num_tokens)
+    cache = Slots("bf16", 96, 40, [2, None, 6, 1])
+    x = torch.randn(num_tokens, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+    tokens, slots, weights = random_pairs(gen, num_tokens, 3, 4, [0, 2, 3])
+    results = []
+    for fn in (slot_experts, slot_experts_ref):
+        buffer = torch.full((num_tokens, 160), float("nan"), device=DEVICE)
+        out = buffer[:, 32:128]  # row stride 160
+        fn(x, cache.slots, *(torch.tensor(v, dtype=d, device=DEVICE) for v, d in (
+            (tokens, torch.int32), (slots, torch.int32), (weights, torch.float32))), out=out, zero_out=True,
+           **cache.kwargs)
+        assert buffer[:, :32].isnan().all() and buffer[:, 128:].isnan().all()  # nothing outside `out`
+        results.append(out)
+    assert not results[0].isnan().any()
+    torch.testing.assert_close(*results, **TIGHT)
+    for pairs in (([], [], []), ([0] * num_tokens, [-1] * num_tokens, [1.0] * num_tokens)):
+        out = torch.full((num_tokens, 96), float("nan"), device=DEVICE)
+        slot_experts(x, cache.slots, *(torch.tensor(v, dtype=d, device=DEVICE) for v, d in zip(
+            pairs, (torch.int32, torch.int32, torch.float32), strict=True)), out=out, zero_out=True, **cache.kwargs)
+        assert torch.equal(out, torch.zeros_like(out))
+
+
 def test_fills_need_the_bank_and_the_pairs_experts_together() -> None:
     cache = Slots("bf16", 64, 32, [0, 1], device="cpu")
     x, out = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 64)

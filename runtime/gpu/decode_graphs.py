@@ -13,7 +13,8 @@ What a replay needs, and how it gets it:
   is rebuilt (resize: `ExpertCache.generation`);
 - host work: a step may return a function to run on each replay (the CPU share hands its
   worker the call: the graph holds only the device half);
-- the output: the graph's own buffer, copied out so a caller may keep it.
+- the output: the graph's own float32 buffer, cast to the inputs' dtype as it is copied out (so
+  a caller may keep it, and the graph has no cast node of its own).
 
 A key's first call runs uncaptured (Triton compiles, buffers are allocated); the second captures
 and replays. On the H200 at a host-bound 32 GiB budget, offload decode went from 52 to 124 tok/s
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 HostWork = Callable[[], object]
-# (x, ids, weights) -> (output, host work to run on each replay or None)
+# (x, ids, weights) -> (float32 output, host work to run on each replay or None)
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, HostWork | None]]
 
 
@@ -76,7 +77,7 @@ class DecodeGraphs:
             captured.host_work()
         captured.graph.replay()
         self.replays += 1
-        return captured.out.clone()
+        return captured.out.to(captured.x.dtype, copy=True)
 
     def _capture(self, step: Step, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> _Captured:
         static_x, static_ids, static_weights = x.clone(), ids.clone(), weights.clone()

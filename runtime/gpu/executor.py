@@ -206,11 +206,12 @@ class HybridExpertExecutor:
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
                            clock: torch.Tensor, n_pcie: int | torch.Tensor, cpu_share: bool,
                            capturing: bool = False) -> tuple[torch.Tensor, RoutePlan, Job | None]:
-        """One decode layer call's work, all queued: the output in x's dtype, the plan, and the
-        CPU share's job (None without one). `state`: the cache's device (table, owner, last_used);
-        `clock`: its device clock, which the plan moves on (ExpertCache.tick).
-        `capturing`: the work is being captured into a CUDA graph, so the worker is not handed
-        the job now but on each replay."""
+        """One decode layer call's work, all queued: the output, the plan, and the CPU share's job
+        (None without one). `state`: the cache's device (table, owner, last_used); `clock`: its
+        device clock, which the plan moves on (ExpertCache.tick). `capturing`: the work is being
+        captured into a CUDA graph, so the worker is not handed the job now but on each replay,
+        and the output stays float32 (DecodeGraphs casts it to x's dtype as it copies it out, one
+        node fewer in the graph); otherwise it is in x's dtype."""
         bank, cache = self.banks[layer], self.cache
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
@@ -221,13 +222,15 @@ class HybridExpertExecutor:
         # the misses' PCIe reads in the slot kernel's launch, overlapping the hits' compute, where it can
         in_launch = self.mode != "cpu" and self._zero_copy[layer] and fills_in_launch(bank.layout, x)
         self._fill(plan, bank, self.pcie_repeat - int(in_launch))
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        if self.mode != "cpu":
+        if self.mode != "cpu":  # the slot experts' launch clears `out` itself (no separate fill of zeros)
+            out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
             add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out,
-                             fill_bank=bank.data if in_launch else None)
+                             fill_bank=bank.data if in_launch else None, zero_out=True)
+        else:
+            out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if job is not None:
             self.cpu_share.add_result(job, out, started)
-        return out.to(x.dtype), plan, job
+        return (out if capturing else out.to(x.dtype)), plan, job
 
     def _replay(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor,
                 expert_ids: torch.Tensor, weights: torch.Tensor, clock: torch.Tensor,

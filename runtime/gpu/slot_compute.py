@@ -60,10 +60,11 @@ def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
 
 def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, slots: torch.Tensor,
                      views: RecordViews, compute_dtype: torch.dtype, out: torch.Tensor,
-                     fill_bank: torch.Tensor | None = None) -> None:
-    """out (float32 [T, H]) += the plan's device pairs, each expert read from its slot.
-    `fill_bank` (the layer's pinned host bank, where `fills_in_launch`): the plan's PCIe fills
-    are made by the same launch, the misses read over PCIe while the hits compute."""
+                     fill_bank: torch.Tensor | None = None, zero_out: bool = False) -> None:
+    """out (float32 [T, H]) += the plan's device pairs, each expert read from its slot
+    (`zero_out`: out = them, whatever it held). `fill_bank` (the layer's pinned host bank, where
+    `fills_in_launch`): the plan's PCIe fills are made by the same launch, the misses read over
+    PCIe while the hits compute."""
     token, slot, weight = pairs_of(plan, weights)
     layout = views.layout
     dtype = in_place_dtype(layout)
@@ -75,8 +76,11 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
         hidden, inter = parts["w2"].shape
         slot_experts(x.to(compute_dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
                      w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
-                     fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None)
+                     fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None,
+                     zero_out=zero_out)
         return
+    if zero_out:
+        out.zero_()
     on_device = slot >= 0
     w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
     y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2)[:, 0]  # [P, H]

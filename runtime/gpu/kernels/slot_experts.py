@@ -55,11 +55,16 @@ def _read_from(slot_rows, fill_ptr, p, bank_addr, bank_stride, part_at, rows, RO
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _gate_up_kernel(
     x_ptr, stride_x, w_ptr, stride_slot, w13_at,
-    token_ptr, slot_ptr, act_ptr, bank_addr, bank_stride, fill_ptr,
+    token_ptr, slot_ptr, act_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, EVEN: tl.constexpr,
-    FILL: tl.constexpr, ESIZE: tl.constexpr,
+    FILL: tl.constexpr, ESIZE: tl.constexpr, ZERO: tl.constexpr, BLOCK_Z: tl.constexpr,
 ):
     p = tl.program_id(0)
+    if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
+        if p == 0:
+            at = tl.program_id(1) * zero_chunk + tl.arange(0, BLOCK_Z)
+            keep = (at < (tl.program_id(1) + 1) * zero_chunk) & (at < num_out)
+            tl.store(out_ptr + (at // HIDDEN) * stride_out + at % HIDDEN, tl.zeros([BLOCK_Z], tl.float32), mask=keep)
     slot = tl.load(slot_ptr + p)
     if slot < 0:
         return
@@ -145,7 +150,7 @@ def _down_kernel(
 def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                  pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
                  dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                 pair_fill: torch.Tensor | None = None, block_i: int = 16, block_h: int = 256,
+                 pair_fill: torch.Tensor | None = None, zero_out: bool = False, block_i: int = 16, block_h: int = 256,
                  block_o: int = 32, block_k: int = 256, num_warps: int = 4) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
@@ -162,6 +167,9 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     filled expert (a duplicate id) each read it over PCIe and store the same bytes: right, but
     the record crosses twice, which is why calls of several tokens fill first.
 
+    `zero_out`: out = the sum, not out += it (the first launch clears `out`: no separate fill of
+    zeros, one node fewer in a captured decode call).
+
     Tuning (not yet measured on a GPU; benchmarks/bench_slot_experts.py sweeps them): pass 1 is
     [block_i, block_h] tiles of W1 and W3, pass 2 [block_o, block_k] tiles of W2; powers of two.
     """
@@ -170,6 +178,8 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
                                             fill_bank=fill_bank, pair_fill=pair_fill)
     num_pairs = pair_slot.numel()
     if num_pairs == 0 or slots.shape[0] == 0:
+        if zero_out:
+            out.zero_()
         return
     weights = slots.view(dtype)  # [S, slot_bytes / esize]: element pointers into the records
     act = torch.empty(num_pairs, inter, dtype=torch.float32, device=x.device)  # [P, I]
@@ -182,10 +192,13 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     bank_addr, bank_stride = (fill_bank.data_ptr(), fill_bank.stride(0)) if fills else (0, 0)
     fill_ptr = pair_fill if fills else pair_slot
     esize = weights.element_size()
-    _gate_up_kernel[(num_pairs, triton.cdiv(inter, block_i))](
+    up_blocks = triton.cdiv(inter, block_i)
+    zero_chunk = triton.cdiv(out.numel(), up_blocks)  # out's elements each of pair 0's programs clears
+    _gate_up_kernel[(num_pairs, up_blocks)](
         x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, act, bank_addr, bank_stride,
-        fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i, BLOCK_H=block_h,
-        EVEN=hidden % block_h == 0 and inter % block_i == 0, FILL=fills, ESIZE=esize, num_warps=num_warps,
+        fill_ptr, out, out.stride(0), out.numel(), zero_chunk, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i,
+        BLOCK_H=block_h, EVEN=hidden % block_h == 0 and inter % block_i == 0, FILL=fills, ESIZE=esize,
+        ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), num_warps=num_warps,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o))](
         act, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),

@@ -85,16 +85,19 @@ def slot_weights(slots: torch.Tensor, offset_elems: int, shape: tuple[int, int],
 def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                      pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
                      dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                     pair_fill: torch.Tensor | None = None) -> None:
+                     pair_fill: torch.Tensor | None = None, zero_out: bool = False) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]); arithmetic in the module docstring. Skipped pairs (slot -1) read
     nothing that matters: their token and weight may hold anything.
 
     With `fill_bank` and `pair_fill`: first, for every pair with pair_fill[p] = e >= 0, the w13
-    and w2 parts of bank row e are copied into slot pair_slot[p] (read on the host: a sync)."""
+    and w2 parts of bank row e are copied into slot pair_slot[p] (read on the host: a sync).
+    `zero_out`: out = the sum instead of out += it."""
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
                                             w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
                                             fill_bank=fill_bank, pair_fill=pair_fill)
+    if zero_out:
+        out.zero_()
     if pair_slot.numel() == 0 or slots.shape[0] == 0:
         return
     if fill_bank is not None:
