@@ -49,8 +49,8 @@ def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
                     {"CLOCK_ON_DEVICE": clock_mode, "N_PCIE_MODE": n_pcie_mode, "BLOCK_N": 16, "BLOCK_S": 4096,
                      "ACCUMULATE": True}))
     sig = {"bank_addr": "i64", "stride_words": "i64", "unique_ptr": "*i32", "status_ptr": "*i32", "slot_ptr": "*i32",
-           "slots_ptr": "*i64", "slot_words": "i64"}
-    out.append(("expert_fill", expert_fill._expert_fill_kernel, sig, {"N_ROWS": 8, "CHUNK": 4096, "PCIE_CODE": 1}))
+           "slots_ptr": "*i64", "slot_words": "i64", "n_rows": "i32"}
+    out.append(("expert_fill", expert_fill._expert_fill_kernel, sig, {"CHUNK": 4096, "PCIE_CODE": 1}))
     return out
 
 

@@ -79,16 +79,15 @@ class AutoGuard:
         is not counted."""
         if layer != self.first_layer:
             return self.arm
-        if self._cpu_at_block_start is None and self.arm == MODEL and self.cpu_experts is not None:
-            self._cpu_at_block_start = self.cpu_experts()  # the first block's start
         now = time.perf_counter()
-        if self._step_start is not None and settled and self._untimed > 0:
-            self._untimed -= 1
-        elif self._step_start is not None and settled:
-            times = self.times[self.arm]
-            times.append(now - self._step_start)
-            del times[: -self.KEEP]
-            self._next_arm()
+        if self._step_start is not None and settled:
+            if self._untimed > 0:
+                self._untimed -= 1
+            else:
+                times = self.times[self.arm]
+                times.append(now - self._step_start)
+                del times[: -self.KEEP]
+                self._next_arm()
         self._step_start = now
         self.steps[self.arm] += 1
         return self.arm

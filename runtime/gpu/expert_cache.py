@@ -38,7 +38,8 @@ class ExpertCache:
     - `slots` uint8 [S, slot_bytes] on the device: slot s holds one expert record;
     - `owner` int64 [S] (host, numpy): the key in slot s, or -1; key = layer * num_experts + expert;
     - `last_used` int64 [S] (host, numpy): the clock when slot s was last used (-1: never);
-      `advance` moves the clock once per layer call, so the order is the global access order;
+      the clock moves once per layer call (`tick` for a device plan, `advance` on the host), so
+      the order is the global access order;
     - `pinned` bool [S] (host, numpy): slots never chosen as victims (static residency);
     - `device_state()`: (table int32 [L*E], owner int32 [S], last_used int64 [S]) on the device,
       and the clock's device copy, which decode plans move on themselves (`tick`).

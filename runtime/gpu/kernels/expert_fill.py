@@ -23,12 +23,15 @@ from .route_plan_ref import PCIE, RoutePlan
 CHUNK_WORDS = 4096  # int64 words per program: 32 KiB in flight per program
 
 
-@triton.jit(do_not_specialize=["bank_addr", "stride_words", "slot_words"])
-def _expert_fill_kernel(bank_addr, stride_words, unique_ptr, status_ptr, slot_ptr, slots_ptr, slot_words,
-                        N_ROWS: tl.constexpr, CHUNK: tl.constexpr, PCIE_CODE: tl.constexpr):
+@triton.jit(do_not_specialize=["bank_addr", "stride_words", "slot_words", "n_rows"])
+def _expert_fill_kernel(bank_addr, stride_words, unique_ptr, status_ptr, slot_ptr, slots_ptr, slot_words, n_rows,
+                        CHUNK: tl.constexpr, PCIE_CODE: tl.constexpr):
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     mask = offs < stride_words
-    for row in range(N_ROWS):  # constexpr bound: a loop, not unrolled; fine in the interpreter too
+    row = 0
+    # while, not range: one compiled kernel for every plan size, and the interpreter's range()
+    # over a runtime bound fails with numpy >= 2.4
+    while row < n_rows:
         status = tl.load(status_ptr + row)
         if status == PCIE_CODE:
             expert = tl.load(unique_ptr + row).to(tl.int64)
@@ -36,6 +39,7 @@ def _expert_fill_kernel(bank_addr, stride_words, unique_ptr, status_ptr, slot_pt
             src = (bank_addr + expert * stride_words * 8).to(tl.pointer_type(tl.int64))
             words = tl.load(src + offs, mask=mask)
             tl.store(slots_ptr + slot * slot_words + offs, words, mask=mask)
+        row += 1
 
 
 def expert_fill(plan: RoutePlan, bank: torch.Tensor, slots: torch.Tensor) -> None:
@@ -52,5 +56,5 @@ def expert_fill(plan: RoutePlan, bank: torch.Tensor, slots: torch.Tensor) -> Non
         raise ValueError("expert_fill: bank and slots must be contiguous")
     grid = (triton.cdiv(stride // 8, CHUNK_WORDS),)
     _expert_fill_kernel[grid](bank.data_ptr(), stride // 8, plan.unique_ids, plan.status, plan.slot,
-                              slots.view(torch.int64), slot_bytes // 8,
-                              N_ROWS=plan.status.numel(), CHUNK=CHUNK_WORDS, PCIE_CODE=PCIE, num_warps=8)
+                              slots.view(torch.int64), slot_bytes // 8, plan.status.numel(),
+                              CHUNK=CHUNK_WORDS, PCIE_CODE=PCIE, num_warps=8)

@@ -4,10 +4,10 @@ One MoE layer's expert work for a decode step, planned against the global expert
 (`ExpertCache`: `table` int32 [L*E] key -> slot or -1, `owner` int32 [S] slot -> key or -1,
 `last_used` int64 [S]; key = layer * E + expert):
 
-1. dedup the T*K routed ids, keeping first-occurrence order in row-major (t, k) order;
-2. classify each unique expert: hit (table[key] >= 0) or miss;
 0. with `advance_clock`, `clock` is a device counter [1]: it is moved on by one and the new value
    is the clock below (a decode call's clock kept on the device: nothing for the host to write);
+1. dedup the T*K routed ids, keeping first-occurrence order in row-major (t, k) order;
+2. classify each unique expert: hit (table[key] >= 0) or miss;
 3. hits: last_used[slot] = clock;
 4. misses: the first n_pcie = min(misses, n_pcie_max) in unique order (n_pcie_max: a number,
    or a table [M] read at min(misses, M - 1): the split policy's count per miss count) get victim slots, the
