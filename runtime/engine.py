@@ -61,7 +61,7 @@ class Session:
         self.tokens: list[int] = []  # what `state` holds
 
     def reset(self) -> None:
-        self.state = self.model.new_state(self.context_length)
+        self.state = self.model.reset_state(self.state)  # emptied in place where it can be (CUDA graphs keep its buffers)
         self.tokens = []
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:

@@ -156,6 +156,14 @@ class _ArmRunner:
         self.guard = type("Guard", (), {"arm": arms[0]})() if len(arms) > 1 else None
         self.arms, self.seen = arms, {}
         self.step = 0
+        self.steps = self  # StepGraphs' `run`: the step as it is
+
+    def run(self, key, step) -> None:
+        step()
+
+    @property
+    def one_time_work(self) -> int:
+        return self.graphs.one_time_work
 
     def __call__(self, layer: int, x, ids, weights) -> None:
         if layer == 0:
@@ -176,12 +184,13 @@ def test_warm_up_runs_until_every_arms_graphs_are_captured(arms: tuple[str, ...]
     import numpy as np
     import torch
 
-    from runtime.bench.runs import MAX_WARMUP_STEPS, WARMUP_STEPS, warm_up
+    from runtime.bench.runs import MAX_WARMUP_STEPS, WARMUP_STEPS, DecodeSteps, warm_up
 
     layers = [0, 1]
     decode = np.zeros((MAX_WARMUP_STEPS + 4, len(layers), 2), dtype=np.int64)
     ex = _ArmRunner(arms)
-    warm_up(ex, layers, decode, 8, torch.device("cpu"), torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    warm_up(DecodeSteps(ex, layers, 2, 8, torch.device("cpu"), gen), decode, gen)
     steps = len(ex.calls) // len(layers)
     # one arm: its third step settles, and WARMUP_STEPS still run; two arms: past WARMUP_STEPS,
     # to the second arm's third step (steps 4-7 are its block)

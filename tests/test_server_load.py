@@ -123,6 +123,9 @@ class SlowModel:
     def new_state(self, max_tokens: int) -> Any:
         return self.model.new_state(max_tokens)
 
+    def reset_state(self, state: Any) -> Any:
+        return self.model.reset_state(state)
+
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         time.sleep(self.delay_s)
         return self.model.forward(input_ids, state, last_only)

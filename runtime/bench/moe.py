@@ -46,7 +46,7 @@ from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan
 from ..resources import GPU, Machine
 from ..routing_synth import calibrated_router, routing_stats
 from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
-from .runs import decode_run, prefill_run, profile_decode, sync, warm_up
+from .runs import DecodeSteps, decode_run, prefill_run, profile_decode, sync, warm_up
 
 POLICIES = ("auto", "offload", "cpu", "static", "prefill_placement")
 _ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +137,7 @@ class BenchConfig:
     profile_tokens: int = 0  # profile this many extra decode tokens per policy (torch.profiler: host ops, kernels)
     profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
     cuda_graphs: bool = True  # decode calls replayed as CUDA graphs (--no-cuda-graphs: the uncaptured path)
+    step_graphs: bool = True  # and whole steps as one graph each (--no-step-graphs: a graph per layer call)
 
 
 # -- setup ----------------------------------------------------------------------------------------------
@@ -308,14 +309,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     def build(policy: str):
         return build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
                             cpu_executor=cpu, cpu_threads=threads, prefill_buffers=1, pin=False, prefill_min_tokens=2,
-                            cuda_graphs=cfg.cuda_graphs, pcie_repeat=cfg.pcie_repeat)
+                            cuda_graphs=cfg.cuda_graphs, step_graphs=cfg.step_graphs, pcie_repeat=cfg.pcie_repeat)
+
+    def steps_of(ex) -> DecodeSteps:
+        return DecodeSteps(ex, layers, top_k, shape.hidden, device, torch.Generator().manual_seed(cfg.seed))
 
     if device.type == "cuda":  # the process's first-use costs (Triton compiles, ...) on no policy's clock
         for policy in cfg.policies:
             with contextlib.suppress(CacheTooSmallError, ValueError):  # reported by the rounds
                 ex = build(policy)
                 try:
-                    warm_up(ex, layers, decode, shape.hidden, device, torch.Generator().manual_seed(cfg.seed))
+                    warm_up(steps_of(ex), decode, torch.Generator().manual_seed(cfg.seed))
                 finally:
                     ex.close()
     for round_ in range(max(1, cfg.reps)):
@@ -328,18 +332,19 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 report["policies"][policy] = {"error": str(e)}
                 continue
             last_round = round_ == max(1, cfg.reps) - 1
+            steps = steps_of(ex)
             try:
-                runs.setdefault(policy, []).append(decode_run(ex, layers, prompt, decode, shape.hidden, device,
-                                                              cfg.seed))
+                runs.setdefault(policy, []).append(decode_run(steps, prompt, decode, cfg.seed))
                 if last_round and cfg.profile_tokens:
                     trace = Path(cfg.profile_dir) / f"decode-{policy}.json" if cfg.profile_dir else None
-                    profiled = profile_decode(ex, layers, decode, shape.hidden, device, cfg.profile_tokens, trace)
+                    profiled = profile_decode(steps, decode, cfg.profile_tokens, trace)
             finally:
                 ex.close()
             if last_round:
                 summary = _summary(runs[policy], stride, profile, hbm, list(ex.resident_layers), slots)
                 if ex.graphs is not None:
-                    summary["cuda_graphs"] = {"captures": ex.graphs.captures, "replays": ex.graphs.replays}
+                    summary["cuda_graphs"] = {"captures": ex.graphs.captures, "replays": ex.graphs.replays,
+                                              "step_captures": ex.steps.captures, "step_replays": ex.steps.replays}
                 if cfg.profile_tokens:
                     summary["host_profile"] = profiled
                 report["policies"][policy] = summary

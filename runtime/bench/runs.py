@@ -43,46 +43,67 @@ def _prompt(executor, layers: list[int], prompt: np.ndarray, hidden: int, device
     sync(device)
 
 
-def warm_up(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device,
-            gen: torch.Generator) -> None:
+class DecodeSteps:
+    """The decode steps of one executor's runs, as a model makes them: each step's routed ids and
+    weights land in buffers of fixed address (where a model's router writes them), then every
+    layer's call on its own random activation; the whole step through the executor's StepGraphs
+    (one CUDA graph where no call needs the host: gpu/step_graphs.py)."""
+
+    def __init__(self, executor, layers: list[int], top_k: int, hidden: int, device: torch.device,
+                 gen: torch.Generator) -> None:
+        self.executor, self.layers, self.device = executor, layers, device
+        self.xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
+        self.ids = torch.zeros(len(layers), top_k, dtype=torch.int64, device=device)
+        self.weights = torch.zeros(len(layers), top_k, dtype=torch.bfloat16, device=device)
+
+    def __call__(self, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """One step: `ids` and `weights` [layers, top_k] on the device."""
+        self.ids.copy_(ids)
+        self.weights.copy_(weights)
+        self.executor.steps.run("bench", self._calls)
+
+    def _calls(self) -> None:
+        for i, layer in enumerate(self.layers):
+            self.executor(layer, self.xs[i], self.ids[i: i + 1], self.weights[i: i + 1])
+
+
+def warm_up(steps: DecodeSteps, decode: np.ndarray, gen: torch.Generator) -> None:
     """Untimed decode steps of the first tokens' routing: kernels, allocator, worker, CUDA graphs
     when on, so that neither the policy run first nor the one with more graphs carries one-time
     costs. WARMUP_STEPS of them, and with CUDA graphs, on until a whole step of each arm the
     guard ran (for "auto") did no one-time graph work (first calls, captures), at most
     MAX_WARMUP_STEPS."""
-    steps = MAX_WARMUP_STEPS if executor.graphs is not None else WARMUP_STEPS
-    warm = torch.randn(1, hidden, generator=gen).to(device, torch.bfloat16)
-    warm_ids = torch.from_numpy(decode[:steps]).to(device)
-    warm_weights = _weights(gen, decode[:steps].shape).to(device, torch.bfloat16)
+    executor = steps.executor
+    count = MAX_WARMUP_STEPS if executor.graphs is not None else WARMUP_STEPS
+    warm_ids = torch.from_numpy(decode[:count]).to(steps.device)
+    warm_weights = _weights(gen, decode[:count].shape).to(steps.device, torch.bfloat16)
     settled: set[str] = set()
     for t in range(len(warm_ids)):
-        work = executor.graphs.one_time_work if executor.graphs is not None else 0
-        for i, layer in enumerate(layers):
-            executor(layer, warm, warm_ids[t, i: i + 1], warm_weights[t, i: i + 1])
+        work = executor.one_time_work
+        steps(warm_ids[t], warm_weights[t])
         if executor.graphs is None:
             continue
-        if executor.graphs.one_time_work == work:
+        if executor.one_time_work == work:
             settled.add(executor.guard.arm if executor.guard is not None else "")
         arms = {"model", "pcie"} if executor.guard is not None else {""}
         if t + 1 >= WARMUP_STEPS and settled >= arms:
             break
-    sync(device)
+    sync(steps.device)
 
 
-def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarray, hidden: int,
-               device: torch.device, seed: int) -> dict[str, Any]:
+def decode_run(steps: DecodeSteps, prompt: np.ndarray, decode: np.ndarray, seed: int) -> dict[str, Any]:
+    executor, device = steps.executor, steps.device
     gen = torch.Generator().manual_seed(seed)
-    warm_up(executor, layers, decode, hidden, device, gen)
+    warm_up(steps, decode, gen)
     # then a cold cache (graphs stay valid) and, for "auto", a guard that explores again: its
     # trials are timed
     executor.clear()
     if executor.guard is not None:
         executor.guard.restart()
     if executor.prefill is not None and len(prompt):
-        _prompt(executor, layers, prompt, hidden, device, gen)
+        _prompt(executor, steps.layers, prompt, steps.xs.shape[-1], device, gen)
         executor.prefill.streamer.release()  # the transient buffer goes back before decode
     executor.reset_stats()
-    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
     ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
     weights = _weights(gen, decode.shape).to(device, torch.bfloat16)
     sync(device)
@@ -90,8 +111,7 @@ def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarr
     start = time.perf_counter()
     for t in range(len(decode)):
         step_start = time.perf_counter()
-        for i, layer in enumerate(layers):
-            executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
+        steps(ids[t], weights[t])
         sync(device)
         steps_s.append(time.perf_counter() - step_start)
         if executor.guard is not None:
@@ -100,6 +120,8 @@ def decode_run(executor, layers: list[int], prompt: np.ndarray, decode: np.ndarr
     run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s]}
     if executor.guard is not None:
         run["guard"] = {**executor.guard.summary(), **_time_by_arm(steps_s, arms)}
+    if executor.graphs is not None:
+        run["step_graphs"] = {"captures": executor.steps.captures, "replays": executor.steps.replays}
     return run
 
 
@@ -112,22 +134,20 @@ def _time_by_arm(steps_s: list[float], arms: list[str]) -> dict[str, Any]:
     return {"total_ms": total, "slowest": [{"step": i, "arm": arms[i], "ms": 1e3 * steps_s[i]} for i in slowest]}
 
 
-def profile_decode(executor, layers: list[int], decode: np.ndarray, hidden: int, device: torch.device, tokens: int,
-                   trace_path: Path | None) -> list[dict[str, Any]]:
+def profile_decode(steps: DecodeSteps, decode: np.ndarray, tokens: int, trace_path: Path | None) -> list[dict[str, Any]]:
     """`tokens` more decode tokens under torch.profiler (after a timed run: the cache is warm):
     the ops with the most host time, per layer call, and optionally a Chrome trace."""
     from torch.profiler import ProfilerActivity, profile
 
+    device, layers = steps.device, steps.layers
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     gen = torch.Generator().manual_seed(1)
-    xs = torch.randn(len(layers), 1, hidden, generator=gen).to(device, torch.bfloat16)
     ids = torch.from_numpy(decode[:tokens]).to(device)
     weights = _weights(gen, decode[:tokens].shape).to(device, torch.bfloat16)
     sync(device)
     with profile(activities=activities) as prof:
         for t in range(len(ids)):
-            for i, layer in enumerate(layers):
-                executor(layer, xs[i], ids[t, i: i + 1], weights[t, i: i + 1])
+            steps(ids[t], weights[t])
             sync(device)
     if trace_path is not None:
         trace_path.parent.mkdir(parents=True, exist_ok=True)

@@ -156,4 +156,4 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes, buffers)
     with torch.device(device):
         model = build_model(weights.config, weights, executor, dtype)
-    return weights, DeviceModel(model, device), executor
+    return weights, DeviceModel(model, device, executor.steps), executor

@@ -84,7 +84,7 @@ class DecodeGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with _collector_off(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with collector_off(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out, host_work = step(static_x, static_ids, static_weights)
         return _Captured(graph, static_x, static_ids, static_weights, out, host_work)
 
@@ -105,7 +105,7 @@ class DecodeGraphs:
 
 
 @contextlib.contextmanager
-def _collector_off() -> Iterator[None]:
+def collector_off() -> Iterator[None]:
     """Python's garbage collector off for a capture (torch.cuda.graph collects just before it
     begins). A collection inside a capture runs the destructors of whatever it frees there: on
     the H200, freeing a closed executor's pinned buffers or events inside a capture aborted the

@@ -22,10 +22,11 @@ is made on the device.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,6 +45,7 @@ from .profile import BandwidthProfile
 from .records import check_device_layout
 from .slot_compute import add_slot_experts, fills_in_launch
 from .split import miss_cost
+from .step_graphs import StepGraphs, StepNotCapturable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,11 @@ MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
 PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
 MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
+
+
+@dataclass
+class _CallCount:
+    count: int = 0
 
 
 def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
@@ -82,7 +89,8 @@ class HybridExpertExecutor:
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
     `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
     as CUDA graphs (decode_graphs.py), those with a CPU share where the driver's stream flags can
-    be captured (host_signal.py). `pcie_repeat` > 1 emulates a slower link for benchmarks: every
+    be captured (host_signal.py); with `step_graphs` too, a caller's whole decode step runs as one
+    graph where no call needs the host (`steps`, step_graphs.py). `pcie_repeat` > 1 emulates a slower link for benchmarks: every
     copy over PCIe (fills, prefill streams) is made that many times.
     """
 
@@ -91,7 +99,7 @@ class HybridExpertExecutor:
                  compute_dtype: torch.dtype = torch.bfloat16, profile: BandwidthProfile | None = None,
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
                  prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
-                 cuda_graphs: bool = True, pcie_repeat: int = 1) -> None:
+                 cuda_graphs: bool = True, step_graphs: bool = True, pcie_repeat: int = 1) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if pcie_repeat < 1:
@@ -130,6 +138,11 @@ class HybridExpertExecutor:
         self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
         self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graph's copy, its source)
         self._graph_work_at_step = 0  # graphs' one-time work when the current step began (the guard's timing)
+        self.steps = StepGraphs(self)  # whole decode steps as one graph each (step_graphs.py)
+        self.step_graphs = step_graphs
+        self._step_begun = False  # begin_step made the step's first-call host part
+        self._step_capture: _CallCount | None = None  # set while a whole step is being captured
+        self._step_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._stats = ExpertStats()
         self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
         self._static_request = static_resident_layers
@@ -141,12 +154,16 @@ class HybridExpertExecutor:
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # Host tensors here name device="cpu": inside DeviceModel, torch's default device is the GPU.
-        if self.elastic is not None and layer == self.first_layer:  # a safe point: a step begins
-            slots = self.elastic.poll(self.cache.num_slots)
-            if slots is not None:
-                self.resize(slots)
+        if self._step_capture is not None:
+            return self._decode_captured(layer, x, expert_ids, weights)
+        streamed_prefill = self.prefill is not None and x.shape[0] >= self.prefill_min_tokens
+        if layer == self.first_layer:  # a step begins: its host part, unless begin_step made it
+            if self._step_begun:
+                self._step_begun = False
+            else:
+                self._start_step(decode=not streamed_prefill)
         start = time.perf_counter()
-        if self.prefill is not None and x.shape[0] >= self.prefill_min_tokens:
+        if streamed_prefill:
             streamed, skipped = self.prefill.streamer.bytes_streamed, self.prefill.streamer.experts_skipped
             out = self.prefill(layer, x, expert_ids, weights)
             s = self._stats
@@ -166,7 +183,7 @@ class HybridExpertExecutor:
         bank, cache = self.banks[layer], self.cache
         stride = bank.layout.expert_stride
         num_pairs = expert_ids.numel()
-        if self.guard is not None and self.guard.on_decode_call(layer, self._step_settled(layer)) == PCIE_ONLY:
+        if self.guard is not None and self.guard.arm == PCIE_ONLY:
             n_pcie, uses_cpu = num_pairs, False  # as "offload" (no split table to look up)
         else:
             n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
@@ -193,14 +210,83 @@ class HybridExpertExecutor:
         """Decode misses served by the CPU so far (a device read: the guard asks once per block)."""
         return int(sum(int(totals[2]) for totals in self._device_counts.values()))
 
-    def _step_settled(self, layer: int) -> bool:
-        """At the guard's first layer: whether the step that just ended ran without one-time graph
-        work (first calls, captures), whose cost would be charged to its arm."""
-        if self.graphs is None or self.guard is None or layer != self.guard.first_layer:
+    def _start_step(self, decode: bool) -> None:
+        """The host part of a step's first layer call: a safe point for an elastic resize, and
+        for a decode step the guard's choice of arm (timing the step that just ended)."""
+        if self.elastic is not None:
+            slots = self.elastic.poll(self.cache.num_slots)
+            if slots is not None:
+                self.resize(slots)
+        if decode and self.guard is not None:
+            self.guard.on_decode_call(self.first_layer, self._step_settled())
+
+    def _step_settled(self) -> bool:
+        """Whether the step that just ended ran without one-time graph work (first calls,
+        captures), whose cost would be charged to its arm."""
+        if self.graphs is None:
             return True
-        work = self.graphs.one_time_work
+        work = self.one_time_work
         settled, self._graph_work_at_step = work == self._graph_work_at_step, work
         return settled
+
+    @property
+    def one_time_work(self) -> int:
+        """The CUDA graphs' first calls and captures so far, of layer calls and of whole steps."""
+        return (self.graphs.one_time_work if self.graphs is not None else 0) + self.steps.one_time_work
+
+    # -- a whole decode step as one CUDA graph (step_graphs.py) -------------------------------------
+
+    def begin_step(self) -> Hashable | None:
+        """A decode step begins: the host part of its first call is made now, so that all its
+        calls may run inside one captured graph. Returns the key of the device work they would
+        queue, or None where they cannot be captured (graphs off, a bank not pinned, a CPU
+        share possible: "auto" in its model arm, the CPU-served modes); run them as usual then."""
+        self._start_step(decode=True)
+        self._step_begun = True
+        pcie_only = self.mode == "offload" or (self.mode == "auto" and self.guard is not None
+                                               and self.guard.arm == PCIE_ONLY)
+        if self.graphs is None or not self.step_graphs or not pcie_only or not all(self._zero_copy.values()):
+            return None
+        self._step_state = self.cache.device_state()  # uploaded now: nothing may be copied from the host inside
+        return "pcie", self.pcie_repeat
+
+    @contextlib.contextmanager
+    def capturing_step(self) -> Iterator[_CallCount]:
+        """While a step begun by `begin_step` is captured: its calls queue device work only,
+        counted (StepNotCapturable from a call that needs the host)."""
+        self._step_capture = calls = _CallCount()
+        try:
+            yield calls
+        finally:
+            self._step_capture = None
+
+    def end_step(self, calls: int) -> None:
+        """After a captured step's replay: the host's part of its `calls` layer calls (the host's
+        copy of the cache clock, the counters, the hit rate's read-back)."""
+        self._step_begun = False
+        self.cache.tick(calls)
+        self._stats.calls += calls
+        self._stats.tokens += calls
+        if self.mode == "auto":
+            self._hit_rate.observe(None, self._device_counts.values(), calls)
+
+    def _decode_captured(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor,
+                         weights: torch.Tensor) -> torch.Tensor:
+        """A one-token call inside a whole step's capture: every miss over PCIe, in the launch."""
+        num_pairs = expert_ids.numel()
+        if x.shape[0] != 1 or num_pairs > min(MAX_KERNEL_PAIRS, self.cache.num_slots) \
+                or self._totals_of(layer) is None or self._step_state is None:
+            raise StepNotCapturable(f"layer {layer}: {x.shape[0]} tokens, {num_pairs} routed experts, "
+                                    "or its counters not made yet")
+        assert self._step_capture is not None
+        out, _, _ = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,
+                                            self.cache.device_clock, num_pairs, False, capturing=True)
+        self._step_capture.count += 1
+        return out.to(x.dtype)
+
+    def _totals_of(self, layer: int) -> torch.Tensor | None:
+        """The device counters a call of `layer` adds to, if made (a capture may not allocate them)."""
+        return self._device_counts.get(self.banks[layer].layout.expert_stride)
 
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
@@ -383,6 +469,7 @@ class HybridExpertExecutor:
         """The end of the executor: its worker stops, and its graphs, prefill buffers and cache
         slots are given back now (not whenever the garbage collector reaches it: the executor
         holds reference cycles, and a model loaded after this one may be capturing graphs then)."""
+        self.steps.invalidate()
         if self.graphs is not None:
             # a CUDA graph destroyed during another executor's capture invalidates that capture and
             # aborts the process, as ft bench did on the H200; first, so no replay reads what follows

@@ -69,14 +69,14 @@ class RecentHitRate:
         decay = HIT_RATE_DECAY ** calls
         self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
 
-    def observe(self, counts: torch.Tensor | None, totals: Collection[torch.Tensor]) -> None:
+    def observe(self, counts: torch.Tensor | None, totals: Collection[torch.Tensor], calls: int = 1) -> None:
         """One decode call: its plan's `counts` (read off CUDA), and the device's running sums
-        `totals` [4] each (read back on CUDA)."""
+        `totals` [4] each (read back on CUDA); or, on CUDA, `calls` calls at once (a captured step's)."""
         if not self.is_cuda:
-            assert counts is not None
+            assert counts is not None and calls == 1
             self._fold(int(counts[HIT]), int(counts[NUM_UNIQUE]), 1)
             return
-        self._calls += 1
+        self._calls += calls
         if self._calls < self.WINDOW or (self._event is not None and not self._event.query()):
             return
         if self._event is not None:

@@ -155,14 +155,22 @@ class ExpertCache:
         self.clock += 1
         return self.clock
 
-    def tick(self) -> torch.Tensor:
-        """Move the clock for a device plan that moves the device's copy itself (route_plan's
-        `advance_clock`): returns that copy, an int64 [1] of fixed address, so a call captured in
-        a CUDA graph needs nothing from the host per replay. Call `device_state` first."""
+    def tick(self, calls: int = 1) -> torch.Tensor:
+        """Move the clock for `calls` device plans that move the device's copy themselves
+        (route_plan's `advance_clock`): returns that copy, an int64 [1] of fixed address, so a
+        call captured in a CUDA graph needs nothing from the host per replay. Call
+        `device_state` first."""
+        clock = self.device_clock
+        self.clock += calls
+        self._device_clock_value = self.clock
+        return clock
+
+    @property
+    def device_clock(self) -> torch.Tensor:
+        """The device's copy of the clock, current as of `device_state` (a captured step's plans
+        move it; `tick` then moves the host's)."""
         if self._device_clock is None or self._device_clock_value != self.clock:
             raise RuntimeError("ExpertCache.tick: call device_state() first (the device clock is not current)")
-        self.clock += 1
-        self._device_clock_value = self.clock
         return self._device_clock
 
     def touch(self, slots: Sequence[int]) -> None:

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from ..experts.cpu_kernels import TORCH_NAMES, native_kernel
+
+
+@dataclass(frozen=True)
+class DevicePosition:
+    """The start of a one-token decode call given as a device tensor, not a Python int, so the
+    call can be captured once in a CUDA graph and replayed at every position (step_graphs.py).
+
+    `index` is an int64 [1] holding the position. Caches write the token's entries there in
+    place; attention reads the first `span` cached positions (span > index) and masks those
+    after `index`, so one graph serves every position below `span`."""
+
+    index: torch.Tensor
+    span: int
+
+
+Start = int | DevicePosition
+
+
+def store(cache: torch.Tensor, start: Start, new: torch.Tensor) -> torch.Tensor:
+    """Write `new` [T, ...] into `cache` [max_tokens, ...] at positions from `start`; returns
+    the cached positions attention reads: up to the end of `new`, or the span of a DevicePosition."""
+    if isinstance(start, DevicePosition):
+        cache.index_copy_(0, start.index, new)
+        return cache[: start.span]
+    end = start + new.shape[0]
+    cache[start:end] = new
+    return cache[:end]
 
 
 class KVCache:
@@ -15,12 +44,10 @@ class KVCache:
         self.k = torch.zeros(max_tokens, kv_heads, k_dim, dtype=dtype)
         self.v = torch.zeros(max_tokens, kv_heads, v_dim, dtype=dtype)
 
-    def append(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v for positions [start, start + T); returns all keys/values up to there."""
-        end = start + k.shape[0]
-        self.k[start:end] = k
-        self.v[start:end] = v
-        return self.k[:end], self.v[:end]
+    def append(self, start: Start, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v for positions [start, start + T); returns all keys/values up to there (a
+        DevicePosition: its span, the positions after it masked by `causal_attention`)."""
+        return store(self.k, start, k), store(self.v, start, v)
 
 
 # Cached positions from which CPU decode attention runs on the compiled kernel: torch's small-M
@@ -32,8 +59,9 @@ DECODE_KERNEL_MIN_LENGTH = 64
 MASKED_SCORES_PER_CALL = 1 << 27
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: Start, scale: float) -> torch.Tensor:
     """q [T, Hq, D] at positions [start, start+T); k/v [L, Hkv, D] for positions [0, L). -> [T, Hq, Dv].
+    With a DevicePosition (one token), keys after its index are masked.
 
     Inputs go to SDPA as 4-D [1, H, T, D]: its CPU flash kernel takes only 4-D, and 3-D falls to
     the math path, which keeps [H, T, L] scores (gigabytes for a long prompt) and runs ~4-6x
@@ -43,6 +71,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     stay within MASKED_SCORES_PER_CALL where a backend does keep them."""
     t, heads = q.shape[0], q.shape[1]
     kv_heads = k.shape[1]
+    if isinstance(start, DevicePosition):
+        return _decode_attention(q, k, v, scale, visible=start.index)
     if t == 1:
         return _decode_attention(q, k, v, scale)
     group = heads // kv_heads
@@ -63,11 +93,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return out.transpose(0, 1)
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token over all cached keys, softmax in float32 (no mask needed). On the CPU from
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      visible: torch.Tensor | None = None) -> torch.Tensor:
+    """One query token over all cached keys, softmax in float32 (no mask needed; `visible`, an
+    int64 [1] on the device: keys after that position are masked). On the CPU from
     DECODE_KERNEL_MIN_LENGTH positions, the compiled kernel reads the cache once at DRAM speed;
     otherwise grouped matmuls."""
-    if (q.device.type == "cpu" and k.shape[0] >= DECODE_KERNEL_MIN_LENGTH and k.dtype == v.dtype
+    if (visible is None and q.device.type == "cpu" and k.shape[0] >= DECODE_KERNEL_MIN_LENGTH and k.dtype == v.dtype
             and k.dtype in TORCH_NAMES and k.stride(-1) == 1 and v.stride(-1) == 1):
         kernel = native_kernel()
         if kernel is not None:
@@ -76,6 +108,8 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     qg = q[0].view(kv_heads, heads // kv_heads, dim)  # [Hkv, G, D]
     scores = torch.matmul(qg, k.permute(1, 2, 0)).to(torch.float32) * scale  # [Hkv, G, L]
+    if visible is not None:
+        scores = scores.masked_fill(torch.arange(k.shape[0], device=k.device) > visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.matmul(probs, v.transpose(0, 1))  # [Hkv, G, Dv]
     return out.reshape(1, heads, v.shape[-1])

@@ -13,7 +13,7 @@ import torch
 
 from ..config import ModelConfig
 from ..loader import ModelWeights
-from .attention import causal_attention
+from .attention import Start, causal_attention, store
 from .linear import linear
 from .norm import rms_norm
 from .rope import RotaryEmbedding, apply_rotary, apply_rotary_interleaved, yarn_mscale
@@ -46,17 +46,17 @@ class MLACache:
         self.latent = torch.zeros(max_tokens, kv_lora_rank, dtype=dtype)
         self.k_rot = torch.zeros(max_tokens, rope_dim, dtype=dtype)
 
-    def append(self, start: int, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store positions [start, start + T); returns every latent and roped key up to there."""
-        end = start + latent.shape[0]
-        self.latent[start:end] = latent
-        self.k_rot[start:end] = k_rot
-        return self.latent[:end], self.k_rot[:end]
+    def append(self, start: Start, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store positions [start, start + T); returns every latent and roped key up to there
+        (a DevicePosition: its span, attention masking what follows it)."""
+        return store(self.latent, start, latent), store(self.k_rot, start, k_rot)
 
 
 class MLAttention:
     """MLA of one layer. `query`, `keys_values` and `output` are the steps; `__call__` runs them
     with plain causal attention (GLM's DSA runs them around a sparse token selection)."""
+
+    takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, interleave: bool) -> None:
@@ -91,7 +91,7 @@ class MLAttention:
         return torch.cat((q_nope, self.rotate(q_rot, cos, sin)), dim=-1), q_low
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: MLACache,
-                    start: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    start: Start) -> tuple[torch.Tensor, torch.Tensor]:
         """Cache this step's latents; k [L, heads, nope + rope] and v [L, heads, v_dim] of all L tokens."""
         latent, k_rot = linear(x, self.kv_a, self.kv_a_bias).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = rms_norm(latent, self.kv_a_norm, LATENT_NORM_EPS)
@@ -107,7 +107,7 @@ class MLAttention:
         """attended [T, heads, v_dim] -> [T, H]."""
         return linear(attended.reshape(attended.shape[0], -1), self.o, self.o_bias)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: MLACache, start: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: MLACache, start: Start) -> torch.Tensor:
         cos, sin = self.rope(positions, x.dtype)
         q, _ = self.query(x, cos, sin)
         k, v = self.keys_values(x, cos, sin, cache, start)

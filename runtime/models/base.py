@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..layers.attention import DevicePosition, Start
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..loader import ModelWeights
@@ -24,9 +25,14 @@ class ContextOverflowError(ValueError):
 
 
 class Mixer(Protocol):
-    """Token mixing of one layer (attention): x [T, H] at positions -> [T, H], updating `cache`."""
+    """Token mixing of one layer (attention): x [T, H] at positions -> [T, H], updating `cache`.
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: int) -> torch.Tensor: ...
+    A mixer whose class sets `takes_device_position = True` also takes a DevicePosition as
+    `start` (one token at a position held on the device), so a decode step through it can be
+    captured once as a CUDA graph; its cache must be positional (entries past the length never
+    read), so a state can be emptied and reused (`DecoderModel.reset_state`)."""
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: Start) -> torch.Tensor: ...
 
     def new_cache(self, max_tokens: int) -> Any: ...
 
@@ -70,6 +76,21 @@ class DecoderModel:
     def new_state(self, max_tokens: int) -> DecodeState:
         return DecodeState(max_tokens, [b.mixer.new_cache(max_tokens) for b in self.blocks])
 
+    @property
+    def takes_device_position(self) -> bool:
+        """Whether every layer's mixer takes a DevicePosition (`decode_at` works)."""
+        return all(getattr(b.mixer, "takes_device_position", False) for b in self.blocks)
+
+    def reset_state(self, state: DecodeState) -> DecodeState:
+        """A state for a new sequence: `state` itself, emptied, where every cache is positional
+        (its buffers keep their addresses, so CUDA graphs captured over them stay valid); else a
+        new one (a recurrent state must start from zeros)."""
+        if not self.takes_device_position or type(self).new_state is not DecoderModel.new_state:
+            return self.new_state(state.max_tokens)
+        state.length = 0
+        state.extra.clear()
+        return state
+
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.eps, offset=self.norm_offset)
 
@@ -84,12 +105,22 @@ class DecoderModel:
                 f"{start + t} tokens do not fit the context of {state.max_tokens}; shorten the prompt, "
                 "clear the conversation, or raise num_ctx"
             )
-        positions = torch.arange(start, start + t)
-        x = F.embedding(input_ids, self.embed)
-        for block, cache in zip(self.blocks, state.caches, strict=True):
-            x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
-            x = x + block.ffn(self.norm(x, block.post_norm))
+        x = self._layers(F.embedding(input_ids, self.embed), torch.arange(start, start + t), state, start)
         state.length = start + t
         if last_only:
             x = x[-1:]
         return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
+
+    @torch.inference_mode()
+    def decode_at(self, input_ids: torch.Tensor, position: DevicePosition, state: DecodeState) -> torch.Tensor:
+        """Logits [1, V] (float32) of one token at `position`, held on the device: the same work
+        as `forward` with nothing read from the host, so it can be captured as a CUDA graph
+        (gpu/step_graphs.py). Needs `takes_device_position`; the caller moves `state.length`."""
+        x = self._layers(F.embedding(input_ids, self.embed), position.index, state, position)
+        return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
+
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start) -> torch.Tensor:
+        for block, cache in zip(self.blocks, state.caches, strict=True):
+            x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
+            x = x + block.ffn(self.norm(x, block.post_norm))
+        return x

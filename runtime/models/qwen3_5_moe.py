@@ -13,7 +13,7 @@ import torch
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, causal_attention
+from ..layers.attention import KVCache, Start, causal_attention
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
@@ -33,7 +33,7 @@ class GatedAttention(GQAAttention):
         super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
         self.o_bias = weights.maybe(prefix + "o_proj.bias")
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
         t = x.shape[0]
         # q_proj interleaves per head: [q_h | gate_h] for each head h, not [all q | all gates]
         q, gate = linear(x, self.q, self.q_bias).view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)

@@ -7,7 +7,7 @@ import torch
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, causal_attention
+from ..layers.attention import KVCache, Start, causal_attention
 from ..layers.linear import linear
 from ..layers.mlp import softmax_topk, swiglu_mlp
 from ..layers.norm import rms_norm
@@ -18,6 +18,8 @@ from .base import FFN, Block, DecoderModel
 
 class GQAAttention:
     """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache."""
+
+    takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, qk_norm: bool) -> None:
@@ -32,7 +34,7 @@ class GQAAttention:
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
         t = x.shape[0]
         q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
         k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]

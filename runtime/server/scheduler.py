@@ -139,6 +139,9 @@ class CancellableModel:
     def new_state(self, max_tokens: int) -> Any:
         return self.model.new_state(max_tokens)
 
+    def reset_state(self, state: Any) -> Any:
+        return self.model.reset_state(state)
+
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         if self.job is not None and self.job.cancelled.is_set():
             raise GenerationCancelled

@@ -1,0 +1,130 @@
+"""Whole decode steps as one CUDA graph each: every layer's attention, router and expert calls
+captured once and replayed for each token (on by default with `cuda_graphs`).
+
+Per-layer graphs (decode_graphs.py) leave the host a copy, a launch and a copy-out per layer
+call, plus whatever runs between the calls: in a model, each layer's norms, attention, router
+and residual adds, dozens of eager ops. Captured whole, a step costs the host one replay.
+
+What a step needs to be captured, and who provides it:
+- the step's inputs in buffers of fixed address, filled by the caller before `run`: the token
+  and its position for a model (DeviceModel, whose attention reads a DevicePosition), the
+  routed ids and activations for `ft bench`;
+- the executor's host part of the step made outside the graph, once per step, before the
+  replay (`HybridExpertExecutor.begin_step`: an elastic resize, the guard's arm, the cache's
+  host-side changes uploaded) and after it (`end_step`: the host's copy of the cache clock,
+  the counters, the hit rate's read-back);
+- calls that need the host inside the step cannot be captured: a CPU share (auto's model arm,
+  the CPU-served modes). `begin_step` then answers None and the step runs as it is, each layer
+  call through its own graph where it can be.
+
+A key's first step runs uncaptured (kernels compile, buffers are allocated); the second
+captures and replays. Graphs are dropped when the cache is rebuilt (its addresses move) and
+when the caller's buffers change (`invalidate`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from .decode_graphs import collector_off
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .executor import HybridExpertExecutor
+
+log = logging.getLogger(__name__)
+Out = TypeVar("Out")
+
+
+class StepNotCapturable(RuntimeError):
+    """A layer call of the step cannot run inside a captured graph (it needs the host)."""
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    out: Any  # what the step returned at capture: its output buffers, rewritten by each replay
+    calls: int  # the executor calls the step makes
+
+
+class StepGraphs:
+    """Decode steps by key, replayed from their graph where the executor's calls allow it."""
+
+    def __init__(self, executor: HybridExpertExecutor) -> None:
+        self.executor = executor
+        self._graphs: dict[Hashable, _Captured] = {}
+        self._warm: set[Hashable] = set()  # keys that ran once uncaptured
+        self._refused: set[Hashable] = set()  # keys whose capture hit a call that needs the host
+        self._pool = None
+        self._generation: int | None = None
+        self.replays = self.captures = self.first_calls = 0
+
+    def run(self, key: Hashable, step: Callable[[], Out]) -> Out:
+        """One decode step: `step` makes its calls, reading inputs the caller put in buffers of
+        fixed address. Replayed, it returns the outputs it returned at capture, rewritten in
+        place (valid until this key runs again); else it runs as it is."""
+        device_key = self.executor.begin_step()
+        if device_key is None:
+            return step()
+        generation = self.executor.cache.generation
+        if generation != self._generation:  # the cache was rebuilt: the graphs hold its old addresses
+            self.invalidate()
+            self._generation = generation
+        key = (key, device_key)
+        if key in self._refused:
+            return step()
+        if key not in self._warm:
+            self._warm.add(key)
+            self.first_calls += 1
+            return step()
+        captured = self._graphs.get(key)
+        if captured is None:
+            try:
+                captured = self._capture(step)
+            except StepNotCapturable as e:
+                log.info("decode step %s runs layer by layer: %s", key, e)
+                self._refused.add(key)
+                return step()
+            except RuntimeError as e:  # an op that syncs with the host, or one CUDA cannot capture
+                log.warning("decode step %s could not be captured, it runs layer by layer: %s", key, e)
+                self._refused.add(key)
+                return step()
+            self._graphs[key] = captured
+            self.captures += 1
+        captured.graph.replay()
+        self.executor.end_step(captured.calls)
+        self.replays += 1
+        return captured.out
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a step can be captured at all here (CUDA graphs on, with triton; step graphs on)."""
+        return self.executor.graphs is not None and self.executor.step_graphs
+
+    @property
+    def one_time_work(self) -> int:
+        """First steps and captures so far (a step that moved it paid costs later steps will not)."""
+        return self.first_calls + self.captures
+
+    def _capture(self, step: Callable[[], Out]) -> _Captured:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with self.executor.capturing_step() as calls, collector_off(), \
+                torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = step()
+        return _Captured(graph, out, calls.count)
+
+    def invalidate(self) -> None:
+        """Drop every graph and its memory pool (as DecodeGraphs.invalidate: no replay in flight
+        reads what is freed, and a later capture gets a new pool)."""
+        if self._graphs:
+            torch.cuda.synchronize(self.executor.device)
+        self._graphs.clear()
+        self._warm.clear()
+        self._refused.clear()
+        self._pool = None

@@ -1,0 +1,200 @@
+"""Whole decode steps as one CUDA graph (runtime/gpu/step_graphs.py).
+
+On the CPU (CI): a decode step at a DevicePosition (the position a device tensor, the KV cache
+read over a span and masked past it) gives the logits of the plain decode for every family whose
+attention takes one; a state is emptied in place where its caches are positional; the executor's
+step hooks make a step's host part once. Marked `gpu`: the captured steps against per-layer
+graphs and against the CPU backend, token for token, through resizes and a new conversation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.gpu.device_model import DeviceModel, decode_span
+from runtime.layers.attention import DevicePosition
+from tests.checkpoints import FAMILIES
+from tests.test_gpu_executor import LAYERS, assert_close, hybrid, make_banks, routing
+
+CAPTURABLE = {"qwen3_moe", "mixtral", "deepseek_v3"}  # attention a DevicePosition can drive
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+PROMPT = [3, 17, 92, 45, 8, 200, 31, 7]
+
+
+@pytest.fixture(scope="module")
+def loaded_families(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.checkpoints import save_checkpoint
+    from tests.parity import convert_and_load
+
+    root = tmp_path_factory.mktemp("step_graphs")
+    return {family: convert_and_load(save_checkpoint(family, root / family / "hf", seed=2), root / family / "store")
+            for family in FAMILIES}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_decode_step_at_a_device_position_matches_plain_decode(loaded_families, family: str) -> None:
+    model = loaded_families[family].model
+    assert model.takes_device_position == (family in CAPTURABLE)
+    if family not in CAPTURABLE:
+        return
+    steps, max_tokens = 6, 300  # spans of 256, then all 300 positions
+    plain, at = model.new_state(max_tokens), model.new_state(max_tokens)
+    logits = model.forward(torch.tensor(PROMPT), plain)[-1]
+    model.forward(torch.tensor(PROMPT), at)
+    token, index = int(torch.argmax(logits)), torch.zeros(1, dtype=torch.long)
+    for step in range(steps):
+        if step == 3:  # jump past the first span: the next steps read all max_tokens positions
+            plain.length = at.length = 260
+        position = at.length
+        index.fill_(position)
+        ours = model.decode_at(torch.tensor([token]), DevicePosition(index, decode_span(position, max_tokens)), at)
+        at.length += 1
+        ref = model.forward(torch.tensor([token]), plain)
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        token = int(torch.argmax(ref[-1]))
+    assert decode_span(0, max_tokens) == 256 and decode_span(256, max_tokens) == 300 and decode_span(300, 4096) == 512
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_reset_state_empties_positional_caches_in_place(loaded_families, family: str) -> None:
+    """A new conversation keeps the KV buffers (their addresses are in the captured graphs); a
+    recurrent state starts from a new one."""
+    model = loaded_families[family].model
+    state = model.new_state(64)
+    first = model.forward(torch.tensor(PROMPT), state)
+    again = model.reset_state(state)
+    assert (again is state) == (family == "qwen3_moe") and again.length == 0
+    torch.testing.assert_close(model.forward(torch.tensor(PROMPT), again), first)
+
+
+def test_device_model_decodes_at_device_positions_where_steps_are_on(loaded_families) -> None:
+    """DeviceModel's step path (here on the CPU, where no step is captured: each runs as it is)
+    gives the plain model's greedy tokens, also after its state is reset for a new prompt."""
+    loaded = loaded_families["qwen3_moe"]
+    ex = hybrid(make_banks(), "offload", slots=20)
+    ex.graphs = object()  # as on CUDA: the step path is taken (begin_step still answers None here)
+    device_model = DeviceModel(loaded.model, "cpu", ex.steps)
+    assert device_model.steps is ex.steps
+
+    def greedy(model, state, steps=5) -> list[int]:
+        logits, out = model.forward(torch.tensor(PROMPT), state, last_only=True)[-1], []
+        for _ in range(steps):
+            out.append(int(torch.argmax(logits)))
+            logits = model.forward(torch.tensor([out[-1]]), state)[-1]
+        return out
+
+    ref = greedy(loaded.model, loaded.model.new_state(64))
+    state = device_model.new_state(64)
+    assert greedy(device_model, state) == ref
+    assert greedy(device_model, device_model.reset_state(state)) == ref
+    assert ex.steps.first_calls == 0  # begin_step refused every step: nothing warmed, nothing captured
+    ex.graphs = None
+    assert DeviceModel(loaded.model, "cpu", ex.steps).steps is None  # no CUDA graphs: plain forward
+
+
+def test_a_step_run_through_step_graphs_makes_its_host_part_once() -> None:
+    """begin_step makes the first call's host part (the guard's step timing, the elastic poll),
+    and the step's first layer call does not make it again; off CUDA it answers None, and the
+    step runs as it is, with the same outputs as plain calls."""
+    banks = make_banks()
+    ex, plain = hybrid(banks, "auto", slots=20), hybrid(banks, "auto", slots=20)
+    polls = []
+    ex.elastic = type("Governor", (), {"poll": lambda self, slots: polls.append(slots)})()
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(4):
+        inputs = [(torch.randn(1, 80, generator=gen), *routing(1, gen)) for _ in LAYERS]
+        outs = []
+
+        def calls(inputs=inputs, outs=outs) -> None:
+            outs.extend(ex(layer, x, ids, w) for layer, (x, ids, w) in zip(LAYERS, inputs, strict=True))
+
+        ex.steps.run("test", calls)
+        refs = [plain(layer, x, ids, w) for layer, (x, ids, w) in zip(LAYERS, inputs, strict=True)]
+        for ours, ref in zip(outs, refs, strict=True):
+            assert_close(ours, ref)
+    assert ex.guard is not None and sum(ex.guard.steps.values()) == 4
+    assert len(polls) == 4
+    assert ex.steps.first_calls == ex.steps.replays == 0  # begin_step answered None: no CUDA graphs here
+    assert ex.stats().calls == plain.stats().calls == 4 * len(LAYERS)
+
+
+# -- on the GPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["offload", "auto"])
+def test_captured_steps_match_per_layer_graphs(mode: str) -> None:
+    """The same routing through two executors, one replaying whole steps: equal outputs and
+    equal cache statistics, step by step, also after a resize rebuilds the cache."""
+    from runtime.gpu import BandwidthProfile, build_hybrid
+    from tests.test_gpu_executor import QWEN3, big_banks
+
+    banks = big_banks(3, num_experts=16)
+    options = dict(device="cuda", cache_slots=32, mode=mode, top_k=8, compute_dtype=torch.bfloat16,
+                   profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), split=lambda m, b: m, prefill_buffers=0)
+    layered, whole = build_hybrid(banks, step_graphs=False, **options), build_hybrid(banks, **options)
+    gen = torch.Generator().manual_seed(4)
+    xs = torch.randn(len(banks), 1, QWEN3[0], generator=gen).to("cuda", torch.bfloat16)
+    ids = torch.zeros(len(banks), 8, dtype=torch.int64, device="cuda")
+    weights = torch.zeros(len(banks), 8, dtype=torch.bfloat16, device="cuda")
+    outs = {}
+
+    def step(ex) -> list[torch.Tensor]:
+        return [ex(layer, xs[i], ids[i: i + 1], weights[i: i + 1]) for i, layer in enumerate(banks)]
+
+    for t in range(12):
+        if t == 6:
+            layered.resize(28)
+            whole.resize(28)
+        for i in range(len(banks)):
+            r_ids, r_w = routing(1, gen, num_experts=16, top_k=8)
+            ids[i], weights[i] = r_ids[0].cuda(), r_w[0].cuda().to(torch.bfloat16)
+        outs["whole"] = [o.float().cpu() for o in whole.steps.run("test", lambda: step(whole))]
+        outs["layered"] = [o.float().cpu() for o in layered.steps.run("test", lambda: step(layered))]
+        for ours, ref in zip(outs["whole"], outs["layered"], strict=True):
+            err = float((ours - ref).abs().max() / ref.abs().max())
+            assert err <= 1e-2, f"step {t}: max error {err:.2e} of the largest output"
+    assert whole.steps.replays >= 6 and whole.steps.captures == 2  # before and after the resize
+    assert layered.steps.replays == 0
+    a, b = layered.stats(), whole.stats()
+    assert (a.hits, a.misses, a.pcie_experts, a.calls) == (b.hits, b.misses, b.pcie_experts, b.calls)
+    assert whole.cache.clock == layered.cache.clock
+    whole.close()
+    layered.close()
+    assert not whole.steps._graphs
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_path) -> None:
+    """Greedy decode on the GPU in captured steps gives the CPU backend's tokens; a second
+    prompt after a reset reuses the state's buffers, so its steps replay the same graph."""
+    pytest.importorskip("transformers")
+    from ftpull.pull import pull
+    from registry import Store
+    from runtime.load import load
+    from tests.checkpoints import save_checkpoint
+
+    store = Store(tmp_path / "store")
+    name = str(pull(str(save_checkpoint("qwen3_moe", tmp_path / "hf", seed=1)), store).name)
+    reference = load(store, name, torch.float32).model
+    loaded = load(store, name, torch.float32, backend="gpu", device="cuda", cache_slots=5, mode="offload",
+                  prefill_min_tokens=8)
+    ref_state, state = reference.new_state(300), loaded.model.new_state(300)
+    for prompt in (PROMPT, PROMPT[:5] + [99]):
+        assert _greedy(loaded.model, state, prompt, 24) == _greedy(reference, ref_state, prompt, 24)
+        ref_state, state = reference.reset_state(ref_state), loaded.model.reset_state(state)
+    steps = loaded.experts.steps
+    assert steps.replays >= 40 and steps.captures == 1, (steps.replays, steps.captures)
+    loaded.experts.close()
+
+
+def _greedy(model, state, prompt: list[int], steps: int) -> list[int]:
+    logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
+    out = []
+    for _ in range(steps):
+        out.append(int(torch.argmax(logits)))
+        logits = model.forward(torch.tensor([out[-1]]), state)[-1]
+    return out
