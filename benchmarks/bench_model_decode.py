@@ -1,0 +1,123 @@
+"""Decode of a whole Qwen3-MoE model on the GPU (attention, norms, router, routed experts, head),
+with random weights at Qwen3-30B-A3B's shape and no download, three ways side by side in one
+process on the same weights and prompt:
+
+- eager: every op launched from Python, each expert call uncaptured (FT_CUDA_GRAPHS=0);
+- layer graphs: each expert call replayed as its own CUDA graph, everything else eager;
+- step graphs: each decode step replayed as one CUDA graph (gpu/step_graphs.py, the default).
+
+`ft bench` times the expert path alone; this is what a user of `ft run` gets. Random routers
+spread tokens nearly uniformly over the experts, so the default cache holds every expert
+(`--slots` smaller makes misses). Prints tok/s per way and how many greedy tokens each shares
+with the eager run (the slot kernel sums experts with atomics, so bf16 runs may part after a
+while on random weights).
+
+    python3 benchmarks/bench_model_decode.py [--layers 48] [--experts 32] [--slots N] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from runtime.config import ModelConfig
+from runtime.experts.synthetic import random_bank
+from runtime.gpu import build_hybrid
+from runtime.gpu.device_model import DeviceModel
+from runtime.gpu.host_memory import HostPinner
+from runtime.loader import ModelWeights
+from runtime.models import build_model
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MOE_INTER, TOP_K, VOCAB = 2048, 32, 4, 128, 768, 8, 151936  # Qwen3-30B-A3B
+
+
+def dense_weights(layers: int, experts: int, device: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * scale).to(device, torch.bfloat16)
+
+    dense = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN), "lm_head.weight": rand(VOCAB, HIDDEN),
+             "model.norm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16, device=device)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        dense |= {p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
+                  p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+                  p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+                  p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
+                  p + "self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16, device=device),
+                  p + "self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16, device=device),
+                  p + "input_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16, device=device),
+                  p + "post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16, device=device),
+                  p + "mlp.gate.weight": rand(experts, HIDDEN, scale=1.0)}
+    return dense
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) -> tuple[list[int], float]:
+    """Greedy: the prompt, then `tokens` steps (the first 8 untimed: kernels, graphs); tok/s."""
+    state = model.new_state(ctx)
+    logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
+    out: list[int] = []
+    start = 0.0
+    for step in range(tokens + 8):
+        if step == 8:
+            sync(model.device.type)
+            start = time.perf_counter()
+        out.append(int(torch.argmax(logits)))  # the host needs the token: one sync per step, as in ft run
+        logits = model.forward(torch.tensor([out[-1]]), state)[-1]
+    sync(model.device.type)
+    return out, tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--experts", type=int, default=32, help="experts per layer (Qwen3-30B has 128; fewer build faster)")
+    ap.add_argument("--slots", type=int, default=None, help="cache slots (default: every expert)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (no graphs there)")
+    args = ap.parse_args()
+    device = args.device
+    gen = torch.Generator().manual_seed(0)
+    config = ModelConfig(family="qwen3_moe", num_layers=args.layers, hidden_size=HIDDEN, vocab_size=VOCAB,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         num_experts=args.experts, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+                         moe_layers=tuple(range(args.layers)), context_length=args.ctx, tie_word_embeddings=False,
+                         source={"rope_theta": 1e6, "rms_norm_eps": 1e-6, "norm_topk_prob": True})
+    t0 = time.perf_counter()
+    banks = {i: random_bank("bf16", args.experts, HIDDEN, MOE_INTER, layer=i, seed=i, num_distinct=4)
+             for i in range(args.layers)}
+    pinner = HostPinner()
+    if device == "cuda":
+        pinner.pin_banks(banks)
+    weights = ModelWeights(config, dense_weights(args.layers, args.experts, device, gen), banks)
+    slots = args.slots or args.layers * args.experts
+    print(f"Qwen3-30B-A3B shape: {args.layers} layers x {args.experts} experts, top-{TOP_K}, {slots} cache slots, "
+          f"ctx {args.ctx}; {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; built in {time.perf_counter() - t0:.0f} s")
+    prompt = torch.randint(0, VOCAB, (16,), generator=gen).tolist()
+    first: list[int] | None = None
+    for name, graphs, steps in (("eager", False, False), ("layer graphs", True, False), ("step graphs", True, True)):
+        ex = build_hybrid(weights, device=device, cache_slots=slots, mode="offload", compute_dtype=torch.bfloat16,
+                          prefill_buffers=0, pin=False, force=True, cuda_graphs=graphs, step_graphs=steps)
+        try:
+            with torch.device(device):
+                model = DeviceModel(build_model(config, weights, ex, torch.bfloat16), device, ex.steps)
+            out, tok_s = decode(model, prompt, args.tokens, args.ctx)
+            first = first or out
+            same = next((i for i, (a, b) in enumerate(zip(out, first, strict=True)) if a != b), len(out))
+            s = ex.stats()
+            print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with eager: {same}/{len(out)}   "
+                  f"hit rate {s.hit_rate:.3f}   step graphs: {ex.steps.captures} captured, {ex.steps.replays} replayed")
+        finally:
+            ex.close()
+    pinner.close()
+
+
+if __name__ == "__main__":
+    main()
