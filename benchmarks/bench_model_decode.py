@@ -33,22 +33,24 @@ from runtime.models import build_model
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MOE_INTER, TOP_K, VOCAB = 2048, 32, 4, 128, 768, 8, 151936  # Qwen3-30B-A3B
 
 
-def dense_weights(layers: int, experts: int, device: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def dense_weights(layers: int, experts: int, device: str, dtype: torch.dtype,
+                  gen: torch.Generator) -> dict[str, torch.Tensor]:
     def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * scale).to(device, torch.bfloat16)
+        return (torch.randn(*shape, generator=gen) * scale).to(device, dtype)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dtype, device=device)
 
     dense = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN), "lm_head.weight": rand(VOCAB, HIDDEN),
-             "model.norm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16, device=device)}
+             "model.norm.weight": ones(HIDDEN)}
     for i in range(layers):
         p = f"model.layers.{i}."
         dense |= {p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
                   p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
                   p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
                   p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-                  p + "self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16, device=device),
-                  p + "self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16, device=device),
-                  p + "input_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16, device=device),
-                  p + "post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16, device=device),
+                  p + "self_attn.q_norm.weight": ones(HEAD_DIM), p + "self_attn.k_norm.weight": ones(HEAD_DIM),
+                  p + "input_layernorm.weight": ones(HIDDEN), p + "post_attention_layernorm.weight": ones(HIDDEN),
                   p + "mlp.gate.weight": rand(experts, HIDDEN, scale=1.0)}
     return dense
 
@@ -58,20 +60,25 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) -> tuple[list[int], float]:
-    """Greedy: the prompt, then `tokens` steps (the first 8 untimed: kernels, graphs); tok/s."""
+def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int,
+           forced: list[int] | None = None) -> tuple[list[int], float, list[torch.Tensor]]:
+    """Greedy: the prompt, then `tokens` steps (the first 8 untimed: kernels, graphs); tok/s.
+    `forced`: feed these tokens instead of the argmax (teacher forcing), keeping every step's logits."""
     state = model.new_state(ctx)
     logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
     out: list[int] = []
+    kept: list[torch.Tensor] = []
     start = 0.0
     for step in range(tokens + 8):
         if step == 8:
             sync(model.device.type)
             start = time.perf_counter()
         out.append(int(torch.argmax(logits)))  # the host needs the token: one sync per step, as in ft run
-        logits = model.forward(torch.tensor([out[-1]]), state)[-1]
+        if forced is not None:
+            kept.append(logits.float().cpu())
+        logits = model.forward(torch.tensor([out[-1] if forced is None else forced[step]]), state)[-1]
     sync(model.device.type)
-    return out, tokens / (time.perf_counter() - start)
+    return out, tokens / (time.perf_counter() - start), kept
 
 
 def main() -> None:
@@ -81,9 +88,14 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=None, help="cache slots (default: every expert)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--check", action="store_true",
+                    help="also feed each way the eager run's tokens and compare every step's logits with eager's")
+    ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16",
+                    help="weights and compute (f32: differences between the ways are rounding, not drift)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (no graphs there)")
     args = ap.parse_args()
     device = args.device
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
     gen = torch.Generator().manual_seed(0)
     config = ModelConfig(family="qwen3_moe", num_layers=args.layers, hidden_size=HIDDEN, vocab_size=VOCAB,
                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
@@ -91,29 +103,53 @@ def main() -> None:
                          moe_layers=tuple(range(args.layers)), context_length=args.ctx, tie_word_embeddings=False,
                          source={"rope_theta": 1e6, "rms_norm_eps": 1e-6, "norm_topk_prob": True})
     t0 = time.perf_counter()
-    banks = {i: random_bank("bf16", args.experts, HIDDEN, MOE_INTER, layer=i, seed=i, num_distinct=4)
+    banks = {i: random_bank(args.dtype, args.experts, HIDDEN, MOE_INTER, layer=i, seed=i, num_distinct=4)
              for i in range(args.layers)}
     pinner = HostPinner()
     if device == "cuda":
         pinner.pin_banks(banks)
-    weights = ModelWeights(config, dense_weights(args.layers, args.experts, device, gen), banks)
+    weights = ModelWeights(config, dense_weights(args.layers, args.experts, device, dtype, gen), banks)
     slots = args.slots or args.layers * args.experts
-    print(f"Qwen3-30B-A3B shape: {args.layers} layers x {args.experts} experts, top-{TOP_K}, {slots} cache slots, "
+    print(f"Qwen3-30B-A3B shape, {args.dtype}: {args.layers} layers x {args.experts} experts, top-{TOP_K}, {slots} cache slots, "
           f"ctx {args.ctx}; {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; built in {time.perf_counter() - t0:.0f} s")
     prompt = torch.randint(0, VOCAB, (16,), generator=gen).tolist()
     first: list[int] | None = None
-    for name, graphs, steps in (("eager", False, False), ("layer graphs", True, False), ("step graphs", True, True)):
-        ex = build_hybrid(weights, device=device, cache_slots=slots, mode="offload", compute_dtype=torch.bfloat16,
+    first_logits: list[torch.Tensor] = []
+    uncaptured: list[torch.Tensor] = []
+    ways = [("eager", False, False), ("layer graphs", True, False), ("step graphs", True, True)]
+    if args.check:  # the step graphs' work run uncaptured: what capture changes, apart from the masked span
+        ways.insert(2, ("steps eager", True, False))
+    for name, graphs, steps in ways:
+        ex = build_hybrid(weights, device=device, cache_slots=slots, mode="offload", compute_dtype=dtype,
                           prefill_buffers=0, pin=False, force=True, cuda_graphs=graphs, step_graphs=steps)
         try:
             with torch.device(device):
-                model = DeviceModel(build_model(config, weights, ex, torch.bfloat16), device, ex.steps)
-            out, tok_s = decode(model, prompt, args.tokens, args.ctx)
+                model = DeviceModel(build_model(config, weights, ex, dtype), device, ex.steps)
+            if name == "steps eager":
+                model.steps = ex.steps  # decode_at at a DevicePosition, each step as it is (begin_step refuses)
+            out, tok_s, _ = decode(model, prompt, args.tokens, args.ctx)
             first = first or out
             same = next((i for i, (a, b) in enumerate(zip(out, first, strict=True)) if a != b), len(out))
             s = ex.stats()
             print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with eager: {same}/{len(out)}   "
                   f"hit rate {s.hit_rate:.3f}   step graphs: {ex.steps.captures} captured, {ex.steps.replays} replayed")
+            if args.check:  # the eager run's tokens fed back: how far each step's logits are from eager's
+                _, _, kept = decode(model, prompt, args.tokens, args.ctx, forced=first)
+                if not first_logits:
+                    first_logits = kept
+                    continue
+                if name == "steps eager":
+                    uncaptured = kept
+                errors = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(kept, first_logits, strict=True)]
+                agree = sum(int(a.argmax() == b.argmax()) for a, b in zip(kept, first_logits, strict=True))
+                gaps = [float(b.topk(2).values[0] - b.topk(2).values[1]) for b in first_logits]
+                print(f"{'':<13} teacher-forced on eager's tokens: logits max error {max(errors):.2e} of the largest "
+                      f"(median {sorted(errors)[len(errors) // 2]:.2e}), argmax agrees {agree}/{len(errors)}; "
+                      f"eager's own top-2 gap: median {sorted(gaps)[len(gaps) // 2]:.3f}, "
+                      f"smallest {min(gaps):.4f}")
+                if name == "step graphs":
+                    errors = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(kept, uncaptured, strict=True)]
+                    print(f"{'':<13} against the same steps uncaptured: logits max error {max(errors):.2e}")
         finally:
             ex.close()
     pinner.close()
