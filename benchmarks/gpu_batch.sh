@@ -5,7 +5,7 @@
 #
 #   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more|profile]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
-#   tests: the GPU tests and `ft run tiny --device gpu` (~1.5 min); quick: the CUDA-graph parity
+#   tests: the GPU tests, `ft run tiny --device gpu` and a whole model's decode (~3 min); quick: the CUDA-graph parity
 #   tests, `ft run tiny` on GPU and CPU, and the trace runs at 8 and 32 GiB in 3 rounds, and at 8
 #   GiB over an emulated x8 link (~7 min; SHAPES=1 adds Qwen3.6 and GLM-4.5-Air, ~9 min); more:
 #   synthetic routing, prefill, and the Qwen3.6 and full-depth GLM-4.5-Air shapes (~9 min). Each
@@ -35,6 +35,9 @@ if [ "$WHAT" = tests ]; then
   python3 -m ftpull pull tiny > /dev/null && timeout 120 python3 -m ftpull run tiny "Hello" --device gpu --verbose \
       --num-predict 16 > "$OUT/run-gpu.txt" 2>&1
   echo "ft run --device gpu rc=$?"; tail -8 "$OUT/run-gpu.txt"
+  # a whole Qwen3-30B-shaped model: eager, a graph per expert call, a graph per step
+  timeout 200 python3 benchmarks/bench_model_decode.py --layers 48 --experts 32 --tokens 64 > "$OUT/model-decode.txt" 2>&1
+  echo "bench_model_decode rc=$?"; tail -4 "$OUT/model-decode.txt"
   exit 0
 fi
 
