@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=32, help="experts per layer (Qwen3-30B has 128; fewer build faster)")
     ap.add_argument("--slots", type=int, default=None, help="cache slots (default: every expert)")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--mode", default="offload", help="the executor's mode (auto: its profile is loaded or measured)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads of the CPU share")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--check", action="store_true",
                     help="also feed each way the eager run's tokens and compare every step's logits with eager's")
@@ -110,7 +112,7 @@ def main() -> None:
         pinner.pin_banks(banks)
     weights = ModelWeights(config, dense_weights(args.layers, args.experts, device, dtype, gen), banks)
     slots = args.slots or args.layers * args.experts
-    print(f"Qwen3-30B-A3B shape, {args.dtype}: {args.layers} layers x {args.experts} experts, top-{TOP_K}, {slots} cache slots, "
+    print(f"Qwen3-30B-A3B shape, {args.dtype}, {args.mode}: {args.layers} layers x {args.experts} experts, top-{TOP_K}, {slots} cache slots, "
           f"ctx {args.ctx}; {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; built in {time.perf_counter() - t0:.0f} s")
     prompt = torch.randint(0, VOCAB, (16,), generator=gen).tolist()
     first: list[int] | None = None
@@ -120,7 +122,8 @@ def main() -> None:
     if args.check:  # the step graphs' work run uncaptured: what capture changes, apart from the masked span
         ways.insert(2, ("steps eager", True, False))
     for name, graphs, steps in ways:
-        ex = build_hybrid(weights, device=device, cache_slots=slots, mode="offload", compute_dtype=dtype,
+        ex = build_hybrid(weights, device=device, cache_slots=slots, mode=args.mode, compute_dtype=dtype,
+                          cpu_threads=args.threads,
                           prefill_buffers=0, pin=False, force=True, cuda_graphs=graphs, step_graphs=steps)
         try:
             with torch.device(device):
@@ -131,8 +134,10 @@ def main() -> None:
             first = first or out
             same = next((i for i, (a, b) in enumerate(zip(out, first, strict=True)) if a != b), len(out))
             s = ex.stats()
+            guard = f"   model arm {ex.guard.steps['model']} of {sum(ex.guard.steps.values())} steps" if ex.guard else ""
             print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with eager: {same}/{len(out)}   "
-                  f"hit rate {s.hit_rate:.3f}   step graphs: {ex.steps.captures} captured, {ex.steps.replays} replayed")
+                  f"hit rate {s.hit_rate:.3f}, CPU-served {s.cpu_experts}   step graphs: {ex.steps.captures} captured, "
+                  f"{ex.steps.replays} replayed{guard}")
             if args.check:  # the eager run's tokens fed back: how far each step's logits are from eager's
                 _, _, kept = decode(model, prompt, args.tokens, args.ctx, forced=first)
                 if not first_logits:

@@ -120,20 +120,68 @@ def test_a_step_run_through_step_graphs_makes_its_host_part_once() -> None:
     assert ex.stats().calls == plain.stats().calls == 4 * len(LAYERS)
 
 
+def test_a_captured_steps_calls_keep_the_cache_and_counters_in_step() -> None:
+    """The executor's side of a capture, run eagerly on the CPU (no graph records it here): the
+    calls inside `capturing_step` give the plain calls' outputs, leave the host clock for
+    `end_step` to move, and a call with a CPU share but no capturable stream flags is refused."""
+    from runtime.gpu.kernels.expert_fill_ref import expert_fill_ref
+    from runtime.gpu.step_graphs import StepNotCapturable
+
+    banks = make_banks()
+    ex, plain = hybrid(banks, "offload", slots=20), hybrid(banks, "offload", slots=20)
+    gen = torch.Generator().manual_seed(6)
+
+    def inputs() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        return [(torch.randn(1, 80, generator=gen), *routing(1, gen)) for _ in LAYERS]
+
+    first = inputs()  # an uncaptured step makes the counters the captured calls add to
+    for layer, (x, ids, w) in zip(LAYERS, first, strict=True):
+        assert_close(ex(layer, x, ids, w), plain(layer, x, ids, w))
+    # as on CUDA (graphs on, banks read zero-copy: here the fill kernel's torch twin), so that
+    # begin_step answers a key
+    ex.graphs, ex._zero_copy, ex._expert_fill = object(), dict.fromkeys(LAYERS, True), expert_fill_ref
+    for _ in range(3):
+        step = inputs()
+        assert ex.begin_step() == ("pcie", False, 1)
+        clock = ex.cache.clock
+        with ex.capturing_step() as capture:
+            outs = [ex(layer, x, ids, w) for layer, (x, ids, w) in zip(LAYERS, step, strict=True)]
+        assert capture.count == len(LAYERS) and not capture.host_work and ex.cache.clock == clock
+        ex.end_step(capture.count)
+        for out, (layer, (x, ids, w)) in zip(outs, zip(LAYERS, step, strict=True), strict=True):
+            assert_close(out, plain(layer, x, ids, w))
+    assert ex.cache.clock == plain.cache.clock
+    a, b = ex.stats(), plain.stats()
+    assert (a.hits, a.misses, a.pcie_experts, a.calls) == (b.hits, b.misses, b.pcie_experts, b.calls)
+
+    cpu = hybrid(banks, "cpu", slots=20)
+    x, ids, w = inputs()[0]
+    cpu(LAYERS[0], x, ids, w)
+    cpu.graphs, cpu._zero_copy = object(), dict.fromkeys(LAYERS, True)
+    assert cpu.begin_step() is None  # off CUDA no stream flags: a CPU share cannot be captured
+    cpu._step_state, cpu._step_cpu = cpu.cache.device_state(), True
+    with pytest.raises(StepNotCapturable, match="no stream flags"), cpu.capturing_step():
+        cpu(LAYERS[0], x, ids, w)
+
+
 # -- on the GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["offload", "auto"])
-def test_captured_steps_match_per_layer_graphs(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "cpu_half"), [("offload", False), ("auto", False), ("auto", True), ("cpu", False)])
+def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> None:
     """The same routing through two executors, one replaying whole steps: equal outputs and
-    equal cache statistics, step by step, also after a resize rebuilds the cache."""
+    equal cache statistics, step by step, also after a resize rebuilds the cache. Steps whose
+    calls carry a CPU share ("auto" sending half its misses there, "cpu") are captured too where
+    the driver's stream flags can be: each replay first hands the worker the step's jobs."""
     from runtime.gpu import BandwidthProfile, build_hybrid
     from tests.test_gpu_executor import QWEN3, big_banks
 
     banks = big_banks(3, num_experts=16)
+    split = (lambda m, b: m // 2) if cpu_half else (lambda m, b: m)
     options = dict(device="cuda", cache_slots=32, mode=mode, top_k=8, compute_dtype=torch.bfloat16,
-                   profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), split=lambda m, b: m, prefill_buffers=0)
+                   profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), split=split, prefill_buffers=0,
+                   auto_guard=False)  # (the guard's arms follow step times, which differ between the two)
     layered, whole = build_hybrid(banks, step_graphs=False, **options), build_hybrid(banks, **options)
     gen = torch.Generator().manual_seed(4)
     xs = torch.randn(len(banks), 1, QWEN3[0], generator=gen).to("cuda", torch.bfloat16)
@@ -156,10 +204,14 @@ def test_captured_steps_match_per_layer_graphs(mode: str) -> None:
         for ours, ref in zip(outs["whole"], outs["layered"], strict=True):
             err = float((ours - ref).abs().max() / ref.abs().max())
             assert err <= 1e-2, f"step {t}: max error {err:.2e} of the largest output"
-    assert whole.steps.replays >= 6 and whole.steps.captures == 2  # before and after the resize
+    uses_cpu = cpu_half or mode == "cpu"
+    if not uses_cpu or whole.cpu_share.capturable:
+        assert whole.steps.replays >= 6 and whole.steps.captures >= 2  # before and after the resize
     assert layered.steps.replays == 0
     a, b = layered.stats(), whole.stats()
-    assert (a.hits, a.misses, a.pcie_experts, a.calls) == (b.hits, b.misses, b.pcie_experts, b.calls)
+    assert (a.hits, a.misses, a.pcie_experts, a.cpu_experts, a.calls) == \
+        (b.hits, b.misses, b.pcie_experts, b.cpu_experts, b.calls)
+    assert (b.cpu_experts > 0) == uses_cpu
     assert whole.cache.clock == layered.cache.clock
     whole.close()
     layered.close()

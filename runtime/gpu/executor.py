@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -56,8 +56,12 @@ Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how
 
 
 @dataclass
-class _CallCount:
+class _StepCapture:
+    """What a whole step's capture collected: its calls, and the host work each replay needs
+    first (handing the CPU shares' jobs to the worker, in call order)."""
+
     count: int = 0
+    host_work: list[Callable[[], object]] = field(default_factory=list)
 
 
 def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
@@ -141,8 +145,10 @@ class HybridExpertExecutor:
         self.steps = StepGraphs(self)  # whole decode steps as one graph each (step_graphs.py)
         self.step_graphs = step_graphs
         self._step_begun = False  # begin_step made the step's first-call host part
-        self._step_capture: _CallCount | None = None  # set while a whole step is being captured
+        self._step_capture: _StepCapture | None = None  # set while a whole step is being captured
         self._step_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._step_tables: set[tuple[int, int]] = set()  # (pairs, expert bytes) of split tables captured steps read
+        self._step_cpu = False  # the step begun carries CPU shares (begin_step)
         self._stats = ExpertStats()
         self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
         self._static_request = static_resident_layers
@@ -240,23 +246,38 @@ class HybridExpertExecutor:
         """A decode step begins: the host part of its first call is made now, so that all its
         calls may run inside one captured graph. Returns the key of the device work they would
         queue, or None where they cannot be captured (graphs off, a bank not pinned, a CPU
-        share possible: "auto" in its model arm, the CPU-served modes); run them as usual then."""
+        share without stream flags a graph can capture); run them as usual then."""
         self._start_step(decode=True)
         self._step_begun = True
-        pcie_only = self.mode == "offload" or (self.mode == "auto" and self.guard is not None
-                                               and self.guard.arm == PCIE_ONLY)
-        if self.graphs is None or not self.step_graphs or not pcie_only or not all(self._zero_copy.values()):
+        if self.graphs is None or not self.step_graphs or not all(self._zero_copy.values()) \
+                or not (self._pcie_only() or self.cpu_share.capturable):
             return None
         self._step_state = self.cache.device_state()  # uploaded now: nothing may be copied from the host inside
-        return "pcie", self.pcie_repeat
+        # whether the step's calls carry a CPU share: none in PCIe-only; for "auto"'s split tables,
+        # whether one sends a miss to the CPU now (unknown before the first capture: assume so)
+        self._step_cpu = not self._pcie_only()
+        if self._step_cpu and self._step_tables:
+            uses = []
+            for pairs, stride in self._step_tables:  # the split moved with the hit rate: the graphs' copy follows
+                table, uses_cpu = self._n_pcie(pairs, stride)
+                if isinstance(table, torch.Tensor):
+                    self._fixed_table(table)
+                uses.append(uses_cpu)
+            self._step_cpu = any(uses)
+        return ("pcie" if self._pcie_only() else self.mode), self._step_cpu, self.pcie_repeat
+
+    def _pcie_only(self) -> bool:
+        """Whether every miss goes over PCIe now ("offload", or "auto" in its PCIe-only arm)."""
+        return self.mode == "offload" or (self.guard is not None and self.guard.arm == PCIE_ONLY)
 
     @contextlib.contextmanager
-    def capturing_step(self) -> Iterator[_CallCount]:
+    def capturing_step(self) -> Iterator[_StepCapture]:
         """While a step begun by `begin_step` is captured: its calls queue device work only,
-        counted (StepNotCapturable from a call that needs the host)."""
-        self._step_capture = calls = _CallCount()
+        counted, with the host work each replay needs first (StepNotCapturable from a call
+        that cannot be captured)."""
+        self._step_capture = capture = _StepCapture()
         try:
-            yield calls
+            yield capture
         finally:
             self._step_capture = None
 
@@ -272,17 +293,46 @@ class HybridExpertExecutor:
 
     def _decode_captured(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor,
                          weights: torch.Tensor) -> torch.Tensor:
-        """A one-token call inside a whole step's capture: every miss over PCIe, in the launch."""
-        num_pairs = expert_ids.numel()
-        if x.shape[0] != 1 or num_pairs > min(MAX_KERNEL_PAIRS, self.cache.num_slots) \
-                or self._totals_of(layer) is None or self._step_state is None:
+        """A one-token call inside a whole step's capture: the misses over PCIe filled in the
+        launch, the CPU's share handed to the worker by the replay's host work."""
+        num_pairs, capture = expert_ids.numel(), self._step_capture
+        assert capture is not None
+        if x.shape[0] != 1 or num_pairs > MAX_KERNEL_PAIRS or self._totals_of(layer) is None \
+                or self._step_state is None:
             raise StepNotCapturable(f"layer {layer}: {x.shape[0]} tokens, {num_pairs} routed experts, "
                                     "or its counters not made yet")
-        assert self._step_capture is not None
-        out, _, _ = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,
-                                            self.cache.device_clock, num_pairs, False, capturing=True)
-        self._step_capture.count += 1
+        n_pcie: int | torch.Tensor
+        if self._pcie_only():
+            n_pcie, uses_cpu = num_pairs, False
+        else:
+            stride = self.banks[layer].layout.expert_stride
+            n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
+            if isinstance(n_pcie, torch.Tensor):
+                n_pcie = self._fixed_table(n_pcie)
+                self._step_tables.add((num_pairs, stride))
+        cpu_share = self._step_cpu or num_pairs > self.cache.num_slots
+        if uses_cpu and not self._step_cpu:
+            raise StepNotCapturable(f"layer {layer}: its split sends misses to the CPU, the step's calls were "
+                                    "to carry no CPU share")
+        if cpu_share and not self.cpu_share.capturable:
+            raise StepNotCapturable(f"layer {layer}: a CPU share, and no stream flags a graph can capture")
+        out, _, job = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,
+                                              self.cache.device_clock, n_pcie, cpu_share, capturing=True)
+        if job is not None:
+            capture.host_work.append(lambda: self.cpu_share.start(job))
+        capture.count += 1
         return out.to(x.dtype)
+
+    def _fixed_table(self, table: torch.Tensor) -> torch.Tensor:
+        """A split table where a graph can read it: one buffer of fixed address per table size,
+        copied into when the table changes (the split or the hit rate moved), not once per call."""
+        fixed, source = self._graph_tables.get(table.numel(), (None, None))
+        if fixed is None:
+            fixed = torch.empty_like(table)
+        if source is not table:
+            fixed.copy_(table)
+            self._graph_tables[table.numel()] = (fixed, table)
+        return fixed
 
     def _totals_of(self, layer: int) -> torch.Tensor | None:
         """The device counters a call of `layer` adds to, if made (a capture may not allocate them)."""
@@ -325,13 +375,7 @@ class HybridExpertExecutor:
         With a CPU share the graph holds its device half, and each replay hands the worker the job."""
         assert self.graphs is not None
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a buffer of fixed address
-            fixed, source = self._graph_tables.get(n_pcie.numel(), (None, None))
-            if fixed is None:
-                fixed = torch.empty_like(n_pcie)
-            if source is not n_pcie:  # a new table (the split or the hit rate moved): one copy, not one per call
-                fixed.copy_(n_pcie)
-                self._graph_tables[n_pcie.numel()] = (fixed, n_pcie)
-            n_pcie, split_key = fixed, "table"
+            n_pcie, split_key = self._fixed_table(n_pcie), "table"
         else:
             split_key = n_pcie
         key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key,

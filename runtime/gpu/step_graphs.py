@@ -13,9 +13,11 @@ What a step needs to be captured, and who provides it:
   replay (`HybridExpertExecutor.begin_step`: an elastic resize, the guard's arm, the cache's
   host-side changes uploaded) and after it (`end_step`: the host's copy of the cache clock,
   the counters, the hit rate's read-back);
-- calls that need the host inside the step cannot be captured: a CPU share (auto's model arm,
-  the CPU-served modes). `begin_step` then answers None and the step runs as it is, each layer
-  call through its own graph where it can be.
+- a call's CPU share (auto's model arm, the CPU-served modes) is captured where the driver's
+  stream flags can be (host_signal.py): the graph holds the device half of every call, and
+  before each replay the worker is handed the step's jobs in call order (each waits for its
+  call's `ready` flag, which the graph writes). Without such flags `begin_step` answers None and
+  the step runs as it is, each layer call through its own graph where it can be.
 
 A key's first step runs uncaptured (kernels compile, buffers are allocated); the second
 captures and replays. Graphs are dropped when the cache is rebuilt (its addresses move) and
@@ -49,6 +51,7 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     out: Any  # what the step returned at capture: its output buffers, rewritten by each replay
     calls: int  # the executor calls the step makes
+    host_work: list[Callable[[], object]]  # run before each replay, in order (the CPU shares' hand-over)
 
 
 class StepGraphs:
@@ -95,6 +98,8 @@ class StepGraphs:
                 return step()
             self._graphs[key] = captured
             self.captures += 1
+        for work in captured.host_work:  # before the replay: a replay made synchronous waits for the worker
+            work()
         captured.graph.replay()
         self.executor.end_step(captured.calls)
         self.replays += 1
@@ -114,10 +119,10 @@ class StepGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with self.executor.capturing_step() as calls, collector_off(), \
+        with self.executor.capturing_step() as capture, collector_off(), \
                 torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = step()
-        return _Captured(graph, out, calls.count)
+        return _Captured(graph, out, capture.count, capture.host_work)
 
     def invalidate(self) -> None:
         """Drop every graph and its memory pool (as DecodeGraphs.invalidate: no replay in flight
