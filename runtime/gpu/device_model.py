@@ -58,7 +58,9 @@ class DeviceModel:
             return self.model.reset_state(state)
 
     def forward(self, input_ids: torch.Tensor, state: DecodeState, last_only: bool = False) -> torch.Tensor:
-        with torch.device(self.device):
+        # inference mode around the step's host part too (begin_step, end_step): the tensors it
+        # creates and updates in place must all be inference tensors, as the model's are
+        with torch.device(self.device), torch.inference_mode():
             if self.steps is not None and input_ids.numel() == 1 and state.length < state.max_tokens:
                 return self._decode_step(input_ids, state)
             return self.model.forward(input_ids.to(self.device), state, last_only)
