@@ -9,7 +9,9 @@ misses are read from the pinned host banks over PCIe and left in their slots (on
 more, the fill kernel copies them first); the CPU share runs on a worker
 thread straight from the host bank, and the device stream waits for its result before adding
 it (cpu_share.py). The launching thread goes on to the next layer at once. A call with many
-tokens (prefill) streams the whole bank instead (prefill.py).
+tokens (prefill) streams the whole bank instead (prefill.py). A caller's whole decode step can
+run as one CUDA graph: `begin_step`, `capturing_step` and `end_step` are the executor's side of
+step_graphs.py.
 
 Modes (how many misses cross PCIe): "offload" all; "cpu" none; "static" none, with whole layers
 resident from the start (llama.cpp's static split); "prefill_placement" none, the cache placed
@@ -26,42 +28,33 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
-from ..cache_policy_split import choose_pcie_misses, fill_value_seconds
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .auto_guard import PCIE_ONLY, AutoGuard
 from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
-from .executor_stats import ExpertStats, RecentHitRate
-from .expert_cache import ExpertCache
+from .executor_stats import ExpertStats
+from .expert_cache import ExpertCache, place_whole_layers
 from .kernels import RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import StreamingPrefill
 from .profile import BandwidthProfile
 from .records import check_device_layout
 from .slot_compute import add_slot_experts, fills_in_launch
-from .split import miss_cost
-from .step_graphs import StepGraphs, StepNotCapturable
+from .split import Split, SplitTables
+from .step_graphs import StepCapture, StepGraphs, StepNotCapturable
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
 PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
 MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
-Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
 
 
-@dataclass
-class _StepCapture:
-    """What a whole step's capture collected: its calls, and the host work each replay needs
-    first (handing the CPU shares' jobs to the worker, in call order)."""
-
-    count: int = 0
-    host_work: list[Callable[[], object]] = field(default_factory=list)
 
 
 def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
@@ -122,13 +115,10 @@ class HybridExpertExecutor:
         self.compute_dtype = compute_dtype
         self.cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype)
         self.profile = profile
-        self._cost = miss_cost(profile) if profile is not None else None
-        self.split = split or (self._profile_split if mode == "auto" else None)
-        self._split_tables: dict[tuple, tuple[torch.Tensor, bool]] = {}  # -> (table, sends any miss to the CPU)
+        self.splits = SplitTables(mode, split, profile, self.device)
         self.guard = AutoGuard(min(banks), self._cpu_experts) if mode == "auto" and auto_guard and banks else None
         self.first_layer = min(banks) if banks else 0
         self.elastic: VramGovernor | None = None  # set by load_gpu: the cache follows the VRAM budget
-        self._hit_rate = RecentHitRate(self.device)
         self.prefill_min_tokens = prefill_min_tokens
         self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
                                          placement=PLACEMENT[mode], pcie_repeat=pcie_repeat)
@@ -140,12 +130,11 @@ class HybridExpertExecutor:
         self.cpu_share = CPUShare(self.cpu_executor, self.device)
         # decode calls replayed as CUDA graphs (decode_graphs.py)
         self.graphs = DecodeGraphs(self.device) if cuda_graphs and kernels is not None else None
-        self._graph_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graph's copy, its source)
         self._graph_work_at_step = 0  # graphs' one-time work when the current step began (the guard's timing)
         self.steps = StepGraphs(self)  # whole decode steps as one graph each (step_graphs.py)
         self.step_graphs = step_graphs
         self._step_begun = False  # begin_step made the step's first-call host part
-        self._step_capture: _StepCapture | None = None  # set while a whole step is being captured
+        self._step_capture: StepCapture | None = None  # set while a whole step is being captured
         self._step_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._step_tables: set[tuple[int, int]] = set()  # (pairs, expert bytes) of split tables captured steps read
         self._step_cpu = False  # the step begun carries CPU shares (begin_step)
@@ -192,7 +181,7 @@ class HybridExpertExecutor:
         if self.guard is not None and self.guard.arm == PCIE_ONLY:
             n_pcie, uses_cpu = num_pairs, False  # as "offload" (no split table to look up)
         else:
-            n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
+            n_pcie, uses_cpu = self.splits.for_call(num_pairs, stride)
         # uploaded here, outside any graph capture, when the host changed the bookkeeping
         state = cache.device_state()
         clock = cache.tick()  # the device copy of the clock, which the plan moves on
@@ -209,7 +198,7 @@ class HybridExpertExecutor:
         self._stats.calls += 1
         self._stats.tokens += x.shape[0]
         if self.mode == "auto":
-            self._hit_rate.observe(counts, self._device_counts.values())
+            self.splits.hit_rate.observe(counts, self._device_counts.values())
         return out
 
     def _cpu_experts(self) -> int:
@@ -259,9 +248,9 @@ class HybridExpertExecutor:
         if self._step_cpu and self._step_tables:
             uses = []
             for pairs, stride in self._step_tables:  # the split moved with the hit rate: the graphs' copy follows
-                table, uses_cpu = self._n_pcie(pairs, stride)
+                table, uses_cpu = self.splits.for_call(pairs, stride)
                 if isinstance(table, torch.Tensor):
-                    self._fixed_table(table)
+                    self.splits.fixed(table)
                 uses.append(uses_cpu)
             self._step_cpu = any(uses)
         return ("pcie" if self._pcie_only() else self.mode), self._step_cpu, self.pcie_repeat
@@ -271,11 +260,11 @@ class HybridExpertExecutor:
         return self.mode == "offload" or (self.guard is not None and self.guard.arm == PCIE_ONLY)
 
     @contextlib.contextmanager
-    def capturing_step(self) -> Iterator[_StepCapture]:
+    def capturing_step(self) -> Iterator[StepCapture]:
         """While a step begun by `begin_step` is captured: its calls queue device work only,
         counted, with the host work each replay needs first (StepNotCapturable from a call
         that cannot be captured)."""
-        self._step_capture = capture = _StepCapture()
+        self._step_capture = capture = StepCapture()
         try:
             yield capture
         finally:
@@ -289,7 +278,7 @@ class HybridExpertExecutor:
         self._stats.calls += calls
         self._stats.tokens += calls
         if self.mode == "auto":
-            self._hit_rate.observe(None, self._device_counts.values(), calls)
+            self.splits.hit_rate.observe(None, self._device_counts.values(), calls)
 
     def _decode_captured(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor,
                          weights: torch.Tensor) -> torch.Tensor:
@@ -306,9 +295,9 @@ class HybridExpertExecutor:
             n_pcie, uses_cpu = num_pairs, False
         else:
             stride = self.banks[layer].layout.expert_stride
-            n_pcie, uses_cpu = self._n_pcie(num_pairs, stride)
+            n_pcie, uses_cpu = self.splits.for_call(num_pairs, stride)
             if isinstance(n_pcie, torch.Tensor):
-                n_pcie = self._fixed_table(n_pcie)
+                n_pcie = self.splits.fixed(n_pcie)
                 self._step_tables.add((num_pairs, stride))
         cpu_share = self._step_cpu or num_pairs > self.cache.num_slots
         if uses_cpu and not self._step_cpu:
@@ -322,17 +311,6 @@ class HybridExpertExecutor:
             capture.host_work.append(lambda: self.cpu_share.start(job))
         capture.count += 1
         return out.to(x.dtype)
-
-    def _fixed_table(self, table: torch.Tensor) -> torch.Tensor:
-        """A split table where a graph can read it: one buffer of fixed address per table size,
-        copied into when the table changes (the split or the hit rate moved), not once per call."""
-        fixed, source = self._graph_tables.get(table.numel(), (None, None))
-        if fixed is None:
-            fixed = torch.empty_like(table)
-        if source is not table:
-            fixed.copy_(table)
-            self._graph_tables[table.numel()] = (fixed, table)
-        return fixed
 
     def _totals_of(self, layer: int) -> torch.Tensor | None:
         """The device counters a call of `layer` adds to, if made (a capture may not allocate them)."""
@@ -375,7 +353,7 @@ class HybridExpertExecutor:
         With a CPU share the graph holds its device half, and each replay hands the worker the job."""
         assert self.graphs is not None
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a buffer of fixed address
-            n_pcie, split_key = self._fixed_table(n_pcie), "table"
+            n_pcie, split_key = self.splits.fixed(n_pcie), "table"
         else:
             split_key = n_pcie
         key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key,
@@ -412,64 +390,15 @@ class HybridExpertExecutor:
     def recent_hit_rate(self) -> float:
         """Decode hits over reads, decayed by HIT_RATE_DECAY per layer call (GlobalLRU's measure;
         on CUDA read back without a sync, a few calls late)."""
-        return self._hit_rate.value
-
-    def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
-        """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
-        assert self._cost is not None
-        fill_value_s = fill_value_seconds(self.recent_hit_rate, expert_bytes, self._cost)
-        return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)
-
-    def _n_pcie(self, num_pairs: int, expert_bytes: int) -> tuple[int | torch.Tensor, bool]:
-        """How many misses the plan may copy, and whether any miss may go to the CPU: a number
-        for the fixed modes; for "auto" a device table by miss count, rebuilt when the split (or
-        the hit rate it prices with) changes."""
-        if self.mode == "offload":
-            return num_pairs, False
-        if self.mode != "auto" or self.split is None:
-            return 0, True
-        rate = self.recent_hit_rate
-        key = (self.split, num_pairs, expert_bytes, round(rate * 64) if self.device.type == "cuda" else rate)
-        entry = self._split_tables.get(key)
-        if entry is None:
-            if len(self._split_tables) > 256:
-                self._split_tables.clear()
-            counts = [max(0, min(m, self.split(m, expert_bytes))) if m else 0 for m in range(num_pairs + 1)]
-            uses_cpu = any(c < m for m, c in enumerate(counts))
-            staged = torch.tensor(counts, dtype=torch.int32, device="cpu", pin_memory=self.device.type == "cuda")
-            entry = self._split_tables[key] = (staged.to(self.device, non_blocking=True), uses_cpu)  # no host wait
-        return entry
+        return self.splits.hit_rate.value
 
     # -- residency, size, stats ----------------------------------------------------------------------
 
     def _make_resident(self) -> None:
         """Static split: whole layers resident (pinned slots), filled once from the host banks."""
-        cache = self.cache
-        cache.clear()
-        layers = sorted(self.banks)
-        if self._static_request is None:
-            chosen, room = [], cache.num_slots
-            for layer in layers:
-                if self.banks[layer].num_experts > room:
-                    break
-                chosen.append(layer)
-                room -= self.banks[layer].num_experts
-        else:
-            chosen = sorted(self._static_request)
-            unknown = [layer for layer in chosen if layer not in self.banks]
-            need = sum(self.banks[layer].num_experts for layer in chosen if layer in self.banks)
-            if unknown or need > cache.num_slots:
-                raise ValueError(f"static residency of layers {chosen}: unknown MoE layers {unknown}, or "
-                                 f"{need} experts for {cache.num_slots} slots")
-        for layer in chosen:
-            bank = self.banks[layer]
-            keys = [cache.key(layer, e) for e in range(bank.num_experts)]
-            victims = cache.victims(len(keys))
-            cache.fill(keys, victims, [bank.record(e) for e in range(bank.num_experts)])
-            cache.pinned[victims] = True
-        cache.streams.synchronize()
-        self.resident_layers = tuple(chosen)
-        log.info("static split: layers %s resident (%d of %d slots)", chosen, int(cache.pinned.sum()), cache.num_slots)
+        self.resident_layers = place_whole_layers(self.cache, self.banks, self._static_request)
+        log.info("static split: layers %s resident (%d of %d slots)", list(self.resident_layers),
+                 int(self.cache.pinned.sum()), self.cache.num_slots)
 
     def _record(self, key: int) -> torch.Tensor:
         layer, expert = divmod(key, self.cache.num_experts)

@@ -15,13 +15,14 @@ one copy and `views` reads the parts in place.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ftw import ExpertBank
 
+from ..experts import HostExpertBank
 from .records import RecordViews
 from .streams import DeviceStreams
 
@@ -313,3 +314,33 @@ class ExpertCache:
                     record = source(key)
                     self.slots[slot, : record.numel()].copy_(record.reshape(-1), non_blocking=True)
             self.streams.synchronize()
+
+
+def place_whole_layers(cache: ExpertCache, banks: Mapping[int, HostExpertBank],
+                       layers: Sequence[int] | None = None) -> tuple[int, ...]:
+    """llama.cpp's static split: whole layers' experts made resident in pinned slots, filled once
+    from the host banks, after emptying the cache. `layers`: those (an error if they do not fit);
+    default: as many whole layers as fit, first ones first. Returns the layers placed."""
+    cache.clear()
+    if layers is None:
+        chosen, room = [], cache.num_slots
+        for layer in sorted(banks):
+            if banks[layer].num_experts > room:
+                break
+            chosen.append(layer)
+            room -= banks[layer].num_experts
+    else:
+        chosen = sorted(layers)
+        unknown = [layer for layer in chosen if layer not in banks]
+        need = sum(banks[layer].num_experts for layer in chosen if layer in banks)
+        if unknown or need > cache.num_slots:
+            raise ValueError(f"static residency of layers {chosen}: unknown MoE layers {unknown}, or "
+                             f"{need} experts for {cache.num_slots} slots")
+    for layer in chosen:
+        bank = banks[layer]
+        keys = [cache.key(layer, e) for e in range(bank.num_experts)]
+        victims = cache.victims(len(keys))
+        cache.fill(keys, victims, [bank.record(e) for e in range(bank.num_experts)])
+        cache.pinned[victims] = True
+    cache.streams.synchronize()
+    return tuple(chosen)

@@ -17,9 +17,21 @@ falls back to plain offload.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
-from ..cache_policy_split import MissCost, choose_pcie_misses, closed_form_fraction, finish_seconds
+import torch
+
+from ..cache_policy_split import (
+    MissCost,
+    choose_pcie_misses,
+    closed_form_fraction,
+    fill_value_seconds,
+    finish_seconds,
+)
+from .executor_stats import RecentHitRate
+
+Split = Callable[[int, int], int]  # (number of misses, bytes per expert) -> how many cross PCIe
 
 
 class Rates(Protocol):
@@ -55,3 +67,57 @@ def layer_ms(rates: Rates, num_misses: int, num_pcie: int, expert_bytes: int) ->
 def choose_pcie_count(num_misses: int, expert_bytes: int, rates: Rates, fill_value_s: float = 0.0) -> int:
     """The number of misses to copy over PCIe (the rest go to the CPU): `choose_pcie_misses`."""
     return choose_pcie_misses(num_misses, expert_bytes, miss_cost(rates), fill_value_s)
+
+
+class SplitTables:
+    """How many of a decode call's misses the route plan may copy over PCIe, the rest going to
+    the CPU: the executor's policy, asked once per call. "offload" copies all, the CPU-served
+    modes none; "auto" gives `split` (default: the profile's cost model, each CPU-served miss
+    charged the later miss it causes at the recent hit rate) as a device table indexed by the
+    number of misses, so the choice is made on the device. A table is made once per (split,
+    pairs, expert bytes, hit rate in 1/64 steps) and kept; CUDA graphs read a copy of fixed
+    address per table size (`fixed`), refreshed when the table changes."""
+
+    def __init__(self, mode: str, split: Split | None, profile: Rates | None, device: torch.device) -> None:
+        self.mode, self.device = mode, device
+        self._cost = miss_cost(profile) if profile is not None else None
+        self.split = split or (self._profile_split if mode == "auto" and self._cost is not None else None)
+        self.hit_rate = RecentHitRate(device)  # observed by the executor, call by call
+        self._tables: dict[tuple, tuple[torch.Tensor, bool]] = {}  # -> (table, sends any miss to the CPU)
+        self._fixed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graphs' copy, its source)
+
+    def for_call(self, num_pairs: int, expert_bytes: int) -> tuple[int | torch.Tensor, bool]:
+        """How many misses the plan may copy, and whether any miss may go to the CPU: a number
+        for the fixed modes; for "auto" the device table by miss count."""
+        if self.mode == "offload":
+            return num_pairs, False
+        if self.mode != "auto" or self.split is None:
+            return 0, True
+        rate = self.hit_rate.value
+        key = (self.split, num_pairs, expert_bytes, round(rate * 64) if self.device.type == "cuda" else rate)
+        entry = self._tables.get(key)
+        if entry is None:
+            if len(self._tables) > 256:
+                self._tables.clear()
+            counts = [max(0, min(m, self.split(m, expert_bytes))) if m else 0 for m in range(num_pairs + 1)]
+            uses_cpu = any(c < m for m, c in enumerate(counts))
+            staged = torch.tensor(counts, dtype=torch.int32, device="cpu", pin_memory=self.device.type == "cuda")
+            entry = self._tables[key] = (staged.to(self.device, non_blocking=True), uses_cpu)  # no host wait
+        return entry
+
+    def fixed(self, table: torch.Tensor) -> torch.Tensor:
+        """`table` where a CUDA graph can read it: one buffer of fixed address per table size,
+        copied into when the table changes (the split or the hit rate moved), not once per call."""
+        fixed, source = self._fixed.get(table.numel(), (None, None))
+        if fixed is None:
+            fixed = torch.empty_like(table)
+        if source is not table:
+            fixed.copy_(table)
+            self._fixed[table.numel()] = (fixed, table)
+        return fixed
+
+    def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
+        """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
+        assert self._cost is not None
+        fill_value_s = fill_value_seconds(self.hit_rate.value, expert_bytes, self._cost)
+        return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -44,6 +44,15 @@ Out = TypeVar("Out")
 
 class StepNotCapturable(RuntimeError):
     """A layer call of the step cannot run inside a captured graph (it needs the host)."""
+
+
+@dataclass
+class StepCapture:
+    """What the executor's calls left while a step was captured: how many, and the host work
+    each replay needs first (handing the CPU shares' jobs to the worker, in call order)."""
+
+    count: int = 0
+    host_work: list[Callable[[], object]] = field(default_factory=list)
 
 
 @dataclass
