@@ -55,8 +55,6 @@ PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placeme
 MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 
 
-
-
 def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
     """(route_plan, expert_fill), the Triton kernels, on CUDA with triton installed; else None
     (the torch twins plan and fill, with a host sync per layer on CUDA). Imported here, not at
@@ -86,9 +84,9 @@ class HybridExpertExecutor:
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
     `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
     as CUDA graphs (decode_graphs.py), those with a CPU share where the driver's stream flags can
-    be captured (host_signal.py); with `step_graphs` too, a caller's whole decode step runs as one
-    graph where no call needs the host (`steps`, step_graphs.py). `pcie_repeat` > 1 emulates a slower link for benchmarks: every
-    copy over PCIe (fills, prefill streams) is made that many times.
+    be captured (host_signal.py); with `step_graphs` too, a caller's whole decode step runs as
+    one graph (`steps`, step_graphs.py). `pcie_repeat` > 1 emulates a slower link for
+    benchmarks: every copy over PCIe (fills, prefill streams) is made that many times.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], *, device: torch.device | str, cache: ExpertCache,
@@ -178,8 +176,8 @@ class HybridExpertExecutor:
         bank, cache = self.banks[layer], self.cache
         stride = bank.layout.expert_stride
         num_pairs = expert_ids.numel()
-        if self.guard is not None and self.guard.arm == PCIE_ONLY:
-            n_pcie, uses_cpu = num_pairs, False  # as "offload" (no split table to look up)
+        if self._pcie_only():
+            n_pcie, uses_cpu = num_pairs, False  # "offload", or auto's PCIe-only arm (no split table to look up)
         else:
             n_pcie, uses_cpu = self.splits.for_call(num_pairs, stride)
         # uploaded here, outside any graph capture, when the host changed the bookkeeping
