@@ -17,7 +17,7 @@ from runtime.layers.attention import DevicePosition
 from tests.checkpoints import FAMILIES
 from tests.test_gpu_executor import LAYERS, PROFILE, assert_close, hybrid, make_banks, routing
 
-CAPTURABLE = {"qwen3_moe", "mixtral", "deepseek_v3"}  # attention a DevicePosition can drive
+CAPTURABLE = {"qwen3_moe", "mixtral", "deepseek_v3", "qwen3_5_moe"}  # mixers a DevicePosition can drive
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PROMPT = [3, 17, 92, 45, 8, 200, 31, 7]
 
@@ -44,29 +44,47 @@ def test_a_decode_step_at_a_device_position_matches_plain_decode(loaded_families
     logits = model.forward(torch.tensor(PROMPT), plain)[-1]
     model.forward(torch.tensor(PROMPT), at)
     token, index = int(torch.argmax(logits)), torch.zeros(1, dtype=torch.long)
+    buffers = _cache_buffers(at)
     for step in range(steps):
         if step == 3:  # jump past the first span: the next steps read all max_tokens positions
-            plain.length = at.length = 260
+            model.set_length(plain, 260)
+            model.set_length(at, 260)
         position = at.length
         index.fill_(position)
         ours = model.decode_at(torch.tensor([token]), DevicePosition(index, decode_span(position, max_tokens)), at)
-        at.length += 1
+        model.set_length(at, position + 1)
         ref = model.forward(torch.tensor([token]), plain)
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
         token = int(torch.argmax(ref[-1]))
+    # a captured step replays writes to the addresses it saw: every cache is updated in place,
+    # by steps at a DevicePosition and by plain forwards (a next turn's prompt) alike
+    model.forward(torch.tensor([token, 5]), at)
+    assert _cache_buffers(at) == buffers
     assert decode_span(0, max_tokens) == 256 and decode_span(256, max_tokens) == 300 and decode_span(300, 4096) == 512
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
-def test_reset_state_empties_positional_caches_in_place(loaded_families, family: str) -> None:
-    """A new conversation keeps the KV buffers (their addresses are in the captured graphs); a
-    recurrent state starts from a new one."""
+def _cache_buffers(state) -> list[tuple[str, int]]:
+    """(name, address) of every tensor the state's caches hold."""
+    return [(f"{i}.{name}", value.data_ptr()) for i, cache in enumerate(state.caches)
+            for name, value in sorted(vars(cache).items()) if isinstance(value, torch.Tensor)]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "glm_moe_dsa"])
+def test_reset_state_empties_caches_in_place(loaded_families, family: str) -> None:
+    """A new conversation keeps the state's buffers (their addresses are in the captured graphs):
+    KV caches as they are, recurrent states zeroed; a model whose mixers take no DevicePosition
+    gets a new state. A one-token prompt at a DevicePosition after the reset starts from zeros."""
     model = loaded_families[family].model
     state = model.new_state(64)
     first = model.forward(torch.tensor(PROMPT), state)
+    single = model.forward(torch.tensor(PROMPT[:1]), model.new_state(64))
     again = model.reset_state(state)
-    assert (again is state) == (family == "qwen3_moe") and again.length == 0
+    assert (again is state) == (family != "glm_moe_dsa") and again.length == 0
     torch.testing.assert_close(model.forward(torch.tensor(PROMPT), again), first)
+    if family != "glm_moe_dsa":
+        again = model.reset_state(again)
+        index = torch.zeros(1, dtype=torch.long)
+        torch.testing.assert_close(model.decode_at(torch.tensor(PROMPT[:1]), DevicePosition(index, 64), again), single)
 
 
 def test_device_model_decodes_at_device_positions_where_steps_are_on(loaded_families) -> None:
@@ -220,11 +238,13 @@ def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> Non
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["offload", "auto"])
-def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_path, mode: str) -> None:
+@pytest.mark.parametrize(("family", "mode"), [("qwen3_moe", "offload"), ("qwen3_moe", "auto"),
+                                              ("qwen3_5_moe", "offload")])
+def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_path, family: str, mode: str) -> None:
     """Greedy decode on the GPU in captured steps gives the CPU backend's tokens; a second
     prompt after a reset reuses the state's buffers, so its steps replay the same graphs.
-    "auto" with a cache of one token's experts: steps with CPU shares and split tables."""
+    "auto" with a cache of one token's experts: steps with CPU shares and split tables;
+    Qwen3.5: linear-attention layers, whose recurrent state the graph updates in place."""
     pytest.importorskip("transformers")
     from ftpull.pull import pull
     from registry import Store
@@ -232,10 +252,11 @@ def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_p
     from tests.checkpoints import save_checkpoint
 
     store = Store(tmp_path / "store")
-    name = str(pull(str(save_checkpoint("qwen3_moe", tmp_path / "hf", seed=1)), store).name)
+    name = str(pull(str(save_checkpoint(family, tmp_path / "hf", seed=1)), store).name)
     reference = load(store, name, torch.float32).model
     split = dict(split=lambda m, b: m // 2, auto_guard=False) if mode == "auto" else {}  # half the misses to the CPU
-    loaded = load(store, name, torch.float32, backend="gpu", device="cuda", cache_slots=4, mode=mode,
+    slots = 4 if family == "qwen3_moe" else 8  # one token's experts: 2 (or 4) MoE layers x top-2
+    loaded = load(store, name, torch.float32, backend="gpu", device="cuda", cache_slots=slots, mode=mode,
                   profile=PROFILE, prefill_min_tokens=8, **split)
     ref_state, state = reference.new_state(300), loaded.model.new_state(300)
     for prompt in (PROMPT, PROMPT[:5] + [99]):

@@ -76,7 +76,7 @@ class DeviceModel:
         self._position.fill_(position)
         where = DevicePosition(self._position, span)
         logits = self.steps.run(("decode", span), lambda: self.model.decode_at(self._token, where, state))
-        state.length = position + 1
+        self.model.set_length(state, position + 1)
         return logits.clone()  # the graph's own buffer is rewritten by the next step
 
     def __getattr__(self, name: str) -> Any:

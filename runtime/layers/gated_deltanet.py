@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..loader import ModelWeights
+from .attention import DevicePosition, Start
 from .linear import linear
 from .norm import rms_norm
 
@@ -39,8 +40,12 @@ class DeltaNetState:
     recurrent: torch.Tensor  # [v_heads, k_head_dim, v_head_dim], float32 (as transformers keeps it)
     length: int = 0
 
-    def seek(self, start: int) -> None:
-        """Start a forward at `start`: 0 begins a new sequence; anything else must continue this one."""
+    def seek(self, start: Start) -> None:
+        """Start a forward at `start`: 0 begins a new sequence; anything else must continue this
+        one. A DevicePosition (a captured decode step) continues it unchecked: its position is on
+        the device, and the caller keeps `length` (DecoderModel.set_length)."""
+        if isinstance(start, DevicePosition):
+            return
         if start == 0:
             self.conv.zero_()
             self.recurrent.zero_()
@@ -49,6 +54,12 @@ class DeltaNetState:
                 f"a linear-attention state at token {self.length} cannot continue from token {start}; "
                 "recurrent layers cannot rewind: restart the sequence from token 0"
             )
+
+    def reset(self) -> None:
+        """Empty for a new sequence, in place (a captured step holds these buffers' addresses)."""
+        self.conv.zero_()
+        self.recurrent.zero_()
+        self.length = 0
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -170,20 +181,28 @@ class GatedDeltaNet:
         return DeltaNetState(torch.zeros(conv_dim, width - 1, dtype=self.dtype),
                              torch.zeros(self.v_heads, self.k_head_dim, self.v_head_dim, dtype=torch.float32))
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DeltaNetState, start: int,
+    takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DeltaNetState, start: Start,
                  *, chunked: bool | None = None) -> torch.Tensor:
-        """`chunked` picks the prefill form; by default chunked for T > 1, token by token for T = 1."""
+        """`chunked` picks the prefill form; by default chunked for T > 1, token by token for T = 1.
+        The state is updated in place, so a CUDA graph captured over it stays valid after uncaptured
+        calls (a prefill) too; at a DevicePosition its host `length` is left to the caller (a
+        captured step replays only device work)."""
         cache.seek(start)
         t = x.shape[0]
         qkv, z, b, a = self.project(x)
-        qkv, cache.conv = causal_conv1d(qkv, cache.conv, self.conv, self.conv_bias)
+        qkv, conv = causal_conv1d(qkv, cache.conv, self.conv, self.conv_bias)
+        cache.conv.copy_(conv)
         q, k, v = qkv.split([self.key_size, self.key_size, self.value_size], dim=-1)
         q, k = q.reshape(t, self.k_heads, self.k_head_dim), k.reshape(t, self.k_heads, self.k_head_dim)
         v = v.reshape(t, self.v_heads, self.v_head_dim)
         beta = b.sigmoid()
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # float32, as transformers (fp16: A -> -inf)
-        out, cache.recurrent = gated_delta_rule(q, k, v, g, beta, cache.recurrent,
-                                                chunked=t > 1 if chunked is None else chunked)
-        cache.length = start + t
+        out, recurrent = gated_delta_rule(q, k, v, g, beta, cache.recurrent,
+                                          chunked=t > 1 if chunked is None else chunked)
+        cache.recurrent.copy_(recurrent)
+        if not isinstance(start, DevicePosition):
+            cache.length = start + t
         out = gated_rms_norm(out, z.reshape(t, self.v_heads, self.v_head_dim), self.norm, self.eps)
         return linear(out.reshape(t, self.value_size), self.out)

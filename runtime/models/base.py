@@ -29,8 +29,10 @@ class Mixer(Protocol):
 
     A mixer whose class sets `takes_device_position = True` also takes a DevicePosition as
     `start` (one token at a position held on the device), so a decode step through it can be
-    captured once as a CUDA graph; its cache must be positional (entries past the length never
-    read), so a state can be emptied and reused (`DecoderModel.reset_state`)."""
+    captured once as a CUDA graph: it updates its cache in place and leaves host counters alone.
+    Its cache is positional (entries past the length never read) or has `reset()`, which
+    empties it in place, so a state can be emptied and reused (`DecoderModel.reset_state`);
+    a cache that counts its own `length` has it set by `DecoderModel.set_length`."""
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: Start) -> torch.Tensor: ...
 
@@ -81,15 +83,28 @@ class DecoderModel:
         """Whether every layer's mixer takes a DevicePosition (`decode_at` works)."""
         return all(getattr(b.mixer, "takes_device_position", False) for b in self.blocks)
 
+    @torch.inference_mode()  # the caches' tensors are inference tensors once a forward has run
     def reset_state(self, state: DecodeState) -> DecodeState:
-        """A state for a new sequence: `state` itself, emptied, where every cache is positional
-        (its buffers keep their addresses, so CUDA graphs captured over them stay valid); else a
-        new one (a recurrent state must start from zeros)."""
+        """A state for a new sequence: `state` itself, emptied in place where every mixer takes a
+        DevicePosition (its buffers keep their addresses, so CUDA graphs captured over them stay
+        valid; recurrent caches are zeroed); else a new one."""
         if not self.takes_device_position or type(self).new_state is not DecoderModel.new_state:
             return self.new_state(state.max_tokens)
-        state.length = 0
+        for cache in state.caches:
+            reset = getattr(cache, "reset", None)
+            if reset is not None:
+                reset()
         state.extra.clear()
+        self.set_length(state, 0)
         return state
+
+    def set_length(self, state: DecodeState, length: int) -> None:
+        """`state` holds `length` tokens: after steps at a DevicePosition (which move no host
+        counter), and the caches that count their own tokens with it."""
+        state.length = length
+        for cache in state.caches:
+            if hasattr(cache, "length"):
+                cache.length = length
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.eps, offset=self.norm_offset)
