@@ -17,7 +17,7 @@ from runtime.layers.attention import DevicePosition
 from tests.checkpoints import FAMILIES
 from tests.test_gpu_executor import LAYERS, PROFILE, assert_close, hybrid, make_banks, routing
 
-CAPTURABLE = {"qwen3_moe", "mixtral", "deepseek_v3", "qwen3_5_moe"}  # mixers a DevicePosition can drive
+CAPTURABLE = set(FAMILIES)  # every family's mixers take a DevicePosition
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PROMPT = [3, 17, 92, 45, 8, 200, 31, 7]
 
@@ -34,8 +34,15 @@ def loaded_families(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_decode_step_at_a_device_position_matches_plain_decode(loaded_families, family: str) -> None:
+def test_a_decode_step_at_a_device_position_matches_plain_decode(loaded_families, monkeypatch, family: str) -> None:
+    """Every family's step at a DevicePosition gives plain decode's logits, across a span change,
+    updating every cache in place. (GLM's indexer selects every token here: its top-k picks among
+    tied scores by position in the row, and a span's row is longer; the next test checks the
+    selection itself.)"""
     model = loaded_families[family].model
+    for block in model.blocks:
+        if getattr(block.mixer, "indexer", None) is not None:
+            monkeypatch.setattr(block.mixer.indexer, "topk", 1 << 20)
     assert model.takes_device_position == (family in CAPTURABLE)
     if family not in CAPTURABLE:
         return
@@ -63,6 +70,28 @@ def test_a_decode_step_at_a_device_position_matches_plain_decode(loaded_families
     assert decode_span(0, max_tokens) == 256 and decode_span(256, max_tokens) == 300 and decode_span(300, 4096) == 512
 
 
+def test_dsa_selection_over_a_span_is_a_top_k_of_the_visible_tokens(loaded_families) -> None:
+    """GLM's indexer at a DevicePosition scores a span of keys with those after the position
+    masked: it selects index_topk tokens, none past the position, with the same scores as the
+    selection over exactly the visible keys (ties may trade places, as between any two lengths)."""
+    model = loaded_families["glm_moe_dsa"].model
+    indexer = next(b.mixer.indexer for b in model.blocks if getattr(b.mixer, "indexer", None) is not None)
+    gen = torch.Generator().manual_seed(7)
+    span, hidden = 64, model.config.hidden_size
+    x = torch.randn(1, hidden, generator=gen)
+    q_low = torch.randn(1, indexer.wq_b.shape[1], generator=gen)
+    keys = torch.randn(span, indexer.head_dim, generator=gen)
+    for position in (3, indexer.topk, 20, span - 1):
+        cos, sin = model.blocks[0].mixer.mla.rope(torch.tensor([position]), torch.float32)
+        visible = torch.arange(span)[None, :] <= position
+        chosen = indexer.select(x, q_low, cos, sin, keys, visible)
+        exact = indexer.select(x, q_low, cos, sin, keys[: position + 1], visible[:, : position + 1])
+        assert not chosen[0, position + 1:].any()
+        assert int(chosen.sum()) == int(exact.sum()) == min(indexer.topk, position + 1)
+        scores = indexer.scores(x, q_low, cos, sin, keys)[0]
+        torch.testing.assert_close(scores[chosen[0]].sort().values, scores[: position + 1][exact[0]].sort().values)
+
+
 def _cache_buffers(state) -> list[tuple[str, int]]:
     """(name, address) of every tensor the state's caches hold."""
     return [(f"{i}.{name}", value.data_ptr()) for i, cache in enumerate(state.caches)
@@ -72,19 +101,18 @@ def _cache_buffers(state) -> list[tuple[str, int]]:
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "glm_moe_dsa"])
 def test_reset_state_empties_caches_in_place(loaded_families, family: str) -> None:
     """A new conversation keeps the state's buffers (their addresses are in the captured graphs):
-    KV caches as they are, recurrent states zeroed; a model whose mixers take no DevicePosition
-    gets a new state. A one-token prompt at a DevicePosition after the reset starts from zeros."""
+    KV caches as they are, recurrent states zeroed. A one-token prompt at a DevicePosition after
+    the reset starts from zeros."""
     model = loaded_families[family].model
     state = model.new_state(64)
     first = model.forward(torch.tensor(PROMPT), state)
     single = model.forward(torch.tensor(PROMPT[:1]), model.new_state(64))
     again = model.reset_state(state)
-    assert (again is state) == (family != "glm_moe_dsa") and again.length == 0
+    assert again is state and again.length == 0
     torch.testing.assert_close(model.forward(torch.tensor(PROMPT), again), first)
-    if family != "glm_moe_dsa":
-        again = model.reset_state(again)
-        index = torch.zeros(1, dtype=torch.long)
-        torch.testing.assert_close(model.decode_at(torch.tensor(PROMPT[:1]), DevicePosition(index, 64), again), single)
+    again = model.reset_state(again)
+    index = torch.zeros(1, dtype=torch.long)
+    torch.testing.assert_close(model.decode_at(torch.tensor(PROMPT[:1]), DevicePosition(index, 64), again), single)
 
 
 def test_device_model_decodes_at_device_positions_where_steps_are_on(loaded_families) -> None:
@@ -239,12 +267,14 @@ def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> Non
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize(("family", "mode"), [("qwen3_moe", "offload"), ("qwen3_moe", "auto"),
-                                              ("qwen3_5_moe", "offload")])
-def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_path, family: str, mode: str) -> None:
+                                              ("qwen3_5_moe", "offload"), ("glm_moe_dsa", "offload")])
+def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_path, monkeypatch, family: str,
+                                                                           mode: str) -> None:
     """Greedy decode on the GPU in captured steps gives the CPU backend's tokens; a second
     prompt after a reset reuses the state's buffers, so its steps replay the same graphs.
     "auto" with a cache of one token's experts: steps with CPU shares and split tables;
-    Qwen3.5: linear-attention layers, whose recurrent state the graph updates in place."""
+    Qwen3.5: linear-attention layers, whose recurrent state the graph updates in place; GLM-5:
+    MLA with DSA's index keys (every token selected: tied scores may trade places otherwise)."""
     pytest.importorskip("transformers")
     from ftpull.pull import pull
     from registry import Store
@@ -255,9 +285,13 @@ def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_p
     name = str(pull(str(save_checkpoint(family, tmp_path / "hf", seed=1)), store).name)
     reference = load(store, name, torch.float32).model
     split = dict(split=lambda m, b: m // 2, auto_guard=False) if mode == "auto" else {}  # half the misses to the CPU
-    slots = 4 if family == "qwen3_moe" else 8  # one token's experts: 2 (or 4) MoE layers x top-2
+    slots = 8 if family == "qwen3_5_moe" else 4  # one token's experts: 4 (or 2) MoE layers x top-2
     loaded = load(store, name, torch.float32, backend="gpu", device="cuda", cache_slots=slots, mode=mode,
                   profile=PROFILE, prefill_min_tokens=8, **split)
+    for model in (reference, loaded.model.model):
+        for block in model.blocks:
+            if getattr(block.mixer, "indexer", None) is not None:
+                monkeypatch.setattr(block.mixer.indexer, "topk", 1 << 20)
     ref_state, state = reference.new_state(300), loaded.model.new_state(300)
     for prompt in (PROMPT, PROMPT[:5] + [99]):
         assert _greedy(loaded.model, state, prompt, 24) == _greedy(reference, ref_state, prompt, 24)

@@ -88,7 +88,7 @@ class DecoderModel:
         """A state for a new sequence: `state` itself, emptied in place where every mixer takes a
         DevicePosition (its buffers keep their addresses, so CUDA graphs captured over them stay
         valid; recurrent caches are zeroed); else a new one."""
-        if not self.takes_device_position or type(self).new_state is not DecoderModel.new_state:
+        if not self.takes_device_position:
             return self.new_state(state.max_tokens)
         for cache in state.caches:
             reset = getattr(cache, "reset", None)

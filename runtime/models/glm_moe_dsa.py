@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
+from ..layers.attention import Start, store
 from ..layers.linear import linear
 from ..layers.mla import MLACache, MLAttention
 from ..layers.rope import apply_rotary_interleaved
@@ -58,16 +59,22 @@ class Indexer:
         k = min(index_topk, L); a query that sees fewer than k tokens keeps all it sees. Tokens
         tied at the boundary (exactly 0 after the relu) go where torch.topk puts them, which can
         differ between rows of different lengths: then a cached step and a full recompute select
-        differently, in transformers as here (tests/test_parity_deepseek.py, "ties")."""
+        differently, in transformers as here (tests/test_parity_deepseek.py, "ties"), and so do
+        a captured step, which scores a longer span of keys with the later ones masked, and an
+        uncaptured one."""
+        index_scores = self.scores(x, q_low, cos, sin, keys).masked_fill(~visible, float("-inf"))
+        top = index_scores.topk(min(self.topk, keys.shape[0]), dim=-1).indices
+        return visible & torch.zeros_like(visible).scatter(-1, top, True)
+
+    def scores(self, x: torch.Tensor, q_low: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               keys: torch.Tensor) -> torch.Tensor:
+        """The indexer's score of every cached token for each query: [T, L] float32."""
         t = x.shape[0]
         q = self._rope(linear(q_low, self.wq_b).view(t, self.heads, self.head_dim), cos, sin)  # [T, h, D]
         scores = torch.relu(torch.matmul(q.float(), keys.float().T) * self.head_dim**-0.5)  # [T, h, L]
         # weights_proj is kept in float32 by transformers (`_keep_in_fp32_modules`)
         weights = F.linear(x.float(), self.weights_proj.float()) * self.heads**-0.5  # [T, h]
-        index_scores = torch.matmul(weights[:, None, :], scores)[:, 0]  # [T, L]
-        index_scores = index_scores.masked_fill(~visible, float("-inf"))
-        top = index_scores.topk(min(self.topk, keys.shape[0]), dim=-1).indices
-        return visible & torch.zeros_like(visible).scatter(-1, top, True)
+        return torch.matmul(weights[:, None, :], scores)[:, 0]
 
 
 @dataclass
@@ -86,7 +93,11 @@ class DSACache:
 
 
 class DSAttention:
-    """MLA whose queries see only the tokens the indexer selected."""
+    """MLA whose queries see only the tokens the indexer selected. At a DevicePosition (a
+    captured decode step) the indexer scores the span's tokens, those after the position masked;
+    the selection a shared layer reads is the full layer's output within the same step."""
+
+    takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
 
     def __init__(self, mla: MLAttention, indexer: Indexer | None, index_head_dim: int) -> None:
         self.mla, self.indexer, self.index_head_dim = mla, indexer, index_head_dim
@@ -95,18 +106,18 @@ class DSAttention:
         keys = None if self.indexer is None else torch.zeros(max_tokens, self.index_head_dim, dtype=self.mla.dtype)
         return DSACache(self.mla.new_cache(max_tokens), keys, Selection())
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DSACache, start: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DSACache, start: Start) -> torch.Tensor:
         t = x.shape[0]
         cos, sin = self.mla.rope(positions, x.dtype)
         q, q_low = self.mla.query(x, cos, sin)
         k, v = self.mla.keys_values(x, cos, sin, cache.mla, start)
         length = k.shape[0]
         if self.indexer is not None and cache.index_keys is not None:
-            cache.index_keys[start:length] = self.indexer.keys(x, cos, sin)
-            visible = torch.arange(length)[None, :] <= torch.arange(start, start + t)[:, None]  # causal [T, L]
+            keys = store(cache.index_keys, start, self.indexer.keys(x, cos, sin))
+            visible = torch.arange(length)[None, :] <= positions[:, None]  # causal [T, L]
             if length > self.indexer.topk:  # otherwise every token is selected: the causal mask is all
                 assert q_low is not None
-                visible = self.indexer.select(x, q_low, cos, sin, cache.index_keys[:length], visible)
+                visible = self.indexer.select(x, q_low, cos, sin, keys, visible)
             cache.selection.visible = visible
         visible = cache.selection.visible
         assert visible is not None and visible.shape == (t, length), "a shared DSA layer ran before its full layer"
