@@ -41,6 +41,8 @@ def test_every_policy_has_sane_numbers(report: dict) -> None:
         assert r["pcie_mb_per_token"] == pytest.approx(s["pcie_bytes"] / tokens / 1e6)
         assert r["cpu_mb_per_token"] == pytest.approx(s["cpu_bytes"] / tokens / 1e6)
         assert r["roofline_tok_s"] is None or r["roofline_tok_s"] > 0
+        if r["roofline_tok_s"]:  # reading nothing ahead can only be slower
+            assert 0 < r["serial_roofline_tok_s"] <= r["roofline_tok_s"]
     p = report["policies"]
     assert p["offload"]["stats"]["cpu_experts"] == 0 and p["cpu"]["stats"]["pcie_experts"] == 0
     assert p["cpu"]["hit_rate"] == 0 and p["static"]["stats"]["pcie_experts"] == 0
@@ -196,3 +198,18 @@ def test_warm_up_runs_until_every_arms_graphs_are_captured(arms: tuple[str, ...]
     # to the second arm's third step (steps 4-7 are its block)
     assert steps == (7 if len(arms) == 2 else WARMUP_STEPS) and WARMUP_STEPS < 7
     assert all(n >= 3 for n in ex.seen.values())
+
+
+def test_the_rooflines_overlap_pcie_and_device_memory_or_add_them() -> None:
+    """The roofline takes the slowest side; the serial one adds PCIe and device memory (a step
+    that reads nothing ahead), the CPU still beside them."""
+    from runtime.bench.moe import roofline
+    from runtime.gpu import BandwidthProfile
+
+    profile = BandwidthProfile(pcie_gbps=40.0, cpu_gbps=20.0, cpu_fixed_ms=0.0, pcie_fixed_ms=0.0,
+                               pcie_alone_gbps=50.0, cpu_alone_gbps=25.0)
+    offload = {"pcie_bytes": 1e9, "cpu_bytes": 0.0, "hit_bytes": 4e9}  # 20 ms over PCIe alone, 1 ms of HBM
+    assert roofline(offload, profile, 4000.0) == pytest.approx(1 / 0.020)
+    assert roofline(offload, profile, 4000.0, serial=True) == pytest.approx(1 / 0.021)
+    split = {"pcie_bytes": 1e9, "cpu_bytes": 1e9, "hit_bytes": 4e9}  # both sides: 25 ms PCIe, 50 ms CPU
+    assert roofline(split, profile, 4000.0) == roofline(split, profile, 4000.0, serial=True) == pytest.approx(1 / 0.050)

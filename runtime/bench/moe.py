@@ -20,7 +20,9 @@ For one shape (a built-in table of real models' MoE geometry, or `tiny` for CI):
 Only the routed-expert path is timed ("experts-only"): attention, dense layers and shared
 experts are not run and not counted in tok/s or TTFT. The roofline per token is
 1 / max(pcie_bytes / p, cpu_bytes / c, hit_bytes / hbm) from the bandwidth profile's p and c
-(while both run; alone where only one side works) and a measured device-memory copy rate.
+(while both run; alone where only one side works) and a measured device-memory copy rate; the
+serial roofline adds the PCIe and device-memory times instead, the bound of a step that reads
+nothing ahead of its routing.
 """
 
 from __future__ import annotations
@@ -249,13 +251,16 @@ def _long_routing(shape: BenchShape, num_layers: int, top_k: int, length: int, s
     return np.argpartition(keys, top_k - 1, axis=-1)[..., :top_k].astype(np.int64)
 
 
-def roofline(per_token: dict[str, float], profile: BandwidthProfile, hbm_gbps: float) -> float:
-    """Tokens/s if each side ran at its measured rate and they overlapped perfectly."""
+def roofline(per_token: dict[str, float], profile: BandwidthProfile, hbm_gbps: float, serial: bool = False) -> float:
+    """Tokens/s if each side ran at its measured rate and they overlapped perfectly. `serial`:
+    with the PCIe reads and the device-memory reads one after the other, as a decode step makes
+    them when nothing is read ahead (a layer's misses are known only from its routing, which
+    needs the layer before), the CPU still beside them."""
     both = per_token["pcie_bytes"] > 0 and per_token["cpu_bytes"] > 0
     p = profile.pcie_gbps if both or not profile.pcie_alone_gbps else profile.pcie_alone_gbps
     c = profile.cpu_gbps if both or not profile.cpu_alone_gbps else profile.cpu_alone_gbps
-    t = max(per_token["pcie_bytes"] / (p * 1e9), per_token["cpu_bytes"] / (c * 1e9),
-            per_token["hit_bytes"] / (hbm_gbps * 1e9))
+    pcie_s, hbm_s = per_token["pcie_bytes"] / (p * 1e9), per_token["hit_bytes"] / (hbm_gbps * 1e9)
+    t = max(pcie_s + hbm_s if serial else max(pcie_s, hbm_s), per_token["cpu_bytes"] / (c * 1e9))
     return 1 / t if t > 0 else math.inf
 
 
@@ -393,6 +398,8 @@ def _ttft_and_check(report: dict[str, Any]) -> None:
         roof = roofline(per, profile, hbm)
         r["roofline_tok_s"] = roof if math.isfinite(roof) else None
         r["fraction_of_roofline"] = r["decode_tok_s"] / roof if math.isfinite(roof) else None
+        serial = roofline(per, profile, hbm, serial=True)
+        r["serial_roofline_tok_s"] = serial if math.isfinite(serial) else None
     ok = {p: r for p, r in report["policies"].items() if "error" not in r}
     for p in (x for x in report["prefill"] if x.get("buffers") == 2 and "error" not in x):
         ms = (ok["auto"]["ms_per_token"] if "auto" in ok else 0.0)

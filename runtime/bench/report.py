@@ -36,15 +36,16 @@ def format_report(report: dict[str, Any]) -> str:
                      "profile and roofline above are of the emulated link)")
     lines.append(f"scope: {report['scope']}")
     lines.append("")
-    lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'hit':>6} {'miss':>6} {'PCIe MB/t':>10} "
-                 f"{'CPU MB/t':>9}  resident")
+    lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'serial':>8} {'hit':>6} {'miss':>6} "
+                 f"{'PCIe MB/t':>10} {'CPU MB/t':>9}  resident")
     for policy, r in report["policies"].items():
         if "error" in r:
             lines.append(f"{policy:<18} refused: {r['error']}")
             continue
         roof = f"{r['roofline_tok_s']:.1f}" if r["roofline_tok_s"] else "inf"
         frac = f"{r['fraction_of_roofline']:.2f}" if r["fraction_of_roofline"] else "-"
-        lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {100 * r['hit_rate']:>5.1f}% "
+        serial = f"{r['serial_roofline_tok_s']:.1f}" if r.get("serial_roofline_tok_s") else "inf"
+        lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {serial:>8} {100 * r['hit_rate']:>5.1f}% "
                      f"{100 * r['miss_rate']:>5.1f}% {r['pcie_mb_per_token']:>10.1f} {r['cpu_mb_per_token']:>9.1f}  "
                      f"{r['resident_layers'] or ''}")
     for policy, r in report["policies"].items():
