@@ -19,7 +19,7 @@ import pytest
 
 from registry import Store
 from runtime.plan import RAM_RESERVE_BYTES
-from runtime.server import backend
+from runtime.server import room
 from runtime.server.backend import ModelManager
 from runtime.server.protocol import Busy, ChatRequest, Done
 from runtime.weights import open_model
@@ -201,7 +201,7 @@ def test_concurrent_first_requests_load_once(store: Store) -> None:
 
 
 def test_memory_pressure_unloads_idle_models(store: Store, monkeypatch) -> None:
-    monkeypatch.setattr(backend, "ROOM_WAIT_S", 0.2)
+    monkeypatch.setattr(room, "ROOM_WAIT_S", 0.2)
     store.copy("tiny", "tiny-twin")
     need = ModelManager(store)._plan(open_model(store, "tiny"), None, None).ram_needed_bytes
     budget = need + (need - RAM_RESERVE_BYTES) // 2  # room for one model, not two

@@ -3,7 +3,8 @@ unloads them under memory pressure, and runs one generation at a time per model 
 worker thread (torch on the CPU would block the event loop), with a bounded queue in front.
 
 Each loaded model is a `Runner` (runner.py): its session, its worker thread, its parser. This
-module decides: which models are loaded, when they go, who waits, who gets 503.
+module decides: which models are loaded, when they go (room.py: which go to make room for a
+load), who waits, who gets 503.
 
 Environment: FT_KEEP_ALIVE (default "5m"; 0 unloads after each request, negative keeps models
 forever), FT_MAX_QUEUE (requests that may wait, default 16), FT_CONTEXT_LENGTH (default context
@@ -36,7 +37,6 @@ from runtime.weights import RegisteredModel
 from . import models
 from .protocol import (
     BadRequest,
-    Busy,
     ChatRequest,
     Done,
     Event,
@@ -44,6 +44,7 @@ from .protocol import (
     ModelInfo,
     ServerError,
 )
+from .room import make_gpu_room, make_room
 from .runner import LoadedStatus, Runner, compute_dtype
 from .scheduler import (
     DEFAULT_KEEP_ALIVE_S,
@@ -57,7 +58,6 @@ from .scheduler import (
 log = logging.getLogger(__name__)
 
 DEFAULT_NUM_CTX = 4096  # Ollama's default context, as `ft run` uses
-ROOM_WAIT_S = 1.0  # how long a load waits for a busy model to free its memory before answering Busy
 
 
 class ModelTooLarge(ServerError):
@@ -376,59 +376,13 @@ class ModelManager:
                 return runner, 0.0
             if runner is not None:  # the name now points at another model (re-pulled, re-created)
                 self._unload(runner)
-            if self.device != "cpu":
-                await self._make_gpu_room(registered)  # first: the plan sizes its cache from the VRAM left free
+            if self.device != "cpu":  # first: the plan sizes its cache from the VRAM left free
+                await make_gpu_room(self.runners, registered, self._unload)
             fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
-            await self._make_room(fitted)
+            await make_room(self.runners, fitted, self._unload)
             runner = await asyncio.to_thread(self._load, registered, fitted)
             self.runners[key] = runner
             return runner, runner.load_seconds
-
-    async def _make_room(self, fitted: Plan) -> None:
-        """Unload idle models, least recently used first, until `fitted` fits beside the rest. A
-        model still busy is waited for up to ROOM_WAIT_S: a client that sends its next request as
-        soon as it has the last one's end gets there before the worker thread has handed the
-        finished request back (the two meet on the event loop in either order)."""
-        def resident() -> int:
-            return sum(r.resident_bytes for r in self.runners.values())
-
-        deadline = time.monotonic() + ROOM_WAIT_S
-        while True:
-            for runner in sorted(self.runners.values(), key=lambda r: r.last_used):
-                if resident() + fitted.ram_needed_bytes <= fitted.ram_budget_bytes:
-                    return
-                if runner.active == 0:
-                    log.info("unloading %s to make room for %s", runner.registered.name.display, fitted.model)
-                    self._unload(runner)
-            if not self.runners or resident() + fitted.ram_needed_bytes <= fitted.ram_budget_bytes \
-                    or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.02)
-        if self.runners and resident() + fitted.ram_needed_bytes > fitted.ram_budget_bytes:
-            busy = ", ".join(r.registered.name.display for r in self.runners.values())
-            raise Busy(f"not enough memory to load {fitted.model} while {busy} is generating "
-                       f"(needs {fitted.ram_needed_bytes >> 20} MiB, {resident() >> 20} MiB in use of "
-                       f"{fitted.ram_budget_bytes >> 20} MiB); retry when it is done")
-
-    async def _make_gpu_room(self, registered: RegisteredModel) -> None:
-        """GPU-runtime models take the GPU one at a time (each one's expert cache fills the VRAM its
-        budget leaves): unload the idle ones, and wait for a busy one to finish its requests."""
-        waited = False
-        while True:
-            on_gpu = [runner for runner in self.runners.values() if runner.plan.device == "gpu"]
-            for runner in on_gpu:
-                if runner.active == 0:
-                    log.info("unloading %s to give the GPU to %s", runner.registered.name.display,
-                             registered.name.display)
-                    self._unload(runner)
-            busy = [runner for runner in on_gpu if runner.active]
-            if not busy:
-                return
-            if not waited:
-                log.info("%s waits for the GPU: %s is generating", registered.name.display,
-                         ", ".join(r.registered.name.display for r in busy))
-                waited = True
-            await asyncio.sleep(0.02)
 
     def _load(self, registered: RegisteredModel, fitted: Plan) -> Runner:
         torch.set_num_threads(fitted.num_threads)
