@@ -130,7 +130,8 @@ class DecoderModel:
     def decode_at(self, input_ids: torch.Tensor, position: DevicePosition, state: DecodeState) -> torch.Tensor:
         """Logits [1, V] (float32) of one token at `position`, held on the device: the same work
         as `forward` with nothing read from the host, so it can be captured as a CUDA graph
-        (gpu/step_graphs.py). Needs `takes_device_position`; the caller moves `state.length`."""
+        (gpu/step_graphs.py). Needs `takes_device_position`; the caller then moves the state on
+        (`set_length`)."""
         x = self._layers(F.embedding(input_ids, self.embed), position.index, state, position)
         return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
 
