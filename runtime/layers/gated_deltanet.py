@@ -47,8 +47,7 @@ class DeltaNetState:
         if isinstance(start, DevicePosition):
             return
         if start == 0:
-            self.conv.zero_()
-            self.recurrent.zero_()
+            self.reset()
         elif start != self.length:
             raise RecurrentRewindError(
                 f"a linear-attention state at token {self.length} cannot continue from token {start}; "
@@ -112,23 +111,29 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
 
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                               beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same rule token by token (decode); same shapes as `chunk_gated_delta_rule`."""
+                               beta: torch.Tensor, state: torch.Tensor,
+                               in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same rule token by token (decode); same shapes as `chunk_gated_delta_rule`.
+    `in_place`: `state` itself is updated and returned (a decode step's state, whose buffer a
+    captured CUDA graph holds: no copy of its 2 MiB a layer per token)."""
+    if not in_place:
+        state = state.clone()
     out = torch.empty_like(v)
     for i in range(k.shape[1]):
         q_t, k_t, v_t = q[:, i], k[:, i], v[:, i]  # [H, D]
-        state = state * g[:, i].exp()[:, None, None]
+        state.mul_(g[:, i].exp()[:, None, None])
         memory = (state * k_t[..., None]).sum(dim=-2)  # [H, Dv]: what the state predicts for k_t
         delta = (v_t - memory) * beta[:, i, None]
-        state = state + k_t[..., None] * delta[:, None, :]
+        state.add_(k_t[..., None] * delta[:, None, :])
         out[:, i] = (state * q_t[..., None]).sum(dim=-2)
     return out, state
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor, *, chunked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     state: torch.Tensor, *, chunked: bool, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv], state [Hv, Dk, Dv] float32 -> (out [T, Hv, Dv] in v's
-    dtype, new state). Each q/k head serves Hv/Hk consecutive value heads."""
+    dtype, new state). Each q/k head serves Hv/Hk consecutive value heads. `in_place`: the new
+    state is written into `state`, which is returned."""
     dtype = q.dtype
     groups = v.shape[1] // k.shape[1]
     if groups > 1:
@@ -136,10 +141,11 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     q, k, v, g, beta = (x.transpose(0, 1).to(torch.float32).contiguous() for x in (q, k, v, g, beta))  # heads first
     q, k = l2norm(q), l2norm(k)
     if chunked:
-        out, state = chunk_gated_delta_rule(q * q.shape[-1] ** -0.5, k, v, g, beta, state)
+        out, final = chunk_gated_delta_rule(q * q.shape[-1] ** -0.5, k, v, g, beta, state)
+        state = state.copy_(final) if in_place else final
     else:
         # transformers divides here and multiplies in the chunked form; mirrored for bit-closeness
-        out, state = recurrent_gated_delta_rule(q / q.shape[-1] ** 0.5, k, v, g, beta, state)
+        out, state = recurrent_gated_delta_rule(q / q.shape[-1] ** 0.5, k, v, g, beta, state, in_place)
     return out.transpose(0, 1).to(dtype), state
 
 
@@ -155,6 +161,8 @@ class GatedDeltaNet:
     Sizes come from the `linear_*` config keys Qwen3.5 and Qwen3-Next share. `project` is Qwen3.5's
     split (separate in_proj_qkv / z / b / a); a family with fused projections overrides it.
     """
+
+    takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, dtype: torch.dtype) -> None:
         self.k_heads, self.v_heads = int(config.get("linear_num_key_heads")), int(config.get("linear_num_value_heads"))
@@ -181,8 +189,6 @@ class GatedDeltaNet:
         return DeltaNetState(torch.zeros(conv_dim, width - 1, dtype=self.dtype),
                              torch.zeros(self.v_heads, self.k_head_dim, self.v_head_dim, dtype=torch.float32))
 
-    takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
-
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DeltaNetState, start: Start,
                  *, chunked: bool | None = None) -> torch.Tensor:
         """`chunked` picks the prefill form; by default chunked for T > 1, token by token for T = 1.
@@ -199,9 +205,8 @@ class GatedDeltaNet:
         v = v.reshape(t, self.v_heads, self.v_head_dim)
         beta = b.sigmoid()
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # float32, as transformers (fp16: A -> -inf)
-        out, recurrent = gated_delta_rule(q, k, v, g, beta, cache.recurrent,
-                                          chunked=t > 1 if chunked is None else chunked)
-        cache.recurrent.copy_(recurrent)
+        out, _ = gated_delta_rule(q, k, v, g, beta, cache.recurrent, chunked=t > 1 if chunked is None else chunked,
+                                  in_place=True)
         if not isinstance(start, DevicePosition):
             cache.length = start + t
         out = gated_rms_norm(out, z.reshape(t, self.v_heads, self.v_head_dim), self.norm, self.eps)
