@@ -176,10 +176,7 @@ class HybridExpertExecutor:
         bank, cache = self.banks[layer], self.cache
         stride = bank.layout.expert_stride
         num_pairs = expert_ids.numel()
-        if self._pcie_only():
-            n_pcie, uses_cpu = num_pairs, False  # "offload", or auto's PCIe-only arm (no split table to look up)
-        else:
-            n_pcie, uses_cpu = self.splits.for_call(num_pairs, stride)
+        n_pcie, uses_cpu = self._miss_split(num_pairs, stride)
         # uploaded here, outside any graph capture, when the host changed the bookkeeping
         state = cache.device_state()
         clock = cache.tick()  # the device copy of the clock, which the plan moves on
@@ -236,7 +233,7 @@ class HybridExpertExecutor:
         share without stream flags a graph can capture); run them as usual then."""
         self._start_step(decode=True)
         self._step_begun = True
-        if self.graphs is None or not self.step_graphs or not all(self._zero_copy.values()) \
+        if not self.steps.enabled or not all(self._zero_copy.values()) \
                 or not (self._pcie_only() or self.cpu_share.capturable):
             return None
         self._step_state = self.cache.device_state()  # uploaded now: nothing may be copied from the host inside
@@ -256,6 +253,13 @@ class HybridExpertExecutor:
     def _pcie_only(self) -> bool:
         """Whether every miss goes over PCIe now ("offload", or "auto" in its PCIe-only arm)."""
         return self.mode == "offload" or (self.guard is not None and self.guard.arm == PCIE_ONLY)
+
+    def _miss_split(self, num_pairs: int, expert_bytes: int) -> tuple[int | torch.Tensor, bool]:
+        """How many misses the call may copy over PCIe, and whether any may go to the CPU: all and
+        none in PCIe-only (no split table to look up); else the split policy's (SplitTables)."""
+        if self._pcie_only():
+            return num_pairs, False
+        return self.splits.for_call(num_pairs, expert_bytes)
 
     @contextlib.contextmanager
     def capturing_step(self) -> Iterator[StepCapture]:
@@ -288,15 +292,11 @@ class HybridExpertExecutor:
                 or self._step_state is None:
             raise StepNotCapturable(f"layer {layer}: {x.shape[0]} tokens, {num_pairs} routed experts, "
                                     "or its counters not made yet")
-        n_pcie: int | torch.Tensor
-        if self._pcie_only():
-            n_pcie, uses_cpu = num_pairs, False
-        else:
-            stride = self.banks[layer].layout.expert_stride
-            n_pcie, uses_cpu = self.splits.for_call(num_pairs, stride)
-            if isinstance(n_pcie, torch.Tensor):
-                n_pcie = self.splits.fixed(n_pcie)
-                self._step_tables.add((num_pairs, stride))
+        stride = self.banks[layer].layout.expert_stride
+        n_pcie, uses_cpu = self._miss_split(num_pairs, stride)
+        if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a copy of fixed address
+            n_pcie = self.splits.fixed(n_pcie)
+            self._step_tables.add((num_pairs, stride))
         cpu_share = self._step_cpu or num_pairs > self.cache.num_slots
         if uses_cpu and not self._step_cpu:
             raise StepNotCapturable(f"layer {layer}: its split sends misses to the CPU, the step's calls were "

@@ -171,7 +171,7 @@ class ExpertCache:
         """The device's copy of the clock, current as of `device_state` (a captured step's plans
         move it; `tick` then moves the host's)."""
         if self._device_clock is None or self._device_clock_value != self.clock:
-            raise RuntimeError("ExpertCache.tick: call device_state() first (the device clock is not current)")
+            raise RuntimeError("ExpertCache: call device_state() first (the device clock is not current)")
         return self._device_clock
 
     def touch(self, slots: Sequence[int]) -> None:

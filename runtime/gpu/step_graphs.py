@@ -59,8 +59,7 @@ class StepCapture:
 class _Captured:
     graph: torch.cuda.CUDAGraph
     out: Any  # what the step returned at capture: its output buffers, rewritten by each replay
-    calls: int  # the executor calls the step makes
-    host_work: list[Callable[[], object]]  # run before each replay, in order (the CPU shares' hand-over)
+    capture: StepCapture  # its calls, and the host work each replay runs first
 
 
 class StepGraphs:
@@ -97,20 +96,18 @@ class StepGraphs:
         if captured is None:
             try:
                 captured = self._capture(step)
-            except StepNotCapturable as e:
-                log.info("decode step %s runs layer by layer: %s", key, e)
-                self._refused.add(key)
-                return step()
-            except RuntimeError as e:  # an op that syncs with the host, or one CUDA cannot capture
-                log.warning("decode step %s could not be captured, it runs layer by layer: %s", key, e)
+            except RuntimeError as e:  # a call that needs the host, an op that syncs, one CUDA cannot capture
+                expected = isinstance(e, StepNotCapturable)
+                log.log(logging.INFO if expected else logging.WARNING,
+                        "decode step %s runs layer by layer: %s", key, e)
                 self._refused.add(key)
                 return step()
             self._graphs[key] = captured
             self.captures += 1
-        for work in captured.host_work:  # before the replay: a replay made synchronous waits for the worker
+        for work in captured.capture.host_work:  # before the replay: a replay made synchronous waits for the worker
             work()
         captured.graph.replay()
-        self.executor.end_step(captured.calls)
+        self.executor.end_step(captured.capture.count)
         self.replays += 1
         return captured.out
 
@@ -131,7 +128,7 @@ class StepGraphs:
         with self.executor.capturing_step() as capture, collector_off(), \
                 torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = step()
-        return _Captured(graph, out, capture.count, capture.host_work)
+        return _Captured(graph, out, capture)
 
     def invalidate(self) -> None:
         """Drop every graph and its memory pool (as DecodeGraphs.invalidate: no replay in flight
