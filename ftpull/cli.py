@@ -402,8 +402,8 @@ def pull_main() -> None:
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay decode calls as CUDA graphs (--no-cuda-graphs: every call uncaptured).")
 @click.option("--step-graphs/--no-step-graphs", default=True, show_default=True,
-              help="Replay each whole decode step as one CUDA graph where no call needs the CPU "
-                   "(--no-step-graphs: one graph per layer call).")
+              help="Replay each whole decode step as one CUDA graph, CPU shares included where the "
+                   "driver's stream flags can be captured (--no-step-graphs: one graph per layer call).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,

@@ -47,7 +47,7 @@ class DecodeSteps:
     """The decode steps of one executor's runs, as a model makes them: each step's routed ids and
     weights land in buffers of fixed address (where a model's router writes them), then every
     layer's call on its own random activation; the whole step through the executor's StepGraphs
-    (one CUDA graph where no call needs the host: gpu/step_graphs.py)."""
+    (one CUDA graph where its calls can be captured: gpu/step_graphs.py)."""
 
     def __init__(self, executor, layers: list[int], top_k: int, hidden: int, device: torch.device,
                  gen: torch.Generator) -> None:
@@ -120,8 +120,6 @@ def decode_run(steps: DecodeSteps, prompt: np.ndarray, decode: np.ndarray, seed:
     run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s]}
     if executor.guard is not None:
         run["guard"] = {**executor.guard.summary(), **_time_by_arm(steps_s, arms)}
-    if executor.graphs is not None:
-        run["step_graphs"] = {"captures": executor.steps.captures, "replays": executor.steps.replays}
     return run
 
 
