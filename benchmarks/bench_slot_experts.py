@@ -7,8 +7,11 @@ weights come from HBM), replayed, and timed with CUDA events. Printed per path: 
 effective GB/s = the distinct experts' weight bytes (w13 + w2) a call needs over its time; the
 slot kernel reads an expert once per token using it, so at T > 1 it may read more than that.
 
-- slot_experts: runtime/gpu/kernels/slot_experts.py, default blocks (and with --sweep, a grid of
-  block sizes and warps);
+- slot_experts: runtime/gpu/kernels/slot_experts.py, default tiles; "as decode" as the executor
+  calls it for one token (the pinned bank passed for in-launch fills, none taken; `out` cleared by
+  the launch); "one PCIe miss" the same with one pair's expert read from the bank each call; "one
+  tile walk" the tiling before the spans were split (each program walks all of H, then all of I);
+  with --sweep, the gate pass's tilings and warps, then the down pass's, the best five of each;
 - gather+bmm: records.experts_from_records with a PairPlan (the path decode uses today: index
   the used slots' weights into a copy, batched matmul, index_add).
 
@@ -25,8 +28,11 @@ from collections.abc import Callable
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
-# (block_i, block_h, block_o, block_k, num_warps) tried by --sweep
-SWEEP = [(bi, bh, bo, 256, w) for bi, bh, bo, w in itertools.product((8, 16, 32), (256, 512), (16, 32, 64), (4, 8))]
+# --sweep: the gate pass's (block_i, block_h, split_h) with warps, then the down pass's (block_o, block_k,
+# split_k) at the best gate tiling
+GATE_SWEEP = list(itertools.product((8, 16, 32), ((256, 8), (512, 4), (1024, 2), (256, 4), (256, 1)), (4, 8)))
+DOWN_SWEEP = [(32, 256, 4), (16, 256, 4), (64, 256, 4), (32, 128, 8), (64, 128, 8), (16, 256, 1), (32, 256, 1), (32, 512, 2)]
+WALK = {"block_i": 16, "block_h": 256, "split_h": 1, "block_o": 32, "block_k": 256, "split_k": 1}
 
 
 def graph_us(calls: list[Callable[[], None]], reps: int) -> float:
@@ -51,7 +57,8 @@ def graph_us(calls: list[Callable[[], None]], reps: int) -> float:
     return start.elapsed_time(end) * 1e3 / (reps * len(calls))
 
 
-def bench_tokens(args: argparse.Namespace, num_tokens: int, slots: torch.Tensor, layout, gen: torch.Generator) -> None:
+def bench_tokens(args: argparse.Namespace, num_tokens: int, slots: torch.Tensor, layout, bank: torch.Tensor,
+                 gen: torch.Generator) -> None:
     """Time both paths at `num_tokens` tokens a call; print one line each (and the sweep's best five)."""
     from runtime.gpu.kernels.slot_experts import slot_experts
     from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref
@@ -77,9 +84,16 @@ def bench_tokens(args: argparse.Namespace, num_tokens: int, slots: torch.Tensor,
     def report(name: str, us: float) -> None:
         print(f"  T={num_tokens:<3d} {name:<44s} {us:8.1f} us  {gbytes / (us * 1e-6):7.0f} GB/s")
 
-    def kernel_calls(**config) -> list[Callable[[], None]]:
-        return [lambda pairs=pairs: slot_experts(x, slots, *pairs, out=out, **kwargs, **config)
-                for _, _, pairs, _ in routings]
+    def kernel_calls(fills: bool = False, miss: bool = False, **config) -> list[Callable[[], None]]:
+        extra = {"fill_bank": bank, "zero_out": True} if fills else {}
+        calls = []
+        for _, _, pairs, _ in routings:
+            pair_fill = torch.full_like(pairs[1], -1)
+            if miss:
+                pair_fill[0] = int(torch.randint(bank.shape[0], (1,), generator=gen))
+            calls.append(lambda pairs=pairs, pair_fill=pair_fill: slot_experts(
+                x, slots, *pairs, out=out, **kwargs, **config, **({"pair_fill": pair_fill} if fills else {}), **extra))
+        return calls
 
     check, want = out.clone(), out.clone()
     slot_experts(x, slots, *routings[0][2], out=check, **kwargs)
@@ -89,14 +103,25 @@ def bench_tokens(args: argparse.Namespace, num_tokens: int, slots: torch.Tensor,
     report("gather+bmm (experts_from_records)", graph_us(
         [lambda w=w, plan=plan: experts_from_records(x, w, plan, views, dtype, out) for _, w, _, plan in routings],
         args.reps))
-    report("slot_experts (default blocks)", graph_us(kernel_calls(), args.reps))
+    report("slot_experts (default tiles)", graph_us(kernel_calls(), args.reps))
+    report("slot_experts one tile walk (before)", graph_us(kernel_calls(**WALK), args.reps))
+    if num_tokens == 1:
+        report("slot_experts as decode", graph_us(kernel_calls(fills=True), args.reps))
+        report("slot_experts one tile walk, as decode", graph_us(kernel_calls(fills=True, **WALK), args.reps))
+        miss_us = graph_us(kernel_calls(fills=True, miss=True), args.reps)
+        report("slot_experts as decode, one PCIe miss", miss_us)
+        report("slot_experts one tile walk, one PCIe miss", graph_us(kernel_calls(fills=True, miss=True, **WALK),
+                                                                     args.reps))
     if args.sweep:
-        timings = []
-        for bi, bh, bo, bk, warps in SWEEP:
-            config = {"block_i": bi, "block_h": bh, "block_o": bo, "block_k": bk, "num_warps": warps}
-            timings.append((graph_us(kernel_calls(**config), max(1, args.reps // 4)), config))
-        for us, config in sorted(timings, key=lambda t: t[0])[:5]:
-            report("slot_experts " + " ".join(f"{k.removeprefix('block_')}={v}" for k, v in config.items()), us)
+        def sweep(configs: list[dict[str, int]]) -> dict[str, int]:
+            timings = [(graph_us(kernel_calls(fills=num_tokens == 1, **c), max(1, args.reps // 4)), c) for c in configs]
+            timings.sort(key=lambda t: t[0])
+            for us, config in timings[:5]:
+                report("  " + " ".join(f"{k.removeprefix('block_')}={v}" for k, v in config.items()), us)
+            return timings[0][1]
+
+        best = sweep([{"block_i": bi, "block_h": bh, "split_h": sh, "num_warps": w} for bi, (bh, sh), w in GATE_SWEEP])
+        sweep([{**best, "block_o": bo, "block_k": bk, "split_k": sk} for bo, bk, sk in DOWN_SWEEP])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,11 +144,12 @@ def main(argv: list[str] | None = None) -> None:
 
     bank = random_bank(args.dtype, 8, args.hidden, args.inter, seed=0)  # 8 records tiled over the slots
     slots = bank.data.cuda().repeat(-(-args.slots // 8), 1)[: args.slots]  # [S, stride]
+    host = bank.data.repeat(16, 1).pin_memory()  # a pinned bank of 128 records: the in-launch fills' source
     print(f"{torch.cuda.get_device_name()}: H={args.hidden} I={args.inter} {args.dtype}, {args.slots} slots "
           f"({slots.numel() / 2**30:.1f} GiB), top-{args.top_k}, {args.routings} routings per graph")
     gen = torch.Generator().manual_seed(0)
     for num_tokens in (int(t) for t in args.tokens.split(",")):
-        bench_tokens(args, num_tokens, slots, bank.layout, gen)
+        bench_tokens(args, num_tokens, slots, bank.layout, host, gen)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@ the optimizer and ptxas all run, so a kernel that would not compile on the devic
 The interpreter (TRITON_INTERPRET=1, as the other kernel tests run) executes the Python of a
 kernel and never types or lowers it, so it cannot catch that.
 
+Each kernel is compiled as the JIT specializes it at run time (pointers and whole-number
+arguments 16-byte divisible, except those a kernel declares `do_not_specialize`), and the slot
+kernels' weight tiles must compile to 16-byte vector loads: a hint lost on the way (the in-launch
+fill path once compiled every pair's loads 2 bytes at a time, ~45% slower on the H200) fails here.
+
 Run in its own process (tests/test_kernels_compile.py): triton reads TRITON_INTERPRET when it is
 first imported. Exit status 0: every variant compiled; 77: no CUDA backend in this triton (skip).
 
@@ -12,6 +17,7 @@ first imported. Exit status 0: every variant compiled; 77: no CUDA backend in th
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 
 SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_stride": "i64", "fill_ptr": "*i32"}
@@ -25,17 +31,18 @@ def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
     for fill, even in itertools.product((False, True), (True, False)):
         for zero in (False, True):
             sig = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*bf16", "stride_slot": "i64", "w13_at": "i32",
-                   **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "act_ptr": "*fp32",
+                   **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "part_ptr": "*fp32",
                    **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}, "out_ptr": "*fp32",
                    "stride_out": "i32", "num_out": "i32", "zero_chunk": "i32"}
             out.append((f"slot_experts gate_up fill={fill} even={even} zero={zero}", slot_experts._gate_up_kernel,
                         sig, {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256,
-                              "EVEN": even, "FILL": fill, "ESIZE": 2, "ZERO": zero, "BLOCK_Z": 64}))
-        sig = {"act_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
+                              "H_SPAN": 512, "EVEN": even, "FILL": fill, "ESIZE": 2, "BANK_ALIGN": 16, "ZERO": zero, "BLOCK_Z": 64}))
+        sig = {"part_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
                **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
                "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
         out.append((f"slot_experts down fill={fill} even={even}", slot_experts._down_kernel, sig,
-                    {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256, "EVEN": even,
+                    {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256, "K_SPAN": 256,
+                     "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16,
                      "FILL": fill, "ESIZE": 2}))
     for clock_mode, n_pcie_mode in ((0, 0), (1, 1), (2, 2), (2, 0)):
         sig = {"ids_ptr": "*i64", "n_ids": "i32", "layer": "i32", "num_experts": "i32", "table_ptr": "*i32",
@@ -65,11 +72,20 @@ def main() -> int:
         return 77
     sm = int(sys.argv[1]) if len(sys.argv) > 1 else 90
     target = GPUTarget("cuda", sm, 32)
+    failed = 0
     for name, kernel, signature, constexprs in variants():
+        unspecialized = {param.name for param in kernel.params if param.do_not_specialize}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (arg, kind) in enumerate(signature.items())
+                 if arg not in unspecialized and (kind.startswith("*") or kind in ("i32", "i64"))}
         signature = {**signature, **{k: "constexpr" for k in constexprs}}
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=target)
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                                  target=target)
         print(f"sm_{sm} {name}: {len(compiled.asm['cubin'])} bytes of cubin")
-    return 0
+        scalar_loads = len(re.findall(r"ld\.global(?:\.\w+)*\.b16\b", compiled.asm["ptx"]))
+        if name.startswith("slot_experts") and constexprs.get("EVEN") and scalar_loads > 1:  # (down: its router weight)
+            print(f"  {name}: {scalar_loads} two-byte loads, where the weight tiles should load as 16-byte vectors")
+            failed = 1
+    return failed
 
 
 if __name__ == "__main__":

@@ -170,6 +170,37 @@ def test_kernel_ragged_shapes_and_strided_rows() -> None:
     torch.testing.assert_close(*results, **TIGHT)
 
 
+# (block_i, block_h, split_h, block_o, block_k, split_k): H and I split over programs, one tile each
+# or several (an unrolled walk), whole and ragged spans; the last is the walk of one program per row block
+TILINGS = [(8, 16, 4, 16, 8, 4), (16, 32, 3, 32, 16, 2), (8, 16, 1, 16, 8, 1), (16, 64, 2, 16, 32, 8)]
+
+
+@needs_triton
+@pytest.mark.parametrize("tiling", TILINGS, ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("hidden, inter", [(96, 40), (64, 32)])
+def test_kernel_split_spans_fill_and_zero(tiling: tuple[int, ...], hidden: int, inter: int) -> None:
+    """The gate pass's H and the down pass's I split over programs (partial sums added in the down
+    pass), with PCIe fills in the launch and `out` cleared by it: the twin's output and slots."""
+    block_i, block_h, split_h, block_o, block_k, split_k = tiling
+    config = {"block_i": block_i, "block_h": block_h, "split_h": split_h, "block_o": block_o, "block_k": block_k,
+              "split_k": split_k}
+    gen = torch.Generator().manual_seed(hidden + inter)
+    cache = Slots("bf16", hidden, inter, [3, None, 0, None, 5, 7])
+    x = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
+    pairs = [torch.tensor(v, dtype=d, device=DEVICE) for v, d in (
+        ([0, 0, 0, 0, 0], torch.int32), ([0, 1, 3, 2, -1], torch.int32), ([0.5, 0.25, 1.0, 0.125, 9.0], torch.float32))]
+    fills = torch.tensor([-1, 6, 2, -1, -1], dtype=torch.int32, device=DEVICE)
+    results = []
+    for fn, kwargs in ((slot_experts, config), (slot_experts_ref, {})):
+        slot_tensor, out = cache.slots.clone(), torch.full((1, hidden), float("nan"), device=DEVICE)
+        fn(x, slot_tensor, *pairs, out=out, fill_bank=cache.bank, pair_fill=fills, zero_out=True, **cache.kwargs,
+           **kwargs)
+        results.append((slot_tensor.cpu(), out))
+    (kernel_slots, kernel_out), (ref_slots, ref_out) = results
+    assert torch.equal(kernel_slots, ref_slots)
+    torch.testing.assert_close(kernel_out, ref_out, **TIGHT)
+
+
 @needs_triton
 def test_router_weights_in_bf16_are_read_as_fp32() -> None:
     """The router's bf16 weights go in as they are (no conversion launch): the same sum as fp32."""

@@ -5,10 +5,17 @@ order). Decode is memory bound (T <= ~32 tokens against 9 MB records), so this i
 passes over the weights with no gathered copy, where the gather + bmm path reads them three
 times (gather read, gather write, bmm read):
 
-1. grid (P, I / BLOCK_I): pair p's gate and up rows [i0, i0 + BLOCK_I) of W1 and W3 against x[t],
-   reduced along H in BLOCK_H steps (fp32 partial sums kept 2-d, reduced across threads once); act[p, i] = silu(g) * u into an fp32 scratch [P, I].
-2. grid (P, H / BLOCK_O): rows [h0, h0 + BLOCK_O) of W2 against act[p], reduced along I in
-   BLOCK_K steps; atomic add of weight * y into out[t] (fp32; several pairs share a token).
+1. grid (P, I / BLOCK_I, SPLIT): pair p's gate and up rows [i0, i0 + BLOCK_I) of W1 and W3
+   against x[t] over one of SPLIT spans of H (fp32 partial sums kept 2-d, reduced across
+   threads once); the span's sums of g and u into an fp32 scratch [SPLIT, P, 2, I].
+2. grid (P, H / BLOCK_O, I / K_SPAN): rows [h0, h0 + BLOCK_O) of W2 over one span of I, against
+   act = silu(g) * u made from the SPLIT partials (added in split order); atomic add of
+   weight * y into out[t] (fp32; several pairs and spans share a token).
+
+Every program's tiles are unrolled, their loads 16-byte vectors (BANK_ALIGN keeps them so on the
+fill path), so all of a program's loads are in flight at once. On the H200 at Qwen3-30B's shape
+(6 hits, 56.6 MB) a call takes 19.1-19.8 us across tilings (`bench_slot_experts.py --sweep`);
+splitting I over the down pass's programs is worth ~0.7 us of that, H over the gate pass's ~0.
 
 A skipped pair (slot -1) returns before loading anything. Shapes alone fix the grids, the
 scratch comes from the caching allocator (a fixed address inside a CUDA graph's pool), and
@@ -29,6 +36,8 @@ whose PCIe experts each belong to one pair (T = 1) may fill here; others fill fi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -38,49 +47,56 @@ from .slot_experts_ref import check_slot_experts_args
 
 @triton.jit
 def _read_from(slot_rows, fill_ptr, p, bank_addr, bank_stride, part_at, rows, ROW: tl.constexpr,
-               FILL: tl.constexpr, ESIZE: tl.constexpr):
+               FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr):
     """Where pair p's program reads its tile rows, and the bank row it fills from (-1: none):
     `slot_rows` (rows of its slot's part), or for a pair filled in this launch the same rows of
-    its record in the host bank (`part_at`: the part's element offset in a record)."""
+    its record in the host bank (`part_at`: the part's element offset in a record). BANK_ALIGN:
+    bytes that divide the bank's address, row stride and part offsets. Stated to the compiler, it
+    keeps the tile loads 16-byte vectors: without it a load's source, slot or bank, has unknown
+    alignment, and every pair's loads (hits too) were compiled 2 bytes at a time, which made a
+    decode call ~45% slower on the H200 (BENCHMARKS.md)."""
     source = slot_rows
     fill = tl.full([], -1, tl.int32)  # a tensor either way: the callers' `fill >= 0` folds when FILL is off
     if FILL:
         fill = tl.load(fill_ptr + p)
         if fill >= 0:
             record = bank_addr + fill.to(tl.int64) * bank_stride + part_at * ESIZE
-            source = record.to(tl.pointer_type(slot_rows.dtype.element_ty)) + rows[:, None] * ROW
+            start = tl.multiple_of(record.to(tl.pointer_type(slot_rows.dtype.element_ty)), BANK_ALIGN)
+            source = start + rows[:, None] * ROW
     return source, fill
 
 
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _gate_up_kernel(
     x_ptr, stride_x, w_ptr, stride_slot, w13_at,
-    token_ptr, slot_ptr, act_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, EVEN: tl.constexpr,
-    FILL: tl.constexpr, ESIZE: tl.constexpr, ZERO: tl.constexpr, BLOCK_Z: tl.constexpr,
+    token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
+    EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
+    BLOCK_Z: tl.constexpr,
 ):
-    p = tl.program_id(0)
+    p, split = tl.program_id(0), tl.program_id(2)
     if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
         if p == 0:
-            at = tl.program_id(1) * zero_chunk + tl.arange(0, BLOCK_Z)
-            keep = (at < (tl.program_id(1) + 1) * zero_chunk) & (at < num_out)
+            chunk = tl.program_id(1) * tl.num_programs(2) + split
+            at = chunk * zero_chunk + tl.arange(0, BLOCK_Z)
+            keep = (at < (chunk + 1) * zero_chunk) & (at < num_out)
             tl.store(out_ptr + (at // HIDDEN) * stride_out + at % HIDDEN, tl.zeros([BLOCK_Z], tl.float32), mask=keep)
     slot = tl.load(slot_ptr + p)
     if slot < 0:
         return
     token = tl.load(token_ptr + p).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
-    cols = tl.arange(0, BLOCK_H)
+    cols = split * H_SPAN + tl.arange(0, BLOCK_H)  # this program's first tile of columns
     w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
     w3 = w1 + INTER * HIDDEN
-    r1, fill = _read_from(w1, fill_ptr, p, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE)
+    r1, fill = _read_from(w1, fill_ptr, p, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE, BANK_ALIGN)
     r3 = r1 + INTER * HIDDEN
     x_row = x_ptr + token * stride_x
-    # 2-d partial sums, reduced across threads once after the loop rather than every step
+    # 2-d partial sums, reduced across threads once after the tiles rather than every tile
     g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
     u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
-    for h0 in range(0, HIDDEN, BLOCK_H):  # constexpr bounds: fine in the interpreter too
-        h = h0 + cols
+    for c in tl.static_range(H_SPAN // BLOCK_H):  # unrolled: the tiles' loads are independent
+        h = cols + c * BLOCK_H
         if EVEN:  # no masks: unpredicated 16-byte loads
             xs = tl.load(x_row + h)
             w1_tile = tl.load(r1 + h[None, :])
@@ -99,20 +115,22 @@ def _gate_up_kernel(
         xs = xs.to(tl.float32)[None, :]  # [1, BLOCK_H]
         g += w1_tile.to(tl.float32) * xs
         u += w3_tile.to(tl.float32) * xs
-    gate = tl.sum(g, axis=1)  # [BLOCK_I]
-    act = gate / (1.0 + tl.exp(-gate)) * tl.sum(u, axis=1)
+    # this split's sums of the gate and up rows: partials [SPLIT, P, 2, I], added up by the down pass
+    part = part_ptr + (split * tl.num_programs(0) + p) * (2 * INTER) + rows
     if EVEN:
-        tl.store(act_ptr + p * INTER + rows, act)
+        tl.store(part, tl.sum(g, axis=1))
+        tl.store(part + INTER, tl.sum(u, axis=1))
     else:
-        tl.store(act_ptr + p * INTER + rows, act, mask=rows < INTER)
+        tl.store(part, tl.sum(g, axis=1), mask=rows < INTER)
+        tl.store(part + INTER, tl.sum(u, axis=1), mask=rows < INTER)
 
 
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _down_kernel(
-    act_ptr, w_ptr, stride_slot, w2_at,
+    part_ptr, w_ptr, stride_slot, w2_at,
     token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out, bank_addr, bank_stride, fill_ptr,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    FILL: tl.constexpr, ESIZE: tl.constexpr,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr,
 ):
     p = tl.program_id(0)
     slot = tl.load(slot_ptr + p)
@@ -121,25 +139,30 @@ def _down_kernel(
     token = tl.load(token_ptr + p).to(tl.int64)
     weight = tl.load(weight_ptr + p).to(tl.float32)
     rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
-    cols = tl.arange(0, BLOCK_K)
+    cols = tl.program_id(2) * K_SPAN + tl.arange(0, BLOCK_K)  # this program's first tile of columns
     w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
-    r2, fill = _read_from(w2, fill_ptr, p, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE)
-    act_row = act_ptr + p * INTER
+    r2, fill = _read_from(w2, fill_ptr, p, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
+    pair_part = part_ptr + p * (2 * INTER)
+    split_stride = tl.num_programs(0) * (2 * INTER)
     y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
-    for i0 in range(0, INTER, BLOCK_K):
-        i = i0 + cols
+    for c in tl.static_range(K_SPAN // BLOCK_K):
+        i = cols + c * BLOCK_K
         if EVEN:
-            a = tl.load(act_row + i)
             w = tl.load(r2 + i[None, :])
             if fill >= 0:
                 tl.store(w2 + i[None, :], w)
         else:
             in_tile = (rows[:, None] < HIDDEN) & (i < INTER)[None, :]
-            a = tl.load(act_row + i, mask=i < INTER, other=0.0)
             w = tl.load(r2 + i[None, :], mask=in_tile, other=0.0)
             if fill >= 0:
                 tl.store(w2 + i[None, :], w, mask=in_tile)
-        y += w.to(tl.float32) * a[None, :]  # act is fp32 already
+        g = tl.zeros([BLOCK_K], dtype=tl.float32)
+        u = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
+            g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
+            u += tl.load(pair_part + s * split_stride + INTER + i, mask=i < INTER, other=0.0)
+        act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u, fp32
+        y += w.to(tl.float32) * act[None, :]
     y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
     if EVEN:
         tl.atomic_add(out_ptr + token * stride_out + rows, y, sem="relaxed")
@@ -147,11 +170,17 @@ def _down_kernel(
         tl.atomic_add(out_ptr + token * stride_out + rows, y, mask=rows < HIDDEN, sem="relaxed")
 
 
+def _span(length: int, splits: int, block: int) -> int:
+    """Columns one program reduces: `length` over at most `splits` programs, in whole blocks."""
+    return triton.cdiv(triton.cdiv(length, splits), block) * block
+
+
 def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                  pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
                  dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                 pair_fill: torch.Tensor | None = None, zero_out: bool = False, block_i: int = 16, block_h: int = 256,
-                 block_o: int = 32, block_k: int = 256, num_warps: int = 4) -> None:
+                 pair_fill: torch.Tensor | None = None, zero_out: bool = False, block_i: int = 8, block_h: int = 512,
+                 split_h: int = 4, block_o: int = 32, block_k: int = 256, split_k: int = 4,
+                 num_warps: int = 4) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
 
@@ -170,8 +199,10 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     `zero_out`: out = the sum, not out += it (the first launch clears `out`: no separate fill of
     zeros, one node fewer in a captured decode call).
 
-    Tuning (not yet measured on a GPU; benchmarks/bench_slot_experts.py sweeps them): pass 1 is
-    [block_i, block_h] tiles of W1 and W3, pass 2 [block_o, block_k] tiles of W2; powers of two.
+    Tiles: the gate pass reads [block_i, block_h] tiles of W1 and W3, its H split over at most
+    `split_h` programs; the down pass [block_o, block_k] tiles of W2, its I over at most `split_k`
+    programs (powers of two; benchmarks/bench_slot_experts.py --sweep times them). The defaults
+    give each program one tile at Qwen3-30B's shape (H 2048, I 768).
     """
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
                                             w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
@@ -182,26 +213,30 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
             out.zero_()
         return
     weights = slots.view(dtype)  # [S, slot_bytes / esize]: element pointers into the records
-    act = torch.empty(num_pairs, inter, dtype=torch.float32, device=x.device)  # [P, I]
     block_i = min(block_i, triton.next_power_of_2(inter))
     block_h = min(block_h, triton.next_power_of_2(hidden))
     block_o = min(block_o, triton.next_power_of_2(hidden))
     block_k = min(block_k, triton.next_power_of_2(inter))
+    h_span, k_span = _span(hidden, split_h, block_h), _span(inter, split_k, block_k)
+    splits = triton.cdiv(hidden, h_span)
+    partials = torch.empty(splits, num_pairs, 2, inter, dtype=torch.float32, device=x.device)  # g and u sums
     fills = fill_bank is not None
     # without fills the bank arguments are placeholders the kernels never read (FILL is constexpr)
     bank_addr, bank_stride = (fill_bank.data_ptr(), fill_bank.stride(0)) if fills else (0, 0)
     fill_ptr = pair_fill if fills else pair_slot
     esize = weights.element_size()
+    bank_align = math.gcd(16, bank_addr, bank_stride, w13_offset, w2_offset) if fills else 16
     up_blocks = triton.cdiv(inter, block_i)
-    zero_chunk = triton.cdiv(out.numel(), up_blocks)  # out's elements each of pair 0's programs clears
-    _gate_up_kernel[(num_pairs, up_blocks)](
-        x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, act, bank_addr, bank_stride,
+    zero_chunk = triton.cdiv(out.numel(), up_blocks * splits)  # out's elements each of pair 0's programs clears
+    _gate_up_kernel[(num_pairs, up_blocks, splits)](
+        x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, partials, bank_addr, bank_stride,
         fill_ptr, out, out.stride(0), out.numel(), zero_chunk, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i,
-        BLOCK_H=block_h, EVEN=hidden % block_h == 0 and inter % block_i == 0, FILL=fills, ESIZE=esize,
-        ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), num_warps=num_warps,
+        BLOCK_H=block_h, H_SPAN=h_span, EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills,
+        ESIZE=esize, BANK_ALIGN=bank_align, ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), num_warps=num_warps,
     )
-    _down_kernel[(num_pairs, triton.cdiv(hidden, block_o))](
-        act, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
+    _down_kernel[(num_pairs, triton.cdiv(hidden, block_o), triton.cdiv(inter, k_span))](
+        partials, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
         bank_addr, bank_stride, fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
-        EVEN=hidden % block_o == 0 and inter % block_k == 0, FILL=fills, ESIZE=esize, num_warps=num_warps,
+        K_SPAN=k_span, SPLIT=splits, EVEN=hidden % block_o == 0 and inter % k_span == 0, FILL=fills, ESIZE=esize,
+        BANK_ALIGN=bank_align, num_warps=num_warps,
     )
