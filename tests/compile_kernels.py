@@ -6,7 +6,7 @@ kernel and never types or lowers it, so it cannot catch that.
 Each kernel is compiled as the JIT specializes it at run time (pointers and whole-number
 arguments 16-byte divisible, except those a kernel declares `do_not_specialize`), and the slot
 kernels' weight tiles must compile to 16-byte vector loads: a hint lost on the way (the in-launch
-fill path once compiled every pair's loads 2 bytes at a time, ~45% slower on the H200) fails here.
+fill path once compiled every pair's loads 2 bytes at a time, 1.4x slower on the H200) fails here.
 
 Run in its own process (tests/test_kernels_compile.py): triton reads TRITON_INTERPRET when it is
 first imported. Exit status 0: every variant compiled; 77: no CUDA backend in this triton (skip).

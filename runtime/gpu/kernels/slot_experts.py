@@ -54,7 +54,7 @@ def _read_from(slot_rows, fill_ptr, p, bank_addr, bank_stride, part_at, rows, RO
     bytes that divide the bank's address, row stride and part offsets. Stated to the compiler, it
     keeps the tile loads 16-byte vectors: without it a load's source, slot or bank, has unknown
     alignment, and every pair's loads (hits too) were compiled 2 bytes at a time, which made a
-    decode call ~45% slower on the H200 (BENCHMARKS.md)."""
+    decode call 1.4x slower on the H200 (BENCHMARKS.md)."""
     source = slot_rows
     fill = tl.full([], -1, tl.int32)  # a tensor either way: the callers' `fill >= 0` folds when FILL is off
     if FILL:
