@@ -37,7 +37,7 @@ from .auto_guard import PCIE_ONLY, AutoGuard
 from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
-from .executor_stats import ExpertStats
+from .executor_stats import DeviceCounts, ExpertStats
 from .expert_cache import ExpertCache, place_whole_layers
 from .kernels import RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
@@ -114,7 +114,8 @@ class HybridExpertExecutor:
         self.cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype)
         self.profile = profile
         self.splits = SplitTables(mode, split, profile, self.device)
-        self.guard = AutoGuard(min(banks), self._cpu_experts) if mode == "auto" and auto_guard and banks else None
+        self.counts = DeviceCounts(self.device)  # the route plan's running sums (read by stats())
+        self.guard = AutoGuard(min(banks), self.counts.cpu_experts) if mode == "auto" and auto_guard and banks else None
         self.first_layer = min(banks) if banks else 0
         self.elastic: VramGovernor | None = None  # set by load_gpu: the cache follows the VRAM budget
         self.prefill_min_tokens = prefill_min_tokens
@@ -137,7 +138,6 @@ class HybridExpertExecutor:
         self._step_tables: set[tuple[int, int]] = set()  # (pairs, expert bytes) of split tables captured steps read
         self._step_cpu = False  # the step begun carries CPU shares (begin_step)
         self._stats = ExpertStats()
-        self._device_counts: dict[int, torch.Tensor] = {}  # expert stride -> (hits, pcie, cpu, unique) sums
         self._static_request = static_resident_layers
         self.resident_layers: tuple[int, ...] = ()
         if mode == "static":
@@ -193,12 +193,8 @@ class HybridExpertExecutor:
         self._stats.calls += 1
         self._stats.tokens += x.shape[0]
         if self.mode == "auto":
-            self.splits.hit_rate.observe(counts, self._device_counts.values())
+            self.splits.hit_rate.observe(counts, self.counts.all())
         return out
-
-    def _cpu_experts(self) -> int:
-        """Decode misses served by the CPU so far (a device read: the guard asks once per block)."""
-        return int(sum(int(totals[2]) for totals in self._device_counts.values()))
 
     def _start_step(self, decode: bool) -> None:
         """The host part of a step's first layer call: a safe point for an elastic resize, and
@@ -280,7 +276,7 @@ class HybridExpertExecutor:
         self._stats.calls += calls
         self._stats.tokens += calls
         if self.mode == "auto":
-            self.splits.hit_rate.observe(None, self._device_counts.values(), calls)
+            self.splits.hit_rate.observe(None, self.counts.all(), calls)
 
     def _decode_captured(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor,
                          weights: torch.Tensor) -> torch.Tensor:
@@ -288,11 +284,11 @@ class HybridExpertExecutor:
         launch, the CPU's share handed to the worker by the replay's host work."""
         num_pairs, capture = expert_ids.numel(), self._step_capture
         assert capture is not None
-        if x.shape[0] != 1 or num_pairs > MAX_KERNEL_PAIRS or self._totals_of(layer) is None \
+        stride = self.banks[layer].layout.expert_stride
+        if x.shape[0] != 1 or num_pairs > MAX_KERNEL_PAIRS or self.counts.made(stride) is None \
                 or self._step_state is None:
             raise StepNotCapturable(f"layer {layer}: {x.shape[0]} tokens, {num_pairs} routed experts, "
                                     "or its counters not made yet")
-        stride = self.banks[layer].layout.expert_stride
         n_pcie, uses_cpu = self._miss_split(num_pairs, stride)
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a copy of fixed address
             n_pcie = self.splits.fixed(n_pcie)
@@ -310,10 +306,6 @@ class HybridExpertExecutor:
         capture.count += 1
         return out.to(x.dtype)
 
-    def _totals_of(self, layer: int) -> torch.Tensor | None:
-        """The device counters a call of `layer` adds to, if made (a capture may not allocate them)."""
-        return self._device_counts.get(self.banks[layer].layout.expert_stride)
-
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
                            clock: torch.Tensor, n_pcie: int | torch.Tensor, cpu_share: bool,
@@ -328,7 +320,7 @@ class HybridExpertExecutor:
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
         plan = planner(expert_ids, layer, cache.num_experts, *state, clock, n_pcie,
-                       totals=self._totals(bank.layout.expert_stride), advance_clock=True)
+                       totals=self.counts.of(bank.layout.expert_stride), advance_clock=True)
         job = self.cpu_share.submit(layer, x, expert_ids, weights, plan) if cpu_share else None
         started = self.cpu_share.start(job) if job is not None and not capturing else None
         # the misses' PCIe reads in the slot kernel's launch, overlapping the hits' compute, where it can
@@ -376,14 +368,6 @@ class HybridExpertExecutor:
             elif self.mode in ("auto", "offload"):
                 expert_fill_ref(plan, bank.data, self.cache.slots)
 
-    def _totals(self, stride: int) -> torch.Tensor:
-        """The device's running (hits, pcie, cpu, unique) sums for experts of `stride` bytes (the
-        route plan adds to them: stats are read when asked, with one sync)."""
-        totals = self._device_counts.get(stride)
-        if totals is None:
-            totals = self._device_counts[stride] = torch.zeros(4, dtype=torch.int64, device=self.device)
-        return totals
-
     @property
     def recent_hit_rate(self) -> float:
         """Decode hits over reads, decayed by HIT_RATE_DECAY per layer call (GlobalLRU's measure;
@@ -422,18 +406,13 @@ class HybridExpertExecutor:
     def stats(self) -> ExpertStats:
         """The counters so far (a device sync: the decode counts are summed on the device)."""
         s = replace(self._stats, cpu_ms=self.cpu_share.cpu_ms, cpu_wait_ms=self.cpu_share.wait_ms)
-        for stride, totals in self._device_counts.items():
-            hits, pcie, cpu, _ = totals.tolist()
-            s.hits, s.misses = s.hits + hits, s.misses + pcie + cpu
-            s.pcie_experts, s.pcie_bytes = s.pcie_experts + pcie, s.pcie_bytes + pcie * stride
-            s.cpu_experts, s.cpu_bytes = s.cpu_experts + cpu, s.cpu_bytes + cpu * stride
+        self.counts.add_to(s)
         return s
 
     def reset_stats(self) -> None:
         self.cpu_share.drain()
         self._stats = ExpertStats()
-        for totals in self._device_counts.values():
-            totals.zero_()
+        self.counts.zero()
         self.cpu_share.reset_counters()
 
     def close(self) -> None:

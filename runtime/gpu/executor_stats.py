@@ -1,5 +1,6 @@
-"""What the hybrid executor counts: ExpertStats (the counters `stats()` returns) and
-RecentHitRate (the decayed hit rate that prices "auto"'s CPU-served misses)."""
+"""What the hybrid executor counts: ExpertStats (the counters `stats()` returns), DeviceCounts
+(the route plan's running sums on the device, behind them) and RecentHitRate (the decayed hit
+rate that prices "auto"'s CPU-served misses)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,46 @@ class ExpertStats:
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "hit_rate": self.hit_rate}
+
+
+class DeviceCounts:
+    """The route plan's running (hits, pcie, cpu, unique) sums on the device, one int64 [4] per
+    expert size (a miss costs its size's bytes): added to by every decode call with no host sync,
+    read back only when asked."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._by_stride: dict[int, torch.Tensor] = {}
+
+    def of(self, stride: int) -> torch.Tensor:
+        """The sums for experts of `stride` bytes, made (zeros) on first use."""
+        totals = self._by_stride.get(stride)
+        if totals is None:
+            totals = self._by_stride[stride] = torch.zeros(4, dtype=torch.int64, device=self.device)
+        return totals
+
+    def made(self, stride: int) -> torch.Tensor | None:
+        """The sums for `stride`, or None before a call has made them (a CUDA graph capture may not)."""
+        return self._by_stride.get(stride)
+
+    def all(self) -> Collection[torch.Tensor]:
+        return self._by_stride.values()
+
+    def cpu_experts(self) -> int:
+        """Misses served by the CPU so far (a device read)."""
+        return int(sum(int(totals[2]) for totals in self._by_stride.values()))
+
+    def add_to(self, stats: ExpertStats) -> None:
+        """Add the sums to `stats`' expert counters (one device read per size)."""
+        for stride, totals in self._by_stride.items():
+            hits, pcie, cpu, _ = totals.tolist()
+            stats.hits, stats.misses = stats.hits + hits, stats.misses + pcie + cpu
+            stats.pcie_experts, stats.pcie_bytes = stats.pcie_experts + pcie, stats.pcie_bytes + pcie * stride
+            stats.cpu_experts, stats.cpu_bytes = stats.cpu_experts + cpu, stats.cpu_bytes + cpu * stride
+
+    def zero(self) -> None:
+        for totals in self._by_stride.values():
+            totals.zero_()
 
 
 class RecentHitRate:
