@@ -23,10 +23,12 @@ import sys
 SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_stride": "i64", "fill_ptr": "*i32"}
 
 
-def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
-    """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes."""
+def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
+    """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes
+    on an sm_`sm` card (programmatic dependent launch from sm_90)."""
     from runtime.gpu.kernels import expert_fill, route_plan, slot_experts
 
+    pdl = sm >= 90
     out = []
     for fill, even in itertools.product((False, True), (True, False)):
         for zero in (False, True):
@@ -36,14 +38,14 @@ def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
                    "stride_out": "i32", "num_out": "i32", "zero_chunk": "i32"}
             out.append((f"slot_experts gate_up fill={fill} even={even} zero={zero}", slot_experts._gate_up_kernel,
                         sig, {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256,
-                              "H_SPAN": 512, "EVEN": even, "FILL": fill, "ESIZE": 2, "BANK_ALIGN": 16, "ZERO": zero, "BLOCK_Z": 64}))
+                              "H_SPAN": 512, "EVEN": even, "FILL": fill, "ESIZE": 2, "BANK_ALIGN": 16, "ZERO": zero,
+                              "BLOCK_Z": 64, "PDL": pdl}))
         sig = {"part_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
                **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
                "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
         out.append((f"slot_experts down fill={fill} even={even}", slot_experts._down_kernel, sig,
                     {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256, "K_SPAN": 256,
-                     "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16,
-                     "FILL": fill, "ESIZE": 2}))
+                     "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16, "FILL": fill, "ESIZE": 2, "PDL": pdl}))
     for clock_mode, n_pcie_mode in ((0, 0), (1, 1), (2, 2), (2, 0)):
         sig = {"ids_ptr": "*i64", "n_ids": "i32", "layer": "i32", "num_experts": "i32", "table_ptr": "*i32",
                "owner_ptr": "*i32", "last_used_ptr": "*i64", "num_slots": "i32",
@@ -54,7 +56,7 @@ def variants() -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
                "totals_ptr": "*i64"}
         out.append((f"route_plan clock={clock_mode} n_pcie={n_pcie_mode}", route_plan._route_plan_kernel, sig,
                     {"CLOCK_ON_DEVICE": clock_mode, "N_PCIE_MODE": n_pcie_mode, "BLOCK_N": 16, "BLOCK_S": 4096,
-                     "ACCUMULATE": True}))
+                     "ACCUMULATE": True, "PDL": pdl}))
     sig = {"bank_addr": "i64", "stride_words": "i64", "unique_ptr": "*i32", "status_ptr": "*i32", "slot_ptr": "*i32",
            "slots_ptr": "*i64", "slot_words": "i64", "n_rows": "i32"}
     out.append(("expert_fill", expert_fill._expert_fill_kernel, sig, {"CHUNK": 4096, "PCIE_CODE": 1}))
@@ -73,7 +75,7 @@ def main() -> int:
     sm = int(sys.argv[1]) if len(sys.argv) > 1 else 90
     target = GPUTarget("cuda", sm, 32)
     failed = 0
-    for name, kernel, signature, constexprs in variants():
+    for name, kernel, signature, constexprs in variants(sm):
         unspecialized = {param.name for param in kernel.params if param.do_not_specialize}
         attrs = {(i,): [["tt.divisibility", 16]] for i, (arg, kind) in enumerate(signature.items())
                  if arg not in unspecialized and (kind.startswith("*") or kind in ("i32", "i64"))}

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import dependent_launch
+from .dependent_launch import wait_for_previous
 from .route_plan_ref import MAX_SLOTS, SLOT_BITS, RoutePlan
 
 _BIG = tl.constexpr(1 << 62)  # above every packed (last_used, slot) key: an empty buffer entry
@@ -35,8 +37,10 @@ def _route_plan_kernel(
     clock_arg, n_pcie_max_arg, n_table_last,
     unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr, pair_fill_ptr, totals_ptr,
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, ACCUMULATE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, ACCUMULATE: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # (dependent_launch.py)
+        wait_for_previous()
     if CLOCK_ON_DEVICE == 2:  # a counter: moved on by one, the new value is this call's clock
         clock = tl.load(clock_arg).to(tl.int64) + 1
         tl.store(clock_arg, clock)
@@ -178,6 +182,7 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         raise TypeError("route_plan: advance_clock needs the clock as an int64 tensor of one element")
     n_pcie_mode = 0 if not isinstance(n_pcie_max, torch.Tensor) else 1 if n_pcie_max.numel() == 1 else 2
     n_table_last = n_pcie_max.numel() - 1 if n_pcie_mode == 2 else 0
+    pdl = dependent_launch.enabled(expert_ids.device)
     _route_plan_kernel[(1,)](
         expert_ids.contiguous(), n, layer, num_experts,
         table, owner, last_used, num_slots,
@@ -186,6 +191,7 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         plan.pair_fill,
         totals if totals is not None else plan.counts,
         CLOCK_ON_DEVICE=2 if advance_clock else int(clock_on_device), N_PCIE_MODE=n_pcie_mode,
-        BLOCK_N=block_n, BLOCK_S=block_s, ACCUMULATE=totals is not None, num_warps=num_warps,
+        BLOCK_N=block_n, BLOCK_S=block_s, ACCUMULATE=totals is not None, num_warps=num_warps, PDL=pdl,
+        launch_pdl=pdl,
     )
     return plan

@@ -42,6 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import dependent_launch
+from .dependent_launch import wait_for_previous
 from .slot_experts_ref import check_slot_experts_args
 
 
@@ -72,8 +74,10 @@ def _gate_up_kernel(
     token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
     EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
-    BLOCK_Z: tl.constexpr,
+    BLOCK_Z: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # (dependent_launch.py)
+        wait_for_previous()
     p, split = tl.program_id(0), tl.program_id(2)
     if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
         if p == 0:
@@ -131,7 +135,10 @@ def _down_kernel(
     token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out, bank_addr, bank_stride, fill_ptr,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr,
     SPLIT: tl.constexpr, EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        wait_for_previous()
     p = tl.program_id(0)
     slot = tl.load(slot_ptr + p)
     if slot < 0:
@@ -226,17 +233,19 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     fill_ptr = pair_fill if fills else pair_slot
     esize = weights.element_size()
     bank_align = math.gcd(16, bank_addr, bank_stride, w13_offset, w2_offset) if fills else 16
+    pdl = dependent_launch.enabled(x.device)
     up_blocks = triton.cdiv(inter, block_i)
     zero_chunk = triton.cdiv(out.numel(), up_blocks * splits)  # out's elements each of pair 0's programs clears
     _gate_up_kernel[(num_pairs, up_blocks, splits)](
         x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, partials, bank_addr, bank_stride,
         fill_ptr, out, out.stride(0), out.numel(), zero_chunk, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i,
         BLOCK_H=block_h, H_SPAN=h_span, EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills,
-        ESIZE=esize, BANK_ALIGN=bank_align, ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), num_warps=num_warps,
+        ESIZE=esize, BANK_ALIGN=bank_align, ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), PDL=pdl,
+        num_warps=num_warps, launch_pdl=pdl,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o), triton.cdiv(inter, k_span))](
         partials, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
         bank_addr, bank_stride, fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
         K_SPAN=k_span, SPLIT=splits, EVEN=hidden % block_o == 0 and inter % k_span == 0, FILL=fills, ESIZE=esize,
-        BANK_ALIGN=bank_align, num_warps=num_warps,
+        BANK_ALIGN=bank_align, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
     )
