@@ -87,6 +87,9 @@ def main() -> int:
         if name.startswith("slot_experts") and constexprs.get("EVEN") and scalar_loads > 1:  # (down: its router weight)
             print(f"  {name}: {scalar_loads} two-byte loads, where the weight tiles should load as 16-byte vectors")
             failed = 1
+        if constexprs.get("PDL") and "griddepcontrol.wait" not in compiled.asm["ptx"]:
+            print(f"  {name}: launched with PDL, but it never waits for the kernel before it")
+            failed = 1
     return failed
 
 
