@@ -310,3 +310,25 @@ def _greedy(model, state, prompt: list[int], steps: int) -> list[int]:
         out.append(int(torch.argmax(logits)))
         logits = model.forward(torch.tensor([out[-1]]), state)[-1]
     return out
+
+
+def test_dependent_launch_only_for_step_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels launch with PDL only inside a step graph's scope (nested scopes too), on CUDA, where
+    the card and FT_PDL allow it; never off CUDA."""
+    from runtime.gpu.kernels import dependent_launch
+
+    monkeypatch.setattr(dependent_launch, "_enabled_on", lambda index: True)  # an sm_90 card, FT_PDL unset
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert not dependent_launch.enabled(cuda)
+    with dependent_launch.for_step_graph():
+        assert dependent_launch.enabled(cuda) and not dependent_launch.enabled(cpu)
+        with dependent_launch.for_step_graph():
+            assert dependent_launch.enabled(cuda)
+        assert dependent_launch.enabled(cuda)
+    assert not dependent_launch.enabled(cuda)
+    with pytest.raises(RuntimeError), dependent_launch.for_step_graph():
+        raise RuntimeError("a capture that failed")
+    assert not dependent_launch.enabled(cuda)
+    monkeypatch.setattr(dependent_launch, "_enabled_on", lambda index: False)  # an sm_89 card, or FT_PDL=0
+    with dependent_launch.for_step_graph():
+        assert not dependent_launch.enabled(cuda)

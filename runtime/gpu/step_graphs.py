@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from .decode_graphs import collector_off
+from .kernels.dependent_launch import for_step_graph
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import HybridExpertExecutor
@@ -91,7 +92,8 @@ class StepGraphs:
         if key not in self._warm:
             self._warm.add(key)
             self.first_calls += 1
-            return step()
+            with for_step_graph():  # the kernels the capture will launch, compiled now
+                return step()
         captured = self._graphs.get(key)
         if captured is None:
             try:
@@ -125,7 +127,7 @@ class StepGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with self.executor.capturing_step() as capture, collector_off(), \
+        with self.executor.capturing_step() as capture, collector_off(), for_step_graph(), \
                 torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = step()
         return _Captured(graph, out, capture)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import dependent_launch
-from .dependent_launch import wait_for_previous
 from .route_plan_ref import MAX_SLOTS, SLOT_BITS, RoutePlan
 
 _BIG = tl.constexpr(1 << 62)  # above every packed (last_used, slot) key: an empty buffer entry
@@ -39,8 +39,9 @@ def _route_plan_kernel(
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, ACCUMULATE: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # (dependent_launch.py)
-        wait_for_previous()
+    if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
+        gdc_wait()
+        gdc_launch_dependents()
     if CLOCK_ON_DEVICE == 2:  # a counter: moved on by one, the new value is this call's clock
         clock = tl.load(clock_arg).to(tl.int64) + 1
         tl.store(clock_arg, clock)

@@ -41,9 +41,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import dependent_launch
-from .dependent_launch import wait_for_previous
 from .slot_experts_ref import check_slot_experts_args
 
 
@@ -76,8 +76,9 @@ def _gate_up_kernel(
     EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
     BLOCK_Z: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # (dependent_launch.py)
-        wait_for_previous()
+    if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
+        gdc_wait()
+        gdc_launch_dependents()
     p, split = tl.program_id(0), tl.program_id(2)
     if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
         if p == 0:
@@ -138,7 +139,8 @@ def _down_kernel(
     PDL: tl.constexpr,
 ):
     if PDL:
-        wait_for_previous()
+        gdc_wait()
+        gdc_launch_dependents()
     p = tl.program_id(0)
     slot = tl.load(slot_ptr + p)
     if slot < 0:
