@@ -36,7 +36,7 @@ from runtime.gpu import (
 )
 from runtime.gpu.auto_guard import PCIE_ONLY, AutoGuard
 from runtime.gpu.prefill import BankStreamer
-from runtime.gpu.split import layer_ms, miss_cost
+from runtime.gpu.split import SplitTables, layer_ms, miss_cost
 
 E, H, INTER, K = 16, 80, 40, 4  # H, INTER off the SIMD width and the 128-wide FP8 block
 LAYERS = (1, 2, 3)  # MoE layers need not start at 0
@@ -430,6 +430,19 @@ def test_auto_uses_a_given_split() -> None:
     ex(1, x, ids, weights)
     s = ex.stats()
     assert (s.misses, s.pcie_experts, s.cpu_experts) == (K, 1, K - 1)
+
+
+
+def test_graphs_read_a_split_table_per_expert_size() -> None:
+    """The fixed copies CUDA graphs read: one per (expert size, table size), refreshed only when
+    the table changes; two expert sizes with tables of one length keep theirs apart."""
+    splits = SplitTables("auto", lambda misses, nbytes: nbytes // 1000, None, torch.device("cpu"))
+    small, _ = splits.for_call(K, 1000)
+    large, _ = splits.for_call(K, 3000)
+    assert small.numel() == large.numel() and not torch.equal(small, large)
+    fixed_small, fixed_large = splits.fixed(small, 1000), splits.fixed(large, 3000)
+    assert torch.equal(fixed_small, small) and torch.equal(fixed_large, large)
+    assert splits.fixed(small, 1000) is fixed_small  # the same buffer, call after call
 
 
 # -- capacity ------------------------------------------------------------------------------------------

@@ -241,7 +241,7 @@ class HybridExpertExecutor:
             for pairs, stride in self._step_tables:  # the split moved with the hit rate: the graphs' copy follows
                 table, uses_cpu = self.splits.for_call(pairs, stride)
                 if isinstance(table, torch.Tensor):
-                    self.splits.fixed(table)
+                    self.splits.fixed(table, stride)
                 uses.append(uses_cpu)
             self._step_cpu = any(uses)
         return ("pcie" if self._pcie_only() else self.mode), self._step_cpu, self.pcie_repeat
@@ -291,7 +291,7 @@ class HybridExpertExecutor:
                                     "or its counters not made yet")
         n_pcie, uses_cpu = self._miss_split(num_pairs, stride)
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a copy of fixed address
-            n_pcie = self.splits.fixed(n_pcie)
+            n_pcie = self.splits.fixed(n_pcie, stride)
             self._step_tables.add((num_pairs, stride))
         cpu_share = self._step_cpu or num_pairs > self.cache.num_slots
         if uses_cpu and not self._step_cpu:
@@ -343,7 +343,8 @@ class HybridExpertExecutor:
         With a CPU share the graph holds its device half, and each replay hands the worker the job."""
         assert self.graphs is not None
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a buffer of fixed address
-            n_pcie, split_key = self.splits.fixed(n_pcie), "table"
+            stride = self.banks[layer].layout.expert_stride
+            n_pcie, split_key = self.splits.fixed(n_pcie, stride), "table"
         else:
             split_key = n_pcie
         key = (layer, tuple(x.shape), tuple(expert_ids.shape), x.dtype, expert_ids.dtype, weights.dtype, split_key,

@@ -76,7 +76,7 @@ class SplitTables:
     charged the later miss it causes at the recent hit rate) as a device table indexed by the
     number of misses, so the choice is made on the device. A table is made once per (split,
     pairs, expert bytes, hit rate in 1/64 steps) and kept; CUDA graphs read a copy of fixed
-    address per table size (`fixed`), refreshed when the table changes."""
+    address per (expert bytes, table size) (`fixed`), refreshed when the table changes."""
 
     def __init__(self, mode: str, split: Split | None, profile: Rates | None, device: torch.device) -> None:
         self.mode, self.device = mode, device
@@ -84,7 +84,8 @@ class SplitTables:
         self.split = split or (self._profile_split if mode == "auto" and self._cost is not None else None)
         self.hit_rate = RecentHitRate(device)  # observed by the executor, call by call
         self._tables: dict[tuple, tuple[torch.Tensor, bool]] = {}  # -> (table, sends any miss to the CPU)
-        self._fixed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # table size -> (graphs' copy, its source)
+        # (expert bytes, table size) -> (graphs' copy, its source)
+        self._fixed: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def for_call(self, num_pairs: int, expert_bytes: int) -> tuple[int | torch.Tensor, bool]:
         """How many misses the plan may copy, and whether any miss may go to the CPU: a number
@@ -105,15 +106,18 @@ class SplitTables:
             entry = self._tables[key] = (staged.to(self.device, non_blocking=True), uses_cpu)  # no host wait
         return entry
 
-    def fixed(self, table: torch.Tensor) -> torch.Tensor:
-        """`table` where a CUDA graph can read it: one buffer of fixed address per table size,
-        copied into when the table changes (the split or the hit rate moved), not once per call."""
-        fixed, source = self._fixed.get(table.numel(), (None, None))
+    def fixed(self, table: torch.Tensor, expert_bytes: int) -> torch.Tensor:
+        """`table` (for experts of `expert_bytes`) where a CUDA graph can read it: one buffer of
+        fixed address per expert size and table size, copied into when the table changes (the
+        split or the hit rate moved), not once per call. (By size alone, a captured step over
+        layers of two expert sizes would read one size's table for both.)"""
+        key = (expert_bytes, table.numel())
+        fixed, source = self._fixed.get(key, (None, None))
         if fixed is None:
             fixed = torch.empty_like(table)
         if source is not table:
             fixed.copy_(table)
-            self._fixed[table.numel()] = (fixed, table)
+            self._fixed[key] = (fixed, table)
         return fixed
 
     def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
