@@ -10,6 +10,8 @@ slots' weights and run one batched matmul (records.RecordViews).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ftw import ExpertBank
@@ -18,8 +20,10 @@ from .kernels import RoutePlan
 from .records import RecordViews, swiglu_experts
 
 
+@functools.cache
 def _kernel():
-    """The Triton kernel, imported on first CUDA use (None without triton: the gather path serves)."""
+    """The Triton kernel, imported on first CUDA use (None without triton: the gather path serves);
+    kept after that: a decode call asks two or three times."""
     try:
         from .kernels.slot_experts import slot_experts
     except ImportError:  # pragma: no cover - depends on the install
