@@ -22,6 +22,7 @@ slot kernel reads an expert once per token using it, so at T > 1 it may read mor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 from collections.abc import Callable
 
@@ -35,8 +36,18 @@ DOWN_SWEEP = [(32, 256, 4), (16, 256, 4), (64, 256, 4), (32, 128, 8), (64, 128, 
 WALK = {"block_i": 16, "block_h": 256, "split_h": 1, "block_o": 32, "block_k": 256, "split_k": 1}
 
 
+PDL = {"on": False}  # --pdl: capture as a step graph does, the kernels launched with PDL
+
+
 def graph_us(calls: list[Callable[[], None]], reps: int) -> float:
     """Microseconds per call: all `calls` captured in one CUDA graph, replayed `reps` times."""
+    from runtime.gpu.kernels import dependent_launch
+
+    with dependent_launch.for_step_graph() if PDL["on"] else contextlib.nullcontext():
+        return _graph_us(calls, reps)
+
+
+def _graph_us(calls: list[Callable[[], None]], reps: int) -> float:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # compile and warm the allocator outside the capture
@@ -135,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--routings", type=int, default=32, help="distinct routings per graph")
     parser.add_argument("--reps", type=int, default=20, help="graph replays timed")
     parser.add_argument("--sweep", action="store_true", help="also time a grid of kernel block sizes")
+    parser.add_argument("--pdl", action="store_true", help="capture as a step graph: launches with PDL (sm_90+)")
     args = parser.parse_args(argv)
+    PDL["on"] = args.pdl
     if not torch.cuda.is_available():
         print("bench_slot_experts: needs a CUDA GPU (the gather+bmm path and the Triton kernel run on the device); "
               "nothing to do here")

@@ -37,11 +37,20 @@ def _route_plan_kernel(
     clock_arg, n_pcie_max_arg, n_table_last,
     unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr, pair_fill_ptr, totals_ptr,
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, ACCUMULATE: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, ACCUMULATE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
         gdc_wait()
         gdc_launch_dependents()
+    # loads that need nothing computed here, issued first so that their latency overlaps the ids'
+    # (the policy's table and the running sums would otherwise each add a round trip at the end)
+    if N_PCIE_MODE == 2:
+        table_at = tl.arange(0, BLOCK_T)
+        n_pcie_table = tl.load(n_pcie_max_arg + table_at, mask=table_at <= n_table_last, other=0).to(tl.int32)
+    if ACCUMULATE:
+        sums_at = tl.arange(0, 4)
+        sums = tl.load(totals_ptr + sums_at)
     if CLOCK_ON_DEVICE == 2:  # a counter: moved on by one, the new value is this call's clock
         clock = tl.load(clock_arg).to(tl.int64) + 1
         tl.store(clock_arg, clock)
@@ -73,7 +82,7 @@ def _route_plan_kernel(
     num_hits = tl.sum(hit.to(tl.int32), axis=0)
     num_miss = tl.sum(miss.to(tl.int32), axis=0)
     if N_PCIE_MODE == 2:  # a table indexed by the number of misses
-        n_pcie_max = tl.load(n_pcie_max_arg + tl.minimum(num_miss, n_table_last)).to(tl.int32)
+        n_pcie_max = tl.sum(tl.where(table_at == tl.minimum(num_miss, n_table_last), n_pcie_table, 0), axis=0)
     elif N_PCIE_MODE == 1:
         n_pcie_max = tl.load(n_pcie_max_arg).to(tl.int32)
     else:
@@ -139,10 +148,9 @@ def _route_plan_kernel(
     tl.store(counts_ptr + 2, num_miss - num_pcie)
     tl.store(counts_ptr + 3, num_unique)
     if ACCUMULATE:  # running sums (int64): launches on one stream run in order, so no atomics
-        tl.store(totals_ptr + 0, tl.load(totals_ptr + 0) + num_hits)
-        tl.store(totals_ptr + 1, tl.load(totals_ptr + 1) + num_pcie)
-        tl.store(totals_ptr + 2, tl.load(totals_ptr + 2) + (num_miss - num_pcie))
-        tl.store(totals_ptr + 3, tl.load(totals_ptr + 3) + num_unique)
+        counts = tl.where(sums_at == 0, num_hits, tl.where(sums_at == 1, num_pcie,
+                                                           tl.where(sums_at == 2, num_miss - num_pcie, num_unique)))
+        tl.store(totals_ptr + sums_at, sums + counts.to(tl.int64))
 
 
 def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
@@ -192,7 +200,8 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         plan.pair_fill,
         totals if totals is not None else plan.counts,
         CLOCK_ON_DEVICE=2 if advance_clock else int(clock_on_device), N_PCIE_MODE=n_pcie_mode,
-        BLOCK_N=block_n, BLOCK_S=block_s, ACCUMULATE=totals is not None, num_warps=num_warps, PDL=pdl,
+        BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_T=triton.next_power_of_2(n_table_last + 1),
+        ACCUMULATE=totals is not None, num_warps=num_warps, PDL=pdl,
         launch_pdl=pdl,
     )
     return plan
