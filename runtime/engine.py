@@ -103,23 +103,38 @@ class Session:
                     on_text(shown)
             return stopped
 
-        while True:
-            if limit is not None and len(out_tokens) >= limit:
-                reason = "length"
-                break
-            token = sampler.sample(logits, self.tokens)
-            if token in self.tokenizer.eos_token_ids:
-                reason = "stop"
-                break
-            out_tokens.append(token)
-            if emit(detok.push(token)):
-                reason = "stop"
-                break
-            if len(self.tokens) + 1 >= self.context_length:  # prompt + answer fill the context
-                reason = "context"
-                break
-            self.tokens.append(token)
-            logits = self.model.forward(torch.tensor([token], dtype=torch.long), self.state)[-1]
+        # a GPU model's steps run as graphs that can be queued ahead: the next step's launches are
+        # made while this one runs, and it starts the moment its token is known (device_model.py)
+        queue = getattr(self.model, "can_queue", False)
+        pending = None  # the step queued for the next token
+        try:
+            while True:
+                if limit is not None and len(out_tokens) >= limit:
+                    reason = "length"
+                    break
+                token = sampler.sample(logits, self.tokens)
+                if token in self.tokenizer.eos_token_ids:
+                    reason = "stop"
+                    break
+                out_tokens.append(token)
+                if emit(detok.push(token)):
+                    reason = "stop"
+                    break
+                if len(self.tokens) + 1 >= self.context_length:  # prompt + answer fill the context
+                    reason = "context"
+                    break
+                self.tokens.append(token)
+                if not queue:
+                    logits = self.model.forward(torch.tensor([token], dtype=torch.long), self.state)[-1]
+                    continue
+                step, pending = pending or self.model.queue_decode(self.state), None
+                step.start(token)
+                if (limit is None or len(out_tokens) < limit) and len(self.tokens) + 1 < self.context_length:
+                    pending = self.model.queue_decode(self.state)  # may follow: queued while `step` runs
+                logits = step.logits()
+        finally:
+            if pending is not None:  # queued for a token that did not come (its replay must run all the same)
+                pending.cancel()
         if not stops.stopped:
             emit(detok.flush())
             tail = stops.flush()  # text held back in case it began a stop string

@@ -179,3 +179,63 @@ def test_device_auto_takes_the_cpu_when_the_gpu_cannot_hold_the_plan(home: Path,
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(m == "running tiny:latest on the CPU: the dense weights do not fit in VRAM" for m in warned)
     assert chat.ask("Hello", lambda s: None).tokens
+
+
+def test_queued_decode_gives_the_plain_loops_answers(tiny) -> None:
+    """The engine's queued loop (each step queued before its token is known, as on the GPU),
+    through DeviceModel's queue path, here on the CPU where no step is captured (each queued step
+    runs when started): the plain loop's tokens and stop reasons for every way a generation ends,
+    the state counting exactly the tokens it holds afterwards (a step queued for a token that did
+    not come is taken back), so a cached continuation equals a fresh one."""
+    from runtime.gpu.device_model import DeviceModel
+    from tests.test_gpu_executor import hybrid, make_banks
+
+    loaded, tokenizer = tiny
+    ex = hybrid(make_banks(), "offload", slots=20)
+    ex.graphs = object()  # as on CUDA: the step path is taken (begin_step answers None on the CPU)
+    queued = DeviceModel(loaded.model, "cpu", ex.steps)
+    assert queued.can_queue
+    prompt = tokenizer.encode("Once upon a time")
+    free = SamplingParams(temperature=0, max_tokens=24)
+    plain = Session(loaded.model, tokenizer, 256).generate(prompt, free)
+    session = Session(queued, tokenizer, 256)
+    assert session.generate(prompt, free).tokens == plain.tokens
+    assert session.state.length == len(session.tokens) == len(prompt) + len(plain.tokens)
+    cut = plain.text[len(plain.text) // 2:][:3]
+    for params, ctx in ((SamplingParams(temperature=0, max_tokens=24, stop=(cut,)), 256),
+                        (SamplingParams(temperature=0), len(prompt) + 5),
+                        (SamplingParams(temperature=0.8, seed=4, max_tokens=10), 256)):
+        want = Session(loaded.model, tokenizer, ctx).generate(prompt, params)
+        got = Session(queued, tokenizer, ctx)
+        answer = got.generate(prompt, params)
+        assert (answer.tokens, answer.stop_reason) == (want.tokens, want.stop_reason)
+        assert got.state.length == len(got.tokens)
+    longer = prompt + plain.tokens[:4]
+    assert session.generate(longer, free).tokens == Session(loaded.model, tokenizer, 256).generate(longer, free).tokens
+    assert ex.steps.first_calls == 0  # nothing captured on the CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_queued_decode_gives_the_cpu_backends_answers(home: Path, tiny) -> None:
+    """On the GPU the engine queues each step (a captured step graph, held by the doorbell) while
+    the one before runs: the CPU backend's greedy answers for each way a generation ends, and a
+    session's cached continuation as a fresh one."""
+    reference, tokenizer = tiny
+    loaded = load(Store(home), "tiny", torch.float32, backend="gpu", device="cuda", mode="offload")
+    assert loaded.model.can_queue
+    prompt = tokenizer.encode("Once upon a time")
+    free = SamplingParams(temperature=0, max_tokens=24)
+    plain = Session(reference.model, tokenizer, 256).generate(prompt, free)
+    cut = plain.text[len(plain.text) // 2:][:3]
+    session = Session(loaded.model, tokenizer, 256)
+    for params, ctx in ((free, 256), (SamplingParams(temperature=0, max_tokens=24, stop=(cut,)), 256),
+                        (SamplingParams(temperature=0), len(prompt) + 5)):
+        want = Session(reference.model, tokenizer, ctx).generate(prompt, params)
+        got = (session if ctx == 256 else Session(loaded.model, tokenizer, ctx)).generate(prompt, params)
+        assert (got.tokens, got.stop_reason) == (want.tokens, want.stop_reason)
+    longer = prompt + plain.tokens[:4]
+    assert session.generate(longer, free).tokens == Session(reference.model, tokenizer, 256).generate(longer, free).tokens
+    steps = loaded.experts.steps
+    assert steps.replays > 20 and steps.doorbell is not None and steps.doorbell.count > 20, (steps.replays,)
+    loaded.experts.close()

@@ -10,6 +10,12 @@ A one-token forward of a model whose mixers take a DevicePosition runs as one CU
 step (step_graphs.py, through the executor): the token and its position go into two device
 buffers, and attention reads a span of the KV cache, the next power of two above the position
 (at least SPAN_MIN), masked past it. One graph per span serves every position under it.
+
+`queue_decode` queues a step before its token is known (Session.generate does, for the token
+after the one it is about to start): the replay is launched while the step before runs, held on
+the device until `start(token)` writes the token into pinned memory and rings, and its logits
+come back into pinned memory. The device then waits for the host's sampling only, not for its
+launches (0.18 ms a step on the H200: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 from ..layers.attention import DevicePosition
 from ..loader import ModelWeights
 from ..models import DecoderModel, DecodeState
-from .step_graphs import StepGraphs
+from .step_graphs import QueuedStep, StepGraphs
 
 SPAN_MIN = 256  # the shortest KV span a captured step attends over
 
@@ -48,6 +54,10 @@ class DeviceModel:
         self._token = torch.zeros(1, dtype=torch.long, device=self.device)
         self._position = torch.zeros(1, dtype=torch.long, device=self.device)
         self._graph_state: DecodeState | None = None  # the state the step graphs were captured over
+        # queued steps: the token the host writes before releasing a step, and the logits it reads back
+        pinned = self.device.type == "cuda"
+        self._token_host = torch.zeros(1, dtype=torch.long, device="cpu", pin_memory=pinned)
+        self._logits_host: torch.Tensor | None = None
 
     def new_state(self, max_tokens: int) -> DecodeState:
         with torch.device(self.device):
@@ -79,5 +89,72 @@ class DeviceModel:
         self.model.set_length(state, position + 1)
         return logits.clone()  # the graph's own buffer is rewritten by the next step
 
+    @property
+    def can_queue(self) -> bool:
+        """Whether decode steps can be queued ahead (`queue_decode`): they run as step graphs, and
+        a step queued but not wanted (the one after the last token) can be taken back, which a
+        recurrent layer's state cannot (it runs all the same: a held replay must be released)."""
+        return self.steps is not None and self.model.rewinds
+
+    def queue_decode(self, state: DecodeState) -> QueuedDecode:
+        """The decode step at the state's next position, queued before its token is known: its
+        launches are made now, while the step before still runs, and held on the device until
+        `QueuedDecode.start(token)` (StepGraphs.queue); the state counts the token from now on
+        (a cancelled step takes it back). Needs `can_queue` and a state with room for one more."""
+        assert self.steps is not None and state.length < state.max_tokens
+        with torch.device(self.device), torch.inference_mode():
+            if state is not self._graph_state:  # the graphs write the old state's KV buffers
+                self.steps.invalidate()
+                self._graph_state = state
+            position = state.length
+            where = DevicePosition(self._position, decode_span(position, state.max_tokens))
+
+            def feed() -> None:  # queued behind the hold: reads the token the host writes before the ring
+                self._token.copy_(self._token_host, non_blocking=True)
+                self._position.fill_(position)
+
+            queued = self.steps.queue(("decode", where.span), lambda: self.model.decode_at(self._token, where, state),
+                                      feed, self.steps.doorbell)
+            self.model.set_length(state, position + 1)
+        return QueuedDecode(self, queued, state, position)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
+
+
+class QueuedDecode:
+    """A decode step DeviceModel.queue_decode queued: `start(token)` once the token is known, then
+    `logits()`; or `cancel()` (the state no longer counts the token)."""
+
+    def __init__(self, owner: DeviceModel, queued: QueuedStep[torch.Tensor], state: DecodeState, position: int) -> None:
+        self._owner, self._queued, self._state, self._position = owner, queued, state, position
+        self._done: torch.cuda.Event | None = None  # after the logits' copy to the host (CUDA)
+        self._started = False
+
+    def start(self, token: int) -> None:
+        """Write the token where the step reads it and release the step (or run it now)."""
+        owner = self._owner
+        owner._token_host[0] = token
+        with torch.device(owner.device), torch.inference_mode():
+            logits = self._queued.start()[-1]
+            if owner._logits_host is None or owner._logits_host.shape != logits.shape:
+                owner._logits_host = torch.empty(logits.shape, dtype=logits.dtype, device="cpu",
+                                                 pin_memory=owner.device.type == "cuda")
+            owner._logits_host.copy_(logits, non_blocking=True)
+            if owner.device.type == "cuda":
+                self._done = torch.cuda.Event()
+                self._done.record()
+        self._started = True
+
+    def logits(self) -> torch.Tensor:
+        """The step's logits [V] on the host (valid until the next step's `start`)."""
+        assert self._started and self._owner._logits_host is not None, "start the step first"
+        if self._done is not None:
+            self._done.synchronize()
+        return self._owner._logits_host
+
+    def cancel(self) -> None:
+        """Not wanted after all: released to run (a held replay must be), its results unread, and
+        the token no longer counted by the state."""
+        self._queued.cancel()
+        self._owner.model.set_length(self._state, self._position)

@@ -246,6 +246,11 @@ class HybridExpertExecutor:
             self._step_cpu = any(uses)
         return ("pcie" if self._pcie_only() else self.mode), self._step_cpu, self.pcie_repeat
 
+    def abandon_step(self) -> None:
+        """A step begun by `begin_step` will not run (queued for a token that did not come): its
+        first call's host part is not taken as made."""
+        self._step_begun = False
+
     def _pcie_only(self) -> bool:
         """Whether every miss goes over PCIe now ("offload", or "auto" in its PCIe-only arm)."""
         return self.mode == "offload" or (self.guard is not None and self.guard.arm == PCIE_ONLY)

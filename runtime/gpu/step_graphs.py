@@ -19,6 +19,11 @@ What a step needs to be captured, and who provides it:
   call's `ready` flag, which the graph writes). Without such flags `begin_step` answers None and
   the step runs as it is, each layer call through its own graph where it can be.
 
+A step can also be queued before its inputs are known (`queue`, for a decode loop whose next
+token is still being made): where its graph is captured, its host part and its replay are made
+at once, held on the device by a Doorbell (host_signal.py) until the caller has written the
+inputs and starts it, so the launches overlap the step before instead of following it.
+
 A key's first step runs uncaptured (kernels compile, buffers are allocated); the second
 captures and replays. Graphs are dropped when the cache is rebuilt (its addresses move) and
 when the caller's buffers change (`invalidate`).
@@ -29,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
@@ -38,6 +43,7 @@ from .kernels.dependent_launch import for_step_graph
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import HybridExpertExecutor
+    from .host_signal import Doorbell
 
 log = logging.getLogger(__name__)
 Out = TypeVar("Out")
@@ -63,6 +69,28 @@ class _Captured:
     capture: StepCapture  # its calls, and the host work each replay runs first
 
 
+class QueuedStep(Generic[Out]):
+    """A decode step queued by `StepGraphs.queue`: `start` it once its inputs are in place (it
+    releases the held replay, or runs the step then), which returns the step's outputs; or
+    `cancel` it. One of the two, once: a held replay holds the stream until released, so a
+    cancelled one is released too and runs, its outputs unread."""
+
+    def __init__(self, start: Callable[[], Out], cancel: Callable[[], object]) -> None:
+        self._start: Callable[[], Out] | None = start
+        self._cancel = cancel
+
+    def start(self) -> Out:
+        if self._start is None:
+            raise RuntimeError("this queued step was started or cancelled already")
+        start, self._start = self._start, None
+        return start()
+
+    def cancel(self) -> None:
+        if self._start is not None:
+            self._start = None
+            self._cancel()
+
+
 class StepGraphs:
     """Decode steps by key, replayed from their graph where the executor's calls allow it."""
 
@@ -74,20 +102,50 @@ class StepGraphs:
         self._pool = None
         self._generation: int | None = None
         self.replays = self.captures = self.first_calls = 0
+        self._doorbell: Doorbell | None = None
 
     def run(self, key: Hashable, step: Callable[[], Out]) -> Out:
         """One decode step: `step` makes its calls, reading inputs the caller put in buffers of
         fixed address. Replayed, it returns the outputs it returned at capture, rewritten in
         place (valid until this key runs again); else it runs as it is."""
+        return self._execute(self._begin(key), step)
+
+    def queue(self, key: Hashable, step: Callable[[], Out], feed: Callable[[], object],
+              bell: Doorbell | None) -> QueuedStep[Out]:
+        """One decode step queued before its inputs are known, while the step before it may still
+        run: the step's host part is made now, and where the key's graph is captured, its replay
+        is launched now, held on the device by `bell` behind `feed` (which queues the copies of
+        the inputs into the step's buffers, from where the host will have written them). Where
+        it is not (a first step, a capture, a step that runs uncaptured, no bell), `feed` and
+        the step run when the step is started. Either way, `QueuedStep.start` once the inputs
+        are in place; its outputs are valid as `run`'s."""
+        full_key = self._begin(key)
+        captured = self._graphs.get(full_key) if full_key is not None and bell is not None else None
+        if captured is None:  # cancelled, it never runs
+            return QueuedStep(lambda: (feed(), self._execute(full_key, step))[1], self.executor.abandon_step)
+        for work in captured.capture.host_work:  # the worker's jobs: each waits for its call's flag, written by the graph
+            work()
+        ticket = bell.hold()
+        feed()
+        captured.graph.replay()
+        self.executor.end_step(captured.capture.count)
+        self.replays += 1
+        return QueuedStep(lambda: (bell.ring(ticket), captured.out)[1], lambda: bell.ring(ticket))
+
+    def _begin(self, key: Hashable) -> Hashable | None:
+        """The executor's host part of the step; the step's graph key, or None where it cannot be
+        captured (it runs as it is)."""
         device_key = self.executor.begin_step()
         if device_key is None:
-            return step()
+            return None
         generation = self.executor.cache.generation
         if generation != self._generation:  # the cache was rebuilt: the graphs hold its old addresses
             self.invalidate()
             self._generation = generation
-        key = (key, device_key)
-        if key in self._refused:
+        return key, device_key
+
+    def _execute(self, key: Hashable | None, step: Callable[[], Out]) -> Out:
+        if key is None or key in self._refused:
             return step()
         if key not in self._warm:
             self._warm.add(key)
@@ -112,6 +170,18 @@ class StepGraphs:
         self.executor.end_step(captured.capture.count)
         self.replays += 1
         return captured.out
+
+    @property
+    def doorbell(self) -> Doorbell | None:
+        """A Doorbell on the executor's stream flags, for `queue` (None where the driver has no
+        stream memory operations: steps are then run when started)."""
+        if self._doorbell is None:
+            flags = self.executor.cpu_share.flags
+            if flags is not None:
+                from .host_signal import Doorbell
+
+                self._doorbell = Doorbell(flags)
+        return self._doorbell
 
     @property
     def enabled(self) -> bool:

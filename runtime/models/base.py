@@ -32,7 +32,8 @@ class Mixer(Protocol):
     captured once as a CUDA graph: it updates its cache in place and leaves host counters alone.
     Its cache is positional (entries past the length never read) or has `reset()`, which
     empties it in place, so a state can be emptied and reused (`DecoderModel.reset_state`);
-    a cache that counts its own `length` has it set by `DecoderModel.set_length`."""
+    a cache that counts its own `length` has it set by `DecoderModel.set_length`. A mixer whose
+    class sets `recurrent = True` keeps a state every token moves on, which cannot be rewound."""
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: Start) -> torch.Tensor: ...
 
@@ -77,6 +78,13 @@ class DecoderModel:
 
     def new_state(self, max_tokens: int) -> DecodeState:
         return DecodeState(max_tokens, [b.mixer.new_cache(max_tokens) for b in self.blocks])
+
+    @property
+    def rewinds(self) -> bool:
+        """Whether a step's token can be taken back by `set_length` alone: every mixer's cache is
+        read by position (attention's keys and values), none is a recurrent state that every
+        token moves on."""
+        return not any(getattr(b.mixer, "recurrent", False) for b in self.blocks)
 
     @property
     def takes_device_position(self) -> bool:
