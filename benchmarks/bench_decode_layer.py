@@ -11,9 +11,11 @@ CUDA graphs on, one sync per step as decode has) into:
 
 Scenarios: every expert read a cache hit; one of the 8 experts of every layer a PCIe miss (a
 different expert each step, so the global LRU misses it), filled by the slot kernel's launch
-(the default for one token) or by the fill kernel before it. Then a cProfile of the all-hit steps:
-the functions with the most own time per layer call, and a torch.profiler table of the device
-kernels' time per layer call.
+(the default for one token) or by the fill kernel before it; each with a CUDA graph per layer
+call, and the first two also with the whole step as one graph (step_graphs.py: the step's ids in
+a buffer of fixed address, as a model's router leaves them). Then a cProfile of the all-hit
+steps, both ways: the functions with the most own time per layer call, and a torch.profiler
+table of the device kernels' time per layer call.
 
     PYTHONPATH=. python benchmarks/bench_decode_layer.py [layers] [steps]   # CUDA only
 """
@@ -33,6 +35,7 @@ from runtime.gpu import executor as executor_module
 from runtime.gpu.executor import HybridExpertExecutor
 from runtime.gpu.expert_cache import ExpertCache
 from runtime.gpu.host_memory import HostPinner
+from runtime.gpu.host_signal import HostFlag, StreamFlags
 from runtime.gpu.slot_compute import fills_in_launch
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 32, 8
@@ -61,20 +64,58 @@ def main() -> None:
     for i, ids in enumerate(misses):
         ids[0, -1] = TOP_K + i  # experts 8..31 in turn: two spare slots a layer, so each is evicted before it returns
 
-    def step(n: int, with_miss: bool) -> None:  # n: a new expert each time for the misses
-        ids = misses[n % len(misses)] if with_miss else hits
+    ids_in = hits.clone()  # where a model's router leaves a step's ids: a buffer of fixed address
+    mode = {"whole_step": False}
+
+    def layer_calls() -> None:
         for layer in range(layers):
-            ex(layer, xs[layer], ids, w)
+            ex(layer, xs[layer], ids_in, w)
+
+    def step(n: int, with_miss: bool) -> None:  # n: a new expert each time for the misses
+        ids_in.copy_(misses[n % len(misses)] if with_miss else hits)
+        if mode["whole_step"]:
+            ex.steps.run("bench", layer_calls)
+        else:
+            layer_calls()
+
+    flags, bell = StreamFlags.load(dev), HostFlag()
+
+    def gated_walls(step, with_miss: bool, count: int) -> list[float]:
+        """Seconds per step, each step queued (its launches made) while the one before runs, and
+        held on the device by a flag the host sets once it has seen the step before end (as a
+        decode loop that needs each token on the host before the next step may start)."""
+        bell.set(0)
+        step(0, with_miss)
+        done = torch.cuda.Event()
+        done.record()
+        walls, last = [], None
+        for n in range(1, count + 1):
+            flags.wait(bell, n)  # the device holds step n here until the host rings
+            step(2 * n, with_miss)
+            queued = torch.cuda.Event()
+            queued.record()
+            done.synchronize()  # step n - 1 is over
+            now = time.perf_counter()
+            if last is not None:
+                walls.append(now - last)
+            last = now
+            bell.set(n)
+            done = queued
+        done.synchronize()
+        return walls
 
     print(f"{layers} layers of {EXPERTS} experts ({stride / 2**20:.1f} MiB each), top-{TOP_K}, offload, "
           f"CUDA graphs, median of {steps} steps")
     print(f"{'scenario':<24} {'wall ms':>8} {'host ms':>8} {'device ms':>10} {'us/layer: wall':>15} {'host':>6} "
           f"{'device':>7}  held")
-    scenarios = (("all hits", False, True), ("1 PCIe miss per layer", True, True),
-                 ("1 miss, fill launch first", True, False))
-    for name, with_miss, in_launch in scenarios:
+    scenarios = (("all hits", False, True, False), ("1 PCIe miss per layer", True, True, False),
+                 ("1 miss, fill launch first", True, False, False), ("all hits, step graph", False, True, True),
+                 ("1 PCIe miss, step graph", True, True, True))
+    for name, with_miss, in_launch, whole_step in scenarios:
         executor_module.fills_in_launch = fills_in_launch if in_launch else lambda layout, x: False
+        mode["whole_step"] = whole_step
         ex.graphs.invalidate()  # recaptured with this choice
+        ex.steps.invalidate()
         for n in range(6):  # first calls, captures, a warm cache
             step(n, with_miss)
         torch.cuda.synchronize()
@@ -97,23 +138,35 @@ def main() -> None:
         wall, host, device = (statistics.median(v) * 1e3 for v in (walls, hosts, devices))
         print(f"{name:<24} {wall:>8.3f} {host:>8.3f} {device:>10.3f} {1e3 * wall / layers:>15.1f} "
               f"{1e3 * host / layers:>6.1f} {1e3 * device / layers:>7.1f}  {held}")
+        if whole_step and flags is not None:  # the next step queued before this one ends, held by a host flag
+            wall = statistics.median(gated_walls(step, with_miss, steps)) * 1e3
+            print(f"{name + ', queued ahead':<24} {wall:>8.3f} {'':>8} {'':>10} {1e3 * wall / layers:>15.1f}")
 
     executor_module.fills_in_launch = fills_in_launch
-    ex.graphs.invalidate()
-    calls = steps * layers
-    prof = cProfile.Profile()
-    prof.enable()
-    for n in range(steps):
-        step(n, False)
+    for whole_step in (False, True):
+        mode["whole_step"] = whole_step
+        ex.graphs.invalidate()
+        ex.steps.invalidate()
+        for n in range(4):
+            step(n, False)
         torch.cuda.synchronize()
-    prof.disable()
-    print(f"\ncProfile, all hits: own time per layer call (us; the profiler's overhead included), {calls} calls")
-    stats = pstats.Stats(prof)
-    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:22]  # type: ignore[attr-defined]
-    for (file, line, func), (_, ncalls, tottime, cumtime, _) in rows:
-        where = f"{file.rsplit('/', 2)[-1]}:{line}" if line else "~"
-        print(f"  {1e6 * tottime / calls:>7.1f} own {1e6 * cumtime / calls:>8.1f} cum {ncalls / calls:>5.2f}x  "
-              f"{func} ({where})")
+        calls = steps * layers
+        prof = cProfile.Profile()
+        prof.enable()
+        for n in range(steps):
+            step(n, False)
+            torch.cuda.synchronize()
+        prof.disable()
+        what = "a graph per step" if whole_step else "a graph per call"
+        print(f"\ncProfile, all hits, {what}: own time per layer call (us; the profiler's overhead included), "
+              f"{calls} calls")
+        stats = pstats.Stats(prof)
+        rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:22]  # type: ignore[attr-defined]
+        for (file, line, func), (_, ncalls, tottime, cumtime, _) in rows:
+            where = f"{file.rsplit('/', 2)[-1]}:{line}" if line else "~"
+            print(f"  {1e6 * tottime / calls:>7.2f} own {1e6 * cumtime / calls:>8.2f} cum {ncalls / calls:>5.2f}x  "
+                  f"{func} ({where})")
+    mode["whole_step"] = False
 
     from torch.profiler import ProfilerActivity, profile
 

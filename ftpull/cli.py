@@ -404,13 +404,16 @@ def pull_main() -> None:
 @click.option("--step-graphs/--no-step-graphs", default=True, show_default=True,
               help="Replay each whole decode step as one CUDA graph, CPU shares included where the "
                    "driver's stream flags can be captured (--no-step-graphs: one graph per layer call).")
+@click.option("--queue-ahead/--no-queue-ahead", default=True, show_default=True,
+              help="Queue each decode step while the one before runs, held on the device until the host has "
+                   "seen that one end, as `ft run` does (--no-queue-ahead: launch each step after it).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str, routing: str, tokens: int,
               prompt_tokens: int, prefill: str, device: str, layers: int | None, host_banks: int | None,
               pcie_repeat: int, num_ctx: int, cache_slots: int | None,
               profile_path: str | None, reps: int, trace_path: str | None, profile_tokens: int, profile_dir: str | None,
-              cuda_graphs: bool, step_graphs: bool, seed: int, as_json: bool) -> None:
+              cuda_graphs: bool, step_graphs: bool, queue_ahead: bool, seed: int, as_json: bool) -> None:
     """Benchmark the MoE expert path of decode and prefill for every cache policy on identical routing."""
     from runtime.bench.moe import BenchConfig, format_report, json_ready, run_bench
 
@@ -421,7 +424,7 @@ def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str,
                       host_banks=host_banks, pcie_repeat=pcie_repeat,
                       num_ctx=num_ctx, cache_slots=cache_slots, profile=profile_path, reps=reps, seed=seed, trace=trace_path,
                       profile_tokens=profile_tokens, profile_dir=profile_dir, cuda_graphs=cuda_graphs,
-                      step_graphs=step_graphs,
+                      step_graphs=step_graphs, queue_ahead=queue_ahead,
                       profile_seconds=0.05 if device == "cpu" else 0.4)
     try:
         report = run_bench(cfg)

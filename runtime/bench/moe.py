@@ -14,8 +14,10 @@ For one shape (a built-in table of real models' MoE geometry, or `tiny` for CI):
   128 decode tokens);
 - per policy (executor mode; the runs themselves are runs.py): the prompt through the executor's
   prefill path (warms the LRU modes, places prefill_placement's cache), then decode token by token: per MoE layer a random [1, H]
-  activation and the injected ids/weights; a device sync after every token (the next token
-  depends on it in a real model).
+  activation and the injected ids/weights; the host waits for every step's end before the next
+  may start (the next token depends on it in a real model). With step graphs the next step is
+  queued meanwhile, held on the device until that wait is over, as `ft run` queues its steps
+  (`queue_ahead`; --no-queue-ahead launches each step after the wait).
 
 Only the routed-expert path is timed ("experts-only"): attention, dense layers and shared
 experts are not run and not counted in tok/s or TTFT. The roofline per token is
@@ -140,6 +142,7 @@ class BenchConfig:
     profile_dir: str | None = None  # where the Chrome traces go (default: no trace files, the tables only)
     cuda_graphs: bool = True  # decode calls replayed as CUDA graphs (--no-cuda-graphs: the uncaptured path)
     step_graphs: bool = True  # and whole steps as one graph each (--no-step-graphs: a graph per layer call)
+    queue_ahead: bool = True  # each step queued while the one before runs, held until the host saw that one end
 
 
 # -- setup ----------------------------------------------------------------------------------------------
@@ -310,6 +313,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     # rounds: every policy once per round, so drift over the run (clocks, host memory, the other
     # tenants of the machine) falls on all policies alike; each policy's median run is reported
     runs: dict[str, list[dict[str, Any]]] = {}
+    # queued ahead as a GPU decode loop queues its steps (engine.py): step graphs only
+    queue_ahead = cfg.queue_ahead and device.type == "cuda" and cfg.cuda_graphs and cfg.step_graphs
 
     def build(policy: str):
         return build_hybrid(banks, device=device, cache_slots=slots, mode=policy, profile=profile, top_k=top_k,
@@ -339,7 +344,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             last_round = round_ == max(1, cfg.reps) - 1
             steps = steps_of(ex)
             try:
-                runs.setdefault(policy, []).append(decode_run(steps, prompt, decode, cfg.seed))
+                runs.setdefault(policy, []).append(decode_run(steps, prompt, decode, cfg.seed, queue_ahead))
                 if last_round and cfg.profile_tokens:
                     trace = Path(cfg.profile_dir) / f"decode-{policy}.json" if cfg.profile_dir else None
                     profiled = profile_decode(steps, decode, cfg.profile_tokens, trace)
@@ -375,6 +380,7 @@ def _summary(runs: list[dict[str, Any]], stride: int, profile: BandwidthProfile,
     lookups = s["hits"] + s["misses"]
     calls = s["calls"]
     return {"stats": s, "runs_s": [r["seconds"] for r in runs], "steps_ms": [r["steps_ms"] for r in runs],
+            "host_queue_ms": [r["host_queue_ms"] for r in runs],
             "calls": calls, "lookups": lookups,
             "hit_rate": s["hit_rate"], "miss_rate": s["misses"] / lookups if lookups else 0.0,
             "resident_layers": resident, "cache_slots": slots, "_stride": stride,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from ..plan import size
@@ -48,6 +49,12 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {serial:>8} {100 * r['hit_rate']:>5.1f}% "
                      f"{100 * r['miss_rate']:>5.1f}% {r['pcie_mb_per_token']:>10.1f} {r['cpu_mb_per_token']:>9.1f}  "
                      f"{r['resident_layers'] or ''}")
+    steps = {policy: r for policy, r in report["policies"].items() if r.get("steps_ms") and r.get("host_queue_ms")}
+    if steps:  # a step's wall time, and the host's part before the device can start it
+        lines.append("median step ms (host's part), per run: " + "; ".join(
+            f"{policy} " + ", ".join(f"{statistics.median(ms):.2f} ({host:.2f})"
+                                     for ms, host in zip(r["steps_ms"], r["host_queue_ms"], strict=True))
+            for policy, r in steps.items()))
     for policy, r in report["policies"].items():
         if r.get("guard"):
             lines.append(f"{policy}'s guard, per run: " + "; ".join(_guard_run(g) for g in r["guard"]))

@@ -4,6 +4,7 @@ decode, and a streamed prefill."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from ..experts import HostExpertBank
 from ..gpu import build_hybrid
 from ..gpu.auto_guard import AutoGuard
+from ..gpu.step_graphs import QueuedStep
 
 WARMUP_STEPS = 2 * AutoGuard.EXPLORE  # untimed decode steps before each policy's run: a block of each arm
 MAX_WARMUP_STEPS = 8 * AutoGuard.EXPLORE  # with CUDA graphs: until both arms' graphs are captured
@@ -62,6 +64,16 @@ class DecodeSteps:
         self.weights.copy_(weights)
         self.executor.steps.run("bench", self._calls)
 
+    def queue(self, ids: torch.Tensor, weights: torch.Tensor) -> QueuedStep[None]:
+        """One step queued while the one before may still run (StepGraphs.queue), held until
+        started: as a decode loop queues the next step before it has the token that step needs."""
+        def feed() -> None:
+            self.ids.copy_(ids)
+            self.weights.copy_(weights)
+
+        steps = self.executor.steps
+        return steps.queue("bench", self._calls, feed, steps.doorbell)
+
     def _calls(self) -> None:
         for i, layer in enumerate(self.layers):
             self.executor(layer, self.xs[i], self.ids[i: i + 1], self.weights[i: i + 1])
@@ -91,7 +103,37 @@ def warm_up(steps: DecodeSteps, decode: np.ndarray, gen: torch.Generator) -> Non
     sync(steps.device)
 
 
-def decode_run(steps: DecodeSteps, prompt: np.ndarray, decode: np.ndarray, seed: int) -> dict[str, Any]:
+def _queued_decode(steps: DecodeSteps, ids: torch.Tensor, weights: torch.Tensor,
+                   arms: list[str]) -> tuple[list[float], list[float]]:
+    """The decode steps, each queued while the one before runs and started once the host has
+    seen that one end (an event, as a loop waits for its token): per step the seconds from the
+    end of the one before to its own end, and the host's part (from that end to the start)."""
+    executor = steps.executor
+    steps_s, start_s = [], []
+    last = time.perf_counter()
+    queued = steps.queue(ids[0], weights[0])
+    try:
+        for t in range(len(ids)):
+            started = time.perf_counter()
+            queued.start()
+            start_s.append(started - last)
+            done = torch.cuda.Event()
+            done.record()
+            if executor.guard is not None:
+                arms.append(executor.guard.arm)
+            if t + 1 < len(ids):  # the next step's launches, made while this one runs
+                queued = steps.queue(ids[t + 1], weights[t + 1])
+            done.synchronize()
+            now = time.perf_counter()
+            steps_s.append(now - last)
+            last = now
+    finally:
+        queued.cancel()  # (a step still held holds the stream; cancelling a started one does nothing)
+    return steps_s, start_s
+
+
+def decode_run(steps: DecodeSteps, prompt: np.ndarray, decode: np.ndarray, seed: int,
+               queue_ahead: bool = False) -> dict[str, Any]:
     executor, device = steps.executor, steps.device
     gen = torch.Generator().manual_seed(seed)
     warm_up(steps, decode, gen)
@@ -107,17 +149,22 @@ def decode_run(steps: DecodeSteps, prompt: np.ndarray, decode: np.ndarray, seed:
     ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
     weights = _weights(gen, decode.shape).to(device, torch.bfloat16)
     sync(device)
-    steps_s, arms = [], []
+    steps_s, queued_s, arms = [], [], []
     start = time.perf_counter()
-    for t in range(len(decode)):
-        step_start = time.perf_counter()
-        steps(ids[t], weights[t])
-        sync(device)
-        steps_s.append(time.perf_counter() - step_start)
-        if executor.guard is not None:
-            arms.append(executor.guard.arm)  # the arm chosen at this step's first layer
+    if queue_ahead:
+        steps_s, queued_s = _queued_decode(steps, ids, weights, arms)
+    else:
+        for t in range(len(decode)):
+            step_start = time.perf_counter()
+            steps(ids[t], weights[t])
+            queued_s.append(time.perf_counter() - step_start)  # the host's part: the device waits for its start
+            sync(device)
+            steps_s.append(time.perf_counter() - step_start)
+            if executor.guard is not None:
+                arms.append(executor.guard.arm)  # the arm chosen at this step's first layer
     seconds = time.perf_counter() - start
-    run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s]}
+    run = {"seconds": seconds, "stats": executor.stats().as_dict(), "steps_ms": [1e3 * s for s in steps_s],
+           "host_queue_ms": statistics.median(queued_s) * 1e3 if queued_s else 0.0}
     if executor.guard is not None:
         run["guard"] = {**executor.guard.summary(), **_time_by_arm(steps_s, arms)}
     return run
