@@ -1,10 +1,13 @@
 """Decode of a whole Qwen3-MoE model on the GPU (attention, norms, router, routed experts, head),
-with random weights at Qwen3-30B-A3B's shape and no download, three ways side by side in one
+with random weights at Qwen3-30B-A3B's shape and no download, four ways side by side in one
 process on the same weights and prompt:
 
 - eager: every op launched from Python, each expert call uncaptured (FT_CUDA_GRAPHS=0);
 - layer graphs: each expert call replayed as its own CUDA graph, everything else eager;
-- step graphs: each decode step replayed as one CUDA graph (gpu/step_graphs.py, the default).
+- step graphs: each decode step replayed as one CUDA graph (gpu/step_graphs.py), launched once
+  the host has the token before it;
+- steps queued: the same, each step's graph launched while the step before runs and held on the
+  device until the host has that token (DeviceModel.queue_decode, as `ft run` decodes).
 
 `ft bench` times the expert path alone; this is what a user of `ft run` gets. Random routers
 spread tokens nearly uniformly over the experts, so the default cache holds every expert
@@ -81,6 +84,31 @@ def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int,
     return out, tokens / (time.perf_counter() - start), kept
 
 
+def decode_queued(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) -> tuple[list[int], float, list]:
+    """`decode` as Session.generate runs it on the GPU: each step queued (its graph launched, held
+    on the device) while the step before runs, and started once the host has its token."""
+    state = model.new_state(ctx)
+    logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
+    out: list[int] = []
+    start, pending = 0.0, None
+    try:
+        for step in range(tokens + 8):
+            if step == 8:
+                sync(model.device.type)
+                start = time.perf_counter()
+            out.append(int(torch.argmax(logits)))
+            current, pending = pending or model.queue_decode(state), None
+            current.start(out[-1])
+            if step + 1 < tokens + 8:
+                pending = model.queue_decode(state)  # the next step's launches, while this one runs
+            logits = current.logits()
+    finally:
+        if pending is not None:
+            pending.cancel()
+    sync(model.device.type)
+    return out, tokens / (time.perf_counter() - start), []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=48)
@@ -118,7 +146,8 @@ def main() -> None:
     first: list[int] | None = None
     first_logits: list[torch.Tensor] = []
     uncaptured: list[torch.Tensor] = []
-    ways = [("eager", False, False), ("layer graphs", True, False), ("step graphs", True, True)]
+    ways = [("eager", False, False), ("layer graphs", True, False), ("step graphs", True, True),
+            ("steps queued", True, True)]
     if args.check:  # the step graphs' work run uncaptured: what capture changes, apart from the masked span
         ways.insert(2, ("steps eager", True, False))
     for name, graphs, steps in ways:
@@ -130,7 +159,8 @@ def main() -> None:
                 model = DeviceModel(build_model(config, weights, ex, dtype), device, ex.steps)
             if name == "steps eager":
                 model.steps = ex.steps  # decode_at at a DevicePosition, each step as it is (begin_step refuses)
-            out, tok_s, _ = decode(model, prompt, args.tokens, args.ctx)
+            run = decode_queued if name == "steps queued" and model.can_queue else decode
+            out, tok_s, _ = run(model, prompt, args.tokens, args.ctx)
             first = first or out
             same = next((i for i, (a, b) in enumerate(zip(out, first, strict=True)) if a != b), len(out))
             s = ex.stats()
