@@ -3,14 +3,16 @@
 # and threads of consumer machines), for BENCHMARKS.md. Each run is capped so the batch fits one
 # device call; results go to $OUT (JSON + stderr), a summary line per run to stdout.
 #
-#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more|profile|pdl]
+#   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more|profile|pdl|queue]
 #   (.traces/ holds a copy of ../shared/traces/bigmoeonedge/qwen3-30b-a3b.npz)
 #   tests: the GPU tests, `ft run tiny --device gpu` and a whole model's decode (~3 min); quick: the CUDA-graph parity
 #   tests, `ft run tiny` on GPU and CPU, and the trace runs at 8 and 32 GiB in 3 rounds, and at 8
 #   GiB over an emulated x8 link (~7 min; SHAPES=1 adds Qwen3.6 and GLM-4.5-Air, ~9 min); more:
 #   synthetic routing, prefill, and the Qwen3.6 and full-depth GLM-4.5-Air shapes (~9 min); pdl:
 #   programmatic dependent launch on and off (FT_PDL=0), side by side, for the whole model's decode
-#   and the 32 GiB trace run (~6 min). Each fits one device call.
+#   and the 32 GiB trace run (~6 min); queue: decode steps queued ahead (the default) against
+#   launched after the wait (--no-queue-ahead), for the whole model's decode and the 32 GiB trace
+#   run (~6 min). Each fits one device call.
 set -u
 WHAT=${1:-quick}
 OUT=${OUT:-./bench-out}
@@ -53,6 +55,18 @@ if [ "$WHAT" = pdl ]; then  # PDL (whole-step graphs) against none: whole model,
     pdl=1; [ "${round#*-}" = off ] && pdl=0
     FT_PDL=$pdl run q30-32g-pdl-$round 100 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace \
         --trace "$TRACE" --tokens 96 --prefill= --policies auto,offload --reps 3
+  done
+  exit 0
+fi
+
+if [ "$WHAT" = queue ]; then  # steps queued ahead against launched after the wait: whole model, then experts only
+  timeout 200 python3 benchmarks/bench_model_decode.py --layers 48 --experts 32 --tokens 64 \
+      --ways "step graphs,steps queued" > "$OUT/model-queue.txt" 2>&1
+  echo "bench_model_decode rc=$?"; tail -2 "$OUT/model-queue.txt"
+  for round in 1-on 2-off 3-on; do
+    flag=--queue-ahead; [ "${round#*-}" = off ] && flag=--no-queue-ahead
+    run q30-32g-queue-$round 110 --shape qwen3-30b-a3b --budget-gib 32 --threads 8 --routing trace \
+        --trace "$TRACE" --tokens 96 --prefill= --policies auto,offload --reps 3 $flag
   done
   exit 0
 fi
