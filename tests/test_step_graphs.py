@@ -332,3 +332,52 @@ def test_dependent_launch_only_for_step_graphs(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(dependent_launch, "_enabled_on", lambda index: False)  # an sm_89 card, or FT_PDL=0
     with dependent_launch.for_step_graph():
         assert not dependent_launch.enabled(cuda)
+
+
+def test_a_queued_step_runs_when_started_and_never_when_cancelled() -> None:
+    """StepGraphs.queue where the step cannot be held (off CUDA begin_step answers None): the
+    step's host part is made at once, its feed and calls only when started, in that order, and
+    once; a cancelled one never runs and leaves no step begun behind it."""
+    ex = hybrid(make_banks(), "offload", slots=20)
+    events = []
+
+    def feed() -> None:
+        events.append("feed")
+
+    def step() -> str:
+        events.append("step")
+        return "out"
+
+    queued = ex.steps.queue("test", step, feed, ex.steps.doorbell)
+    assert events == [] and ex._step_begun  # the host part is made, nothing run
+    assert queued.start() == "out" and events == ["feed", "step"]
+    with pytest.raises(RuntimeError, match="already"):
+        queued.start()
+    queued.cancel()  # after a start: nothing
+    assert events == ["feed", "step"]
+    cancelled = ex.steps.queue("test", step, feed, ex.steps.doorbell)
+    cancelled.cancel()
+    assert events == ["feed", "step"] and not ex._step_begun
+    with pytest.raises(RuntimeError, match="already"):
+        cancelled.start()
+    ex.close()
+
+
+def test_a_doorbell_holds_each_step_until_its_ring() -> None:
+    """Each hold waits for a new, larger value (at least: a later ring also releases it), and a
+    ring writes the value into the flag the stream polls."""
+    from runtime.gpu.host_signal import Doorbell, HostFlag
+
+    class Stream:  # what a CUDA stream would be asked to do (no stream memory operations off CUDA)
+        waits: list[int] = []
+
+        def wait_at_least(self, flag, value: int) -> None:
+            self.waits.append(value)
+
+    bell = Doorbell(Stream(), HostFlag(pinned=False))
+    first, second = bell.hold(), bell.hold()
+    assert (first, second) == (1, 2) and Stream.waits == [1, 2] and bell.flag.read() == 0
+    bell.ring(first)
+    assert bell.flag.read() == 1
+    bell.ring(second)
+    assert bell.flag.read() == 2

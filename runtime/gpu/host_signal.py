@@ -154,8 +154,8 @@ class Doorbell:
     Nothing may wait for the stream's end (a device synchronize, a capture) between a `hold` and
     its `ring`: the stream cannot get there before the ring."""
 
-    def __init__(self, flags: StreamFlags) -> None:
-        self.flags, self.flag, self.count = flags, HostFlag(), 0
+    def __init__(self, flags: StreamFlags, flag: HostFlag | None = None) -> None:
+        self.flags, self.flag, self.count = flags, flag or HostFlag(), 0
 
     def hold(self) -> int:
         """The current stream's later work waits for `ring(n)`; returns n."""
