@@ -378,6 +378,9 @@ def test_a_doorbell_holds_each_step_until_its_ring() -> None:
     first, second = bell.hold(), bell.hold()
     assert (first, second) == (1, 2) and Stream.waits == [1, 2] and bell.flag.read() == 0
     bell.ring(first)
-    assert bell.flag.read() == 1
+    assert bell.flag.read() == 1 and bell.holding
+    with pytest.raises(RuntimeError, match="held"):  # what would wait for the device says so, not hangs
+        bell.check_released("a capture")
     bell.ring(second)
-    assert bell.flag.read() == 2
+    assert bell.flag.read() == 2 and not bell.holding
+    bell.check_released("a capture")

@@ -155,7 +155,12 @@ class Doorbell:
     its `ring`: the stream cannot get there before the ring."""
 
     def __init__(self, flags: StreamFlags, flag: HostFlag | None = None) -> None:
-        self.flags, self.flag, self.count = flags, flag or HostFlag(), 0
+        self.flags, self.flag, self.count, self.rung = flags, flag or HostFlag(), 0, 0
+
+    @property
+    def holding(self) -> bool:
+        """Whether work is held that no ring has released yet."""
+        return self.rung < self.count
 
     def hold(self) -> int:
         """The current stream's later work waits for `ring(n)`; returns n."""
@@ -165,4 +170,11 @@ class Doorbell:
 
     def ring(self, n: int) -> None:
         """Release the work held by `hold` n (and any before it)."""
+        self.rung = max(self.rung, n)
         self.flag.set(n)
+
+    def check_released(self, what: str) -> None:
+        """Raise where `what` would wait for the device while work is held (it would never end)."""
+        if self.holding:
+            raise RuntimeError(f"{what} while a queued decode step is held on the device: start or cancel it first "
+                               "(waiting for the device now would wait for ever)")

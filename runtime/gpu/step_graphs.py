@@ -194,6 +194,8 @@ class StepGraphs:
         return self.first_calls + self.captures
 
     def _capture(self, step: Callable[[], Out]) -> _Captured:
+        if self._doorbell is not None:  # a capture waits for the device first
+            self._doorbell.check_released("a step graph capture")
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -206,6 +208,8 @@ class StepGraphs:
         """Drop every graph and its memory pool (as DecodeGraphs.invalidate: no replay in flight
         reads what is freed, and a later capture gets a new pool)."""
         if self._graphs:
+            if self._doorbell is not None:
+                self._doorbell.check_released("dropping the step graphs")
             torch.cuda.synchronize(self.executor.device)
         self._graphs.clear()
         self._warm.clear()
