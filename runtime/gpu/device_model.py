@@ -20,6 +20,7 @@ launches (0.18 ms a step on the H200: BENCHMARKS.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,18 +77,22 @@ class DeviceModel:
             return self.model.forward(input_ids.to(self.device), state, last_only)
 
     def _decode_step(self, input_ids: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        position, key, step = self._step_at(state)
+        self._token.copy_(input_ids.reshape(1), non_blocking=True)
+        self._position.fill_(position)
+        logits = self.steps.run(key, step)
+        self.model.set_length(state, position + 1)
+        return logits.clone()  # the graph's own buffer is rewritten by the next step
+
+    def _step_at(self, state: DecodeState) -> tuple[int, tuple[str, int], Callable[[], torch.Tensor]]:
+        """(the position, the step graphs' key, the step) of a decode step at the state's length."""
         assert self.steps is not None
         if state is not self._graph_state:  # the graphs write the old state's KV buffers
             self.steps.invalidate()
             self._graph_state = state
         position = state.length
-        span = decode_span(position, state.max_tokens)
-        self._token.copy_(input_ids.reshape(1), non_blocking=True)
-        self._position.fill_(position)
-        where = DevicePosition(self._position, span)
-        logits = self.steps.run(("decode", span), lambda: self.model.decode_at(self._token, where, state))
-        self.model.set_length(state, position + 1)
-        return logits.clone()  # the graph's own buffer is rewritten by the next step
+        where = DevicePosition(self._position, decode_span(position, state.max_tokens))
+        return position, ("decode", where.span), lambda: self.model.decode_at(self._token, where, state)
 
     @property
     def can_queue(self) -> bool:
@@ -103,18 +108,13 @@ class DeviceModel:
         (a cancelled step takes it back). Needs `can_queue` and a state with room for one more."""
         assert self.steps is not None and state.length < state.max_tokens
         with torch.device(self.device), torch.inference_mode():
-            if state is not self._graph_state:  # the graphs write the old state's KV buffers
-                self.steps.invalidate()
-                self._graph_state = state
-            position = state.length
-            where = DevicePosition(self._position, decode_span(position, state.max_tokens))
+            position, key, step = self._step_at(state)
 
             def feed() -> None:  # queued behind the hold: reads the token the host writes before the ring
                 self._token.copy_(self._token_host, non_blocking=True)
                 self._position.fill_(position)
 
-            queued = self.steps.queue(("decode", where.span), lambda: self.model.decode_at(self._token, where, state),
-                                      feed, self.steps.doorbell)
+            queued = self.steps.queue(key, step, feed, self.steps.doorbell)
             self.model.set_length(state, position + 1)
         return QueuedDecode(self, queued, state, position)
 

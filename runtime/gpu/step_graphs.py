@@ -123,13 +123,8 @@ class StepGraphs:
         captured = self._graphs.get(full_key) if full_key is not None and bell is not None else None
         if captured is None:  # cancelled, it never runs
             return QueuedStep(lambda: (feed(), self._execute(full_key, step))[1], self.executor.abandon_step)
-        for work in captured.capture.host_work:  # the worker's jobs: each waits for its call's flag, written by the graph
-            work()
-        ticket = bell.hold()
-        feed()
-        captured.graph.replay()
-        self.executor.end_step(captured.capture.count)
-        self.replays += 1
+        self._replay(captured, held=lambda: (bell.hold(), feed()))
+        ticket = bell.count
         return QueuedStep(lambda: (bell.ring(ticket), captured.out)[1], lambda: bell.ring(ticket))
 
     def _begin(self, key: Hashable) -> Hashable | None:
@@ -164,12 +159,19 @@ class StepGraphs:
                 return step()
             self._graphs[key] = captured
             self.captures += 1
+        self._replay(captured)
+        return captured.out
+
+    def _replay(self, captured: _Captured, held: Callable[[], object] | None = None) -> None:
+        """The replay and the executor's host part around it. `held`: queues what holds the replay
+        on the device and the copies of its inputs, right before it."""
         for work in captured.capture.host_work:  # before the replay: a replay made synchronous waits for the worker
-            work()
+            work()  # (each job waits for its call's flag, which the graph writes)
+        if held is not None:
+            held()
         captured.graph.replay()
         self.executor.end_step(captured.capture.count)
         self.replays += 1
-        return captured.out
 
     @property
     def doorbell(self) -> Doorbell | None:
