@@ -35,7 +35,6 @@ from runtime.gpu import executor as executor_module
 from runtime.gpu.executor import HybridExpertExecutor
 from runtime.gpu.expert_cache import ExpertCache
 from runtime.gpu.host_memory import HostPinner
-from runtime.gpu.host_signal import HostFlag, StreamFlags
 from runtime.gpu.slot_compute import fills_in_launch
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 32, 8
@@ -78,30 +77,26 @@ def main() -> None:
         else:
             layer_calls()
 
-    flags, bell = StreamFlags.load(dev), HostFlag()
-
-    def gated_walls(step, with_miss: bool, count: int) -> list[float]:
-        """Seconds per step, each step queued (its launches made) while the one before runs, and
-        held on the device by a flag the host sets once it has seen the step before end (as a
+    def queued_walls(with_miss: bool, count: int) -> list[float]:
+        """Seconds per step, each step queued (StepGraphs.queue: its launches made, held on the
+        device) while the one before runs, and started once the host has seen that one end (as a
         decode loop that needs each token on the host before the next step may start)."""
-        bell.set(0)
-        step(0, with_miss)
-        done = torch.cuda.Event()
-        done.record()
-        walls, last = [], None
-        for n in range(1, count + 1):
-            flags.wait(bell, n)  # the device holds step n here until the host rings
-            step(2 * n, with_miss)
-            queued = torch.cuda.Event()
-            queued.record()
-            done.synchronize()  # step n - 1 is over
+        def queue(n: int):
+            ids = misses[n % len(misses)] if with_miss else hits
+            return ex.steps.queue("bench", layer_calls, lambda: ids_in.copy_(ids), ex.steps.doorbell)
+
+        walls, last, queued = [], None, queue(0)
+        for n in range(count + 1):
+            queued.start()
+            done = torch.cuda.Event()
+            done.record()
+            if n < count:
+                queued = queue(2 * (n + 1))
+            done.synchronize()
             now = time.perf_counter()
             if last is not None:
                 walls.append(now - last)
             last = now
-            bell.set(n)
-            done = queued
-        done.synchronize()
         return walls
 
     print(f"{layers} layers of {EXPERTS} experts ({stride / 2**20:.1f} MiB each), top-{TOP_K}, offload, "
@@ -138,8 +133,8 @@ def main() -> None:
         wall, host, device = (statistics.median(v) * 1e3 for v in (walls, hosts, devices))
         print(f"{name:<24} {wall:>8.3f} {host:>8.3f} {device:>10.3f} {1e3 * wall / layers:>15.1f} "
               f"{1e3 * host / layers:>6.1f} {1e3 * device / layers:>7.1f}  {held}")
-        if whole_step and flags is not None:  # the next step queued before this one ends, held by a host flag
-            wall = statistics.median(gated_walls(step, with_miss, steps)) * 1e3
+        if whole_step and ex.steps.doorbell is not None:  # the next step queued before this one ends
+            wall = statistics.median(queued_walls(with_miss, steps)) * 1e3
             print(f"{name + ', queued ahead':<24} {wall:>8.3f} {'':>8} {'':>10} {1e3 * wall / layers:>15.1f}")
 
     executor_module.fills_in_launch = fills_in_launch
