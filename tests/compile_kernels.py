@@ -26,7 +26,7 @@ SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_
 def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
     """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes
     on an sm_`sm` card (programmatic dependent launch from sm_90)."""
-    from runtime.gpu.kernels import expert_fill, route_plan, slot_experts
+    from runtime.gpu.kernels import cast_out, expert_fill, route_plan, slot_experts
 
     pdl = sm >= 90
     out = []
@@ -60,6 +60,9 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
     sig = {"bank_addr": "i64", "stride_words": "i64", "unique_ptr": "*i32", "status_ptr": "*i32", "slot_ptr": "*i32",
            "slots_ptr": "*i64", "slot_words": "i64", "n_rows": "i32"}
     out.append(("expert_fill", expert_fill._expert_fill_kernel, sig, {"CHUNK": 4096, "PCIE_CODE": 1}))
+    for dst in ("*bf16", "*fp16"):
+        out.append((f"cast_out {dst[1:]}", cast_out._cast_kernel, {"src_ptr": "*fp32", "dst_ptr": dst, "n": "i32"},
+                    {"BLOCK": cast_out.BLOCK, "PDL": pdl}))
     return out
 
 

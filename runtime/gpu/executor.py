@@ -55,19 +55,24 @@ PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placeme
 MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 
 
-def _device_kernels(device: torch.device) -> tuple[Callable, Callable] | None:
-    """(route_plan, expert_fill), the Triton kernels, on CUDA with triton installed; else None
+def _device_kernels(device: torch.device) -> tuple[Callable, Callable, Callable] | None:
+    """(route_plan, expert_fill, cast_out), the Triton kernels, on CUDA with triton installed; else None
     (the torch twins plan and fill, with a host sync per layer on CUDA). Imported here, not at
     module import: tests choose triton's interpreter before the kernel modules load."""
     if device.type != "cuda":
         return None
     try:
+        from .kernels.cast_out import cast_out
         from .kernels.expert_fill import expert_fill
         from .kernels.route_plan import route_plan
     except ImportError:  # pragma: no cover - depends on the install
         log.warning("triton is not installed: expert routing is planned on the host (slower)")
         return None
-    return route_plan, expert_fill
+    return route_plan, expert_fill, cast_out
+
+
+def _torch_cast(src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return src.to(dtype)
 
 
 class HybridExpertExecutor:
@@ -123,7 +128,7 @@ class HybridExpertExecutor:
                                          placement=PLACEMENT[mode], pcie_repeat=pcie_repeat)
                         if prefill_buffers and mode != "cpu" else None)
         kernels = _device_kernels(self.device)
-        self._route_plan, self._expert_fill = kernels or (route_plan_ref, None)
+        self._route_plan, self._expert_fill, self._cast_out = kernels or (route_plan_ref, None, _torch_cast)
         # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
         self._zero_copy = {layer: kernels is not None and bank.data.is_pinned() for layer, bank in banks.items()}
         self.cpu_share = CPUShare(self.cpu_executor, self.device)
@@ -309,7 +314,7 @@ class HybridExpertExecutor:
         if job is not None:
             capture.host_work.append(lambda: self.cpu_share.start(job))
         capture.count += 1
-        return out.to(x.dtype)
+        return self._cast_out(out, x.dtype)  # a link of the step graph's PDL chain (kernels/cast_out.py)
 
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
