@@ -11,11 +11,13 @@ process on the same weights and prompt:
 
 `ft bench` times the expert path alone; this is what a user of `ft run` gets. Random routers
 spread tokens nearly uniformly over the experts, so the default cache holds every expert
-(`--slots` smaller makes misses). Prints tok/s per way and how many greedy tokens each shares
-with the eager run (the slot kernel sums experts with atomics, so bf16 runs may part after a
-while on random weights).
+(`--slots` smaller makes misses). Every way picks its greedy token on the host from the logits
+moved there, as `ft run`'s sampler does. Prints tok/s per way and how many greedy tokens each
+shares with the first way run (the slot kernel sums experts with atomics, so bf16 runs may part
+after a while on random weights); for steps queued also where the host's time went per step.
 
     python3 benchmarks/bench_model_decode.py [--layers 48] [--experts 32] [--slots N] [--tokens 64]
+    python3 benchmarks/bench_model_decode.py --ways "steps queued,step graphs,steps queued"  # in this order
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int,
         if step == 8:
             sync(model.device.type)
             start = time.perf_counter()
-        out.append(int(torch.argmax(logits)))  # the host needs the token: one sync per step, as in ft run
+        out.append(host_argmax(logits))  # the host needs the token: one sync per step, as in ft run
         if forced is not None:
             kept.append(logits.float().cpu())
         logits = model.forward(torch.tensor([out[-1] if forced is None else forced[step]]), state)[-1]
@@ -84,29 +86,46 @@ def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int,
     return out, tokens / (time.perf_counter() - start), kept
 
 
+def host_argmax(logits: torch.Tensor) -> int:
+    """The greedy token as `ft run` picks it: the logits moved to the host, argmax there."""
+    return int(torch.argmax(logits.to("cpu", torch.float32)))
+
+
 def decode_queued(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) -> tuple[list[int], float, list]:
     """`decode` as Session.generate runs it on the GPU: each step queued (its graph launched, held
     on the device) while the step before runs, and started once the host has its token. (No
-    device sync while a step is held: it would wait for the step, which waits for the host.)"""
+    device sync while a step is held: it would wait for the step, which waits for the host.)
+    Prints the host's mean time per timed step in each part of the loop."""
     state = model.new_state(ctx)
     logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
     out: list[int] = []
     start, pending = 0.0, None
+    parts = dict.fromkeys(("argmax", "start", "queue", "wait for logits"), 0.0)
     try:
         for step in range(tokens + 8):
-            out.append(int(torch.argmax(logits)))
+            t0 = time.perf_counter()
+            out.append(host_argmax(logits))
+            t1 = time.perf_counter()
             current, pending = pending or model.queue_decode(state), None
             current.start(out[-1])
+            t2 = time.perf_counter()
             if step + 1 < tokens + 8:
                 pending = model.queue_decode(state)  # the next step's launches, while this one runs
+            t3 = time.perf_counter()
             logits = current.logits()
+            t4 = time.perf_counter()
             if step == 7:  # the first 8 untimed; the device is done with step 7 here
                 start = time.perf_counter()
+            elif step > 7:
+                for name, d in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                    parts[name] += d
     finally:
         if pending is not None:
             pending.cancel()
     sync(model.device.type)
-    return out, tokens / (time.perf_counter() - start), []
+    tok_s = tokens / (time.perf_counter() - start)
+    print("steps queued, the host's ms a step: " + ", ".join(f"{k} {v / tokens * 1e3:.3f}" for k, v in parts.items()))
+    return out, tok_s, []
 
 
 def main() -> None:
@@ -149,8 +168,12 @@ def main() -> None:
     uncaptured: list[torch.Tensor] = []
     ways = [("eager", False, False), ("layer graphs", True, False), ("step graphs", True, True),
             ("steps queued", True, True)]
-    if args.ways:
-        ways = [way for way in ways if way[0] in args.ways.split(",")]
+    if args.ways:  # in the order given, repeats allowed
+        by_name = {way[0]: way for way in ways}
+        unknown = [name for name in args.ways.split(",") if name not in by_name]
+        if unknown:
+            ap.error(f"unknown ways {unknown}: choose from {', '.join(by_name)}")
+        ways = [by_name[name] for name in args.ways.split(",")]
     if args.check:  # the step graphs' work run uncaptured: what capture changes, apart from the masked span
         ways.insert(2, ("steps eager", True, False))
     for name, graphs, steps in ways:
@@ -168,7 +191,7 @@ def main() -> None:
             same = next((i for i, (a, b) in enumerate(zip(out, first, strict=True)) if a != b), len(out))
             s = ex.stats()
             guard = f"   model arm {ex.guard.steps['model']} of {sum(ex.guard.steps.values())} steps" if ex.guard else ""
-            print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with eager: {same}/{len(out)}   "
+            print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with the first way: {same}/{len(out)}   "
                   f"hit rate {s.hit_rate:.3f}, CPU-served {s.cpu_experts}   step graphs: {ex.steps.captures} captured, "
                   f"{ex.steps.replays} replayed{guard}")
             if args.check:  # the eager run's tokens fed back: how far each step's logits are from eager's
