@@ -202,7 +202,8 @@ def test_warm_up_runs_until_every_arms_graphs_are_captured(arms: tuple[str, ...]
 
 def test_the_rooflines_overlap_pcie_and_device_memory_or_add_them() -> None:
     """The roofline takes the slowest side; the serial one adds PCIe and device memory (a step
-    that reads nothing ahead), the CPU still beside them."""
+    that reads nothing ahead), the CPU still beside them. PCIe and the CPU overlap at their
+    rates while both run, then the one left goes at its rate alone."""
     from runtime.bench.moe import roofline
     from runtime.gpu import BandwidthProfile
 
@@ -211,5 +212,14 @@ def test_the_rooflines_overlap_pcie_and_device_memory_or_add_them() -> None:
     offload = {"pcie_bytes": 1e9, "cpu_bytes": 0.0, "hit_bytes": 4e9}  # 20 ms over PCIe alone, 1 ms of HBM
     assert roofline(offload, profile, 4000.0) == pytest.approx(1 / 0.020)
     assert roofline(offload, profile, 4000.0, serial=True) == pytest.approx(1 / 0.021)
-    split = {"pcie_bytes": 1e9, "cpu_bytes": 1e9, "hit_bytes": 4e9}  # both sides: 25 ms PCIe, 50 ms CPU
-    assert roofline(split, profile, 4000.0) == roofline(split, profile, 4000.0, serial=True) == pytest.approx(1 / 0.050)
+    # both sides: 25 ms together moves PCIe's 1 GB and 0.5 GB of the CPU's, whose other 0.5 GB
+    # takes 20 ms alone (one after the other: 20 + 40 ms)
+    split = {"pcie_bytes": 1e9, "cpu_bytes": 1e9, "hit_bytes": 4e9}
+    assert roofline(split, profile, 4000.0) == roofline(split, profile, 4000.0, serial=True) == pytest.approx(1 / 0.045)
+    # a few CPU bytes do not slow the PCIe side down to its rate while both run: 0.01 GB of the
+    # CPU's overlaps 0.5 ms of PCIe at 40 GB/s, the other 0.98 GB of PCIe goes at 50 GB/s
+    trickle = {"pcie_bytes": 1e9, "cpu_bytes": 1e7, "hit_bytes": 4e9}
+    assert roofline(trickle, profile, 4000.0) == pytest.approx(1 / (0.0005 + 0.98e9 / 50e9))
+    # the CPU alone: its alone rate
+    cpu_only = {"pcie_bytes": 0.0, "cpu_bytes": 1e9, "hit_bytes": 0.0}
+    assert roofline(cpu_only, profile, 4000.0) == pytest.approx(25.0)

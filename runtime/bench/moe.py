@@ -21,10 +21,11 @@ For one shape (a built-in table of real models' MoE geometry, or `tiny` for CI):
 
 Only the routed-expert path is timed ("experts-only"): attention, dense layers and shared
 experts are not run and not counted in tok/s or TTFT. The roofline per token is
-1 / max(pcie_bytes / p, cpu_bytes / c, hit_bytes / hbm) from the bandwidth profile's p and c
-(while both run; alone where only one side works) and a measured device-memory copy rate; the
-serial roofline adds the PCIe and device-memory times instead, the bound of a step that reads
-nothing ahead of its routing.
+1 / max(host, hit_bytes / hbm): `host` the least time in which PCIe and the CPU can move their
+bytes at the bandwidth profile's rates (each side's rate alone, the lower pair while both run:
+`host_seconds`), hbm a measured device-memory copy rate. The serial roofline adds the PCIe
+reads' time alone and the device-memory time instead, the bound of a step that reads nothing
+ahead of its routing.
 """
 
 from __future__ import annotations
@@ -254,16 +255,34 @@ def _long_routing(shape: BenchShape, num_layers: int, top_k: int, length: int, s
     return np.argpartition(keys, top_k - 1, axis=-1)[..., :top_k].astype(np.int64)
 
 
+def host_seconds(pcie_bytes: float, cpu_bytes: float, profile: BandwidthProfile) -> float:
+    """The least time for PCIe to move `pcie_bytes` and the CPU to read `cpu_bytes`, where each
+    side runs at its alone rate while the other idles and both at the lower rates measured while
+    both run (a side without an alone rate: its rate while both run). Overlapping pays only while
+    both have bytes left, so the best schedule runs both until the side that would finish first
+    is done, or runs them one after the other."""
+    p_both, c_both = profile.pcie_gbps * 1e9, profile.cpu_gbps * 1e9
+    p_alone, c_alone = (profile.pcie_alone_gbps or profile.pcie_gbps) * 1e9, (profile.cpu_alone_gbps or profile.cpu_gbps) * 1e9
+    one_after_other = pcie_bytes / p_alone + cpu_bytes / c_alone
+    if pcie_bytes <= 0 or cpu_bytes <= 0:
+        return one_after_other
+    both = min(pcie_bytes / p_both, cpu_bytes / c_both)  # seconds with both running
+    overlapped = both + (pcie_bytes - p_both * both) / p_alone + (cpu_bytes - c_both * both) / c_alone
+    return min(one_after_other, overlapped)
+
+
 def roofline(per_token: dict[str, float], profile: BandwidthProfile, hbm_gbps: float, serial: bool = False) -> float:
-    """Tokens/s if each side ran at its measured rate and they overlapped perfectly. `serial`:
-    with the PCIe reads and the device-memory reads one after the other, as a decode step makes
-    them when nothing is read ahead (a layer's misses are known only from its routing, which
-    needs the layer before), the CPU still beside them."""
-    both = per_token["pcie_bytes"] > 0 and per_token["cpu_bytes"] > 0
-    p = profile.pcie_gbps if both or not profile.pcie_alone_gbps else profile.pcie_alone_gbps
-    c = profile.cpu_gbps if both or not profile.cpu_alone_gbps else profile.cpu_alone_gbps
-    pcie_s, hbm_s = per_token["pcie_bytes"] / (p * 1e9), per_token["hit_bytes"] / (hbm_gbps * 1e9)
-    t = max(pcie_s + hbm_s if serial else max(pcie_s, hbm_s), per_token["cpu_bytes"] / (c * 1e9))
+    """Tokens/s if every side ran at its measured rate and the device's reads overlapped the
+    host's perfectly (`host_seconds` for PCIe and the CPU). `serial`: with the PCIe reads and the
+    device-memory reads one after the other, as a decode step makes them when nothing is read
+    ahead (a layer's misses are known only from its routing, which needs the layer before), the
+    CPU still beside them."""
+    pcie, cpu = per_token["pcie_bytes"], per_token["cpu_bytes"]
+    hbm_s = per_token["hit_bytes"] / (hbm_gbps * 1e9)
+    t = host_seconds(pcie, cpu, profile)
+    if serial:
+        t = max(t, host_seconds(pcie, 0.0, profile) + hbm_s)
+    t = max(t, hbm_s)
     return 1 / t if t > 0 else math.inf
 
 
