@@ -128,7 +128,7 @@ class Session:
                     logits = self.model.forward(torch.tensor([token], dtype=torch.long), self.state)[-1]
                     continue
                 step, pending = pending or self.model.queue_decode(self.state), None
-                step.start(token)
+                step.start(token, sampler.candidates_needed(self.tokens))  # the best logits only, where they decide
                 if (limit is None or len(out_tokens) < limit) and len(self.tokens) + 1 < self.context_length:
                     pending = self.model.queue_decode(self.state)  # may follow: queued while `step` runs
                 logits = step.logits()

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .top_logits import MAX_CANDIDATES, TopLogits, candidates_to_take, penalty_window, top_logits
+
 MAX_SEED = 2**64 - 1
 
 
@@ -178,45 +180,88 @@ class Sampler:
         self.seed = seed
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
-        """The next token id from `logits` [V] (any float dtype/device), penalising `history`."""
-        if logits.dim() != 1:
-            raise ValueError(f"sample takes logits of shape [vocab], got {tuple(logits.shape)}")
+    def candidates_needed(self, history: Sequence[int] | torch.Tensor = ()) -> int | None:
+        """How many of a step's best logits decide its sample under these params after
+        `history` (top_logits.py), or None where the whole row does: top_k 0 with a temperature,
+        a penalty that can raise a logit, or a penalty window of too many distinct tokens."""
+        p = self.params
+        if p.temperature > 0 and p.top_k == 0:
+            return None
+        touched = 0
+        if not _penalties_off(p):
+            if p.repeat_penalty < 1 or p.frequency_penalty < 0 or p.presence_penalty < 0:
+                return None
+            touched = int(torch.unique(penalty_window(history, p.repeat_last_n, 2**62)).numel())
+        needed = (1 if p.temperature == 0 else p.top_k) + touched
+        return needed if needed <= MAX_CANDIDATES else None
+
+    def sample(self, logits: torch.Tensor | TopLogits, history: Sequence[int] = ()) -> int:
+        """The next token id from `logits` [V] (any float dtype/device), or from a step's best
+        logits (TopLogits), penalising `history`. A row on a device other than the CPU is
+        narrowed there to the best logits that decide the sample, where some do."""
+        if isinstance(logits, torch.Tensor):
+            if logits.dim() != 1:
+                raise ValueError(f"sample takes logits of shape [vocab], got {tuple(logits.shape)}")
+            count = candidates_to_take(self.candidates_needed(history), logits.numel())
+            if logits.device.type == "cpu" or count is None or count >= logits.numel():
+                return self._sample_row(logits, history)
+            logits = top_logits(logits, count)
+        if logits.has_nan:
+            raise ValueError("logits contain NaN")
+        needed = self.candidates_needed(history)
+        use = logits.deciding(needed) if needed is not None else None
+        if use is None:  # a tie across every boundary, or params that need the whole row
+            return self._sample_row(logits.full(), history)
+        order = torch.argsort(logits.ids[:use])  # by token id, as in the whole row
+        ids, values = logits.ids[:use][order], logits.values[:use][order].clone()
+        apply_penalties(values, history, self.params, ids=ids)
+        return int(ids[self._draw(values)])
+
+    def _sample_row(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         logits = logits.detach().to(device="cpu", dtype=torch.float32).clone()
         if torch.isnan(logits).any():
             raise ValueError("logits contain NaN")
+        apply_penalties(logits, history, self.params)
+        return self._draw(logits)
+
+    def _draw(self, logits: torch.Tensor) -> int:
+        """The index into `logits` (penalised, float32, in token-id order) the chain picks."""
         p = self.params
-        apply_penalties(logits, history, p)
         if p.temperature == 0:
             return int(torch.argmax(logits))  # the first maximum: ties go to the lowest id
-        ids, values = top_k_sorted(logits, p.top_k)  # [K], [K], best first
+        at, values = top_k_sorted(logits, p.top_k)  # [K], [K], best first
         values = top_p_filter(values, p.top_p)
         values = min_p_filter(values, p.min_p)
         probs = torch.softmax(values / p.temperature, dim=0)
         pick = torch.multinomial(probs, 1, generator=self.generator)
-        return int(ids[int(pick)])
+        return int(at[int(pick)])
 
 
-def apply_penalties(logits: torch.Tensor, history: Sequence[int], params: SamplingParams) -> None:
+def _penalties_off(params: SamplingParams) -> bool:
+    return params.repeat_penalty == 1 and params.frequency_penalty == 0 and params.presence_penalty == 0
+
+
+def apply_penalties(logits: torch.Tensor, history: Sequence[int], params: SamplingParams,
+                    ids: torch.Tensor | None = None) -> None:
     """llama.cpp's penalties, in place, over the last `repeat_last_n` tokens of `history`: a seen
     token's logit is divided by repeat_penalty if positive, multiplied if not, then lowered by
-    count * frequency_penalty + presence_penalty."""
-    n = params.repeat_last_n
-    off = params.repeat_penalty == 1 and params.frequency_penalty == 0 and params.presence_penalty == 0
-    if off or n == 0 or len(history) == 0:
+    count * frequency_penalty + presence_penalty. `ids`: the token id of each entry of `logits`,
+    ascending (None: entry i is token i)."""
+    if _penalties_off(params) or params.repeat_last_n == 0 or len(history) == 0:
         return
-    recent = history[-n:] if n > 0 else history
-    if isinstance(recent, torch.Tensor):
-        window = recent.detach().to(device="cpu", dtype=torch.long).flatten()
-    else:
-        window = torch.as_tensor(list(recent), dtype=torch.long)
-    window = window[(window >= 0) & (window < logits.numel())]
+    window = penalty_window(history, params.repeat_last_n, logits.numel() if ids is None else 2**62)
     if window.numel() == 0:
         return
-    ids, counts = torch.unique(window, return_counts=True)
-    seen = logits[ids]
+    seen_ids, counts = torch.unique(window, return_counts=True)
+    if ids is None:
+        at = seen_ids
+    else:  # the seen tokens among the entries
+        at = torch.searchsorted(ids, seen_ids).clamp(max=ids.numel() - 1)
+        present = ids[at] == seen_ids
+        at, counts = at[present], counts[present]
+    seen = logits[at]
     seen = torch.where(seen <= 0, seen * params.repeat_penalty, seen / params.repeat_penalty)
-    logits[ids] = seen - counts.to(torch.float32) * params.frequency_penalty - params.presence_penalty
+    logits[at] = seen - counts.to(torch.float32) * params.frequency_penalty - params.presence_penalty
 
 
 def top_k_sorted(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

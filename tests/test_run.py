@@ -204,7 +204,10 @@ def test_queued_decode_gives_the_plain_loops_answers(tiny) -> None:
     cut = plain.text[len(plain.text) // 2:][:3]
     for params, ctx in ((SamplingParams(temperature=0, max_tokens=24, stop=(cut,)), 256),
                         (SamplingParams(temperature=0), len(prompt) + 5),
-                        (SamplingParams(temperature=0.8, seed=4, max_tokens=10), 256)):
+                        (SamplingParams(temperature=0.8, seed=4, max_tokens=10), 256),
+                        (SamplingParams(temperature=0.9, seed=5, max_tokens=12, repeat_penalty=1.3,
+                                        presence_penalty=0.2), 256),  # the best logits only, penalised
+                        (SamplingParams(temperature=0.9, seed=6, max_tokens=8, top_k=0), 256)):  # the whole row
         want = Session(loaded.model, tokenizer, ctx).generate(prompt, params)
         got = Session(queued, tokenizer, ctx)
         answer = got.generate(prompt, params)

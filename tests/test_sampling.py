@@ -223,3 +223,78 @@ def test_sampler_input_checks() -> None:
     assert logits.tolist() == [0.0, 1.0, 2.0]  # the caller's logits are not modified
     masked = torch.tensor([float("-inf"), 0.0, float("-inf")])
     assert {Sampler(SamplingParams(seed=s)).sample(masked) for s in range(20)} == {1}
+
+
+# --- the best logits only (runtime/top_logits.py) ---------------------------------------------
+
+def test_candidates_needed_counts_the_tokens_the_penalties_touch() -> None:
+    def needed(history: list[int] | None = None, **kw) -> int | None:
+        return Sampler(SamplingParams(**kw)).candidates_needed(history or [])
+
+    assert needed(temperature=0) == 1
+    assert needed(top_k=40) == 40
+    assert needed(top_k=0) is None  # sampling from the whole vocabulary
+    assert needed(temperature=0, top_k=0) == 1  # greedy ignores top_k
+    assert needed([5, 5, 6, 9], top_k=3, repeat_penalty=1.1) == 3 + 3  # distinct tokens in the window
+    assert needed([5, 6, 9, 9], top_k=3, repeat_penalty=1.1, repeat_last_n=2) == 3 + 1
+    assert needed([5, 6, 9], top_k=3, frequency_penalty=0.5, repeat_last_n=-1) == 3 + 3
+    assert needed([5, 6, 9], top_k=3, repeat_penalty=1.1, repeat_last_n=0) == 3
+    for raising in ({"repeat_penalty": 0.9}, {"presence_penalty": -0.5}, {"frequency_penalty": -0.1}):
+        assert needed([5], top_k=3, **raising) is None  # a penalty that can raise a logit
+    assert needed(list(range(5000)), top_k=3, repeat_penalty=1.1, repeat_last_n=-1) is None  # too many
+
+
+PARAM_SETS = [
+    SamplingParams(temperature=0),
+    SamplingParams(temperature=0, repeat_penalty=1.3, repeat_last_n=8),
+    SamplingParams(temperature=0.7, top_k=1),
+    SamplingParams(temperature=0.7, top_k=5, top_p=1.0),
+    SamplingParams(temperature=1.3, top_k=40, top_p=0.9, min_p=0.05),
+    SamplingParams(temperature=0.8, top_k=20, repeat_penalty=1.2, frequency_penalty=0.4, presence_penalty=0.3),
+    SamplingParams(temperature=1.0, top_k=7, presence_penalty=1.5, repeat_last_n=-1),
+]
+
+
+@pytest.mark.parametrize("params", PARAM_SETS, ids=range(len(PARAM_SETS)))
+def test_the_best_logits_give_the_whole_rows_tokens(params: SamplingParams) -> None:
+    """A sampler given only the candidates top_logits takes draws the same tokens, step after
+    step from the same seed, as one given the whole rows: with penalties over the history, and
+    with logits on a coarse grid, so ties at the candidates' boundary are common (those steps
+    read the whole row; some must, and some must not)."""
+    from runtime.top_logits import candidates_to_take, top_logits
+
+    gen = torch.Generator().manual_seed(7)
+    vocab, steps = 300, 60
+    # logits on a grid of 0.5, and every third row zeros but for 0-2 ones (all the candidates tie)
+    rows = [torch.round(torch.randn(vocab, generator=gen) * 4) / 2 for _ in range(steps)]
+    for i in range(0, steps, 3):
+        rows[i] = torch.zeros(vocab).index_fill_(0, torch.randint(0, vocab, ((i // 3) % 3,), generator=gen), 1.0)
+    whole, best = Sampler(dataclasses.replace(params, seed=11)), Sampler(dataclasses.replace(params, seed=11))
+    history, reads = [int(t) for t in torch.randint(0, vocab, (20,), generator=gen)], []
+    for row in rows:
+        want = whole.sample(row, history)
+        count = candidates_to_take(best.candidates_needed(history), vocab)
+        top = top_logits(row, count)
+        top = dataclasses.replace(top, full=lambda top=top: reads.append(1) or top.full())
+        assert best.sample(top, history) == want
+        history.append(want)
+    assert 0 < len(reads) < steps  # both ways of a step were taken
+
+
+def test_the_best_logits_of_a_small_vocabulary_are_all_of_it() -> None:
+    """Fewer tokens than candidates: all of them, sampled as the whole row."""
+    from runtime.top_logits import top_logits
+
+    row = torch.tensor([1.0, 3.0, 3.0, -1.0])
+    top = top_logits(row, 64)
+    assert top.values.numel() == 4 and top.deciding(2) == 4
+    assert Sampler(SamplingParams(temperature=0)).sample(top) == 1  # ties to the lowest id, as the row
+
+
+def test_the_best_logits_refuse_a_row_with_nan() -> None:
+    from runtime.top_logits import top_logits
+
+    row = torch.zeros(200)
+    row[150] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        Sampler(SamplingParams(temperature=0)).sample(top_logits(row, 64))

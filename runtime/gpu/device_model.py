@@ -28,6 +28,7 @@ import torch
 from ..layers.attention import DevicePosition
 from ..loader import ModelWeights
 from ..models import DecoderModel, DecodeState
+from ..top_logits import TopLogits, candidates_to_take, take_top
 from .step_graphs import QueuedStep, StepGraphs
 
 SPAN_MIN = 256  # the shortest KV span a captured step attends over
@@ -58,7 +59,7 @@ class DeviceModel:
         # queued steps: the token the host writes before releasing a step, and the logits it reads back
         pinned = self.device.type == "cuda"
         self._token_host = torch.zeros(1, dtype=torch.long, device="cpu", pin_memory=pinned)
-        self._logits_host: torch.Tensor | None = None
+        self._host_buffers: dict[str, torch.Tensor] = {}  # the queued steps' logits (or best logits) on the host
 
     def new_state(self, max_tokens: int) -> DecodeState:
         with torch.device(self.device):
@@ -128,33 +129,66 @@ class QueuedDecode:
 
     def __init__(self, owner: DeviceModel, queued: QueuedStep[torch.Tensor], state: DecodeState, position: int) -> None:
         self._owner, self._queued, self._state, self._position = owner, queued, state, position
-        self._done: torch.cuda.Event | None = None  # after the logits' copy to the host (CUDA)
+        self._done: torch.cuda.Event | None = None  # after the copies to the host (CUDA)
+        self._device_logits: torch.Tensor | None = None
+        self._top: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # pinned values, ids, has_nan
         self._started = False
 
-    def start(self, token: int) -> None:
-        """Write the token where the step reads it and release the step (or run it now)."""
+    def start(self, token: int, needed: int | None = None) -> None:
+        """Write the token where the step reads it and release the step (or run it now).
+        `needed`: the sampler needs only that many of the best logits (Sampler.candidates_needed):
+        they are taken on the device and only they come back (top_logits.py); None: the row."""
         owner = self._owner
         owner._token_host[0] = token
+        cuda = owner.device.type == "cuda"
         with torch.device(owner.device), torch.inference_mode():
             logits = self._queued.start()[-1]
-            if owner._logits_host is None or owner._logits_host.shape != logits.shape:
-                owner._logits_host = torch.empty(logits.shape, dtype=logits.dtype, device="cpu",
-                                                 pin_memory=owner.device.type == "cuda")
-            owner._logits_host.copy_(logits, non_blocking=True)
-            if owner.device.type == "cuda":
+            self._device_logits = logits  # the graph's buffer: unchanged until the next step starts
+            count = candidates_to_take(needed, logits.numel())
+            if count is not None:
+                self._top = tuple(_pinned_copy(owner._host_buffers, name, t, cuda)
+                                  for name, t in zip(("values", "ids", "nan"), take_top(logits, count), strict=True))
+            else:
+                _pinned_copy(owner._host_buffers, "logits", logits, cuda)
+            if cuda:
                 self._done = torch.cuda.Event()
                 self._done.record()
         self._started = True
 
-    def logits(self) -> torch.Tensor:
-        """The step's logits [V] on the host (valid until the next step's `start`)."""
-        assert self._started and self._owner._logits_host is not None, "start the step first"
+    def logits(self) -> torch.Tensor | TopLogits:
+        """The step's logits [V] on the host, or its best ones where `start` was given `needed`
+        (valid until the next step's `start`)."""
+        assert self._started, "start the step first"
         if self._done is not None:
             self._done.synchronize()
-        return self._owner._logits_host
+        if self._top is None:
+            return self._owner._host_buffers["logits"]
+        values, ids, has_nan = self._top
+        return TopLogits(values, ids, self._device_logits.numel(), bool(has_nan), self._full_logits)
+
+    def _full_logits(self) -> torch.Tensor:
+        """The whole row on the host, read on a side stream: the model's stream may hold the next
+        step already, behind a wait for the host (a copy queued there would wait for ever)."""
+        logits = self._device_logits
+        if self._done is None:
+            return logits.to("cpu", torch.float32)
+        side = torch.cuda.Stream(logits.device)
+        side.wait_event(self._done)
+        with torch.cuda.stream(side):
+            return logits.to("cpu", torch.float32)
 
     def cancel(self) -> None:
         """Not wanted after all: released to run (a held replay must be), its results unread, and
         the token no longer counted by the state."""
         self._queued.cancel()
         self._owner.model.set_length(self._state, self._position)
+
+
+def _pinned_copy(buffers: dict[str, torch.Tensor], name: str, src: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """`src` copied (queued) into the host buffer `name`, made (pinned where `pinned`) or remade
+    when its shape or dtype changes."""
+    dst = buffers.get(name)
+    if dst is None or dst.shape != src.shape or dst.dtype != src.dtype:
+        dst = buffers[name] = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
+    dst.copy_(src, non_blocking=pinned)
+    return dst
