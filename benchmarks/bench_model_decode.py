@@ -11,10 +11,12 @@ process on the same weights and prompt:
 
 `ft bench` times the expert path alone; this is what a user of `ft run` gets. Random routers
 spread tokens nearly uniformly over the experts, so the default cache holds every expert
-(`--slots` smaller makes misses). Every way picks its greedy token on the host from the logits
-moved there, as `ft run`'s sampler does. Prints tok/s per way and how many greedy tokens each
-shares with the first way run (the slot kernel sums experts with atomics, so bf16 runs may part
-after a while on random weights); for steps queued also where the host's time went per step.
+(`--slots` smaller makes misses). Every way picks its greedy token with `ft run`'s sampler
+(runtime/sampling.py): from the best logits taken on the device (top_logits.py), or with
+--whole-rows from the whole row moved to the host (as `ft run` did before top_logits.py).
+Prints tok/s per way and how many greedy tokens each shares with the first way run (the slot
+kernel sums experts with atomics, so bf16 runs may part after a while on random weights); for
+steps queued also where the host's time went per step.
 
     python3 benchmarks/bench_model_decode.py [--layers 48] [--experts 32] [--slots N] [--tokens 64]
     python3 benchmarks/bench_model_decode.py --ways "steps queued,step graphs,steps queued"  # in this order
@@ -34,6 +36,8 @@ from runtime.gpu.device_model import DeviceModel
 from runtime.gpu.host_memory import HostPinner
 from runtime.loader import ModelWeights
 from runtime.models import build_model
+from runtime.sampling import Sampler, SamplingParams
+from runtime.top_logits import TopLogits
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MOE_INTER, TOP_K, VOCAB = 2048, 32, 4, 128, 768, 8, 151936  # Qwen3-30B-A3B
 
@@ -65,6 +69,17 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+WHOLE_ROWS = {"on": False}  # --whole-rows: the sampler reads every step's whole row on the host
+GREEDY = SamplingParams(temperature=0)
+
+
+def pick(sampler: Sampler, logits: torch.Tensor | TopLogits, history: list[int]) -> int:
+    """The greedy token as `ft run`'s sampler picks it."""
+    if WHOLE_ROWS["on"] and isinstance(logits, torch.Tensor):
+        logits = logits.cpu()
+    return sampler.sample(logits, history)
+
+
 def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int,
            forced: list[int] | None = None) -> tuple[list[int], float, list[torch.Tensor]]:
     """Greedy: the prompt, then `tokens` steps (the first 8 untimed: kernels, graphs); tok/s.
@@ -73,22 +88,18 @@ def decode(model: DeviceModel, prompt: list[int], tokens: int, ctx: int,
     logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
     out: list[int] = []
     kept: list[torch.Tensor] = []
+    sampler = Sampler(GREEDY)
     start = 0.0
     for step in range(tokens + 8):
         if step == 8:
             sync(model.device.type)
             start = time.perf_counter()
-        out.append(host_argmax(logits))  # the host needs the token: one sync per step, as in ft run
+        out.append(pick(sampler, logits, out))  # the host needs the token: one sync per step, as in ft run
         if forced is not None:
             kept.append(logits.float().cpu())
         logits = model.forward(torch.tensor([out[-1] if forced is None else forced[step]]), state)[-1]
     sync(model.device.type)
     return out, tokens / (time.perf_counter() - start), kept
-
-
-def host_argmax(logits: torch.Tensor) -> int:
-    """The greedy token as `ft run` picks it: the logits moved to the host, argmax there."""
-    return int(torch.argmax(logits.to("cpu", torch.float32)))
 
 
 def decode_queued(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) -> tuple[list[int], float, list]:
@@ -100,14 +111,15 @@ def decode_queued(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) 
     logits = model.forward(torch.tensor(prompt), state, last_only=True)[-1]
     out: list[int] = []
     start, pending = 0.0, None
-    parts = dict.fromkeys(("argmax", "start", "queue", "wait for logits"), 0.0)
+    parts = dict.fromkeys(("sample", "start", "queue", "wait for logits"), 0.0)
+    sampler = Sampler(GREEDY)
     try:
         for step in range(tokens + 8):
             t0 = time.perf_counter()
-            out.append(host_argmax(logits))
+            out.append(pick(sampler, logits, out))
             t1 = time.perf_counter()
             current, pending = pending or model.queue_decode(state), None
-            current.start(out[-1])
+            current.start(out[-1], None if WHOLE_ROWS["on"] else sampler.candidates_needed(out))
             t2 = time.perf_counter()
             if step + 1 < tokens + 8:
                 pending = model.queue_decode(state)  # the next step's launches, while this one runs
@@ -143,7 +155,10 @@ def main() -> None:
                     help="weights and compute (f32: differences between the ways are rounding, not drift)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only checks the script (no graphs there)")
     ap.add_argument("--ways", default="", help="only these ways, comma separated (default: all)")
+    ap.add_argument("--whole-rows", action="store_true",
+                    help="the sampler reads each step's whole row of logits on the host (not the best ones taken on the device)")
     args = ap.parse_args()
+    WHOLE_ROWS["on"] = args.whole_rows
     device = args.device
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
     gen = torch.Generator().manual_seed(0)
