@@ -20,6 +20,7 @@ steps queued also where the host's time went per step.
 
     python3 benchmarks/bench_model_decode.py [--layers 48] [--experts 32] [--slots N] [--tokens 64]
     python3 benchmarks/bench_model_decode.py --ways "steps queued,step graphs,steps queued"  # in this order
+    python3 benchmarks/bench_model_decode.py --ways "step graphs" --profile-steps 4  # the device kernels of a step
 """
 
 from __future__ import annotations
@@ -140,6 +141,29 @@ def decode_queued(model: DeviceModel, prompt: list[int], tokens: int, ctx: int) 
     return out, tok_s, []
 
 
+def profile_steps(model: DeviceModel, prompt: list[int], steps: int, ctx: int, layers: int) -> None:
+    """`steps` more greedy steps (the plain loop) under torch.profiler: the device kernels by total
+    time, with how many run per step and their time per step and per layer."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if model.device.type != "cuda":
+        print("profile: device kernels only on CUDA")
+        return
+    decode(model, prompt, 2, ctx)  # (captures what this state's span needs)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decode(model, prompt, steps, ctx)
+    kernels = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    runs = steps + 8 + 1  # decode's steps, its 8 untimed ones and the prompt's forward
+    total_n = sum(e.count for e in kernels) / runs
+    total_us = sum(e.self_device_time_total for e in kernels) / runs
+    print(f"profile: {total_n:.0f} device kernels and copies a step (the prompt's counted as one step), "
+          f"{total_us / 1e3:.2f} ms of device time a step, {total_us / layers:.1f} us a layer")
+    print(f"  {'count/step':>10} {'us/step':>9} {'us/layer':>9}  kernel")
+    for e in sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:30]:
+        print(f"  {e.count / runs:10.1f} {e.self_device_time_total / runs:9.1f} "
+              f"{e.self_device_time_total / runs / layers:9.2f}  {e.key[:110]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=48)
@@ -157,6 +181,8 @@ def main() -> None:
     ap.add_argument("--ways", default="", help="only these ways, comma separated (default: all)")
     ap.add_argument("--whole-rows", action="store_true",
                     help="the sampler reads each step's whole row of logits on the host (not the best ones taken on the device)")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after the last way, profile this many more steps: the device kernels of a step")
     args = ap.parse_args()
     WHOLE_ROWS["on"] = args.whole_rows
     device = args.device
@@ -209,6 +235,8 @@ def main() -> None:
             print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with the first way: {same}/{len(out)}   "
                   f"hit rate {s.hit_rate:.3f}, CPU-served {s.cpu_experts}   step graphs: {ex.steps.captures} captured, "
                   f"{ex.steps.replays} replayed{guard}")
+            if args.profile_steps and (name, graphs, steps) == ways[-1]:
+                profile_steps(model, prompt, args.profile_steps, args.ctx, args.layers)
             if args.check:  # the eager run's tokens fed back: how far each step's logits are from eager's
                 _, _, kept = decode(model, prompt, args.tokens, args.ctx, forced=first)
                 if not first_logits:
