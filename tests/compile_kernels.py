@@ -26,7 +26,7 @@ SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_
 def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
     """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes
     on an sm_`sm` card (programmatic dependent launch from sm_90)."""
-    from runtime.gpu.kernels import cast_out, expert_fill, route_plan, slot_experts
+    from runtime.gpu.kernels import cast_out, expert_fill, rms_norm, route_plan, slot_experts
 
     pdl = sm >= 90
     out = []
@@ -63,6 +63,10 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
     for dst in ("*bf16", "*fp16"):
         out.append((f"cast_out {dst[1:]}", cast_out._cast_kernel, {"src_ptr": "*fp32", "dst_ptr": dst, "n": "i32"},
                     {"BLOCK": cast_out.BLOCK, "PDL": pdl}))
+    for offset in (False, True):
+        sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32", "stride_x": "i32",
+               "stride_out": "i32", "eps": "fp32", "offset": "fp32"}
+        out.append((f"rms_norm offset={offset}", rms_norm._rms_norm_kernel, sig, {"BLOCK": 2048, "OFFSET": offset}))
     return out
 
 
