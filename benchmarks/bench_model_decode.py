@@ -217,7 +217,7 @@ def main() -> None:
         ways = [by_name[name] for name in args.ways.split(",")]
     if args.check:  # the step graphs' work run uncaptured: what capture changes, apart from the masked span
         ways.insert(2, ("steps eager", True, False))
-    for name, graphs, steps in ways:
+    for index, (name, graphs, steps) in enumerate(ways):
         ex = build_hybrid(weights, device=device, cache_slots=slots, mode=args.mode, compute_dtype=dtype,
                           cpu_threads=args.threads,
                           prefill_buffers=0, pin=False, force=True, cuda_graphs=graphs, step_graphs=steps)
@@ -235,7 +235,7 @@ def main() -> None:
             print(f"{name:<13} {tok_s:8.2f} tok/s   greedy tokens shared with the first way: {same}/{len(out)}   "
                   f"hit rate {s.hit_rate:.3f}, CPU-served {s.cpu_experts}   step graphs: {ex.steps.captures} captured, "
                   f"{ex.steps.replays} replayed{guard}")
-            if args.profile_steps and (name, graphs, steps) == ways[-1]:
+            if args.profile_steps and index == len(ways) - 1:
                 profile_steps(model, prompt, args.profile_steps, args.ctx, args.layers)
             if args.check:  # the eager run's tokens fed back: how far each step's logits are from eager's
                 _, _, kept = decode(model, prompt, args.tokens, args.ctx, forced=first)
