@@ -17,6 +17,7 @@ from ..config import ModelConfig
 from ..layers.attention import DevicePosition, Start
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
+from ..layers.rope import forward_begins
 from ..loader import ModelWeights
 
 
@@ -144,6 +145,7 @@ class DecoderModel:
         return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start) -> torch.Tensor:
+        forward_begins()  # the layers share one pass's rope tables
         for block, cache in zip(self.blocks, state.caches, strict=True):
             x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
             x = x + block.ffn(self.norm(x, block.post_norm))
