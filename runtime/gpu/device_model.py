@@ -75,7 +75,7 @@ class DeviceModel:
         # queued steps: the token the host writes before releasing a step, and the logits it reads back
         pinned = self.device.type == "cuda"
         self._token_host = torch.zeros(1, dtype=torch.long, device="cpu", pin_memory=pinned)
-        self._host_buffers: dict[str, torch.Tensor] = {}  # the queued steps' logits (or best logits) on the host
+        self._host_buffers: dict[tuple, torch.Tensor] = {}  # the queued steps' logits (or best logits) on the host
 
     def new_state(self, max_tokens: int) -> DecodeState:
         with torch.device(self.device):
@@ -148,6 +148,7 @@ class QueuedDecode:
         self._done: torch.cuda.Event | None = None  # after the copies to the host (CUDA)
         self._device_logits: torch.Tensor | None = None
         self._top: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # pinned values, ids, has_nan
+        self._row: torch.Tensor | None = None  # or the whole row, pinned
         self._started = False
 
     def start(self, token: int, needed: int | None = None) -> None:
@@ -165,7 +166,7 @@ class QueuedDecode:
                 self._top = tuple(_pinned_copy(owner._host_buffers, name, t, cuda)
                                   for name, t in zip(("values", "ids", "nan"), take_top(logits, count), strict=True))
             else:
-                _pinned_copy(owner._host_buffers, "logits", logits, cuda)
+                self._row = _pinned_copy(owner._host_buffers, "logits", logits, cuda)
             if cuda:
                 self._done = torch.cuda.Event()
                 self._done.record()
@@ -178,7 +179,7 @@ class QueuedDecode:
         if self._done is not None:
             self._done.synchronize()
         if self._top is None:
-            return self._owner._host_buffers["logits"]
+            return self._row
         values, ids, has_nan = self._top
         return TopLogits(values, ids, self._device_logits.numel(), bool(has_nan), self._full_logits)
 
@@ -200,11 +201,13 @@ class QueuedDecode:
         self._owner.model.set_length(self._state, self._position)
 
 
-def _pinned_copy(buffers: dict[str, torch.Tensor], name: str, src: torch.Tensor, pinned: bool) -> torch.Tensor:
-    """`src` copied (queued) into the host buffer `name`, made (pinned where `pinned`) or remade
-    when its shape or dtype changes."""
-    dst = buffers.get(name)
-    if dst is None or dst.shape != src.shape or dst.dtype != src.dtype:
-        dst = buffers[name] = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
+def _pinned_copy(buffers: dict[tuple, torch.Tensor], name: str, src: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """`src` copied (queued) into the host buffer for `name` and its shape and dtype, made (pinned
+    where `pinned`) the first time (the count of best logits changes as the penalty window fills:
+    each size keeps its buffer)."""
+    key = (name, tuple(src.shape), src.dtype)
+    dst = buffers.get(key)
+    if dst is None:
+        dst = buffers[key] = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
     dst.copy_(src, non_blocking=pinned)
     return dst
