@@ -199,16 +199,18 @@ class Sampler:
         """The next token id from `logits` [V] (any float dtype/device), or from a step's best
         logits (TopLogits), penalising `history`. A row on a device other than the CPU is
         narrowed there to the best logits that decide the sample, where some do."""
+        if isinstance(logits, torch.Tensor) and logits.dim() != 1:
+            raise ValueError(f"sample takes logits of shape [vocab], got {tuple(logits.shape)}")
+        if isinstance(logits, torch.Tensor) and logits.device.type == "cpu":
+            return self._sample_row(logits, history)
+        needed = self.candidates_needed(history)
         if isinstance(logits, torch.Tensor):
-            if logits.dim() != 1:
-                raise ValueError(f"sample takes logits of shape [vocab], got {tuple(logits.shape)}")
-            count = candidates_to_take(self.candidates_needed(history), logits.numel())
-            if logits.device.type == "cpu" or count is None or count >= logits.numel():
+            count = candidates_to_take(needed, logits.numel())
+            if count is None or count >= logits.numel():
                 return self._sample_row(logits, history)
             logits = top_logits(logits, count)
         if logits.has_nan:
             raise ValueError("logits contain NaN")
-        needed = self.candidates_needed(history)
         use = logits.deciding(needed) if needed is not None else None
         if use is None:  # a tie across every boundary, or params that need the whole row
             return self._sample_row(logits.full(), history)
