@@ -204,7 +204,7 @@ def test_the_rooflines_overlap_pcie_and_device_memory_or_add_them() -> None:
     """The roofline takes the slowest side; the serial one adds PCIe and device memory (a step
     that reads nothing ahead), the CPU still beside them. PCIe and the CPU overlap at their
     rates while both run, then the one left goes at its rate alone."""
-    from runtime.bench.moe import roofline
+    from runtime.bench.roofline import roofline
     from runtime.gpu import BandwidthProfile
 
     profile = BandwidthProfile(pcie_gbps=40.0, cpu_gbps=20.0, cpu_fixed_ms=0.0, pcie_fixed_ms=0.0,

@@ -1,6 +1,6 @@
 """The MoE expert-path benchmark behind `ft bench` (DESIGN.md §5 and §9).
 
-For one shape (a built-in table of real models' MoE geometry, or `tiny` for CI):
+For one shape (shapes.py: a built-in table of real models' MoE geometry, or `tiny` for CI):
 
 - random expert banks for every MoE layer in host memory, in the FTW layout
   (runtime.experts.synthetic.random_bank), pinned on CUDA by the runtime's own HostPinner;
@@ -23,7 +23,7 @@ Only the routed-expert path is timed ("experts-only"): attention, dense layers a
 experts are not run and not counted in tok/s or TTFT. The roofline per token is
 1 / max(host, hit_bytes / hbm): `host` the least time in which PCIe and the CPU can move their
 bytes at the bandwidth profile's rates (each side's rate alone, the lower pair while both run:
-`host_seconds`), hbm a measured device-memory copy rate. The serial roofline adds the PCIe
+roofline.py), hbm a measured device-memory copy rate. The serial roofline adds the PCIe
 reads' time alone and the device-memory time instead, the bound of a step that reads nothing
 ahead of its routing.
 """
@@ -34,7 +34,7 @@ import contextlib
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,71 +51,15 @@ from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan
 from ..resources import GPU, Machine
 from ..routing_synth import calibrated_router, routing_stats
 from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
+from .roofline import roofline
 from .runs import DecodeSteps, decode_run, prefill_run, profile_decode, sync, warm_up
+from .shapes import SHAPES, BenchShape
 
 POLICIES = ("auto", "offload", "cpu", "static", "prefill_placement")
 _ROOT = Path(__file__).resolve().parents[2]
 TRACE_DIR = next((d for d in (_ROOT / "shared" / "traces" / "bigmoeonedge", _ROOT.parent / "shared" / "traces" / "bigmoeonedge")
                   if d.is_dir()), _ROOT / "shared" / "traces" / "bigmoeonedge")
 GiB = 1 << 30
-
-
-@dataclass(frozen=True)
-class BenchShape:
-    """The MoE geometry of one model, and its dense side for the planner (bf16 unless said)."""
-
-    name: str
-    num_layers: int
-    first_moe_layer: int  # layers before it are dense (no routed experts)
-    num_experts: int
-    top_k: int
-    hidden: int
-    moe_inter: int
-    dense_bytes: int  # everything but the routed experts, as the runtime holds it on the GPU
-    attention: dict[str, Any] = field(default_factory=dict)  # config fields for the KV layout
-    family: str = "qwen3_moe"
-    dtype: str = "bf16"
-    note: str = ""
-
-    @property
-    def moe_layers(self) -> list[int]:
-        return list(range(self.first_moe_layer, self.num_layers))
-
-
-def _params_qwen36() -> int:
-    """Qwen3.6-35B-A3B's non-expert parameters (an estimate from its config; 248320 vocab, untied)."""
-    embed = 2 * 248320 * 2048
-    full = 10 * (16 * 256 * 2 * 2048 + 2 * 2 * 256 * 2048 + 2048 * 16 * 256)  # gated q, k, v, o
-    linear = 30 * ((2 * 16 * 128 + 2 * 32 * 128) * 2048 + 2 * 32 * 2048 + 2048 * 32 * 128)  # qkvz, ba, out
-    shared = 40 * (3 * 2048 * 512 + 256 * 2048)  # shared expert + router
-    return embed + full + linear + shared
-
-
-def _params_glm45_air() -> int:
-    """GLM-4.5-Air's non-expert parameters (config: 151552 vocab untied, 96 q / 8 KV heads of 128,
-    first layer dense with intermediate 10944, one shared expert of 1408 per MoE layer)."""
-    embed = 2 * 151552 * 4096
-    attention = 46 * (2 * 96 * 128 * 4096 + 2 * 8 * 128 * 4096)
-    return embed + attention + 3 * 4096 * 10944 + 45 * (3 * 4096 * 1408 + 128 * 4096)
-
-
-SHAPES: dict[str, BenchShape] = {
-    "qwen3-30b-a3b": BenchShape(
-        "qwen3-30b-a3b", 48, 0, 128, 8, 2048, 768, 3_082_186_752,  # dense: tests/test_plan.py, by hand
-        {"num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-         "hidden_size": 2048}, note="Qwen3MoeConfig of Qwen/Qwen3-30B-A3B"),
-    "qwen3.6-35b-a3b": BenchShape(
-        "qwen3.6-35b-a3b", 40, 0, 256, 8, 2048, 512, 2 * _params_qwen36(),
-        {"num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-         "hidden_size": 2048, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
-        family="qwen3_5_moe", note="dense bytes estimated from the config (shared expert included)"),
-    "glm-4.5-air": BenchShape(
-        "glm-4.5-air", 46, 1, 128, 8, 4096, 1408, 2 * _params_glm45_air(),
-        {"num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
-         "hidden_size": 4096}, note="dense bytes estimated from the config (shared expert, dense layer 0 included)"),
-    "tiny": BenchShape("tiny", 2, 0, 16, 4, 64, 32, 0, note="CI: no budget; the cache holds half the experts"),
-}
 
 
 @dataclass(frozen=True)
@@ -253,37 +197,6 @@ def _long_routing(shape: BenchShape, num_layers: int, top_k: int, length: int, s
     rng = np.random.default_rng(seed)
     keys = rng.random((length, num_layers, shape.num_experts), dtype=np.float32)
     return np.argpartition(keys, top_k - 1, axis=-1)[..., :top_k].astype(np.int64)
-
-
-def host_seconds(pcie_bytes: float, cpu_bytes: float, profile: BandwidthProfile) -> float:
-    """The least time for PCIe to move `pcie_bytes` and the CPU to read `cpu_bytes`, where each
-    side runs at its alone rate while the other idles and both at the lower rates measured while
-    both run (a side without an alone rate: its rate while both run). Overlapping pays only while
-    both have bytes left, so the best schedule runs both until the side that would finish first
-    is done, or runs them one after the other."""
-    p_both, c_both = profile.pcie_gbps * 1e9, profile.cpu_gbps * 1e9
-    p_alone, c_alone = (profile.pcie_alone_gbps or profile.pcie_gbps) * 1e9, (profile.cpu_alone_gbps or profile.cpu_gbps) * 1e9
-    one_after_other = pcie_bytes / p_alone + cpu_bytes / c_alone
-    if pcie_bytes <= 0 or cpu_bytes <= 0:
-        return one_after_other
-    both = min(pcie_bytes / p_both, cpu_bytes / c_both)  # seconds with both running
-    overlapped = both + (pcie_bytes - p_both * both) / p_alone + (cpu_bytes - c_both * both) / c_alone
-    return min(one_after_other, overlapped)
-
-
-def roofline(per_token: dict[str, float], profile: BandwidthProfile, hbm_gbps: float, serial: bool = False) -> float:
-    """Tokens/s if every side ran at its measured rate and the device's reads overlapped the
-    host's perfectly (`host_seconds` for PCIe and the CPU). `serial`: with the PCIe reads and the
-    device-memory reads one after the other, as a decode step makes them when nothing is read
-    ahead (a layer's misses are known only from its routing, which needs the layer before), the
-    CPU still beside them."""
-    pcie, cpu = per_token["pcie_bytes"], per_token["cpu_bytes"]
-    hbm_s = per_token["hit_bytes"] / (hbm_gbps * 1e9)
-    t = host_seconds(pcie, cpu, profile)
-    if serial:
-        t = max(t, host_seconds(pcie, 0.0, profile) + hbm_s)
-    t = max(t, hbm_s)
-    return 1 / t if t > 0 else math.inf
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
