@@ -234,13 +234,17 @@ class Sampler:
         at, values = top_k_sorted(logits, p.top_k)  # [K], [K], best first
         values = top_p_filter(values, p.top_p)
         values = min_p_filter(values, p.min_p)
-        probs = torch.softmax(values / p.temperature, dim=0)
+        # scaled from the best logit, in float64: a temperature near 0 or huge (both allowed) then
+        # gives 0 and -inf, or small finite values, never inf - inf
+        probs = torch.softmax((values.double() - values[0].double()) / p.temperature, dim=0)
         pick = torch.multinomial(probs, 1, generator=self.generator)
         return int(at[int(pick)])
 
 
 def _penalties_off(params: SamplingParams) -> bool:
-    return params.repeat_penalty == 1 and params.frequency_penalty == 0 and params.presence_penalty == 0
+    """No penalty changes a logit: all neutral, or a window of no tokens."""
+    return params.repeat_last_n == 0 or (
+        params.repeat_penalty == 1 and params.frequency_penalty == 0 and params.presence_penalty == 0)
 
 
 def apply_penalties(logits: torch.Tensor, history: Sequence[int], params: SamplingParams,
@@ -249,7 +253,7 @@ def apply_penalties(logits: torch.Tensor, history: Sequence[int], params: Sampli
     token's logit is divided by repeat_penalty if positive, multiplied if not, then lowered by
     count * frequency_penalty + presence_penalty. `ids`: the token id of each entry of `logits`,
     ascending (None: entry i is token i)."""
-    if _penalties_off(params) or params.repeat_last_n == 0 or len(history) == 0:
+    if _penalties_off(params) or len(history) == 0:
         return
     window = penalty_window(history, params.repeat_last_n, logits.numel() if ids is None else 2**62)
     if window.numel() == 0:

@@ -183,6 +183,15 @@ def test_temperature_sharpens_and_flattens() -> None:
     assert hot[3] > cold[3]
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-320, 1e39, 1e300])
+def test_a_temperature_near_zero_or_huge_still_draws(temperature: float) -> None:
+    """Any finite temperature >= 0 is allowed: scaled from the best logit in float64, one near 0
+    draws among the tied best only, a huge one evenly among the kept (a -inf logit stays out)."""
+    logits = torch.tensor([1.0, 3.0, -math.inf, 2.5, 3.0])
+    counts = draws(SamplingParams(seed=0, temperature=temperature, top_k=0, top_p=1.0), logits)
+    assert set(counts) == ({1, 4} if temperature < 1 else {0, 1, 3, 4})
+
+
 def test_filters_compose_in_llama_cpp_order() -> None:
     # top-k keeps 3, top-p over those (renormalised: .5/.95, .3/.95, ...) keeps 2, min-p keeps both
     counts = draws(SamplingParams(seed=0, temperature=1.0, top_k=3, top_p=0.8, min_p=0.1), logits_of(PROBS))
@@ -241,6 +250,7 @@ def test_candidates_needed_counts_the_tokens_the_penalties_touch() -> None:
     assert needed([5, 6, 9], top_k=3, repeat_penalty=1.1, repeat_last_n=0) == 3
     for raising in ({"repeat_penalty": 0.9}, {"presence_penalty": -0.5}, {"frequency_penalty": -0.1}):
         assert needed([5], top_k=3, **raising) is None  # a penalty that can raise a logit
+        assert needed([5], top_k=3, repeat_last_n=0, **raising) == 3  # ... over a window of no tokens
     assert needed(list(range(5000)), top_k=3, repeat_penalty=1.1, repeat_last_n=-1) is None  # too many
 
 
