@@ -128,6 +128,48 @@ def test_the_flag_hand_over_to_the_worker_computes_every_call(mode: str, worker:
     assert ex.stats().cpu_ms == cpu_ms  # the counters outlive the worker
 
 
+class FailsOnce:
+    """A CPU executor whose first call fails (a transient error: memory, an interrupted read)."""
+
+    def __init__(self, reference: CPUExpertExecutor) -> None:
+        self.reference, self.failed = reference, False
+
+    def __call__(self, layer: int, x, ids, weights):
+        if not self.failed:
+            self.failed = True
+            raise MemoryError("transient")
+        return self.reference(layer, x, ids, weights)
+
+
+@pytest.mark.parametrize("flags", [False, True])
+def test_a_worker_failure_is_raised_once_and_the_calls_after_it_run(flags: bool) -> None:
+    """A CPU share that fails raises "the CPU expert worker failed" on the launching thread once:
+    at its own call without stream flags (the host waits for it), at the next call with them
+    (the stream waited). The calls after it compute as before."""
+    from runtime.gpu.cpu_share import CPUShare
+
+    banks = make_banks("f32")
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, "cpu", slots=4 * K, cpu_executor=FailsOnce(reference))
+    if flags:
+        ex.cpu_share = CPUShare(ex.cpu_executor, ex.device, flags=CaughtUpStreamFlags(), native=False)
+    gen = torch.Generator().manual_seed(6)
+    calls = [(torch.randn(1, H, generator=gen), *routing(1, gen)) for _ in range(4)]
+    outcomes = []
+    for x, ids, weights in calls:
+        try:
+            out = ex(LAYERS[0], x, ids, weights)
+        except RuntimeError as e:
+            assert "CPU expert worker failed" in str(e) and isinstance(e.__cause__, MemoryError)
+            outcomes.append("failed")
+            continue
+        outcomes.append("ran")
+        if outcomes.count("failed"):  # a call after the failure: the right answer
+            assert_close(out, reference(LAYERS[0], x, ids, weights))
+    assert outcomes == (["ran", "failed", "ran", "ran"] if flags else ["failed", "ran", "ran", "ran"])
+    ex.close()
+
+
 class LostWriteStreamFlags(CaughtUpStreamFlags):
     """A stream whose writes of `ready` never land."""
 

@@ -167,8 +167,9 @@ class CPUShare:
             self.flags.write(self.done, 0)
         elif started is not None:
             start = time.perf_counter()
-            started.result()
+            started.exception()  # waits; a failure is raised once, here, not again by the next call
             self.wait_ms += (time.perf_counter() - start) * 1e3
+            self._raise_worker_error()
         out += job.staging.result.to(out.device, non_blocking=True)
 
     def _staging_for(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, plan: RoutePlan) -> _Staging:
