@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -391,6 +392,47 @@ def test_resize_refills_from_host_when_the_device_is_full(monkeypatch) -> None:
     assert [int(cache.slots[s, -1]) for s in range(2)] == [23, 22]
 
 
+def test_resize_with_no_room_frees_the_old_slots_first_and_leaves_an_empty_cache_if_even_that_fails(monkeypatch) -> None:
+    """The host refill path: the old slots (and every view of them) are let go before the new
+    size is allocated; where the device has no room for the new size alone, the error goes up
+    and the cache is left consistent, empty, with no slots, and calls after it still compute."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, "offload", slots=20)
+    gen = torch.Generator().manual_seed(3)
+    for layer in LAYERS:
+        ex(layer, torch.randn(1, H, generator=gen), *routing(1, gen))
+    cache = ex.cache
+    cache.views(banks[LAYERS[0]].layout)  # a view of the old slots, as a decode call leaves one
+    old = weakref.ref(cache.slots.untyped_storage())
+    real_empty = torch.empty
+    alive_at_refill = []
+
+    def out_of_memory(*args, **kwargs):
+        del args, kwargs  # the traceback keeps this frame: it must not hold the slots (torch's own raise does not)
+        raise torch.OutOfMemoryError("no room for both")
+
+    def empty(*args, **kwargs):
+        if args and args[0] == 16:
+            alive_at_refill.append(old() is not None)
+            if len(alive_at_refill) > 1:  # the refill's own allocation
+                raise torch.OutOfMemoryError("no room for the new size either")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "index_select", out_of_memory)
+    monkeypatch.setattr(torch, "empty", empty)
+    with pytest.raises(torch.OutOfMemoryError, match="new size either"):
+        ex.resize(16)
+    monkeypatch.undo()
+    assert alive_at_refill == [True, False]  # held by the first try, free at the refill's
+    assert cache.num_slots == 0 and len(cache.owner) == 0 and cache.num_cached == 0
+    for layer in LAYERS:
+        x, (ids, weights) = torch.randn(1, H, generator=gen), routing(1, gen)
+        assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    ex.resize(16)  # room again: the cache grows back
+    assert cache.num_slots == 16
+
+
 def test_views_read_a_slot_as_the_experts_parts() -> None:
     bank = make_banks("f8_e4m3", layers=(2,))[2]
     cache = ExpertCache(2, bank.layout.expert_stride, "cpu", num_layers=3, num_experts=E)
@@ -502,9 +544,25 @@ def test_a_cache_below_one_tokens_experts_is_refused_with_numbers(caplog) -> Non
         hybrid(banks, "prefill_placement", slots=11)
     assert caplog.text.count("3 MoE layers x top-4 = 12 slots") == 2
     hybrid(banks, "cpu", slots=0)  # the CPU mode never uses the cache
+
     # a budget counts the prefill buffers: two banks of 16 experts, then 12 slots
     ex = build_hybrid(banks, device="cpu", vram_budget_bytes=(2 * E + 12) * stride, mode="offload", top_k=K)
     assert ex.cache.num_slots == 12
+
+
+@pytest.mark.parametrize("mode", ["offload", "auto", "static", "prefill_placement"])
+def test_a_cache_of_no_slots_sends_every_expert_to_the_cpu(mode: str) -> None:
+    """No slots at all (allowed with a warning, or forced): every call, decode or prefill, is
+    the CPU's, with the CPU executor's outputs."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=0, force=True)
+    gen = torch.Generator().manual_seed(4)
+    for num_tokens in (1, 12, 1, 2):
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(num_tokens, H, generator=gen), routing(num_tokens, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    assert ex.stats().hits == 0 and ex.stats().pcie_experts == 0
 
 
 # -- static residency ----------------------------------------------------------------------------------

@@ -147,6 +147,14 @@ def test_all_misses_take_free_slots_lowest_first():
 
 
 @needs_triton
+def test_a_cache_of_no_slots_sends_every_miss_to_the_cpu():
+    """A budget with no room left gives a cache of no slots: no victim to take, every miss the CPU's."""
+    plan, cache = plan_both(Cache(2, 8, 0), ids([[6, 1], [2, 6]]), 0, 1, 8)
+    assert plan.status.tolist() == [CPU, CPU, CPU, -1]
+    assert plan.slot.tolist() == [-1, -1, -1, -1] and plan.pair_slot.tolist() == [-1] * 4
+
+
+@needs_triton
 @pytest.mark.parametrize("n_pcie_max", [0, 1, 2, 3, 4, 100, -5])
 def test_n_pcie_max(n_pcie_max):
     cache = Cache(1, 16, 8)

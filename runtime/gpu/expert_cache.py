@@ -298,9 +298,11 @@ class ExpertCache:
                 raise
             log.info("expert cache resize: no room for both sizes; refilling %d entries from host memory", len(keep))
             del old
-            self.slots = torch.empty(0, self.slot_bytes, dtype=torch.uint8, device=self.device)
+            self._table.fill(EMPTY)
+            self._allocate(0)  # the old slots' last references go (the views' too): their memory is free
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+            # no room for the new size alone either: the error goes up, the cache left empty (0 slots)
             new, refill = torch.empty(num_slots, self.slot_bytes, dtype=torch.uint8, device=self.device), True
         self.slots = new
         self._reset(num_slots, reallocated=True)

@@ -69,6 +69,10 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     (`zero_out`: out = them, whatever it held). `fill_bank` (the layer's pinned host bank, where
     `fills_in_launch`): the plan's PCIe fills are made by the same launch, the misses read over
     PCIe while the hits compute."""
+    if slots.shape[0] == 0:  # a cache of no slots (a budget with no room left): every pair is the CPU's
+        if zero_out:
+            out.zero_()
+        return
     token, slot, weight = pairs_of(plan, weights)
     layout = views.layout
     dtype = in_place_dtype(layout)
