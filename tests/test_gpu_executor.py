@@ -584,6 +584,26 @@ def test_static_mode_keeps_whole_layers_resident() -> None:
         hybrid(banks, "static", slots=20, static_resident_layers=[1, 2])
 
 
+def test_static_layers_asked_for_that_a_shrink_no_longer_holds_give_way_to_those_that_fit(caplog) -> None:
+    """Layers named at load that an elastic shrink leaves no room for: the first that fit stay
+    resident (a warning names them), the calls go on with the CPU executor's outputs; grown
+    back, every named layer is resident again."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, "static", slots=2 * E + 4, static_resident_layers=[1, 2])
+    assert ex.resident_layers == (1, 2)
+    with caplog.at_level(logging.WARNING, logger="runtime.gpu.executor"):
+        ex.resize(E + 4)
+    assert ex.resident_layers == (1,) and int(ex.cache.pinned.sum()) == E
+    assert "no longer hold layers [1, 2]; layers [1] stay resident" in caplog.text
+    gen = torch.Generator().manual_seed(8)
+    for layer in LAYERS:
+        x, (ids, weights) = torch.randn(1, H, generator=gen), routing(1, gen)
+        assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    ex.resize(2 * E + 4)
+    assert ex.resident_layers == (1, 2) and int(ex.cache.pinned.sum()) == 2 * E
+
+
 # -- prefill -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("buffers", [1, 2])

@@ -38,7 +38,7 @@ from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
 from .executor_stats import DeviceCounts, ExpertStats
-from .expert_cache import ExpertCache, place_whole_layers
+from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
 from .kernels import RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import StreamingPrefill
@@ -387,9 +387,18 @@ class HybridExpertExecutor:
 
     # -- residency, size, stats ----------------------------------------------------------------------
 
-    def _make_resident(self) -> None:
-        """Static split: whole layers resident (pinned slots), filled once from the host banks."""
-        self.resident_layers = place_whole_layers(self.cache, self.banks, self._static_request)
+    def _make_resident(self, resized: bool = False) -> None:
+        """Static split: whole layers resident (pinned slots), filled once from the host banks.
+        `resized`: the cache changed size under the layers asked for at load; those that still fit
+        stay resident, first ones first (an elastic shrink cannot be refused)."""
+        request = self._static_request
+        if resized and request is not None:
+            fitting = whole_layers_that_fit(self.cache.num_slots, self.banks, request)
+            if len(fitting) < len(request):
+                log.warning("static split: %d slots no longer hold layers %s; layers %s stay resident",
+                            self.cache.num_slots, sorted(request), fitting)
+            request = fitting
+        self.resident_layers = place_whole_layers(self.cache, self.banks, request)
         log.info("static split: layers %s resident (%d of %d slots)", list(self.resident_layers),
                  int(self.cache.pinned.sum()), self.cache.num_slots)
 
@@ -407,7 +416,7 @@ class HybridExpertExecutor:
         if shrinking and self.device.type == "cuda":
             torch.cuda.empty_cache()  # hand the freed slots back to the driver: another program may need them
         if self.mode == "static":
-            self._make_resident()
+            self._make_resident(resized=True)
 
     def clear(self) -> None:
         self.cache.clear()

@@ -318,6 +318,19 @@ class ExpertCache:
             self.streams.synchronize()
 
 
+def whole_layers_that_fit(num_slots: int, banks: Mapping[int, HostExpertBank],
+                          layers: Sequence[int] | None = None) -> list[int]:
+    """The first of `layers` (default: every bank's), in order, whose experts fit `num_slots`
+    together: llama.cpp's first-N-layers split."""
+    chosen, room = [], num_slots
+    for layer in sorted(banks if layers is None else layers):
+        if banks[layer].num_experts > room:
+            break
+        chosen.append(layer)
+        room -= banks[layer].num_experts
+    return chosen
+
+
 def place_whole_layers(cache: ExpertCache, banks: Mapping[int, HostExpertBank],
                        layers: Sequence[int] | None = None) -> tuple[int, ...]:
     """llama.cpp's static split: whole layers' experts made resident in pinned slots, filled once
@@ -325,12 +338,7 @@ def place_whole_layers(cache: ExpertCache, banks: Mapping[int, HostExpertBank],
     default: as many whole layers as fit, first ones first. Returns the layers placed."""
     cache.clear()
     if layers is None:
-        chosen, room = [], cache.num_slots
-        for layer in sorted(banks):
-            if banks[layer].num_experts > room:
-                break
-            chosen.append(layer)
-            room -= banks[layer].num_experts
+        chosen = whole_layers_that_fit(cache.num_slots, banks)
     else:
         chosen = sorted(layers)
         unknown = [layer for layer in chosen if layer not in banks]
