@@ -171,6 +171,45 @@ def test_a_worker_failure_is_raised_once_and_the_calls_after_it_run(flags: bool)
     ex.close()
 
 
+class RecordedStreamFlags:
+    """StreamFlags as a capture sees them: the writes and waits are recorded, not made."""
+
+    capturable = True
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, object, int]] = []
+
+    def write(self, flag, value: int) -> None:
+        self.ops.append(("write", flag, value))
+
+    def wait(self, flag, value: int) -> None:
+        self.ops.append(("wait", flag, value))
+
+
+@pytest.mark.skipif(native_kernel() is None, reason="needs the compiled kernel library")
+def test_a_step_whose_cpu_shares_would_go_to_both_workers_is_not_captured() -> None:
+    """A replay hands all its CPU shares to the workers before it runs, and a job for one worker
+    first waits for the other's, which wait for flags only the replay writes: a step that mixes
+    them (a layer whose bank the native kernel cannot run) is refused, and runs layer by layer."""
+    from runtime.gpu.cpu_share import CPUShare
+    from runtime.gpu.step_graphs import StepNotCapturable
+
+    banks = make_banks("f32")
+    cpu = CPUExpertExecutor(banks, torch.float32)
+    kernel_for = cpu._kernel_for
+    cpu._kernel_for = lambda layer, ids: None if layer == LAYERS[-1] else kernel_for(layer, ids)
+    ex = hybrid(banks, "cpu", slots=0, cpu_executor=cpu)
+    gen = torch.Generator().manual_seed(6)
+    for layer in LAYERS:  # an uncaptured step first: the counters exist
+        ex(layer, torch.randn(1, H, generator=gen), *routing(1, gen))
+    ex.cpu_share = CPUShare(cpu, ex.device, flags=RecordedStreamFlags())
+    ex._step_state, ex._step_cpu = ex.cache.device_state(), True
+    with ex.capturing_step() as capture, pytest.raises(StepNotCapturable, match="both the native worker"):
+        for layer in LAYERS:
+            ex(layer, torch.randn(1, H, generator=gen), *routing(1, gen))
+    assert capture.native_jobs == {True, False} and capture.count == len(LAYERS) - 1
+
+
 class LostWriteStreamFlags(CaughtUpStreamFlags):
     """A stream whose writes of `ready` never land."""
 

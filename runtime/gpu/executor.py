@@ -312,6 +312,12 @@ class HybridExpertExecutor:
         out, _, job = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,
                                               self.cache.device_clock, n_pcie, cpu_share, capturing=True)
         if job is not None:
+            capture.native_jobs.add(job.native is not None)
+            if len(capture.native_jobs) > 1:
+                # a replay hands over all its jobs before it runs, and a job for one worker first
+                # waits for the other's, which wait for flags only the replay writes
+                raise StepNotCapturable(f"layer {layer}: the step's CPU shares would go to both the native "
+                                        "worker and the Python one")
             capture.host_work.append(lambda: self.cpu_share.start(job))
         capture.count += 1
         return self._cast_out(out, x.dtype)  # a link of the step graph's PDL chain (kernels/cast_out.py)

@@ -60,6 +60,7 @@ class StepCapture:
 
     count: int = 0
     host_work: list[Callable[[], object]] = field(default_factory=list)
+    native_jobs: set[bool] = field(default_factory=set)  # whether each CPU share went to the native worker
 
 
 @dataclass
