@@ -210,6 +210,34 @@ def test_a_step_whose_cpu_shares_would_go_to_both_workers_is_not_captured() -> N
     assert capture.native_jobs == {True, False} and capture.count == len(LAYERS) - 1
 
 
+def test_a_split_table_is_never_copied_inside_a_capture() -> None:
+    """A captured step reads "auto"'s split tables from copies of fixed address. A copy made
+    inside the capture would be captured too, and every replay would rewrite the copy with that
+    one table, however the hit rate moved. So a table whose copy is not current ends the capture
+    (CaptureLater: the step runs layer by layer); the next begin_step brings the copy up to date,
+    and the capture after it reads the copy as it is."""
+    from runtime.gpu.cpu_share import CPUShare
+    from runtime.gpu.step_graphs import CaptureLater
+
+    banks = make_banks("f32")
+    ex = hybrid(banks, "auto", slots=4 * K, split=lambda misses, nbytes: misses // 2, auto_guard=False)
+    gen = torch.Generator().manual_seed(6)
+    for layer in LAYERS:  # an uncaptured step: counters and tables made, no copy of fixed address
+        ex(layer, torch.randn(1, H, generator=gen), *routing(1, gen))
+    ex.cpu_share = CPUShare(ex.cpu_executor, ex.device, flags=RecordedStreamFlags())
+    ex._step_state, ex._step_cpu = ex.cache.device_state(), True
+    with ex.capturing_step(), pytest.raises(CaptureLater, match="split table changed"):
+        ex(LAYERS[0], torch.randn(1, H, generator=gen), *routing(1, gen))
+    assert ex.splits._fixed == {}  # nothing copied while capturing
+    assert ex._step_tables_use_cpu()  # begin_step's part: the copies made, outside the capture
+    (copy, source), = ex.splits._fixed.values()
+    with ex.capturing_step() as capture:
+        for layer in LAYERS:
+            ex(layer, torch.randn(1, H, generator=gen), *routing(1, gen))
+    (copy_after, source_after), = ex.splits._fixed.values()
+    assert capture.count == len(LAYERS) and copy_after is copy and source_after is source
+
+
 class LostWriteStreamFlags(CaughtUpStreamFlags):
     """A stream whose writes of `ready` never land."""
 

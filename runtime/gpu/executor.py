@@ -46,7 +46,7 @@ from .profile import BandwidthProfile
 from .records import check_device_layout
 from .slot_compute import add_slot_experts, fills_in_launch
 from .split import Split, SplitTables
-from .step_graphs import StepCapture, StepGraphs, StepNotCapturable
+from .step_graphs import CaptureLater, StepCapture, StepGraphs, StepNotCapturable
 
 log = logging.getLogger(__name__)
 
@@ -238,18 +238,23 @@ class HybridExpertExecutor:
                 or not (self._pcie_only() or self.cpu_share.capturable):
             return None
         self._step_state = self.cache.device_state()  # uploaded now: nothing may be copied from the host inside
-        # whether the step's calls carry a CPU share: none in PCIe-only; for "auto"'s split tables,
-        # whether one sends a miss to the CPU now (unknown before the first capture: assume so)
-        self._step_cpu = not self._pcie_only()
-        if self._step_cpu and self._step_tables:
-            uses = []
-            for pairs, stride in self._step_tables:  # the split moved with the hit rate: the graphs' copy follows
-                table, uses_cpu = self.splits.for_call(pairs, stride)
-                if isinstance(table, torch.Tensor):
-                    self.splits.fixed(table, stride)
-                uses.append(uses_cpu)
-            self._step_cpu = any(uses)
+        # whether the step's calls carry a CPU share: none in PCIe-only, else as the split tables say
+        self._step_cpu = not self._pcie_only() and self._step_tables_use_cpu()
         return ("pcie" if self._pcie_only() else self.mode), self._step_cpu, self.pcie_repeat
+
+    def _step_tables_use_cpu(self) -> bool:
+        """Whether a split table that captured steps read sends a miss to the CPU now (unknown
+        before the first capture: True). Each one's graphs' copy is brought up to date here,
+        outside any capture (the split moves with the hit rate)."""
+        if not self._step_tables:
+            return True
+        uses = []
+        for pairs, stride in self._step_tables:
+            table, uses_cpu = self.splits.for_call(pairs, stride)
+            if isinstance(table, torch.Tensor):
+                self.splits.fixed(table, stride)
+            uses.append(uses_cpu)
+        return any(uses)
 
     def abandon_step(self) -> None:
         """A step begun by `begin_step` will not run (queued for a token that did not come): its
@@ -301,12 +306,15 @@ class HybridExpertExecutor:
                                     "or its counters not made yet")
         n_pcie, uses_cpu = self._miss_split(num_pairs, stride)
         if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a copy of fixed address
-            n_pcie = self.splits.fixed(n_pcie, stride)
-            self._step_tables.add((num_pairs, stride))
+            self._step_tables.add((num_pairs, stride))  # begin_step brings the copy up to date from now on
+            fixed = self.splits.fixed_if_current(n_pcie, stride)
+            if fixed is None:  # a copy made now would be captured, and every replay would make it again
+                raise CaptureLater(f"layer {layer}: its split table changed since the step began")
+            n_pcie = fixed
         cpu_share = self._step_cpu or num_pairs > self.cache.num_slots
         if uses_cpu and not self._step_cpu:
-            raise StepNotCapturable(f"layer {layer}: its split sends misses to the CPU, the step's calls were "
-                                    "to carry no CPU share")
+            raise CaptureLater(f"layer {layer}: its split sends misses to the CPU, the step's calls were "
+                               "to carry no CPU share")
         if cpu_share and not self.cpu_share.capturable:
             raise StepNotCapturable(f"layer {layer}: a CPU share, and no stream flags a graph can capture")
         out, _, job = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,

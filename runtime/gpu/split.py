@@ -120,6 +120,12 @@ class SplitTables:
             self._fixed[key] = (fixed, table)
         return fixed
 
+    def fixed_if_current(self, table: torch.Tensor, expert_bytes: int) -> torch.Tensor | None:
+        """The graphs' copy of `table` where it holds `table` now, else None (inside a capture:
+        `fixed`'s copy would be captured too, and rewrite the copy with this table at every replay)."""
+        fixed, source = self._fixed.get((expert_bytes, table.numel()), (None, None))
+        return fixed if source is table else None
+
     def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
         """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
         assert self._cost is not None

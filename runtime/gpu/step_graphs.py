@@ -53,6 +53,11 @@ class StepNotCapturable(RuntimeError):
     """A layer call of the step cannot run inside a captured graph (it needs the host)."""
 
 
+class CaptureLater(StepNotCapturable):
+    """A layer call of the step needs host work first that the executor makes at its next
+    `begin_step` (a split table's copy): this step runs layer by layer, the next is captured."""
+
+
 @dataclass
 class StepCapture:
     """What the executor's calls left while a step was captured: how many, and the host work
@@ -152,6 +157,9 @@ class StepGraphs:
         if captured is None:
             try:
                 captured = self._capture(step)
+            except CaptureLater as e:
+                log.debug("decode step %s is captured later: %s", key, e)
+                return step()
             except RuntimeError as e:  # a call that needs the host, an op that syncs, one CUDA cannot capture
                 expected = isinstance(e, StepNotCapturable)
                 log.log(logging.INFO if expected else logging.WARNING,
