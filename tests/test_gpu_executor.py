@@ -723,6 +723,37 @@ def test_prefill_leaves_the_prompts_recent_experts_cached_within_each_layers_sha
     assert {divmod(int(k), E)[1] for k in short.cache.owner if k >= 0} == set(range(6))
 
 
+@pytest.mark.parametrize("mode", ["offload", "prefill_placement"])
+def test_the_first_decode_step_after_a_prefill_waits_for_its_cache_fills(mode: str, monkeypatch) -> None:
+    """A prefill fills cache slots on the copy stream, and its last layers' fills are covered
+    by no later bank's event: the first decode step makes the compute stream wait for the copy
+    stream (no host wait), once; decode steps after it, and a prefill that filled nothing, do not."""
+    banks = make_banks()
+    ex = hybrid(banks, mode, slots=3 * 6)
+    waits = []
+    monkeypatch.setattr(ex.cache.streams, "wait_for_copies", lambda: waits.append(True))
+    gen = torch.Generator().manual_seed(8)
+
+    def step(tokens: int) -> None:
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(tokens, H, generator=gen), routing(tokens, gen)
+            ex(layer, x, ids, weights)
+
+    step(12)  # a prefill (prefill_min_tokens=8)
+    assert ex.stats().prefill_calls == len(LAYERS) and not waits
+    step(1)
+    assert len(waits) == 1
+    step(1)
+    step(2)
+    assert len(waits) == 1
+    static = hybrid(banks, "static", slots=3 * 6)  # placement "none": a prefill fills nothing
+    monkeypatch.setattr(static.cache.streams, "wait_for_copies", lambda: waits.append(True))
+    for tokens in (12, 1):
+        for layer in LAYERS:
+            static(layer, torch.randn(tokens, H, generator=gen), *routing(tokens, gen))
+    assert len(waits) == 1
+
+
 def test_prefill_placement_places_the_hottest_experts() -> None:
     banks = make_banks(layers=(1, 2))
     ex = hybrid(banks, "prefill_placement", slots=9)  # quotas: 5 slots for layer 1, 4 for layer 2

@@ -203,11 +203,14 @@ class HybridExpertExecutor:
 
     def _start_step(self, decode: bool) -> None:
         """The host part of a step's first layer call: a safe point for an elastic resize, and
-        for a decode step the guard's choice of arm (timing the step that just ended)."""
+        for a decode step the wait for a prefill's last cache fills and the guard's choice of arm
+        (timing the step that just ended)."""
         if self.elastic is not None:
             slots = self.elastic.poll(self.cache.num_slots)
             if slots is not None:
                 self.resize(slots)
+        if decode and self.prefill is not None:
+            self.prefill.settle()  # the prefill's last cache fills, before decode reads their slots
         if decode and self.guard is not None:
             self.guard.on_decode_call(self.first_layer, self._step_settled())
 

@@ -143,6 +143,17 @@ class StreamingPrefill:
         self.banks, self.cache, self.dtype, self.placement = banks, cache, compute_dtype, placement
         self.streamer = BankStreamer(banks, cache, num_buffers=num_buffers, pcie_repeat=pcie_repeat)
         self.layer_index = {layer: i for i, layer in enumerate(sorted(banks))}
+        self._fills_unsettled = False  # cache fills queued on the copy stream that no compute waited for
+
+    def settle(self) -> None:
+        """Before the first decode call after a prefill: the compute stream waits for the cache
+        fills the prefill queued on the copy stream. A prefill layer does not wait for its own
+        fills (the copy stream may be streaming the next bank ahead of them, and the next layer's
+        bank event covers them); the last layers' fills are covered by nothing else, and decode
+        reads those slots, or refills them, on the compute stream."""
+        if self._fills_unsettled:
+            self.streams.wait_for_copies()
+            self._fills_unsettled = False
 
     @property
     def streams(self) -> DeviceStreams:
@@ -200,6 +211,7 @@ class StreamingPrefill:
         if missing:
             victims = self.cache.victims(len(missing), protect)
             self.cache.fill([k for k, _ in missing], victims, [loaded.rows[e] for _, e in missing])
+            self._fills_unsettled = True  # waited for by a later bank's event, or by `settle`
 
     def _place_hottest(self, loaded: LoadedBank, expert_ids: torch.Tensor) -> None:
         num_layers, num_slots = len(self.layer_index), self.cache.num_slots

@@ -44,6 +44,12 @@ class DeviceStreams:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
+    def wait_for_copies(self) -> None:
+        """Make the compute stream wait for every copy queued so far on the copy stream (the host
+        does not wait)."""
+        if self.copy_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the device with no host wait: staged through pinned memory (a copy
         from pageable memory would first wait for everything queued on the stream)."""
