@@ -33,6 +33,7 @@ from .resources import Machine
 RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activations of the GPU path
 GPU_RESERVE_BYTES = 512 << 20  # cuBLAS/Triton workspaces, CUDA-graph pools, allocator slack
 PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
+PREFILL_BUFFERS = 2  # bank-sized VRAM buffers a prefill streams through (2: double-buffered)
 DEFAULT_NUM_CTX = 32768  # when neither the user nor the recipe says; agents need long contexts
 MIN_CONTEXT_TOKENS = 2048  # below this a chat template and one answer do not fit: refuse instead
 FEEDER_THREADS = 1  # a core that launches GPU work and copies expert misses, kept off the CPU kernels
@@ -104,6 +105,8 @@ class Plan:
     max_kv_tokens: int | None  # the most context the KV budget allows (None: KV size unknown)
     slot_bytes: int
     cache_slots: int
+    prefill_buffers: int  # bank-sized VRAM buffers a long prompt streams each layer's experts through
+    prefill_buffer_bytes: int  # all of them
     min_cache_slots: int
     num_expert_records: int
     num_threads: int
@@ -126,7 +129,9 @@ class Plan:
 
     @property
     def vram_needed_bytes(self) -> int:
-        return self.dense_bytes + self.workspace_bytes + self.kv_bytes + self.cache_bytes if self.device == "gpu" else 0
+        if self.device != "gpu":
+            return 0
+        return self.dense_bytes + self.workspace_bytes + self.kv_bytes + self.prefill_buffer_bytes + self.cache_bytes
 
     def describe(self) -> list[tuple[str, str]]:
         """(label, value) rows for a terminal table."""
@@ -155,6 +160,7 @@ class Plan:
             ("dense weights", f"{size(self.dense_bytes)} {where}"),
             ("KV cache", f"{size(self.kv_bytes)} {where}, {self._per_token()}"),
             ("workspace", f"{size(self.workspace_bytes)} {where}"),
+            *([("prefill buffers", self._prefill())] if on_gpu and self.slot_bytes else []),
             ("expert cache", cache),
             ("context", context + ")"),
             ("threads", f"{self.num_threads} ({cores})"),
@@ -163,6 +169,12 @@ class Plan:
         if on_gpu:
             rows.append(("VRAM", f"{size(self.vram_needed_bytes)} of {size(self.vram_budget_bytes)}"))
         return rows
+
+    def _prefill(self) -> str:
+        if not self.prefill_buffers:
+            return "none: a long prompt's experts are read into the cache layer by layer (slower prefill)"
+        kind = "double-buffered" if self.prefill_buffers == 2 else "single-buffered"
+        return f"{self.prefill_buffers} x {size(self.prefill_buffer_bytes // self.prefill_buffers)}, {kind}"
 
     def _per_token(self) -> str:
         return f"{size(self.kv_bytes_per_token)}/token" if self.kv_bytes_per_token else "size per token unknown"
@@ -297,9 +309,9 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
     max_kv = kv.max_tokens(left - min_cache)
     context = _clamp_context(target, max_kv, floor, "the GPU's contents", o, log)
     kv_bytes = kv.bytes_for(context)
-    slots = 0
+    slots, buffers = 0, 0
     if fp.layout_known:
-        slots = max(0, min((left - kv_bytes) // fp.expert_stride_bytes, fp.num_expert_records))
+        buffers, slots = _prefill_buffers_and_slots(fp, left - kv_bytes, log)
         _check_cache(fp, slots, o, log)
     ram_needed = fp.expert_pool_bytes + RAM_RESERVE_BYTES
     if ram_needed > ram_budget:
@@ -317,7 +329,27 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
         log.notes.append(f"the KV cache ({size(kv_bytes)}) is larger than the expert cache: every 1024 tokens "
                          f"less of --num-ctx buys {per_1k:.1f} more expert slots")
     return _plan(fp, machine, o, "", ram_budget, ram_needed, vram_budget, pinned, workspace, context, max_kv,
-                 slots, log)
+                 slots, log, buffers)
+
+
+def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tuple[int, int]:
+    """(prefill buffers, cache slots) in `room` bytes of VRAM. The buffers (one bank each) are
+    held for the model's life, so they come out of the cache: two (double-buffered) where the
+    cache keeps at least one token's experts beside them (below that a global LRU thrashes),
+    else one, else none (a long prompt's experts then go through the cache itself, slower).
+    So where the VRAM first holds a buffer beside that floor, the cache gives up to a bank's
+    slots for it. Never more slots than experts."""
+    stride, bank = fp.expert_stride_bytes, fp.num_experts * fp.expert_stride_bytes
+    for buffers in range(PREFILL_BUFFERS, -1, -1):
+        slots = max(0, room - buffers * bank) // stride
+        if buffers == 0 or slots >= fp.min_cache_slots:
+            break
+    if buffers < PREFILL_BUFFERS:
+        log.notes.append(f"{buffers or 'no'} prefill buffer{'s' if buffers != 1 else ''} of {size(bank)} (of "
+                         f"{PREFILL_BUFFERS}) beside the expert cache: a long prompt streams "
+                         f"{'without overlap' if buffers else 'through the cache, slower'}; "
+                         "more VRAM or a smaller --num-ctx buys a faster prefill")
+    return buffers, min(slots, fp.num_expert_records)
 
 
 def _check_cache(fp: ModelFootprint, slots: int, o: PlanOverrides, log: _Log) -> None:
@@ -354,7 +386,7 @@ def _cpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
 
 def _plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, cpu_reason: str, ram_budget: int,
           ram_needed: int, vram_budget: int, pinned: int, workspace: int, context: int, max_kv: int | None,
-          slots: int, log: _Log) -> Plan:
+          slots: int, log: _Log, prefill_buffers: int = 0) -> Plan:
     on_gpu = not cpu_reason
     return Plan(
         model=fp.name, source=fp.source, device="gpu" if on_gpu else "cpu", device_reason=cpu_reason, gpu_name=machine.gpu.name if on_gpu and machine.gpu else None,
@@ -363,5 +395,6 @@ def _plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, cpu_reason: st
         workspace_bytes=workspace, kv_bytes=fp.kv.bytes_for(context), kv_bytes_per_token=fp.kv.bytes_per_token,
         kv_formula=fp.kv.formula, context_length=context, model_context_length=fp.context_length,
         max_kv_tokens=max_kv, slot_bytes=fp.expert_stride_bytes, cache_slots=slots,
+        prefill_buffers=prefill_buffers, prefill_buffer_bytes=prefill_buffers * fp.num_experts * fp.expert_stride_bytes,
         min_cache_slots=fp.min_cache_slots, num_expert_records=fp.num_expert_records,
         num_threads=_threads(machine, o, on_gpu, log), num_physical_cores=machine.num_physical_cores)

@@ -844,6 +844,38 @@ def test_gpu_backend_matches_cpu_backend_and_survives_resizes(tiny_store) -> Non
     assert elastic.experts.stats().hits > 0
 
 
+def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) -> None:
+    """The fit plan counts the prefill buffers the runtime holds: where VRAM is tight they give
+    way to one token's experts in the cache (one buffer, then none), and the load follows the
+    plan, answering as the CPU backend does, a long prompt with no buffer included."""
+    from runtime.load import load
+    from runtime.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.resources import GPU, Machine
+    from runtime.weights import open_model
+
+    store, name = tiny_store
+    with open_model(store, name).open_ftw() as reader:
+        footprint = ModelFootprint.from_index(reader.index, name=name)
+    machine = Machine(ram_total_bytes=64 << 30, ram_available_bytes=64 << 30, num_physical_cores=4,
+                      gpu=GPU("emulated", 80 << 30, 80 << 30))
+    plans = {}
+    for budget in range(1 << 29, 1 << 30, footprint.expert_stride_bytes):
+        p = plan(footprint, machine, PlanOverrides(vram_budget_bytes=budget, num_ctx=64, device="gpu", force=True))
+        if p.fits:
+            plans.setdefault(p.prefill_buffers, p)
+    assert set(plans) == {0, 1, 2}
+    assert plans[0].cache_slots >= footprint.min_cache_slots and plans[1].cache_slots >= footprint.min_cache_slots
+    ref_tokens, _ = greedy(load(store, name, torch.float32), 12)
+    for buffers, fit in plans.items():
+        loaded = load(store, name, torch.float32, backend="gpu", device="cpu", mode="offload", fit=fit,
+                      prefill_min_tokens=8)
+        assert loaded.experts.cache.num_slots == fit.cache_slots
+        prefill = loaded.experts.prefill
+        assert (prefill.streamer.num_buffers if prefill is not None else 0) == buffers
+        assert greedy(loaded, 12)[0] == ref_tokens
+        loaded.experts.close()
+
+
 def test_gpu_backend_refuses_a_cache_below_one_token(tiny_store) -> None:
     from runtime.load import load
 

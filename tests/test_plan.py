@@ -117,8 +117,11 @@ def test_qwen3_30b_bf16_on_a_5090(qwen3_30b: ModelFootprint) -> None:
     assert p.ram_needed_bytes == 56 * GiB and p.pinned_bytes == 54 * GiB
     assert p.context_length == DEFAULT_NUM_CTX == 32768  # min(model 40960, default)
     assert p.kv_bytes == 32768 * QWEN3_30B_KV == 3 * GiB
-    assert p.cache_slots == (left - 3 * GiB) // (9 * MiB) == 2852
-    assert f"{p.cache_fraction:.3f}" == f"{2852 / 6144:.3f}"  # 46.4% of the experts
+    bank = 128 * 9 * MiB  # a prefill buffer holds one layer's 128 experts
+    assert p.prefill_buffers == 2 and p.prefill_buffer_bytes == 2 * bank
+    assert p.cache_slots == (left - 3 * GiB - 2 * bank) // (9 * MiB) == 2596
+    assert p.vram_needed_bytes <= vram
+    assert f"{p.cache_fraction:.3f}" == f"{2596 / 6144:.3f}"  # 42.3% of the experts
     assert p.max_kv_tokens == (left - 384 * 9 * MiB) // QWEN3_30B_KV == 269721
     assert p.num_threads == 15  # 16 physical cores, one feeds the GPU
     assert p.vram_needed_bytes == QWEN3_30B_DENSE + QWEN3_30B_WORKSPACE + 3 * GiB + 2852 * 9 * MiB <= vram
@@ -183,7 +186,9 @@ def test_qwen36_q4_on_the_4060_laptop() -> None:
     left = 8 * GiB - 400 * MiB - dense - workspace
     kv = 32768 * QWEN36_KV + QWEN36_STATE
     assert p.device == "gpu" and p.fits and p.context_length == 32768 and p.kv_bytes == kv
-    assert p.cache_slots == (left - kv) // QWEN36_Q4_STRIDE == 2806 and p.num_expert_records == 10240
+    bank = 256 * QWEN36_Q4_STRIDE  # a prefill buffer holds one layer's 256 experts
+    assert p.prefill_buffers == 2 and p.prefill_buffer_bytes == 2 * bank
+    assert p.cache_slots == (left - kv - 2 * bank) // QWEN36_Q4_STRIDE == 2294 and p.num_expert_records == 10240
     assert p.min_cache_slots == 320 and p.ram_needed_bytes == 40 * 256 * QWEN36_Q4_STRIDE + RAM_RESERVE_BYTES
     assert p.num_threads == 5  # 6 cores, one feeds the GPU
     assert plan(fp, LAPTOP_4060, PlanOverrides(num_threads=6)).num_threads == 6
@@ -330,16 +335,27 @@ def test_too_small_a_machine_is_refused_with_every_reason() -> None:
 
 
 # -- properties --------------------------------------------------------------------------------------
-def test_more_vram_never_gives_fewer_slots_or_less_context(qwen3_30b: ModelFootprint) -> None:
+def test_more_vram_never_gives_less_context_fewer_buffers_or_fewer_slots_but_for_a_buffer(qwen3_30b: ModelFootprint) -> None:
+    """As the budget grows: the context and the prefill buffers never shrink, and the cache's
+    slots only where a buffer is bought (by less than the bank it holds), never the two together."""
     big = replace(WORKSTATION_5090, gpu=GPU("H200", 141 * GiB, 140 * GiB))
-    last_slots = last_ctx = -1
+    last_slots = last_ctx = last_buffers = -1
+    bought = []
     for half_gib in range(0, 2 * 80):
         p = plan(qwen3_30b, big, PlanOverrides(vram_budget_bytes=half_gib * GiB // 2))
-        assert p.cache_slots >= last_slots, half_gib / 2
+        assert p.prefill_buffers >= last_buffers, half_gib / 2
+        if p.prefill_buffers > last_buffers >= 0:
+            bought.append(half_gib / 2)
+            assert p.cache_slots > last_slots - 128 * (p.prefill_buffers - last_buffers), half_gib / 2
+        else:
+            assert p.cache_slots >= last_slots, half_gib / 2
         if p.device == "gpu":  # (the CPU plans below 4 GiB keep their context in RAM)
             assert p.context_length >= last_ctx, half_gib / 2
+            assert p.cache_slots >= p.min_cache_slots or p.prefill_buffers == 0, half_gib / 2
+            assert p.vram_needed_bytes <= p.vram_budget_bytes, half_gib / 2
             last_ctx = p.context_length
-        last_slots = p.cache_slots
+        last_slots, last_buffers = p.cache_slots, p.prefill_buffers
+    assert len(bought) == 2 and p.prefill_buffers == 2  # one buffer, then the second
     assert last_slots == 6144  # every expert fits in VRAM
     assert any("all 6144 experts fit in VRAM" in n for n in p.notes)
 
@@ -439,7 +455,7 @@ def test_ft_fit_tiny(home: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(Machine, "probe", staticmethod(lambda: LAPTOP_4060))
     code, out, _ = ft(capsys, "fit", "tiny", "--num-ctx", "99999", "--threads", "3")
     assert code == 0 and "all 64 experts fit in VRAM" in out and "clamped to it" in out
-    assert "64 slots x 96.0 KiB" in out and "threads        3 " in out
+    assert "64 slots x 96.0 KiB" in out and "threads          3 " in out and "2 x 1.5 MiB, double-buffered" in out
     code, out, _ = ft(capsys, "fit", "tiny", "--ram-gib", "1")
     text = " ".join(out.split())
     assert code == 1 and "RAM: needs 2.0 GiB (experts 6.0 MiB + 2.0 GiB reserve), the RAM budget is 1.0 GiB" in text

@@ -4,7 +4,6 @@ pinned banks, the executor; and a whole registered model on the device (`load_gp
 from __future__ import annotations
 
 import logging
-import math
 import os
 
 import torch
@@ -12,7 +11,7 @@ import torch
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from ..loader import ModelWeights, load_weights
 from ..models import build_model, keep_float32
-from ..plan import ModelFootprint, Plan, PlanOverrides, plan, size
+from ..plan import PREFILL_BUFFERS, ModelFootprint, Plan, PlanOverrides, plan, size
 from ..resources import Machine
 from ..weights import RegisteredModel
 from .device_model import DeviceModel, move_dense
@@ -124,12 +123,12 @@ def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit:
 
 def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.device | str = "cuda",
              fit: Plan | None = None, vram_budget_bytes: int | None = None, cache_slots: int | None = None,
-             num_ctx: int | None = None, mode: str = "auto", prefill_buffers: int = 2, force: bool = False,
-             **options) -> tuple[ModelWeights, DeviceModel, HybridExpertExecutor]:
+             num_ctx: int | None = None, mode: str = "auto", prefill_buffers: int | None = None,
+             force: bool = False, **options) -> tuple[ModelWeights, DeviceModel, HybridExpertExecutor]:
     """Dense weights on `device`, banks in pinned host memory, the expert cache in what is left.
 
-    Slots: `cache_slots`, else the fit plan's (`fit`, or one made here for `vram_budget_bytes`
-    and `num_ctx`), less what the prefill buffers take (the planner does not count them).
+    Slots and prefill buffers: the fit plan's (`fit`, or one made here for `vram_budget_bytes`
+    and `num_ctx`), unless given (`cache_slots`: the buffers default to 2, double-buffered).
     FT_CUDA_GRAPHS=0 in the environment runs every decode call uncaptured (as vLLM's
     --enforce-eager: a way around a driver that mishandles graphs), unless `cuda_graphs` is given."""
     device = torch.device(device)
@@ -137,14 +136,19 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
-    buffers = prefill_buffer_bytes(weights.banks, prefill_buffers) if mode != "cpu" else 0
     if cache_slots is None:
         if fit is None:
             overrides = PlanOverrides(vram_budget_bytes=vram_budget_bytes, num_ctx=num_ctx, device="gpu", force=True)
             fit = plan(footprint, Machine.probe(), overrides)
-        cache_slots = max(0, fit.cache_slots - math.ceil(buffers / max(footprint.expert_stride_bytes, 1)))
-        log.info("expert cache: %d planned slots, %d after %s of prefill buffers", fit.cache_slots, cache_slots,
-                 size(buffers))
+        cache_slots = fit.cache_slots
+        if prefill_buffers is None:
+            prefill_buffers = fit.prefill_buffers
+    if prefill_buffers is None:
+        prefill_buffers = PREFILL_BUFFERS
+    if mode == "cpu":  # the CPU computes every expert: no cache to fill, no bank to stream
+        prefill_buffers = 0
+    buffers = prefill_buffer_bytes(weights.banks, prefill_buffers)
+    log.info("expert cache: %d slots; %d prefill buffers (%s)", cache_slots, prefill_buffers, size(buffers))
     pinner = None
     if device.type == "cuda":
         pinner = HostPinner(fit.pinned_bytes if fit is not None else None)
