@@ -20,6 +20,7 @@ from registry import RegistryError, Store
 from runtime.chat_template import ChatTemplateError
 from runtime.models import ContextOverflowError, UnsupportedFamilyError
 from runtime.plan import PlanOverrides
+from runtime.resources import gib_to_bytes
 from runtime.sampling import InvalidParameterError
 from runtime.tokenizer import TokenizerError
 
@@ -41,6 +42,23 @@ USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveEr
 
 def _store() -> Store:
     return Store.default()
+
+
+class GiB(click.ParamType):
+    """A size in GiB: a finite number, > 0 (or >= 0 where 0 means "none"), at most a PiB."""
+
+    name = "GIB"
+
+    def __init__(self, zero_ok: bool = False) -> None:
+        self.zero_ok = zero_ok
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            gib = float(value)
+            gib_to_bytes(gib, "the size", zero_ok=self.zero_ok)
+        except ValueError as e:
+            self.fail(str(e) if "the size" in str(e) else f"{value!r} is not a number of GiB", param, ctx)
+        return gib
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -119,8 +137,8 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
 
 @cli.command("fit")
 @click.argument("name")
-@click.option("--vram-gib", type=click.FloatRange(min=0), default=None, help="Cap the VRAM ft may use (0: CPU only).")
-@click.option("--ram-gib", type=click.FloatRange(min=0, min_open=True), default=None, help="Cap the host RAM ft may use.")
+@click.option("--vram-gib", type=GiB(zero_ok=True), default=None, help="Cap the VRAM ft may use (0: CPU only).")
+@click.option("--ram-gib", type=GiB(), default=None, help="Cap the host RAM ft may use.")
 @click.option("--num-ctx", type=click.IntRange(min=1), default=None, help="Context length to plan for.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for expert kernels.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
@@ -132,8 +150,8 @@ def fit_cmd(name: str, vram_gib: float | None, ram_gib: float | None, num_ctx: i
 
     A model not in the store is planned from its metadata only (no weights are downloaded)."""
     overrides = PlanOverrides(
-        vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30),
-        ram_budget_bytes=None if ram_gib is None else int(ram_gib * 2**30),
+        vram_budget_bytes=None if vram_gib is None else gib_to_bytes(vram_gib, zero_ok=True),
+        ram_budget_bytes=None if ram_gib is None else gib_to_bytes(ram_gib, "a RAM budget"),
         num_ctx=num_ctx, num_threads=threads, device=device)
     report = fit_mod.fit(name, _store(), overrides)
     click.echo(json.dumps(fit_mod.report_dict(report), indent=1) if as_json else fit_mod.format_report(report))
@@ -199,7 +217,7 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
               help="gpu: the hybrid GPU runtime (experts cached in VRAM, misses split PCIe/CPU); auto: the GPU "
                    "when there is one and the model's plan fits it, else the CPU.")
-@click.option("--vram-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--vram-gib", type=GiB(), default=None,
               help="On the GPU: cap the VRAM ft uses (weights + KV + expert cache).")
 @click.option("--mode", type=click.Choice(["auto", "offload", "cpu", "static", "prefill_placement"]), default="auto",
               show_default=True, help="On the GPU: how expert-cache misses are served.")
@@ -272,7 +290,7 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True,
               help="gpu: the hybrid GPU runtime (its VRAM budget changes with `ft vram`); auto: each model on the GPU "
                    "when there is one and its plan fits, else on the CPU.")
-@click.option("--vram-gib", type=float, default=None, help="VRAM budget per model on the GPU (default: free VRAM).")
+@click.option("--vram-gib", type=GiB(), default=None, help="VRAM budget per model on the GPU (default: free VRAM).")
 @click.option("--mode", type=click.Choice(["auto", "offload", "cpu", "static", "prefill_placement"]), default="auto",
               show_default=True, help="How expert-cache misses are served on the GPU.")
 def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: str, vram_gib: float | None,
@@ -299,7 +317,7 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
     port = default_port if port is None else port
     try:
         app = serve_mod.build_app(_store(), api_key=api_key, device=device, gpu_mode=mode,
-                                  vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30))
+                                  vram_budget_bytes=None if vram_gib is None else gib_to_bytes(vram_gib))
     except ValueError as e:  # FT_KEEP_ALIVE, FT_MAX_QUEUE, ...
         raise click.UsageError(str(e)) from None
     click.echo(f"ft serve: listening on {serve_mod.server_url(f'{host}:{port}')}; models run {where} (Ctrl-C stops)",
@@ -309,7 +327,7 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
 
 @cli.command("vram")
 @click.argument("name")
-@click.argument("gib", type=float)
+@click.argument("gib", type=GiB())
 def vram_cmd(name: str, gib: float) -> None:
     """Change the VRAM budget of a model a running `ft serve --device gpu` holds: its expert cache
     grows or shrinks before the next token, nothing is reloaded."""

@@ -18,7 +18,7 @@ from registry import Store
 from runtime.engine import Generation, Session
 from runtime.load import LoadedModel, load_registered
 from runtime.plan import ModelFootprint, PlanOverrides, plan
-from runtime.resources import Machine
+from runtime.resources import Machine, gib_to_bytes
 from runtime.sampling import SamplingParams
 from runtime.tokenizer import Tokenizer
 from runtime.weights import open_model
@@ -59,7 +59,7 @@ class Chat:
         governor = getattr(self.experts, "elastic", None)
         if governor is None:
             raise ValueError("/set vram needs a model running on the GPU (the CPU runtime uses no VRAM)")
-        slots = governor.set_budget(int(gib * 2**30))
+        slots = governor.set_budget(gib_to_bytes(gib))
         return f"Set VRAM budget to {gib:g} GiB: the expert cache becomes {slots} slots before the next token"
 
     def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
@@ -106,7 +106,7 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
         raise NoGPUError("--device gpu needs a CUDA GPU and none was found; run with --device cpu")
     fitted = plan(footprint, machine, PlanOverrides(
         num_ctx=num_ctx or recipe_ctx or DEFAULT_NUM_CTX, num_threads=threads, device=device,
-        vram_budget_bytes=None if vram_gib is None else int(vram_gib * 2**30)))
+        vram_budget_bytes=None if vram_gib is None else gib_to_bytes(vram_gib)))
     torch.set_num_threads(fitted.num_threads)
     start = time.perf_counter()
     if device == "auto" and machine.gpu is not None and fitted.device == "cpu":

@@ -8,12 +8,27 @@ a `Machine`, so tests describe machines as plain numbers. Disk is not the planne
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 
 import psutil
 
 log = logging.getLogger(__name__)
+
+
+MAX_BUDGET_GIB = 1 << 20  # a PiB: above any machine's memory, below the sizes that overflow
+
+
+def gib_to_bytes(gib: float, what: str = "a VRAM budget", *, zero_ok: bool = False) -> int:
+    """A budget given in GiB (CLI, API, REPL) as bytes, or ValueError naming what is wrong with
+    it: not a number, not finite, negative (or 0 unless `zero_ok`), or beyond a PiB."""
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib):
+        raise ValueError(f"{what} is a number of GiB, not {gib!r}")
+    if gib < 0 or (gib == 0 and not zero_ok) or gib > MAX_BUDGET_GIB:
+        low = "0 or more" if zero_ok else "more than 0"
+        raise ValueError(f"{what} is {low} and at most {MAX_BUDGET_GIB} GiB, not {gib:g} GiB")
+    return int(gib * (1 << 30))
 
 
 @dataclass(frozen=True)

@@ -1116,6 +1116,10 @@ def test_set_vram_in_ft_run_resizes_before_the_next_token(tiny_store) -> None:
     assert said[-1].startswith("Error: a VRAM budget of") and "fewer than one token's experts (4 slots" in said[-1]
     handle_command(chat, "/set vram lots", said.append)
     assert said[-1] == "Error: /set vram takes a size in GiB, e.g. '/set vram 6', not 'lots'"
+    for bad, words in (("inf", "a number of GiB, not inf"), ("nan", "a number of GiB, not nan"),
+                       ("1e300", "at most 1048576 GiB")):
+        assert handle_command(chat, f"/set vram {bad}", said.append)  # the chat goes on
+        assert said[-1].startswith("Error: a VRAM budget") and words in said[-1], said[-1]
     cpu_chat = Chat(None, None, {})  # type: ignore[arg-type]
     handle_command(cpu_chat, "/set vram 6", said.append)
     assert said[-1] == "Error: /set vram needs a model running on the GPU (the CPU runtime uses no VRAM)"

@@ -456,6 +456,9 @@ def test_ft_fit_tiny(home: Path, capsys, monkeypatch) -> None:
     code, out, _ = ft(capsys, "fit", "tiny", "--num-ctx", "99999", "--threads", "3")
     assert code == 0 and "all 64 experts fit in VRAM" in out and "clamped to it" in out
     assert "64 slots x 96.0 KiB" in out and "threads          3 " in out and "2 x 1.5 MiB, double-buffered" in out
+    for option, bad in (("--vram-gib", "inf"), ("--vram-gib", "-1"), ("--ram-gib", "0"), ("--ram-gib", "nan")):
+        code, _, err = ft(capsys, "fit", "tiny", option, bad)
+        assert code == 2 and f"Invalid value for '{option}'" in err and "GiB" in err, (option, bad, err)
     code, out, _ = ft(capsys, "fit", "tiny", "--ram-gib", "1")
     text = " ".join(out.split())
     assert code == 1 and "RAM: needs 2.0 GiB (experts 6.0 MiB + 2.0 GiB reserve), the RAM budget is 1.0 GiB" in text

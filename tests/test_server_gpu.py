@@ -7,6 +7,7 @@ to a live server on loopback."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -59,27 +60,33 @@ def test_vram_budget_changes_between_tokens(gpu_server: LiveServer) -> None:
     experts = runner.loaded.experts
     cache, governor = experts.cache, experts.elastic
     before = cache.num_slots
-    gib = (governor.other_bytes + (before + 3) * cache.slot_bytes) / GiB
+    gib = (governor.other_bytes + (before - 3) * cache.slot_bytes) / GiB
     reply = httpx.post(gpu_server.url + "/api/ft/vram", json={"model": "tiny", "vram_gib": gib})
     assert reply.status_code == 200, reply.text
-    assert reply.json()["cache_slots"] == before + 3 and reply.json()["model"] == "tiny:latest"
+    assert reply.json()["cache_slots"] == before - 3 and reply.json()["model"] == "tiny:latest"
     assert cache.num_slots == before  # applied at the next token, not now
     answer = client.chat(model="tiny", messages=ASK, options=GREEDY)
-    assert answer.eval_count > 0 and experts.cache.num_slots == before + 3
+    assert answer.eval_count > 0 and experts.cache.num_slots == before - 3
     ps = httpx.get(gpu_server.url + "/api/ps").json()["models"][0]["ft"]
-    assert ps["expert_cache_bytes"] == (before + 3) * cache.slot_bytes
+    assert ps["expert_cache_bytes"] == (before - 3) * cache.slot_bytes
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
     ({"model": "tiny", "vram_gib": 1e-6}, 400, "fewer than one token's experts"),
-    ({"model": "tiny", "vram_gib": -2}, 400, "a positive size"),
+    ({"model": "tiny", "vram_gib": -2}, 400, "more than 0 and at most 1048576 GiB, not -2 GiB"),
+    ({"model": "tiny", "vram_gib": float("inf")}, 400, "a number of GiB, not inf"),
+    ({"model": "tiny", "vram_gib": float("nan")}, 400, "a number of GiB, not nan"),
+    ({"model": "tiny", "vram_gib": 1e300}, 400, "at most 1048576 GiB"),
+    ({"model": "tiny", "vram_gib": True}, 400, "vram_gib"),
+    ({"model": "tiny", "vram_gib": "8"}, 400, "vram_gib"),
     ({"model": "nope", "vram_gib": 4}, 404, "not found"),
     ({"model": "tiny"}, 400, "vram_gib"),
 ])
 def test_bad_vram_requests_are_refused_with_the_reason(gpu_server: LiveServer, body: dict, status: int,
                                                        words: str) -> None:
     ollama.Client(host=gpu_server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})
-    reply = httpx.post(gpu_server.url + "/api/ft/vram", json=body)
+    reply = httpx.post(gpu_server.url + "/api/ft/vram", content=json.dumps(body),  # (Infinity and NaN as Python writes them)
+                       headers={"content-type": "application/json"})
     assert reply.status_code == status and words in reply.text, reply.text
 
 
@@ -98,11 +105,14 @@ def test_ft_vram_through_the_cli(gpu_server: LiveServer, capsys: pytest.CaptureF
     ollama.Client(host=gpu_server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})
     (runner,) = gpu_server.manager.runners.values()
     cache, governor = runner.loaded.experts.cache, runner.loaded.experts.elastic
-    gib = (governor.other_bytes + (cache.num_slots + 1) * cache.slot_bytes) / GiB
+    gib = (governor.other_bytes + (cache.num_slots - 1) * cache.slot_bytes) / GiB
     code, out, _ = ft(capsys, "vram", "tiny", repr(gib))
-    assert code == 0 and f"expert cache {cache.num_slots + 1} slots" in out and "from the next token" in out
+    assert code == 0 and f"expert cache {cache.num_slots - 1} slots" in out and "from the next token" in out
     code, _, err = ft(capsys, "vram", "tiny", "0.000001")
     assert code == 1 and "fewer than one token's experts" in err
+    for bad in ("inf", "nan", "-3", "lots"):
+        code, _, err = ft(capsys, "vram", "tiny", "--", bad)
+        assert code == 2 and "Invalid value for 'GIB'" in err and ("GiB" in err), (bad, err)
 
 
 def test_unloading_releases_the_gpu_runtime(store: Store) -> None:

@@ -30,7 +30,7 @@ from runtime.chat_template import ChatTemplateError
 from runtime.load import load_registered
 from runtime.models import UnsupportedFamilyError
 from runtime.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
-from runtime.resources import Machine
+from runtime.resources import Machine, gib_to_bytes
 from runtime.tokenizer import Tokenizer, TokenizerError
 from runtime.weights import RegisteredModel
 
@@ -189,7 +189,7 @@ class ModelManager:
             raise BadRequest(f"{registered.name.display} runs on the CPU, which has no VRAM budget; start the "
                              "server with `ft serve --device gpu`")
         try:
-            slots = governor.set_budget(int(vram_gib * 2**30))
+            slots = governor.set_budget(gib_to_bytes(vram_gib))
         except ValueError as e:
             raise BadRequest(str(e)) from None
         return {"model": registered.name.display, "vram_budget_bytes": governor.budget_bytes, "cache_slots": slots,

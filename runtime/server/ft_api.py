@@ -12,14 +12,14 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
 
 
 class VramBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    vram_gib: float
+    vram_gib: StrictFloat | StrictInt  # (not true/false or "8": JSON numbers only)
 
 
 def make_router(backend: Any) -> APIRouter:
