@@ -82,6 +82,19 @@ def test_never_under_the_floor_and_says_why(caplog) -> None:
     assert g.poll(16) is None
 
 
+def test_a_cache_loaded_under_the_floor_is_not_grown_when_memory_is_short(caplog) -> None:
+    """The modes that do not fill the cache (and force) may load it under one token's experts:
+    its budget holds what it holds, and with no memory free it stays, never grown to the floor."""
+    device = Device(free=0, held=450 * MiB)  # the 400 MiB of the rest and 5 slots, nothing free
+    g = VramGovernor(slot_bytes=SLOT, budget_bytes=450 * MiB, cache_slots=5, min_slots=16, other_bytes=400 * MiB,
+                     probe=device, check_every_s=0.0)
+    assert g.budget_slots == 5
+    assert g.poll(5) is None
+    assert "the expert cache stays at 5 slots" in caplog.text
+    device.free = 100 * MiB  # memory back: the budget still holds 5
+    assert g.poll(5) is None
+
+
 def test_free_memory_is_read_at_most_every_check_interval() -> None:
     now = [0.0]
     device = Device(free=500 * MiB)

@@ -65,8 +65,9 @@ class VramGovernor:
 
     @property
     def budget_slots(self) -> int:
-        """The slots the budget holds, never under the floor."""
-        return max(self.min_slots, self._capped((self.budget_bytes - self.other_bytes) // self.slot_bytes))
+        """The slots the budget holds (under the floor only where the load allowed that: the modes
+        that do not fill the cache, or force)."""
+        return max(0, self._capped((self.budget_bytes - self.other_bytes) // self.slot_bytes))
 
     def _capped(self, slots: int) -> int:
         return slots if self.max_slots is None else min(slots, self.max_slots)
@@ -107,10 +108,11 @@ class VramGovernor:
         fits = (available - self.margin_bytes - self.other_bytes) // self.slot_bytes
         target = min(wanted, fits)
         if target < self.min_slots:
+            keep = min(current, self.min_slots)  # not below one token's experts, and never grown here
             log.warning("%s of VRAM is left to this process (%s free), too little for its dense weights, KV and "
                         "one token's experts; the expert cache stays at %d slots: other programs on this GPU may "
-                        "run out of memory", size(available), size(free), self.min_slots)
-            return self.min_slots
+                        "run out of memory", size(available), size(free), keep)
+            return keep
         if current < target < wanted and target - current < max(1, current // 32):
             return current  # a small step up: not worth a rebuild yet
         return target
