@@ -90,6 +90,14 @@ def test_bad_vram_requests_are_refused_with_the_reason(gpu_server: LiveServer, b
     assert reply.status_code == status and words in reply.text, reply.text
 
 
+def test_a_cache_below_one_token_is_refused_with_its_numbers_not_as_a_damaged_model(store: Store) -> None:
+    with LiveServer(store, device="gpu", gpu_mode="offload", machine=emulated_gpu_machine,
+                    gpu_options={"device": "cpu", "cache_slots": 3}) as server:
+        reply = httpx.post(server.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False})
+    assert reply.status_code == 400 and "fewer than one token's experts" in reply.text, reply.text
+    assert "ft verify" not in reply.text
+
+
 def test_a_cpu_server_says_vram_needs_the_gpu_runtime(store: Store) -> None:
     with LiveServer(store) as server:
         ollama.Client(host=server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})

@@ -387,10 +387,15 @@ class ModelManager:
     def _load(self, registered: RegisteredModel, fitted: Plan) -> Runner:
         torch.set_num_threads(fitted.num_threads)
         start = time.perf_counter()
+        refused: tuple[type[Exception], ...] = (UnsupportedFamilyError,)
+        if fitted.device == "gpu":
+            from runtime.gpu import CacheTooSmallError, UnsupportedOnDevice
+
+            refused += (CacheTooSmallError, UnsupportedOnDevice)  # this server's budget or mode: not a damaged model
         try:
             gpu = {"backend": "gpu", "fit": fitted, "mode": self.gpu_mode, **self.gpu_options} if fitted.device == "gpu" else {}
             loaded = load_registered(registered, compute_dtype(registered.config), **gpu)
-        except UnsupportedFamilyError as e:
+        except refused as e:
             raise BadRequest(str(e)) from None
         except Exception as e:  # a damaged model on disk: name it, keep serving the others
             log.exception("loading %s failed", registered.name.display)
