@@ -9,6 +9,8 @@ banks still work (copies run ~8x slower and stop overlapping), so a refusal or a
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 
 import torch
@@ -24,6 +26,27 @@ _registrations: dict[int, int] = {}
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+@functools.cache
+def _cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library this process has loaded (torch's), or None: another copy would
+    keep an error state of its own."""
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = sorted({line.split()[-1] for line in maps if "/libcudart.so" in line})
+        return ctypes.CDLL(loaded[0]) if loaded else None
+    except (OSError, IndexError):
+        return None
+
+
+def clear_cuda_error() -> None:
+    """A refused cudaHostRegister is also the CUDA runtime's last error, which torch's next
+    kernel-launch check would raise as that kernel's own: read it away (cudaGetLastError is not
+    among torch's cudart bindings). Where the runtime cannot be found, nothing is done."""
+    lib = _cudart()
+    if lib is not None:
+        lib.cudaGetLastError()
 
 
 class HostPinner:
@@ -53,6 +76,7 @@ class HostPinner:
             return self._refused(nbytes, "CUDA is not available")
         err = torch.cuda.cudart().cudaHostRegister(data.data_ptr(), nbytes, 0)
         if int(err) != 0:
+            clear_cuda_error()
             return self._refused(nbytes, f"cudaHostRegister refused {_size(nbytes)} (error {int(err)})")
         _registrations[ptr] = 1
         self._registered.append((ptr, data))  # the tensor keeps the memory alive while registered
