@@ -926,6 +926,12 @@ def test_profile_measures_saves_and_reloads(tmp_path, monkeypatch) -> None:
     saved[0].write_text(json.dumps({**stale, "version": 1}))
     monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: replace(first, measured_at="again"))
     assert load_or_measure(bank, executor, "cpu", cpu_threads=1).measured_at == "again"
+    # a model of another expert size on the same machine: its own profile
+    bigger = random_bank("f32", 8, 512, 128, layer=0)
+    monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: replace(first, measured_at="bigger"))
+    assert load_or_measure(bigger, executor, "cpu", cpu_threads=1).measured_at == "bigger"
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 2
+    assert load_or_measure(bank, executor, "cpu", cpu_threads=1).measured_at == "again"  # the first still kept
 
 
 # -- on the GPU host -----------------------------------------------------------------------------------
@@ -1287,5 +1293,5 @@ def test_an_emulated_slower_link_copies_every_fill_again_and_changes_nothing_els
     assert s1.prefill_bytes > 0 and two.prefill is not None and two.prefill.streamer.pcie_repeat == 2
     with pytest.raises(ValueError, match="pcie_repeat is a whole number of copies, at least 1"):
         hybrid(banks, "offload", slots=4 * K, pcie_repeat=0)
-    assert machine_key("cpu", cpu_threads=2, dtype="bf16", pcie_repeat=2).endswith("-pcie1of2")
-    assert "pcie1of" not in machine_key("cpu", cpu_threads=2, dtype="bf16")
+    assert machine_key("cpu", cpu_threads=2, dtype="bf16", expert_bytes=9 << 20, pcie_repeat=2).endswith("-pcie1of2")
+    assert "pcie1of" not in machine_key("cpu", cpu_threads=2, dtype="bf16", expert_bytes=9 << 20)

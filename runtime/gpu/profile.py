@@ -78,12 +78,15 @@ def profiles_dir() -> Path:
     return (Path(home) if home else Path.home() / ".ft") / "profiles"
 
 
-def machine_key(device: torch.device | str, *, cpu_threads: int, dtype: str, pcie_repeat: int = 1) -> str:
-    """Host, accelerator, CPU threads and weight dtype: what the two rates depend on (and an
-    emulated slower link, kept apart from the real one)."""
+def machine_key(device: torch.device | str, *, cpu_threads: int, dtype: str, expert_bytes: int,
+                pcie_repeat: int = 1) -> str:
+    """Host, accelerator, CPU threads, weight dtype and expert size: what the two rates and their
+    fixed costs depend on (small records stay in the CPU's caches; per-call costs weigh more on
+    them), and an emulated slower link, kept apart from the real one."""
     device = torch.device(device)
     accel = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    raw = f"{platform.node() or 'host'}-{accel}-{cpu_threads}t-{dtype}" + (f"-pcie1of{pcie_repeat}" if pcie_repeat > 1 else "")
+    raw = (f"{platform.node() or 'host'}-{accel}-{cpu_threads}t-{dtype}-{expert_bytes / 2**20:.1f}MiB"
+           + (f"-pcie1of{pcie_repeat}" if pcie_repeat > 1 else ""))
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
 
 
@@ -176,7 +179,8 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
     profile = BandwidthProfile(
         pcie_gbps=f * stride / (pcie_per * 1e6), cpu_gbps=f * stride / (cpu_per * 1e6), cpu_fixed_ms=cpu_fixed,
         pcie_fixed_ms=pcie_fixed, pcie_alone_gbps=stride / (pcie_per * 1e6), cpu_alone_gbps=stride / (cpu_per * 1e6),
-        machine=machine_key(device, cpu_threads=threads, dtype=dtype, pcie_repeat=pcie_repeat), expert_bytes=stride,
+        machine=machine_key(device, cpu_threads=threads, dtype=dtype, expert_bytes=stride, pcie_repeat=pcie_repeat),
+        expert_bytes=stride,
         cpu_threads=threads, dtype=dtype, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), version=PROFILE_VERSION)
     log.info("bandwidth profile %s: PCIe %.1f GB/s (alone %.1f) + %.3f ms, CPU %.1f GB/s (alone %.1f) + %.3f ms per "
              "layer call", profile.machine, profile.pcie_gbps, profile.pcie_alone_gbps, profile.pcie_fixed_ms,
@@ -235,7 +239,8 @@ def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: 
                     **kwargs) -> BandwidthProfile:
     """The kept profile of this machine, or a fresh measurement (then kept)."""
     threads = cpu_threads or getattr(cpu_executor, "threads", None) or torch.get_num_threads()
-    key = machine_key(device, cpu_threads=threads, dtype=bank_dtype(bank), pcie_repeat=pcie_repeat)
+    key = machine_key(device, cpu_threads=threads, dtype=bank_dtype(bank), expert_bytes=bank.layout.expert_stride,
+                      pcie_repeat=pcie_repeat)
     path = profiles_dir() / f"{key}.json"
     if path.exists() and not remeasure:
         try:
