@@ -6,19 +6,38 @@ layout the FTW writer uses), or from a GGUF file's size alone. The planner (plan
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from ftw.families import FAMILIES, family_for_config, normalized_config, parse_expert_name
-from ftw.format import PART_ALIGNMENT, Index, align_up
+from ftw.format import BLOCK_DTYPES, PART_ALIGNMENT, Index, align_up
 
 CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
 FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+ELEMENT_BYTES = {**FLOAT_BYTES, "f8_e4m3": 1, "f8_e5m2": 1}  # of the dtypes a safetensors checkpoint holds
 EMBEDDINGS = "embed_tokens.weight"
 EXPERT_PARTS = {("gate_proj", "weight"): "w13", ("up_proj", "weight"): "w13", ("gate_up_proj", "weight"): "w13",
                 ("down_proj", "weight"): "w2", ("gate_proj", "weight_scale_inv"): "w1_scale",
                 ("up_proj", "weight_scale_inv"): "w3_scale", ("down_proj", "weight_scale_inv"): "w2_scale"}
+
+
+def compute_bytes(dtype: str) -> int:
+    """Bytes of an element in the dtype a model computes in: float32 models in float32, the
+    rest in 16 bits (the runtime's default)."""
+    return 4 if dtype == "f32" else 2
+
+
+def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compute: int) -> int:
+    """Bytes one dense tensor takes once loaded (runtime/loader.py): block quants and scaled FP8
+    dequantized to the compute dtype, 16-bit floats cast to it, float32 kept (the routers a
+    family keeps in float32 are; the rest are cast: an upper bound), anything else as stored."""
+    if dtype in BLOCK_DTYPES or scaled:
+        return numel * compute
+    if dtype in ("f16", "bf16"):
+        return numel * compute
+    return nbytes
 
 
 def size(n: float) -> str:
@@ -152,9 +171,14 @@ class ModelFootprint:
         text = family.text_config(index.source_config) if family else index.source_config
         embed = [t.dtype for t in index.tensors if t.name.endswith(EMBEDDINGS)]
         dtype = embed[0] if embed else str(c.get("dtype") or "bf16")
+        names = {t.name for t in index.tensors}
+        dense = sum(held_dense_bytes(t.dtype, t.nbytes, math.prod(t.shape), compute=compute_bytes(dtype),
+                                     scaled=t.name.endswith(".weight") and t.name + "_scale_inv" in names)
+                    for t in index.tensors
+                    if not (t.name.endswith("_scale_inv") and t.name[: -len("_scale_inv")] in names))  # folded
         return ModelFootprint(
             name=name or index.family, source="ftw", family=index.family, dtype=dtype,
-            dense_bytes=sum(t.nbytes for t in index.tensors),
+            dense_bytes=dense,
             expert_pool_bytes=sum(b.nbytes for b in index.banks),
             expert_stride_bytes=max((b.expert_stride for b in index.banks), default=0),
             num_moe_layers=len(index.banks), num_experts=max((b.num_experts for b in index.banks), default=0),
@@ -173,7 +197,8 @@ class ModelFootprint:
         family = family_for_config(config)
         c = normalized_config(family, config)
         cast = CAST_BYTES.get(target_dtype)
-        dense, by_dtype, embed = 0, Counter(), None
+        dense: dict[str, tuple[str, int]] = {}
+        by_dtype, embed = Counter(), None
         parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # layer -> part -> bytes of one expert
         for tensor_name, (dtype, nbytes) in tensors.items():
             if not family.keeps(tensor_name, c["num_layers"]):
@@ -184,15 +209,19 @@ class ModelFootprint:
             embed = dtype if tensor_name.endswith(EMBEDDINGS) else embed
             expert = parse_expert_name(tensor_name)
             if expert is None:
-                dense += nbytes
+                dense[tensor_name] = (dtype, nbytes)
             elif expert.expert is None:  # fused: [E, ...] holds every expert of the layer
                 parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] = nbytes // c["num_experts"]
             elif expert.expert == 0:
                 parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes
         strides = [align_up(sum(align_up(n, PART_ALIGNMENT) for n in p.values())) for p in parts.values()]
         dtype = embed or (max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "bf16")
+        held = sum(held_dense_bytes(d, n, n // ELEMENT_BYTES.get(d, 1), compute=compute_bytes(dtype),
+                                    scaled=t.endswith(".weight") and t + "_scale_inv" in dense)
+                   for t, (d, n) in dense.items()
+                   if not (t.endswith("_scale_inv") and t[: -len("_scale_inv")] in dense))  # folded
         return ModelFootprint(
-            name=name or family.name, source="checkpoint", family=family.name, dtype=dtype, dense_bytes=dense,
+            name=name or family.name, source="checkpoint", family=family.name, dtype=dtype, dense_bytes=held,
             expert_pool_bytes=sum(strides) * c["num_experts"], expert_stride_bytes=max(strides, default=0),
             num_moe_layers=len(strides), num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
             kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),

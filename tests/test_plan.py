@@ -17,6 +17,7 @@ from ftw import convert_checkpoint
 from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import Store
 from runtime import resources
+from runtime.footprint import held_dense_bytes
 from runtime.plan import (
     DEFAULT_NUM_CTX,
     GPU_RESERVE_BYTES,
@@ -421,6 +422,32 @@ def test_checkpoint_estimate_matches_the_ftw_index(tmp_path: Path, family: str, 
     before = ModelFootprint.from_checkpoint(config, tensors)
     after = ModelFootprint.from_index(convert_checkpoint(src, tmp_path / "ftw"))
     assert replace(before, source="ftw") == after
+
+
+def test_the_dense_bytes_planned_are_those_the_runtime_holds(tmp_path: Path) -> None:
+    """FP8 dense weights are dequantized at load (their scales folded in), float weights cast to
+    the compute dtype: the planner counts what the loaded model holds, not what FTW stores."""
+    import torch
+
+    from ftw.reader import FTWReader
+    from runtime.loader import load_weights
+    from runtime.models import keep_float32
+
+    src = to_fp8(save_checkpoint("deepseek_v3", tmp_path / "hf"), tmp_path / "fp8")
+    index = convert_checkpoint(src, tmp_path / "ftw")
+    fp = ModelFootprint.from_index(index)
+    stored = sum(t.nbytes for t in index.tensors)
+    compute = torch.float32 if fp.dtype == "f32" else torch.bfloat16
+    with FTWReader.open(tmp_path / "ftw") as reader:
+        weights = load_weights(reader, compute, keep_float32=keep_float32(index.family))
+    held = sum(t.numel() * t.element_size() for t in weights.dense.values())
+    assert any(t.dtype.startswith("f8") for t in index.tensors) and held != stored
+    assert held <= fp.dense_bytes <= held * 1.01  # exact but for the float32 routers (counted as float32)
+    # in a 16-bit model: FP8 and block quants dequantized to 2 bytes, 16-bit floats as they are
+    assert held_dense_bytes("f8_e4m3", 1000, 1000, scaled=True, compute=2) == 2000
+    assert held_dense_bytes("q4_k", 144, 256, scaled=False, compute=2) == 512
+    assert held_dense_bytes("f16", 2000, 1000, scaled=False, compute=2) == 2000
+    assert held_dense_bytes("f8_e4m3", 1000, 1000, scaled=False, compute=2) == 1000  # unscaled: kept as stored
 
 
 # -- `ft fit` ---------------------------------------------------------------------------------------
