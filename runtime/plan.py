@@ -172,7 +172,7 @@ class Plan:
 
     def _prefill(self) -> str:
         if not self.prefill_buffers:
-            return "none: a long prompt's experts are read into the cache layer by layer (slower prefill)"
+            return "none: a long prompt's experts stream through the cache itself"
         kind = "double-buffered" if self.prefill_buffers == 2 else "single-buffered"
         return f"{self.prefill_buffers} x {size(self.prefill_buffer_bytes // self.prefill_buffers)}, {kind}"
 
@@ -336,7 +336,7 @@ def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tupl
     """(prefill buffers, cache slots) in `room` bytes of VRAM. The buffers (one bank each) are
     held for the model's life, so they come out of the cache: two (double-buffered) where the
     cache keeps at least one token's experts beside them (below that a global LRU thrashes),
-    else one, else none (a long prompt's experts then go through the cache itself, slower).
+    else one, else none (a long prompt's experts then stream through the cache itself).
     So where the VRAM first holds a buffer beside that floor, the cache gives up to a bank's
     slots for it. Never more slots than experts."""
     stride, bank = fp.expert_stride_bytes, fp.num_experts * fp.expert_stride_bytes
@@ -346,8 +346,8 @@ def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tupl
             break
     if buffers < PREFILL_BUFFERS:
         log.notes.append(f"{buffers or 'no'} prefill buffer{'s' if buffers != 1 else ''} of {size(bank)} (of "
-                         f"{PREFILL_BUFFERS}) beside the expert cache: a long prompt streams "
-                         f"{'without overlap' if buffers else 'through the cache, slower'}; "
+                         f"{PREFILL_BUFFERS}) beside the expert cache: a long prompt's experts stream "
+                         f"{'without overlap' if buffers else 'through the cache itself, without overlap'}; "
                          "more VRAM or a smaller --num-ctx buys a faster prefill")
     return buffers, min(slots, fp.num_expert_records)
 

@@ -36,7 +36,7 @@ from runtime.gpu import (
     q_star,
 )
 from runtime.gpu.auto_guard import PCIE_ONLY, AutoGuard
-from runtime.gpu.prefill import BankStreamer
+from runtime.gpu.prefill import BankStreamer, CachePrefill, StreamingPrefill
 from runtime.gpu.split import SplitTables, layer_ms, miss_cost
 
 E, H, INTER, K = 16, 80, 40, 4  # H, INTER off the SIMD width and the 128-wide FP8 block
@@ -754,6 +754,47 @@ def test_the_first_decode_step_after_a_prefill_waits_for_its_cache_fills(mode: s
     assert len(waits) == 1
 
 
+@pytest.mark.parametrize("mode", ["offload", "auto"])
+@pytest.mark.parametrize("slots", [3 * E, 2 * E, 12])
+def test_a_prefill_with_no_buffer_streams_through_the_cache(mode: str, slots: int) -> None:
+    """No prefill buffer (the plan left no room for one): a long prompt's experts are filled into
+    the cache and computed from their slots, grouped by expert, in rounds where the cache holds
+    fewer than a layer's experts; the outputs are the CPU executor's, and what fits of the
+    prompt's experts stays cached for decode."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=slots, prefill_buffers=0)
+    assert isinstance(ex.prefill, CachePrefill)
+    gen = torch.Generator().manual_seed(9)
+    for tokens in (24, 1, 2, 16, 1):
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(tokens, H, generator=gen), routing(tokens, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+            if tokens >= 8:  # a prefill call: its layer's experts are the most recent entries
+                routed = torch.unique(ids).tolist()
+                held = {divmod(int(k), E)[1] for k in ex.cache.owner if k >= 0 and divmod(int(k), E)[0] == layer}
+                assert held <= set(routed) and len(held) == min(len(routed), slots)
+    s = ex.stats()
+    assert s.prefill_calls == 2 * len(LAYERS) and s.prefill_bytes > 0 and s.prefill_bytes % banks[1].layout.expert_stride == 0
+    repeated = hybrid(banks, mode, slots=slots, prefill_buffers=0, pcie_repeat=2)  # a slower link: bytes counted once
+    x, (ids, weights) = torch.randn(20, H, generator=gen), routing(20, gen)
+    assert_close(repeated(1, x, ids, weights), reference(1, x, ids, weights))
+    assert repeated.stats().prefill_bytes == len(torch.unique(ids)) * banks[1].layout.expert_stride
+
+
+@pytest.mark.parametrize("mode", ["static", "prefill_placement", "cpu"])
+def test_the_modes_that_do_not_fill_the_cache_run_a_prefill_with_no_buffer_as_decode_calls(mode: str) -> None:
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=2 * E + 4, prefill_buffers=0)
+    assert ex.prefill is None
+    gen = torch.Generator().manual_seed(10)
+    for layer in LAYERS:
+        x, (ids, weights) = torch.randn(24, H, generator=gen), routing(24, gen)
+        assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    assert ex.stats().prefill_calls == 0
+
+
 def test_prefill_placement_places_the_hottest_experts() -> None:
     banks = make_banks(layers=(1, 2))
     ex = hybrid(banks, "prefill_placement", slots=9)  # quotas: 5 slots for layer 1, 4 for layer 2
@@ -871,7 +912,8 @@ def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) ->
                       prefill_min_tokens=8)
         assert loaded.experts.cache.num_slots == fit.cache_slots
         prefill = loaded.experts.prefill
-        assert (prefill.streamer.num_buffers if prefill is not None else 0) == buffers
+        assert (prefill.streamer.num_buffers if isinstance(prefill, StreamingPrefill) else 0) == buffers
+        assert isinstance(prefill, StreamingPrefill if buffers else CachePrefill)
         assert greedy(loaded, 12)[0] == ref_tokens
         loaded.experts.close()
 
@@ -994,11 +1036,15 @@ def test_a_refused_pin_leaves_no_cuda_error_for_the_next_kernel() -> None:
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("buffers", [2, 0])
 @pytest.mark.parametrize("mode", MODES)
-def test_cuda_modes_match_cpu_executor(mode: str) -> None:
+def test_cuda_modes_match_cpu_executor(mode: str, buffers: int) -> None:
+    """Every mode on the device, a prefill streamed through two bank buffers or, with none,
+    through the cache itself (the LRU modes)."""
     banks = big_banks(3, num_experts=16)
     ex = build_hybrid(banks, device="cuda", cache_slots=24, mode=mode, top_k=8, compute_dtype=torch.float32,
-                      profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), prefill_min_tokens=64)
+                      profile=BandwidthProfile(55.0, 35.0, 0.2, 0.05), prefill_min_tokens=64,
+                      prefill_buffers=buffers)
     reference = CPUExpertExecutor(banks, torch.float32)
     gen = torch.Generator().manual_seed(0)
     for num_tokens in (1, 1, 4, 128, 1):

@@ -144,7 +144,7 @@ def decode_run(steps: DecodeSteps, prompt: np.ndarray, decode: np.ndarray, seed:
         executor.guard.restart()
     if executor.prefill is not None and len(prompt):
         _prompt(executor, steps.layers, prompt, steps.xs.shape[-1], device, gen)
-        executor.prefill.streamer.release()  # the transient buffer goes back before decode
+        executor.prefill.release()  # the transient buffer goes back before decode
     executor.reset_stats()
     ids = torch.from_numpy(decode).to(device)  # [T, L, K] int64: the router's output lives on the device
     weights = _weights(gen, decode.shape).to(device, torch.bfloat16)

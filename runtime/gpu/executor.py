@@ -41,7 +41,7 @@ from .executor_stats import DeviceCounts, ExpertStats
 from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
 from .kernels import RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
-from .prefill import StreamingPrefill
+from .prefill import CachePrefill, StreamingPrefill
 from .profile import BandwidthProfile
 from .records import check_device_layout
 from .slot_compute import add_slot_experts, fills_in_launch
@@ -124,9 +124,7 @@ class HybridExpertExecutor:
         self.first_layer = min(banks) if banks else 0
         self.elastic: VramGovernor | None = None  # set by load_gpu: the cache follows the VRAM budget
         self.prefill_min_tokens = prefill_min_tokens
-        self.prefill = (StreamingPrefill(banks, cache, compute_dtype, num_buffers=prefill_buffers,
-                                         placement=PLACEMENT[mode], pcie_repeat=pcie_repeat)
-                        if prefill_buffers and mode != "cpu" else None)
+        self.prefill = self._prefill_path(prefill_buffers)
         kernels = _device_kernels(self.device)
         self._route_plan, self._expert_fill, self._cast_out = kernels or (route_plan_ref, None, _torch_cast)
         # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
@@ -148,13 +146,27 @@ class HybridExpertExecutor:
         if mode == "static":
             self._make_resident()
 
+    def _prefill_path(self, buffers: int) -> StreamingPrefill | CachePrefill | None:
+        """How calls of many tokens run: banks streamed through `buffers` device buffers; with
+        none, the LRU modes' experts streamed through the cache itself; else (the CPU modes, and
+        the placements that must not disturb the cache) as decode calls."""
+        placement = PLACEMENT[self.mode]
+        if self.mode == "cpu":
+            return None
+        if buffers:
+            return StreamingPrefill(self.banks, self.cache, self.compute_dtype, num_buffers=buffers,
+                                    placement=placement, pcie_repeat=self.pcie_repeat)
+        if placement == "lru":
+            return CachePrefill(self.banks, self.cache, self.compute_dtype, pcie_repeat=self.pcie_repeat)
+        return None
+
     # -- the ExpertExecutor call ---------------------------------------------------------------------
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # Host tensors here name device="cpu": inside DeviceModel, torch's default device is the GPU.
         if self._step_capture is not None:
             return self._decode_captured(layer, x, expert_ids, weights)
-        streamed_prefill = self.prefill is not None and x.shape[0] >= self.prefill_min_tokens
+        streamed_prefill = self.prefill is not None and x.shape[0] >= self.prefill_min_tokens and self.prefill.usable
         if layer == self.first_layer:  # a step begins: its host part, unless begin_step made it
             if self._step_begun:
                 self._step_begun = False
@@ -162,12 +174,12 @@ class HybridExpertExecutor:
                 self._start_step(decode=not streamed_prefill)
         start = time.perf_counter()
         if streamed_prefill:
-            streamed, skipped = self.prefill.streamer.bytes_streamed, self.prefill.streamer.experts_skipped
+            streamed, skipped = self.prefill.bytes_streamed, self.prefill.experts_skipped
             out = self.prefill(layer, x, expert_ids, weights)
             s = self._stats
             s.prefill_calls, s.prefill_tokens = s.prefill_calls + 1, s.prefill_tokens + x.shape[0]
-            s.prefill_bytes += self.prefill.streamer.bytes_streamed - streamed
-            s.prefill_experts_skipped += self.prefill.streamer.experts_skipped - skipped
+            s.prefill_bytes += self.prefill.bytes_streamed - streamed
+            s.prefill_experts_skipped += self.prefill.experts_skipped - skipped
             s.prefill_ms += (time.perf_counter() - start) * 1e3
             if self.guard is not None:
                 self.guard.interrupt()
@@ -427,7 +439,7 @@ class HybridExpertExecutor:
         """Elastic VRAM: rebuild the cache with `num_slots` slots between steps (the most recently
         used entries that fit stay); no weights are reloaded. Static mode re-places its layers."""
         if self.prefill is not None:
-            self.prefill.streamer.release()  # a prefetched bank may read slots that move
+            self.prefill.release()  # a prefetched bank may read slots that move
         shrinking = num_slots < self.cache.num_slots
         self.cache.resize(num_slots, source=self._record)
         if shrinking and self.device.type == "cuda":
@@ -463,5 +475,5 @@ class HybridExpertExecutor:
             self.graphs.invalidate()
         self.cpu_share.close()  # (its staging buffers: the same hazard, cpu_share.py)
         if self.prefill is not None:
-            self.prefill.streamer.release()
+            self.prefill.release()
         self.cache.release()  # (ft bench at 32 GiB ran out of device memory holding four closed executors' slots)

@@ -136,6 +136,8 @@ class BankStreamer:
 class StreamingPrefill:
     """One MoE layer of a prefill on the device from a streamed bank; keeps the cache coherent."""
 
+    usable = True  # (CachePrefill's needs a slot)
+
     def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, compute_dtype: torch.dtype, *,
                  num_buffers: int = 2, placement: str = "lru", pcie_repeat: int = 1) -> None:
         if placement not in PLACEMENTS:
@@ -158,6 +160,18 @@ class StreamingPrefill:
     @property
     def streams(self) -> DeviceStreams:
         return self.cache.streams
+
+    @property
+    def bytes_streamed(self) -> int:
+        return self.streamer.bytes_streamed
+
+    @property
+    def experts_skipped(self) -> int:
+        return self.streamer.experts_skipped
+
+    def release(self) -> None:
+        """Free the buffers (before the cache moves, or at the end)."""
+        self.streamer.release()
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         bank = self.banks[layer]
@@ -224,3 +238,80 @@ class StreamingPrefill:
         wanted = {self.cache.key(loaded.layer, e) for e in hot}
         self.cache.evict([k for k in held if k not in wanted and k not in self.streamer.pending_skips()])
         self._insert(loaded, sorted(hot))
+
+
+class CachePrefill:
+    """A prefill with no bank buffer (the fit plan left no VRAM for one beside one token's experts
+    in the cache): each MoE layer's experts the prompt routes to are filled into the cache itself,
+    into LRU victims, from the pinned host bank, then computed from their slots, grouped by expert
+    as a streamed bank's are. Nothing overlaps (as single-buffered), nothing is read per pair (the
+    decode path's slot kernel reads an expert once per routed pair: a long prompt's layer would
+    read each expert thousands of times), and the prompt's experts stay cached, most recent last.
+    A layer routing to more experts than the cache can take beside its own runs in rounds."""
+
+    def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, compute_dtype: torch.dtype, *,
+                 pcie_repeat: int = 1) -> None:
+        self.banks, self.cache, self.dtype, self.pcie_repeat = banks, cache, compute_dtype, pcie_repeat
+        self.bytes_streamed = 0
+        self.experts_skipped = 0
+
+    @property
+    def streams(self) -> DeviceStreams:
+        return self.cache.streams
+
+    @property
+    def usable(self) -> bool:
+        """A cache with no slot holds nothing to compute from (its calls are the CPU's)."""
+        return self.cache.num_slots > 0
+
+    def release(self) -> None:  # no buffer to give back
+        pass
+
+    def settle(self) -> None:  # every fill was waited for by the compute that read it
+        pass
+
+    def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        bank, cache = self.banks[layer], self.cache
+        (ids,) = self.streams.download(expert_ids)
+        ids = ids.to(torch.int64)
+        cache.advance()
+        experts = torch.unique(ids).tolist()
+        slots = cache.lookup([cache.key(layer, e) for e in experts])
+        ready = {e: s for e, s in zip(experts, slots, strict=True) if s >= 0}  # computed from their slots as they are
+        cache.touch(list(ready.values()))
+        self.experts_skipped += len(ready)
+        pending = [e for e in experts if e not in ready]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        views = cache.views(bank.layout)
+        while ready or pending:
+            if pending:
+                protect = [cache.key(layer, e) for e in ready]
+                batch = pending[: cache.num_evictable(protect)]
+                if not batch and not ready:
+                    raise RuntimeError(f"layer {layer}: the expert cache has no slot to fill (all pinned)")
+                pending = pending[len(batch):]
+                ready.update(zip(batch, self._fill(layer, batch, protect), strict=True))
+            row_of = torch.full((bank.num_experts,), -1, dtype=torch.int64)
+            row_of[list(ready)] = torch.tensor(list(ready.values()), dtype=torch.int64)
+            plan = PairPlan.build(ids, row_of, self.streams.upload)
+            if plan is not None:
+                experts_from_records(x, weights, plan, views, self.dtype, out)
+            ready = {}  # the next round may evict them: copies wait for the compute queued before them
+        return out.to(x.dtype)
+
+    def _fill(self, layer: int, experts: list[int], protect: list[int]) -> list[int]:
+        """`experts` of `layer` copied into LRU victims (never a key in `protect`); the compute
+        stream waits for the copies. Returns their slots."""
+        if not experts:
+            return []
+        cache, bank = self.cache, self.banks[layer]
+        victims = cache.victims(len(experts), protect)
+        records = [bank.record(e) for e in experts]
+        cache.fill([cache.key(layer, e) for e in experts], victims, records)
+        with self.streams.copying():  # an emulated slower link (benchmarks): the same bytes again
+            for _ in range(self.pcie_repeat - 1):
+                for slot, record in zip(victims, records, strict=True):
+                    cache.slots[slot, : record.numel()].copy_(record.reshape(-1), non_blocking=True)
+        self.streams.wait_for_copies()
+        self.bytes_streamed += len(experts) * bank.layout.expert_stride
+        return victims
