@@ -65,11 +65,14 @@ def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = pa
             raw[item.name] = _read_dense(reader, item, allocate)
     dense = {}
     entries = {t.name: t for t in index.tensors}
-    for name, tensor in raw.items():
+    for name in list(raw):
         if name.endswith("_scale_inv"):
             continue  # folded into the weight it scales
         entry = entries[name]
-        scale = raw.get(name + "_scale_inv") if name.endswith(".weight") else None
+        # each stored tensor is let go once converted: the peak is the loaded model's size, not
+        # that and every stored tensor beside it (an FP8 model's dense weights took 1.5x)
+        tensor = raw.pop(name)
+        scale = raw.pop(name + "_scale_inv", None) if name.endswith(".weight") else None
         if entry.dtype in BLOCK_DTYPES or scale is not None:
             block = tuple(index.source_config.get("quantization_config", {}).get("weight_block_size", (128, 128)))
             dense[name] = dequantize(tensor, entry.dtype, entry.shape, dtype, scales=[scale] if scale is not None else None,
