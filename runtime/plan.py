@@ -345,10 +345,11 @@ def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tupl
         if buffers == 0 or slots >= fp.min_cache_slots:
             break
     if buffers < PREFILL_BUFFERS:
-        log.notes.append(f"{buffers or 'no'} prefill buffer{'s' if buffers != 1 else ''} of {size(bank)} (of "
-                         f"{PREFILL_BUFFERS}) beside the expert cache: a long prompt's experts stream "
-                         f"{'without overlap' if buffers else 'through the cache itself, without overlap'}; "
-                         "more VRAM or a smaller --num-ctx buys a faster prefill")
+        held = "one prefill buffer, not two" if buffers == 1 else "no prefill buffer"
+        how = "through it" if buffers == 1 else "through the expert cache itself"
+        log.notes.append(f"{held} ({size(bank)} each: more would leave the expert cache under one token's "
+                         f"experts): a long prompt's experts stream {how}, without overlap; more VRAM or a "
+                         "smaller --num-ctx buys a faster prefill")
     return buffers, min(slots, fp.num_expert_records)
 
 
