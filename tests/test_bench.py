@@ -63,7 +63,9 @@ def test_static_residency_and_the_inputs_are_reported(report: dict) -> None:
     assert static["stats"]["hits"] > 0 and static["stats"]["misses"] > 0
     assert report["profile"]["pcie_gbps"] > 0 and report["profile"]["cpu_gbps"] > 0
     assert 0 <= report["routing"]["reuse"] <= 1 and 0 <= report["routing"]["top_share"] <= 1
-    assert {(x["tokens"], x["buffers"]) for x in report["prefill"]} == {(64, 1), (64, 2)}
+    assert {(x["tokens"], x["buffers"]) for x in report["prefill"]} == {(64, 0), (64, 1), (64, 2)}
+    streamed = {x["buffers"]: x["streamed_bytes"] for x in report["prefill"]}
+    assert streamed[0] > 0 and streamed[1] == streamed[2]  # a cold cache: every routed expert crosses once
     assert all(x["tok_s"] > 0 for x in report["prefill"])
     assert "ttft_s_estimate" in next(x for x in report["prefill"] if x["buffers"] == 2)
     assert "ok" in report["policy_check"] and report["scope"].startswith("experts-only")

@@ -298,7 +298,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         longest = max(cfg.prefill)
         long_ids = _long_routing(shape, len(layers), top_k, longest, cfg.seed)
         for length in cfg.prefill:
-            for buffers in (1, 2):
+            for buffers in (0, 1, 2):  # 0: through the cache itself, as a plan with no room for a buffer runs
                 try:
                     report["prefill"].append(prefill_run(banks, layers, length, buffers, slots, top_k, long_ids,
                                                          shape.hidden, device, threads, cfg.pcie_repeat))

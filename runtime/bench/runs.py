@@ -207,7 +207,7 @@ def prefill_run(banks: dict[int, HostExpertBank], layers: list[int], length: int
                 top_k: int, router_ids: np.ndarray, hidden: int, device: torch.device, threads: int,
                 pcie_repeat: int = 1) -> dict[str, Any]:
     """`length` prompt tokens through every built MoE layer's streamed prefill (mode offload's
-    placement: an LRU cache of `slots`, cold), `buffers` bank buffers."""
+    placement: an LRU cache of `slots`, cold), `buffers` bank buffers (0: through the cache)."""
     ex = build_hybrid(banks, device=device, cache_slots=slots, mode="offload", top_k=top_k, cpu_threads=threads,
                       prefill_buffers=buffers, pin=False, force=True, prefill_min_tokens=2, pcie_repeat=pcie_repeat)
     try:
