@@ -8,7 +8,6 @@ client's `.incomplete` file in the download directory, which the next attempt re
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -29,6 +28,8 @@ from huggingface_hub.errors import (
 )
 from tqdm.auto import tqdm
 
+from ftw.convert import load_config
+from ftw.errors import SourceError
 from ftw.safetensors_source import SAFETENSORS_DTYPES
 
 log = logging.getLogger(__name__)
@@ -142,9 +143,9 @@ def fetch_checkpoint_info(repo_id: str, revision: str | None) -> RemoteCheckpoin
     config_path = with_retries(f"downloading {repo_id}/config.json", lambda: hf_hub_download(
         repo_id, "config.json", revision=commit, endpoint=endpoint(), etag_timeout=METADATA_TIMEOUT_S))
     try:
-        config = json.loads(Path(config_path).read_text())
-    except ValueError:
-        raise HubError(f"{repo_id}/config.json is not valid JSON") from None
+        config = load_config(Path(config_path).parent)  # the same checks as a local checkpoint's
+    except SourceError as e:
+        raise HubError(f"{repo_id}: {e}") from None
     meta = with_retries(f"reading safetensors headers of {repo_id}", lambda: api.get_safetensors_metadata(
         repo_id, revision=commit, timeout=METADATA_TIMEOUT_S))
     tensors: dict[str, tuple[str, int]] = {}

@@ -68,8 +68,11 @@ def describe(store: Store, name: str) -> dict[str, Any]:
     if template is None and model.file("tokenizer_config.json"):
         import json
 
-        tok = json.loads(model.text("tokenizer_config.json") or "{}")
-        template = tok.get("chat_template") if isinstance(tok.get("chat_template"), str) else None
+        try:
+            tok = json.loads(model.text("tokenizer_config.json") or "{}")
+        except (ValueError, RecursionError):
+            tok = None  # not ours to judge here: loading the model says what is wrong
+        template = tok.get("chat_template") if isinstance(tok, dict) and isinstance(tok.get("chat_template"), str) else None
     if template is None:
         template = model.text("chat_template.jinja")
     return {

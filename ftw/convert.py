@@ -48,7 +48,7 @@ def load_config(directory: Path) -> dict[str, Any]:
         raise SourceError(f"{path} is {len(raw)} bytes, too large for a model config")
     try:
         config = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise SourceError(f"{path} is not valid JSON; re-download the checkpoint") from None
     if not isinstance(config, dict):
         raise SourceError(f"{path} is not a JSON object")

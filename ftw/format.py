@@ -211,7 +211,7 @@ class Index:
             raise CorruptIndexError(f"{origin}: index is {len(text)} bytes, over the {MAX_INDEX_BYTES} limit")
         try:
             doc = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise CorruptIndexError(f"{origin}: not valid JSON ({e}); re-pull the model") from None
         return _IndexParser(origin).parse(doc)
 

@@ -133,7 +133,7 @@ def gguf_tokenizer_json(reader: Any) -> dict[str, Any]:
     if isinstance(embedded, str):
         try:
             doc = json.loads(embedded)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise SourceError(f"GGUF {HF_JSON_KEY} is not valid JSON") from None
         if isinstance(doc, dict):
             return doc

@@ -63,7 +63,7 @@ def read_header(path: Path) -> dict[str, SourceTensor]:
         raise SourceError(f"{path}: cannot read ({e})") from None
     try:
         header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise SourceError(f"{path}: header is not valid JSON; the file is corrupt, re-download it") from None
     if not isinstance(header, dict):
         raise SourceError(f"{path}: header is not a JSON object")
@@ -124,7 +124,7 @@ class SafetensorsCheckpoint(TensorFiles):
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 files = sorted(set(weight_map.values()))
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 raise SourceError(f"{index}: malformed (expected {{\"weight_map\": {{tensor: file}}}})") from None
             for name in files:
                 if not isinstance(name, str) or "/" in name or name.startswith("."):

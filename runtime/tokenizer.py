@@ -68,7 +68,7 @@ def _read_json(files: Mapping[str, Path], title: str, origin: str) -> dict[str, 
         return None
     try:
         value = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise TokenizerError(f"{origin}: {title} is not valid JSON ({e}); re-pull the model") from None
     if not isinstance(value, dict):
         raise TokenizerError(f"{origin}: {title} must hold a JSON object, not {type(value).__name__}")

@@ -60,6 +60,6 @@ def open_model(store: Store, name: ModelName | str) -> RegisteredModel:
     config_path = store.blob_path(manifest.config.digest)
     try:
         config = json.loads(config_path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         config = {}
     return RegisteredModel(model_name, manifest, config if isinstance(config, dict) else {}, files)

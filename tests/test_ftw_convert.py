@@ -159,3 +159,20 @@ def test_garbage_header_is_refused(tmp_path: Path) -> None:
     (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
     with pytest.raises(SourceError, match="not valid JSON"):
         convert_checkpoint(src, tmp_path / "ftw")
+
+
+NESTED = b"[" * 200_000 + b"]" * 200_000  # small, and deeper than Python's recursion limit
+
+
+def test_deeply_nested_json_is_refused_as_invalid_not_a_crash(tmp_path: Path) -> None:
+    """A header, a config.json or an FTW index nested deeper than the parser can recurse: the
+    same clear error as any invalid JSON (a RecursionError escaped before)."""
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    weights = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(len(NESTED).to_bytes(8, "little") + NESTED)
+    with pytest.raises(SourceError, match="header is not valid JSON"):
+        convert_checkpoint(src, tmp_path / "ftw")
+    (src / "model.safetensors").write_bytes(weights)
+    (src / "config.json").write_bytes(NESTED)
+    with pytest.raises(SourceError, match="config.json is not valid JSON"):
+        convert_checkpoint(src, tmp_path / "ftw2")

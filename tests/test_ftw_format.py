@@ -108,6 +108,9 @@ def test_index_not_json(tmp_path: Path) -> None:
     (tmp_path / INDEX_FILENAME).write_bytes(b"\x00\xff garbage")
     with pytest.raises(CorruptIndexError, match="not valid JSON"):
         FTWReader.open(tmp_path)
+    (tmp_path / INDEX_FILENAME).write_bytes(b"[" * 200_000 + b"]" * 200_000)  # deeper than the parser recurses
+    with pytest.raises(CorruptIndexError, match="not valid JSON"):
+        FTWReader.open(tmp_path)
 
 
 def test_truncated_shard_is_named(tmp_path: Path) -> None:

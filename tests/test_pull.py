@@ -136,6 +136,16 @@ def test_unknown_architecture_refused_before_download(fake_hub, store: Store, tm
     assert weights_requested(fake_hub) == []
 
 
+def test_a_hub_config_that_is_not_an_object_is_refused_before_download(fake_hub, store: Store, tmp_path: Path) -> None:
+    """The Hub's config.json gets a local checkpoint's checks (load_config: size, JSON, an object)."""
+    src = save_checkpoint("mixtral", tmp_path / "hf")
+    (src / "config.json").write_text("[1, 2]")
+    fake_hub.add_repo("org/odd", src)
+    with pytest.raises(HubError, match="config.json is not a JSON object"):
+        pull("hf://org/odd", store)
+    assert weights_requested(fake_hub) == []
+
+
 def test_unknown_repository(fake_hub, store: Store) -> None:
     with pytest.raises(HubError, match="does not exist or needs access"):
         pull("hf://nobody/nothing", store)

@@ -128,7 +128,7 @@ def template_of(model: RegisteredModel) -> str | None:
         return model.text("chat_template.jinja")
     try:
         config = json.loads(model.text("tokenizer_config.json") or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):  # named templates: the default one
