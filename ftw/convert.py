@@ -169,7 +169,8 @@ class _Converter:
                     raise SourceError(f"layer {layer}: FP8 expert weights without {proj}.weight_scale_inv block scales")
                 parts.append((part, scale.dtype, scale.shape))
             quant = {"fp8_block": self.fp8_block, "scale": "weight_scale_inv"}
-        read_expert = self._fused_reader(layer, src, inter, hidden) if src.fused else self._per_expert_reader(layer, src)
+        read_expert = (self._fused_reader(layer, src, inter, hidden) if src.fused
+                       else self._per_expert_reader(layer, src, inter, hidden))
         expert_bytes = sum(nbytes_of(d, shape) for _, d, shape in parts)
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
         with self.writer.expert_bank(layer, num_experts, parts, quant) as bank:
@@ -179,11 +180,25 @@ class _Converter:
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b, _ in bufs))
         return 3 * inter * hidden
 
-    def _per_expert_reader(self, layer: int, src: _LayerExperts):
+    def _per_expert_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int):
+        num_experts = self.config["num_experts"]
+        beyond = sorted({e for e, _, _ in src.per_expert if e >= num_experts})
+        if beyond:
+            raise SourceError(f"layer {layer}: experts {beyond[:4]} are beyond the {num_experts} of config.json; "
+                              "the checkpoint does not match its config")
+        # each weight's shape as config.json says (its bytes alone would let a transposed tensor
+        # through as garbage); each scale's as expert 0's
+        shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+
         def get(e: int, proj: str, what: str = "weight") -> tuple[np.ndarray, str]:
             t = src.per_expert.get((e, proj, what))
             if t is None:
                 raise SourceError(f"layer {layer} expert {e}: {proj}.{what} is missing from the checkpoint")
+            want = shapes[proj] if what == "weight" else tuple(src.per_expert[(0, proj, what)].shape)
+            if tuple(t.shape) != want:
+                raise SourceError(f"layer {layer} expert {e}: {proj}.{what} has shape {list(t.shape)}, not "
+                                  f"{list(want)} (hidden_size {hidden}, moe_intermediate_size {inter} in "
+                                  "config.json); the checkpoint does not match its config")
             return self.ckpt.read_bytes(t), t.dtype
 
         def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:

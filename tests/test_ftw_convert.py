@@ -154,6 +154,31 @@ def test_missing_expert_is_refused(tmp_path: Path) -> None:
         convert_checkpoint(partial, tmp_path / "ftw")
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    ("transpose", r"layer 2 expert 3: gate_proj.weight has shape \[\d+, \d+\], not \[\d+, \d+\]"),
+    ("extra", r"layer 2: experts \[4\] are beyond the 4 of config.json"),
+])
+def test_an_expert_that_does_not_match_the_config_is_refused(tmp_path: Path, edit: str, message: str) -> None:
+    """An expert tensor of the right size but the wrong shape (a transposed gate) would be
+    written as garbage weights; one beyond config.json's count would be dropped in silence."""
+    from safetensors.torch import save_file
+
+    full = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    tensors = load_all(full)
+    gate = "model.layers.2.mlp.experts.3.gate_proj.weight"  # (4 experts a layer; layer 1 is dense)
+    if edit == "transpose":
+        tensors[gate] = tensors[gate].t().contiguous()
+    else:
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            tensors[f"model.layers.2.mlp.experts.4.{proj}.weight"] = tensors[f"model.layers.2.mlp.experts.0.{proj}.weight"].clone()
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    shutil.copy(full / "config.json", edited / "config.json")
+    save_file(tensors, str(edited / "model.safetensors"))
+    with pytest.raises(SourceError, match=message):
+        convert_checkpoint(edited, tmp_path / "ftw")
+
+
 def test_garbage_header_is_refused(tmp_path: Path) -> None:
     src = save_checkpoint("mixtral", tmp_path / "hf")
     (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
