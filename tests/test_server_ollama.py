@@ -183,6 +183,17 @@ def test_ps_and_keep_alive(server: LiveServer, client: ollama.Client) -> None:
     assert httpx.get(server.url + "/api/ps").json()["models"][0]["expires_at"].startswith("9999")
 
 
+def test_a_model_unloaded_before_its_keep_alive_ends_leaves_no_timer(server: LiveServer, client: ollama.Client) -> None:
+    """Unloaded early (keep_alive 0, ft stop, room for another model): its keep-alive timer goes
+    too (it fired on the released model, an error in the server's log, and held it until then)."""
+    client.generate(model="tiny", prompt="hi", options=FEW, keep_alive="1m")
+    (runner,) = server.manager.runners.values()
+    assert runner.expiry is not None
+    assert post(server, "/api/generate", json={"model": "tiny", "keep_alive": 0}).json()["done_reason"] == "unload"
+    assert server.wait_for(lambda: not client.ps().models)
+    assert runner.expiry is None and runner.expires_at is None
+
+
 def test_curl_style_bodies_are_json(server: LiveServer) -> None:
     """`curl -d '{...}'` sends a form content type; Ollama reads JSON anyway."""
     r = post(server, "/api/generate", content=json.dumps({"model": "tiny", "prompt": "hi", "stream": False,

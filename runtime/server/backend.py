@@ -301,16 +301,25 @@ class ModelManager:
             self._unload(runner)
         elif runner.keep_alive_s > 0:
             runner.expires_at = time.time() + runner.keep_alive_s
-            asyncio.get_running_loop().call_later(runner.keep_alive_s, self._expire, runner)
+            if runner.expiry is not None:
+                runner.expiry.cancel()
+            runner.expiry = asyncio.get_running_loop().call_later(runner.keep_alive_s, self._expire, runner)
         else:
             runner.expires_at = None
 
     def _expire(self, runner: Runner) -> None:
+        runner.expiry = None
+        if self.runners.get(runner.key) is not runner:  # unloaded already (ft stop, or room for another)
+            return
         if runner.active == 0 and runner.expires_at is not None and time.time() >= runner.expires_at - 0.01:
             self._unload(runner)
 
     def _unload(self, runner: Runner, cancel: bool = False) -> None:
         """Forget `runner`; its memory goes now, or when its last request is done (`_idle`)."""
+        runner.expires_at = None
+        if runner.expiry is not None:  # its keep-alive timer would find it gone (and hold it until then)
+            runner.expiry.cancel()
+            runner.expiry = None
         if self.runners.get(runner.key) is runner:
             del self.runners[runner.key]
             log.info("unloaded %s", runner.registered.name.display)

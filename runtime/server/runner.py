@@ -8,6 +8,7 @@ text, reasoning and tool-call events.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -94,6 +95,7 @@ class Runner:
         self.active = 0  # jobs submitted and not finished (loop thread only)
         self.keep_alive_s = DEFAULT_KEEP_ALIVE_S
         self.expires_at: float | None = None
+        self.expiry: asyncio.TimerHandle | None = None  # the keep-alive timer (the server's loop)
         self.last_used = time.monotonic()
 
     @property
