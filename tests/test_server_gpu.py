@@ -98,6 +98,27 @@ def test_a_cache_below_one_token_is_refused_with_its_numbers_not_as_a_damaged_mo
     assert "ft verify" not in reply.text
 
 
+def test_a_gpu_model_runs_a_smaller_num_ctx_in_its_kv_and_reloads_for_a_larger_one(store: Store) -> None:
+    """Its KV cache was sized at load, and the expert cache took the VRAM left: a request with a
+    smaller num_ctx runs within it (planning again saw that VRAM as taken, and answered 507), one
+    with a larger num_ctx than the load planned for reloads the model for it, as Ollama does."""
+    with LiveServer(store, device="gpu", gpu_mode="offload", machine=emulated_gpu_machine,
+                    gpu_options={"device": "cpu"}) as server:
+        client = ollama.Client(host=server.url)
+
+        def ask(num_ctx: int) -> object:
+            client.chat(model="tiny", messages=ASK, options={**GREEDY, "num_ctx": num_ctx})
+            (runner,) = server.manager.runners.values()
+            return runner
+
+        first = ask(1024)
+        assert first.session.context_length == 1024
+        assert ask(512) is first  # within the loaded KV
+        grown = ask(2048)
+        assert grown is not first and grown.session.context_length == 2048 and first.loaded is None  # released
+        assert ask(1024) is grown and ask(4096) is grown  # (4096: clamped to the model's 2048, which it has)
+
+
 def test_a_cpu_server_says_vram_needs_the_gpu_runtime(store: Store) -> None:
     with LiveServer(store) as server:
         ollama.Client(host=server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})

@@ -346,8 +346,11 @@ class ModelManager:
                 self._tokenizers[digest] = tokenizer
         return tokenizer
 
+    def _asked_ctx(self, registered: RegisteredModel, num_ctx: int | None) -> int:
+        """The context a load plans for: the request's num_ctx, else the recipe's, else the default."""
+        return num_ctx or (registered.config.get("parameters") or {}).get("num_ctx") or self.default_num_ctx
+
     def _plan(self, registered: RegisteredModel, num_ctx: int | None, num_thread: int | None) -> Plan:
-        recipe_ctx = (registered.config.get("parameters") or {}).get("num_ctx")
         with registered.open_ftw() as reader:
             footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
         machine = self.machine()
@@ -355,7 +358,7 @@ class ModelManager:
             # Leave one core to the HTTP side: measured on 2 cores (BENCHMARKS.md), compute threads
             # spinning on every core starve the event loop and streaming lost more than compute gained.
             num_thread = max(1, machine.num_physical_cores - 1)
-        overrides = PlanOverrides(num_ctx=num_ctx or recipe_ctx or self.default_num_ctx, num_threads=num_thread,
+        overrides = PlanOverrides(num_ctx=self._asked_ctx(registered, num_ctx), num_threads=num_thread,
                                   device=self.device, ram_budget_bytes=self.ram_budget_bytes,
                                   vram_budget_bytes=self.vram_budget_bytes)
         try:
@@ -364,10 +367,24 @@ class ModelManager:
             raise ModelTooLarge(str(e)) from None
 
     def _context_for(self, runner: Runner, num_ctx: int | None) -> int:
-        """The context a request runs with: the loaded one, or `num_ctx` as the planner clamps it."""
-        if num_ctx is None or num_ctx == runner.session.context_length:
-            return runner.session.context_length
+        """The context a request runs with: the loaded one, or `num_ctx` as the planner clamps it.
+        On the GPU the KV cache was sized at load inside the VRAM budget, beside the expert cache
+        that fills the rest: a request runs within it (a larger num_ctx reloaded the model first,
+        `_outgrown`); planning again would see that VRAM as taken, and refuse."""
+        loaded = runner.session.context_length
+        if num_ctx is None or num_ctx == loaded:
+            return loaded
+        if runner.plan.device == "gpu":
+            return min(num_ctx, runner.plan.model_context_length or num_ctx, loaded)
         return self._plan(runner.registered, num_ctx, None).context_length
+
+    @staticmethod
+    def _outgrown(runner: Runner, num_ctx: int | None) -> bool:
+        """A GPU model asked for more context than its load planned, and than it got (Ollama
+        reloads a model for a new num_ctx): load it again, planned for that."""
+        if runner.plan.device != "gpu" or num_ctx is None or num_ctx <= runner.asked_ctx:
+            return False
+        return runner.plan.context_length < min(num_ctx, runner.plan.model_context_length or num_ctx)
 
     async def _runner(self, registered: RegisteredModel, num_ctx: int | None,
                       num_thread: int | None) -> tuple[Runner, float]:
@@ -375,21 +392,22 @@ class ModelManager:
         key = str(registered.name)
         digest = models.digest_of(registered)
         runner = self.runners.get(key)
-        if runner is not None and runner.digest == digest:
+        if runner is not None and runner.digest == digest and not self._outgrown(runner, num_ctx):
             return runner, 0.0
         if self._load_lock is None:
             self._load_lock = asyncio.Lock()
         async with self._load_lock:  # one load at a time: memory decisions see every loaded model
             runner = self.runners.get(key)
-            if runner is not None and runner.digest == digest:
+            if runner is not None and runner.digest == digest and not self._outgrown(runner, num_ctx):
                 return runner, 0.0
-            if runner is not None:  # the name now points at another model (re-pulled, re-created)
+            if runner is not None:  # the name points at another model (re-pulled, re-created), or more context
                 self._unload(runner)
             if self.device != "cpu":  # first: the plan sizes its cache from the VRAM left free
                 await make_gpu_room(self.runners, registered, self._unload)
             fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
             await make_room(self.runners, fitted, self._unload)
             runner = await asyncio.to_thread(self._load, registered, fitted)
+            runner.asked_ctx = self._asked_ctx(registered, num_ctx)
             self.runners[key] = runner
             return runner, runner.load_seconds
 

@@ -86,6 +86,7 @@ class Runner:
         self.loaded = loaded
         self.tokenizer = tokenizer
         self.plan = fitted
+        self.asked_ctx = fitted.context_length  # the num_ctx its load planned for (set by the manager)
         self.load_seconds = load_seconds
         self.model = CancellableModel(loaded.model)
         self.session = Session(cast(DecoderModel, self.model), tokenizer, fitted.context_length)
