@@ -131,6 +131,36 @@ class SlowModel:
         return self.model.forward(input_ids, state, last_only)
 
 
+def test_a_client_that_leaves_during_its_models_load_leaves_one_load_and_a_kept_model(store: Store,
+                                                                                    monkeypatch) -> None:
+    """The request is cancelled while the load thread runs: the load ends under the load lock
+    (a second request waits for it, and does not load beside it), and its model is kept, idle."""
+    loads, release = [], threading.Event()
+    real = ModelManager._load
+
+    def held_load(self, registered, fitted):
+        loads.append(time.monotonic())
+        release.wait(10)
+        return real(self, registered, fitted)
+
+    monkeypatch.setattr(ModelManager, "_load", held_load)
+    with LiveServer(store) as live:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        with pytest.raises(httpx.TimeoutException):  # the client gives up while the model loads
+            httpx.post(live.url + "/api/chat", json=body, timeout=httpx.Timeout(0.5))
+        assert live.wait_for(lambda: len(loads) == 1)
+        time.sleep(0.5)  # the server notices the disconnect and cancels the request
+        second = threading.Thread(target=lambda: httpx.post(
+            live.url + "/api/chat", json={**body, "stream": False, "options": {"num_predict": 2}}, timeout=30))
+        second.start()
+        time.sleep(0.3)
+        release.set()
+        second.join(30)
+        assert len(loads) == 1 and list(live.manager.runners) == [TINY]
+        (runner,) = live.manager.runners.values()
+        assert runner.loaded is not None and runner.active == 0
+
+
 @pytest.fixture
 def slow_tiny(server: LiveServer) -> Iterator[Any]:
     """tiny loaded, its forward passes slowed to 10 ms (a greedy answer then runs ~20 s: to the context)."""

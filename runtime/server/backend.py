@@ -14,6 +14,7 @@ when neither the request nor the recipe gives num_ctx).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -406,10 +407,26 @@ class ModelManager:
                 await make_gpu_room(self.runners, registered, self._unload)
             fitted = await asyncio.to_thread(self._plan, registered, num_ctx, num_thread)
             await make_room(self.runners, fitted, self._unload)
-            runner = await asyncio.to_thread(self._load, registered, fitted)
-            runner.asked_ctx = self._asked_ctx(registered, num_ctx)
-            self.runners[key] = runner
+            load = asyncio.ensure_future(asyncio.to_thread(self._load, registered, fitted))
+            try:
+                runner = await asyncio.shield(load)
+            except asyncio.CancelledError:
+                # the requester left while the model loads: the load ends under the lock (a second
+                # one beside it would size its memory from the same free VRAM), and the model is
+                # kept, idle, for its keep-alive (not dropped with its executor never closed)
+                while not load.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(load)
+                if load.exception() is None:
+                    self._register(load.result(), registered, num_ctx)
+                    self._idle(load.result())
+                raise
+            self._register(runner, registered, num_ctx)
             return runner, runner.load_seconds
+
+    def _register(self, runner: Runner, registered: RegisteredModel, num_ctx: int | None) -> None:
+        runner.asked_ctx = self._asked_ctx(registered, num_ctx)
+        self.runners[runner.key] = runner
 
     def _load(self, registered: RegisteredModel, fitted: Plan) -> Runner:
         torch.set_num_threads(fitted.num_threads)
