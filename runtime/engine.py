@@ -48,6 +48,7 @@ class Generation:
     tokens: list[int]
     stop_reason: str  # "stop" (EOS or a stop string), "length" (max_tokens), "context" (context full)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    stop_string: str | None = None  # the stop string that ended it (None: EOS, or no stop)
 
 
 class Session:
@@ -144,4 +145,4 @@ class Session:
                     on_text(tail)
         stats.eval_tokens = len(out_tokens)
         stats.eval_seconds = time.perf_counter() - start
-        return Generation("".join(pieces), out_tokens, reason, stats)
+        return Generation("".join(pieces), out_tokens, reason, stats, stops.stop)

@@ -104,11 +104,15 @@ def test_stop_conditions(tiny) -> None:
     prompt = tokenizer.encode("Once upon a time")
     free = Session(loaded.model, tokenizer, 256).generate(prompt, SamplingParams(temperature=0, max_tokens=24))
     assert free.stop_reason == "length" and len(free.tokens) == 24
-    cut = free.text[len(free.text) // 2:][:3]
+    assert free.stop_string is None
+    middle = len(free.text) // 2
+    cut = free.text[middle:][:3]
     if cut:
+        # a longer stop string that starts earlier but completes later: the one that cut is reported
+        longer = free.text[middle - 2:middle + 8]
         stopped = Session(loaded.model, tokenizer, 256).generate(prompt, SamplingParams(temperature=0, max_tokens=24,
-                                                                                        stop=(cut,)))
-        assert stopped.stop_reason == "stop" and cut not in stopped.text
+                                                                                        stop=(longer, cut)))
+        assert stopped.stop_reason == "stop" and cut not in stopped.text and stopped.stop_string == cut
         assert free.text.startswith(stopped.text)
     full = Session(loaded.model, tokenizer, len(prompt) + 5).generate(prompt, SamplingParams(temperature=0))
     assert full.stop_reason == "context" and len(full.tokens) == 5

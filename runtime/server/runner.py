@@ -190,11 +190,8 @@ class Runner:
         result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)))
         emit(parser.finish())
         stop_reason, stop_sequence = result.stop_reason, None
-        if stop_reason == "stop" and inputs["params"].stop:  # EOS or a stop string: which one?
-            text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
-            hits = [(text.find(s), s) for s in inputs["params"].stop if s in text]
-            if hits:
-                stop_reason, stop_sequence = "stop_sequence", min(hits)[1]
+        if stop_reason == "stop" and result.stop_string is not None:  # a stop string, not EOS: the one that cut
+            stop_reason, stop_sequence = "stop_sequence", result.stop_string
         if saw_tool_call:
             stop_reason = "tool_calls"
         s = result.stats
