@@ -130,7 +130,7 @@ class BlobStore:
         """Store `data` as a blob, verifying it against `digest` when given."""
         ref = BlobRef(digest_bytes(data), len(data))
         _check(digest, ref, "in-memory data")
-        if not self._present(ref):
+        if not (self._present(ref) and self.path(ref.digest).read_bytes() == data):  # (small: compared whole)
             with AtomicWriter(self.path(ref.digest)) as f:
                 f.write(data)
         return ref
@@ -142,16 +142,14 @@ class BlobStore:
         (`DigestMismatchError` naming both digests if it differs; the file is then left where it
         is). With `move`, the file is renamed into the store (copied when it lies on another
         filesystem) and no longer exists at `path`; otherwise it is copied. If the blob is
-        already stored, the existing one is kept and a moved file is deleted.
+        already stored, the verified file replaces it where a rename can (the stored one may have
+        rotted: `ft verify`'s advice, rm and pull again, must heal it even when another model
+        shares the blob); elsewhere the stored one is kept if its own bytes hash right.
         """
         src = Path(path)
         ref = hash_file(src, fsync=move)
         _check(digest, ref, str(src))
         dest = self.path(ref.digest)
-        if self._present(ref):
-            if move:
-                src.unlink()
-            return ref
         if move:
             try:
                 os.replace(src, dest)
@@ -167,6 +165,10 @@ class BlobStore:
         return ref
 
     def _copy_in(self, src: Path, ref: BlobRef) -> None:
+        if self._present(ref):  # kept if its bytes are right: a copy costs more than the check
+            if hash_file(self.path(ref.digest)).digest == ref.digest:
+                return
+            log.warning("blob %s does not hash to its name; replacing it", self.path(ref.digest))
         with AtomicWriter(self.path(ref.digest)) as out, open(src, "rb") as f:
             copied = hash_stream(f, out=out)
             # the source may have changed since it was hashed; never store what we did not verify

@@ -223,12 +223,10 @@ def test_add_blob_file_move_verify_and_dedup(tmp_path: Path) -> None:
     assert store.blob_path(ref.digest).read_bytes() == data
     assert store.blob_path(ref.digest).name == "sha256-" + ref.digest[7:]
 
-    # same content again: the existing blob stays, the new file is dropped
-    inode = store.blob_path(ref.digest).stat().st_ino
+    # same content again: the verified new file takes the blob's place (a rename), none is left over
     src.write_bytes(data)
     assert store.add_blob_file(src) == ref
-    assert not src.exists()
-    assert store.blob_path(ref.digest).stat().st_ino == inode
+    assert not src.exists() and store.blob_path(ref.digest).read_bytes() == data
 
     # copy mode keeps the source
     other = tmp_path / "other"
@@ -282,6 +280,26 @@ def test_add_blob_replaces_a_truncated_existing_blob(tmp_path: Path) -> None:
     store.blob_path(ref.digest).write_bytes(b"01234")
     assert store.add_blob_bytes(b"0123456789") == ref
     assert store.blob_path(ref.digest).read_bytes() == b"0123456789"
+
+
+@pytest.mark.parametrize("move", [True, False])
+def test_adding_a_blob_again_heals_a_stored_copy_that_rotted(tmp_path: Path, move: bool) -> None:
+    """A stored blob whose bytes changed in place (same size: a bit flip) is replaced when the
+    same content is added again (`ft verify` says: rm and pull again), even when another model
+    shares it and it was never deleted; bytes stored in memory too."""
+    store = Store(tmp_path / "store")
+    data = os.urandom(1 << 20)
+    src = tmp_path / "shard"
+    src.write_bytes(data)
+    ref = store.add_blob_file(src, move=False)
+    rotted = bytearray(data)
+    rotted[4096] ^= 0xFF
+    store.blob_path(ref.digest).write_bytes(bytes(rotted))
+    assert store.add_blob_file(src, move=move) == ref
+    assert store.blob_path(ref.digest).read_bytes() == data
+    small = store.add_blob_bytes(b"0123456789")
+    store.blob_path(small.digest).write_bytes(b"0123456788")
+    assert store.add_blob_bytes(b"0123456789") == small and store.blob_path(small.digest).read_bytes() == b"0123456789"
 
 
 def test_open_missing_blob(tmp_path: Path) -> None:
