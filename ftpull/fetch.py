@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ftw import family_for_config, load_config
-from ftw.families import Family
+from ftw.families import Family, normalized_config
 from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import Store
 
@@ -73,7 +73,7 @@ def _fit(target: PullTarget, store: Store, fp: Footprint, force: bool) -> None:
 
 def _safetensors_footprint(target: PullTarget, family: Family, config: dict[str, Any],
                            tensors: dict[str, tuple[str, int]], download_bytes: int) -> Footprint:
-    num_layers = int(family.text_config(config).get("num_hidden_layers", 0))
+    num_layers = normalized_config(family, config)["num_layers"]  # (every size checked, before any download)
     return footprint(family, num_layers, tensors, download_bytes, target.recipe.dtype)
 
 

@@ -20,7 +20,14 @@ import numpy as np
 import torch
 
 from .errors import SourceError
-from .families import ExpertTensorName, Family, family_for_config, normalized_config, parse_expert_name
+from .families import (
+    ExpertTensorName,
+    Family,
+    family_for_config,
+    normalized_config,
+    parse_expert_name,
+    weight_block_size,
+)
 from .format import Index, nbytes_of
 from .rangeio import CHUNK_BYTES, readahead
 from .reader import TORCH_DTYPES
@@ -82,7 +89,7 @@ class _Converter:
         self.ckpt = SafetensorsCheckpoint(src)
         self.writer = FTWWriter(out, max_shard_bytes=max_shard_bytes)
         quant = self.family.text_config(self.source_config).get("quantization_config") or self.source_config.get("quantization_config") or {}
-        self.fp8_block = list(quant.get("weight_block_size") or [128, 128]) if isinstance(quant, dict) else [128, 128]
+        self.fp8_block = weight_block_size(quant)
 
     # -- classification -------------------------------------------------------------------------
 

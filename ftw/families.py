@@ -139,35 +139,80 @@ def family_for_config(config: dict[str, Any]) -> Family:
     )
 
 
+# the most any real model has, with room: a config beyond these is damaged or hostile (a layer
+# count of 10**12 made the converter loop and allocate without end)
+LIMITS = {"num_hidden_layers": 4096, "num_attention_heads": 4096, "num_key_value_heads": 4096, "hidden_size": 1 << 20,
+          "vocab_size": 1 << 24, "head_dim": 1 << 16, "num_experts": 1 << 16, "num_experts_per_tok": 1 << 16,
+          "moe_intermediate_size": 1 << 20, "max_position_embeddings": 1 << 30}
+
+
+def config_int(key: str, value: Any, *, low: int = 1, high: int | None = None, where: str = "config.json") -> int:
+    """A size from an untrusted config: a whole number in [low, high] (LIMITS by key), or SourceError
+    naming the key ("2048.0" as JSON writes it is taken; true, "2048" and 1e309 are not)."""
+    high = LIMITS.get(key, 1 << 30) if high is None else high
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SourceError(f"{where}: {key} is {value!r}, not a whole number from {low} to {high}; "
+                          "the checkpoint's config is damaged")
+    return value
+
+
+def weight_block_size(quant: Any) -> list[int]:
+    """The FP8 block of a config's quantization_config: two whole numbers (default 128 x 128)."""
+    block = quant.get("weight_block_size") if isinstance(quant, dict) else None
+    if block is None:
+        return [128, 128]
+    if not isinstance(block, list) or len(block) != 2:
+        raise SourceError(f"config.json: quantization_config.weight_block_size is {block!r}, not two numbers "
+                          "[rows, columns]; the checkpoint's config is damaged")
+    return [config_int("weight_block_size", b, high=1 << 16) for b in block]
+
+
 def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
-    """The sizes every consumer of an FTW model needs, under one set of names (docs/FTW.md)."""
+    """The sizes every consumer of an FTW model needs, under one set of names (docs/FTW.md), each
+    checked (`config_int`): a config is untrusted input."""
     c = family.text_config(config)
 
-    def need(*keys: str) -> Any:
+    def need(*keys: str, low: int = 1) -> int:
         for key in keys:
             if c.get(key) is not None:
-                return c[key]
+                return config_int(key, c[key], low=low)
         raise SourceError(f"config.json of this {family.name} model lacks {' or '.join(map(repr, keys))}")
 
-    num_layers = int(need("num_hidden_layers"))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
+    def optional(key: str, default: int, low: int = 1, high: int | None = None) -> int:
+        return config_int(key, c[key], low=low, high=high) if c.get(key) is not None else default
+
+    num_layers = need("num_hidden_layers")
+    heads = need("num_attention_heads")
+    hidden = need("hidden_size")
+    num_experts = need(*family.num_experts_keys)
+    for key, low in (("decoder_sparse_step", 1), ("first_k_dense_replace", 0), ("moe_layer_freq", 1)):
+        optional(key, 0, low=low, high=num_layers)
+    try:
+        moe_layers = family.moe_layers({**c, "num_hidden_layers": num_layers})
+        shared = family.num_shared_experts(c)
+    except (TypeError, ValueError):
+        raise SourceError(f"config.json: the MoE layers or shared experts of this {family.name} model cannot be "
+                          "read (mlp_only_layers, mlp_layer_types, n_shared_experts); the checkpoint's config is "
+                          "damaged") from None
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     return {
         "family": family.name,
         "model_type": config.get("model_type"),
         "num_layers": num_layers,
         "hidden_size": hidden,
-        "vocab_size": int(need("vocab_size")),
+        "vocab_size": need("vocab_size"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(c.get("num_key_value_heads") or heads),
-        "head_dim": int(c.get("head_dim") or hidden // heads),
-        "num_experts": int(need(*family.num_experts_keys)),
-        "num_experts_per_tok": int(need("num_experts_per_tok")),
-        "moe_intermediate_size": int(need(family.intermediate_key)),
-        "num_shared_experts": family.num_shared_experts(c),
-        "moe_layers": family.moe_layers({**c, "num_hidden_layers": num_layers}),
-        "context_length": int(c.get("max_position_embeddings") or 0),
+        "num_key_value_heads": optional("num_key_value_heads", heads, high=heads),
+        "head_dim": optional("head_dim", hidden // heads),
+        "num_experts": num_experts,
+        "num_experts_per_tok": need("num_experts_per_tok") if c.get("num_experts_per_tok") is None
+        else config_int("num_experts_per_tok", c["num_experts_per_tok"], high=num_experts),
+        "moe_intermediate_size": need(family.intermediate_key),
+        "num_shared_experts": config_int("n_shared_experts", shared, low=0, high=1 << 10),
+        "moe_layers": moe_layers,
+        "context_length": optional("max_position_embeddings", 0, low=0),
         "rope_theta": rope.get("rope_theta", c.get("rope_theta")) if isinstance(rope, dict) else c.get("rope_theta"),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))),
     }

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
+from .families import config_int
 from .gguf_file import GGUFModel
 
 LAYER_PREFIX_GGUF = "blk.{layer}."
@@ -137,12 +138,15 @@ def _common_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     embed = model.tensors.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
         raise SourceError(f"{model.path}: no 2-D token_embd.weight; not a complete language model")
-    heads = meta.int("attention.head_count")
+    where = f"{model.path}: GGUF metadata"  # sizes checked before anything is sized by them
+    heads = config_int("num_attention_heads", meta.int("attention.head_count"), where=where)
+    blocks = config_int("num_hidden_layers", meta.int("block_count"), where=where)
     config: dict[str, Any] = {
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
-        "hidden_size": meta.int("embedding_length"),
-        "num_hidden_layers": meta.int("block_count") - meta.int("nextn_predict_layers", 0),
+        "hidden_size": config_int("hidden_size", meta.int("embedding_length"), where=where),
+        "num_hidden_layers": blocks - config_int("nextn_predict_layers", meta.int("nextn_predict_layers", 0), low=0,
+                                                 high=blocks - 1, where=where),
         "num_attention_heads": heads,
         "num_key_value_heads": meta.int("attention.head_count_kv", heads),
         "max_position_embeddings": meta.int("context_length", 0),

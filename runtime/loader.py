@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ftw import ExpertBank, FTWReader, TensorEntry
+from ftw.families import weight_block_size
 from ftw.format import BLOCK_DTYPES, storage_shape
 from ftw.reader import page_aligned_empty, torch_dtype_of
 
@@ -74,7 +75,7 @@ def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = pa
         tensor = raw.pop(name)
         scale = raw.pop(name + "_scale_inv", None) if name.endswith(".weight") else None
         if entry.dtype in BLOCK_DTYPES or scale is not None:
-            block = tuple(index.source_config.get("quantization_config", {}).get("weight_block_size", (128, 128)))
+            block = tuple(weight_block_size(index.source_config.get("quantization_config")))
             dense[name] = dequantize(tensor, entry.dtype, entry.shape, dtype, scales=[scale] if scale is not None else None,
                                      block=block)  # type: ignore[arg-type]
         elif tensor.dtype in FLOAT_DTYPES and tensor.dtype != dtype:

@@ -186,6 +186,27 @@ def test_garbage_header_is_refused(tmp_path: Path) -> None:
         convert_checkpoint(src, tmp_path / "ftw")
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"num_hidden_layers": "abc"}, "num_hidden_layers is 'abc', not a whole number from 1 to 4096"),
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers is 1000000000000, not a whole number"),
+    ({"num_attention_heads": 0, "head_dim": None}, "num_attention_heads is 0, not a whole number"),
+    ({"hidden_size": True}, "hidden_size is True, not a whole number"),
+    ({"num_experts_per_tok": 99}, "num_experts_per_tok is 99, not a whole number from 1 to 4"),
+    ({"mlp_only_layers": [[1]]}, "the MoE layers or shared experts of this qwen3_moe model cannot be read"),
+    ({"quantization_config": {"weight_block_size": 128}}, "weight_block_size is 128, not two numbers"),
+])
+def test_config_sizes_are_checked_before_anything_is_sized_by_them(tmp_path: Path, edit: dict, message: str) -> None:
+    """config.json is untrusted: a size that is not a whole number in a real model's range is
+    refused, naming the key (a layer count of 10**12 looped and allocated without end, a head
+    count of 0 divided by zero, a string raised a bare ValueError)."""
+    src = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    config = json.loads((src / "config.json").read_text())
+    config.update(edit)
+    (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    with pytest.raises(SourceError, match=message):
+        convert_checkpoint(src, tmp_path / "ftw")
+
+
 NESTED = b"[" * 200_000 + b"]" * 200_000  # small, and deeper than Python's recursion limit
 
 

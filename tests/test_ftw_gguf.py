@@ -285,6 +285,22 @@ def test_corrupt_header_is_refused(tmp_path: Path, patch, message: str) -> None:
         GGUFModel(path)
 
 
+@pytest.mark.parametrize(("writer_method", "value", "message"), [
+    ("add_head_count", 0, "num_attention_heads is 0, not a whole number from 1 to 4096"),
+    ("add_block_count", 2**32 - 1, "num_hidden_layers is 4294967295, not a whole number from 1 to 4096"),
+])
+def test_metadata_sizes_beyond_any_model_are_refused(tmp_path: Path, monkeypatch, writer_method: str, value: int,
+                                                     message: str) -> None:
+    """Sizes are checked before anything is sized by them (a head count of 0 divided by zero, a
+    block count of 2**32 - 1 looped without end)."""
+    real = getattr(gguf.GGUFWriter, writer_method)
+    monkeypatch.setattr(gguf.GGUFWriter, writer_method, lambda self, n: real(self, value))
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors())
+    monkeypatch.undo()
+    with pytest.raises(SourceError, match=rf"tiny\.gguf: GGUF metadata: {message}"):
+        convert_gguf(path, tmp_path / "ftw")
+
+
 def test_bad_tensor_type_is_named(tmp_path: Path) -> None:
     tensors = tiny_qwen3_moe_tensors()
     tensors["blk.0.attn_q_norm.weight"] = (Q.F32, np.ones(HEAD_DIM, dtype=np.float64).astype(np.float32))

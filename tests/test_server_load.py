@@ -158,7 +158,7 @@ def test_a_client_that_leaves_during_its_models_load_leaves_one_load_and_a_kept_
         second.join(30)
         assert len(loads) == 1 and list(live.manager.runners) == [TINY]
         (runner,) = live.manager.runners.values()
-        assert runner.loaded is not None and runner.active == 0
+        assert runner.loaded is not None and live.wait_for(lambda: runner.active == 0)  # (counted down after the reply)
 
 
 @pytest.fixture

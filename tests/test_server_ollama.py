@@ -188,7 +188,7 @@ def test_a_model_unloaded_before_its_keep_alive_ends_leaves_no_timer(server: Liv
     too (it fired on the released model, an error in the server's log, and held it until then)."""
     client.generate(model="tiny", prompt="hi", options=FEW, keep_alive="1m")
     (runner,) = server.manager.runners.values()
-    assert runner.expiry is not None
+    assert server.wait_for(lambda: runner.expiry is not None)  # (set once the request is done, after its reply)
     assert post(server, "/api/generate", json={"model": "tiny", "keep_alive": 0}).json()["done_reason"] == "unload"
     assert server.wait_for(lambda: not client.ps().models)
     assert runner.expiry is None and runner.expires_at is None
