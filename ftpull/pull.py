@@ -3,12 +3,14 @@
 A pull holds the store's pull session and the model's lock from start to end, so a concurrent
 pull of the same model waits and then finds it present, and gc never sees half-added blobs.
 Downloads go to `$FT_HOME/downloads/...` and survive an interruption (the next pull resumes);
-conversion happens in a per-process work dir that is removed on any failure, and that the next
+a pull from a repository also holds that repository's download lock, so two names of one
+repository take turns with its download directory, which each deletes when done. Conversion happens in a per-process work dir that is removed on any failure, and that the next
 pull removes if the process was killed. The manifest is written last.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -65,7 +67,9 @@ def install(
 ) -> PullResult:
     """Fetch, convert and register `target` under the store's locks (see the module docstring)."""
     store.cleanup_stale()
-    with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), store.temp_dir("pull") as work:
+    repo = target.recipe.source.repo_id
+    with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), store.temp_dir("pull") as work, \
+            store.download_lock(repo) if repo else contextlib.nullcontext():  # (its files: from download to delete)
         if store.has_model(target.name) and not replace_existing:  # another process pulled it while we waited
             report(PullEvent(f"{target.name.display} is up to date"))
             return PullResult(target.name, True, store.read_manifest(target.name).total_size)

@@ -241,6 +241,12 @@ class Store:
         key = hashlib.sha256(str(name).encode()).hexdigest()
         return file_lock(self.locks_dir / f"{key}.lock", timeout_s=timeout_s, what=f"model {name.display}")
 
+    def download_lock(self, source: str, timeout_s: float | None = None) -> AbstractContextManager[bool]:
+        """Exclusive lock on the downloads of one source (a repository): two models pulled from it
+        under different names share its download directory, which each deletes when done."""
+        key = hashlib.sha256(source.encode()).hexdigest()
+        return file_lock(self.locks_dir / f"download-{key}.lock", timeout_s=timeout_s, what=f"the download of {source}")
+
     def pull_session(self, timeout_s: float | None = 600.0) -> AbstractContextManager[bool]:
         """Shared store lock that keeps gc away while blobs are added (see the module docstring)."""
         return file_lock(self._gc_lock_path, shared=True, timeout_s=timeout_s,

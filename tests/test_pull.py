@@ -146,6 +146,42 @@ def test_a_hub_config_that_is_not_an_object_is_refused_before_download(fake_hub,
     assert weights_requested(fake_hub) == []
 
 
+def test_two_names_of_one_repository_pulled_at_once_take_turns_with_its_downloads(fake_hub, store: Store,
+                                                                                   qwen_repo: Path,
+                                                                                   monkeypatch) -> None:
+    """hf://org/repo and hf.co/org/repo:x share downloads/hf/org/repo/REV, which a pull deletes
+    when done: the second waits for the first (it deleted the files under the other's conversion)."""
+    import threading
+
+    from ftpull import register
+
+    fake_hub.add_repo("org/repo", qwen_repo)
+    real, first_converting, errors = register.convert_checkpoint, threading.Event(), []
+
+    def convert(src, out, **kw):
+        if threading.current_thread().name == "first":
+            first_converting.set()
+            time.sleep(1.5)  # the other pull, started meanwhile, would delete these files now
+        return real(src, out, **kw)
+
+    monkeypatch.setattr(register, "convert_checkpoint", convert)
+
+    def run(text: str) -> None:
+        try:
+            pull(text, store, force=True)
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    first = threading.Thread(target=run, args=("hf://org/repo",), name="first")
+    first.start()
+    assert first_converting.wait(30)
+    second = threading.Thread(target=run, args=("hf.co/org/repo:x",), name="second")
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert errors == [] and len(store.list_models()) == 2
+
+
 def test_unknown_repository(fake_hub, store: Store) -> None:
     with pytest.raises(HubError, match="does not exist or needs access"):
         pull("hf://nobody/nothing", store)
