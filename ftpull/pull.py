@@ -77,7 +77,7 @@ def install(
         manifest = convert_and_register(target, store, fetched, work, report)
         if fetched.download_dir is not None:
             shutil.rmtree(fetched.download_dir, ignore_errors=True)  # no longer needed
-    if replace_existing:
-        store.gc(wait=False)  # blobs of a replaced model
+    # blobs of a replaced model, or of one removed while this pull ran (its gc was skipped then)
+    store.gc(wait=False)
     report(PullEvent("success"))
     return PullResult(target.name, False, manifest.total_size)

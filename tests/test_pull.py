@@ -182,6 +182,18 @@ def test_two_names_of_one_repository_pulled_at_once_take_turns_with_its_download
     assert errors == [] and len(store.list_models()) == 2
 
 
+def test_a_model_removed_while_a_pull_runs_has_its_blobs_collected_when_the_pull_ends(store: Store,
+                                                                                      tmp_path: Path) -> None:
+    pull(str(save_checkpoint("qwen3_moe", tmp_path / "a", seed=1)), store)
+    (first,) = store.list_models()
+    blobs = {layer.digest for layer in store.read_manifest(first.name).layers}
+    with store.pull_session():  # another pull is running: ft rm's gc is skipped
+        store.remove(first.name)
+    assert all(store.has_blob(d) for d in blobs)
+    pull(str(save_checkpoint("mixtral", tmp_path / "b", seed=2)), store)
+    assert not any(store.has_blob(d) for d in blobs)
+
+
 def test_unknown_repository(fake_hub, store: Store) -> None:
     with pytest.raises(HubError, match="does not exist or needs access"):
         pull("hf://nobody/nothing", store)
