@@ -8,6 +8,7 @@ to a live server on loopback."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -173,6 +174,33 @@ def test_gpu_models_take_the_gpu_one_at_a_time(store: Store, gpu_server: LiveSer
     assert names == ["tiny-copy:latest"]
     client.chat(model="tiny", messages=ASK, options={"num_predict": 1})
     assert [r.registered.name.display for r in gpu_server.manager.runners.values()] == ["tiny:latest"]
+
+
+def test_a_model_waiting_for_the_gpu_is_not_starved_by_the_other_models_traffic(store: Store) -> None:
+    """While a load waits for the GPU model in use to finish, that model's new requests queue
+    behind the load (before, they kept joining it, and the load waited as long as it had traffic)."""
+    store.copy("tiny", "tiny-other")
+    with LiveServer(store, device="gpu", gpu_mode="offload", machine=emulated_gpu_machine,
+                    gpu_options={"device": "cpu"}) as server:
+        ollama.Client(host=server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})
+        stop_at = time.monotonic() + 10
+
+        def keep_asking() -> None:
+            with httpx.Client(timeout=60) as client:
+                while time.monotonic() < stop_at:
+                    client.post(server.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
+                                                                    "options": {"num_predict": 40, "temperature": 0}})
+
+        busy = [threading.Thread(target=keep_asking) for _ in range(2)]
+        for thread in busy:
+            thread.start()
+        time.sleep(0.5)
+        reply = httpx.post(server.url + "/api/generate", json={"model": "tiny-other", "prompt": "hi", "stream": False,
+                                                                "options": {"num_predict": 2}}, timeout=60)
+        answered_at = time.monotonic()
+        for thread in busy:
+            thread.join()
+    assert reply.status_code == 200 and answered_at < stop_at - 2, stop_at - answered_at
 
 
 @pytest.mark.parametrize("gpu", [True, False])

@@ -393,13 +393,15 @@ class ModelManager:
         key = str(registered.name)
         digest = models.digest_of(registered)
         runner = self.runners.get(key)
-        if runner is not None and runner.digest == digest and not self._outgrown(runner, num_ctx):
+        if runner is not None and runner.digest == digest and not runner.draining \
+                and not self._outgrown(runner, num_ctx):
             return runner, 0.0
         if self._load_lock is None:
             self._load_lock = asyncio.Lock()
         async with self._load_lock:  # one load at a time: memory decisions see every loaded model
             runner = self.runners.get(key)
             if runner is not None and runner.digest == digest and not self._outgrown(runner, num_ctx):
+                runner.draining = False  # (the load that waited for it failed, or was for another GPU)
                 return runner, 0.0
             if runner is not None:  # the name points at another model (re-pulled, re-created), or more context
                 self._unload(runner)

@@ -66,6 +66,8 @@ async def make_gpu_room(runners: Mapping[str, Runner], registered: RegisteredMod
         busy = [runner for runner in on_gpu if runner.active]
         if not busy:
             return
+        for runner in busy:  # its new requests queue behind this load: it goes idle (no starving)
+            runner.draining = True
         if not waited:
             log.info("%s waits for the GPU: %s is generating", registered.name.display,
                      ", ".join(r.registered.name.display for r in busy))

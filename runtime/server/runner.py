@@ -97,6 +97,7 @@ class Runner:
         self.keep_alive_s = DEFAULT_KEEP_ALIVE_S
         self.expires_at: float | None = None
         self.expiry: asyncio.TimerHandle | None = None  # the keep-alive timer (the server's loop)
+        self.draining = False  # a load waits for its GPU: new requests queue for the load lock
         self.last_used = time.monotonic()
 
     @property
