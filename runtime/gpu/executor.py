@@ -10,8 +10,8 @@ more, the fill kernel copies them first); the CPU share runs on a worker
 thread straight from the host bank, and the device stream waits for its result before adding
 it (cpu_share.py). The launching thread goes on to the next layer at once. A call with many
 tokens (prefill) streams the whole bank instead (prefill.py). A caller's whole decode step can
-run as one CUDA graph: `begin_step`, `capturing_step` and `end_step` are the executor's side of
-step_graphs.py.
+run as one CUDA graph: `begin_step`, `capturing_step` and `end_step` (executor_steps.py) are the
+executor's side of step_graphs.py.
 
 Modes (how many misses cross PCIe): "offload" all; "cpu" none; "static" none, with whole layers
 resident from the start (llama.cpp's static split); "prefill_placement" none, the cache placed
@@ -24,10 +24,9 @@ is made on the device.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -38,6 +37,7 @@ from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
 from .executor_stats import DeviceCounts, ExpertStats
+from .executor_steps import MAX_KERNEL_PAIRS, WholeStepCalls
 from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
 from .kernels import RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
@@ -46,13 +46,12 @@ from .profile import BandwidthProfile
 from .records import check_device_layout
 from .slot_compute import add_slot_experts, fills_in_launch
 from .split import Split, SplitTables
-from .step_graphs import CaptureLater, StepCapture, StepGraphs, StepNotCapturable
+from .step_graphs import StepCapture, StepGraphs
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "offload", "cpu", "static", "prefill_placement")
 PLACEMENT = {"auto": "lru", "offload": "lru", "static": "none", "prefill_placement": "hot", "cpu": "none"}
-MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 
 
 def _device_kernels(device: torch.device) -> tuple[Callable, Callable, Callable] | None:
@@ -75,7 +74,7 @@ def _torch_cast(src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return src.to(dtype)
 
 
-class HybridExpertExecutor:
+class HybridExpertExecutor(WholeStepCalls):
     """An ExpertExecutor over host banks (pinned on CUDA) and a device ExpertCache.
 
     `cpu_executor` runs the CPU share (default: CPUExpertExecutor over the same banks);
@@ -240,41 +239,7 @@ class HybridExpertExecutor:
         """The CUDA graphs' first calls and captures so far, of layer calls and of whole steps."""
         return (self.graphs.one_time_work if self.graphs is not None else 0) + self.steps.one_time_work
 
-    # -- a whole decode step as one CUDA graph (step_graphs.py) -------------------------------------
-
-    def begin_step(self) -> Hashable | None:
-        """A decode step begins: the host part of its first call is made now, so that all its
-        calls may run inside one captured graph. Returns the key of the device work they would
-        queue, or None where they cannot be captured (graphs off, a bank not pinned, a CPU
-        share without stream flags a graph can capture); run them as usual then."""
-        self._start_step(decode=True)
-        self._step_begun = True
-        if not self.steps.enabled or not all(self._zero_copy.values()) \
-                or not (self._pcie_only() or self.cpu_share.capturable):
-            return None
-        self._step_state = self.cache.device_state()  # uploaded now: nothing may be copied from the host inside
-        # whether the step's calls carry a CPU share: none in PCIe-only, else as the split tables say
-        self._step_cpu = not self._pcie_only() and self._step_tables_use_cpu()
-        return ("pcie" if self._pcie_only() else self.mode), self._step_cpu, self.pcie_repeat
-
-    def _step_tables_use_cpu(self) -> bool:
-        """Whether a split table that captured steps read sends a miss to the CPU now (unknown
-        before the first capture: True). Each one's graphs' copy is brought up to date here,
-        outside any capture (the split moves with the hit rate)."""
-        if not self._step_tables:
-            return True
-        uses = []
-        for pairs, stride in self._step_tables:
-            table, uses_cpu = self.splits.for_call(pairs, stride)
-            if isinstance(table, torch.Tensor):
-                self.splits.fixed(table, stride)
-            uses.append(uses_cpu)
-        return any(uses)
-
-    def abandon_step(self) -> None:
-        """A step begun by `begin_step` will not run (queued for a token that did not come): its
-        first call's host part is not taken as made."""
-        self._step_begun = False
+    # -- the split per call ----------------------------------------------------------------------------
 
     def _pcie_only(self) -> bool:
         """Whether every miss goes over PCIe now ("offload", or "auto" in its PCIe-only arm)."""
@@ -286,64 +251,6 @@ class HybridExpertExecutor:
         if self._pcie_only():
             return num_pairs, False
         return self.splits.for_call(num_pairs, expert_bytes)
-
-    @contextlib.contextmanager
-    def capturing_step(self) -> Iterator[StepCapture]:
-        """While a step begun by `begin_step` is captured: its calls queue device work only,
-        counted, with the host work each replay needs first (StepNotCapturable from a call
-        that cannot be captured)."""
-        self._step_capture = capture = StepCapture()
-        try:
-            yield capture
-        finally:
-            self._step_capture = None
-
-    def end_step(self, calls: int) -> None:
-        """After a captured step's replay: the host's part of its `calls` layer calls (the host's
-        copy of the cache clock, the counters, the hit rate's read-back)."""
-        self._step_begun = False
-        self.cache.tick(calls)
-        self._stats.calls += calls
-        self._stats.tokens += calls
-        if self.mode == "auto":
-            self.splits.hit_rate.observe(None, self.counts.all(), calls)
-
-    def _decode_captured(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor,
-                         weights: torch.Tensor) -> torch.Tensor:
-        """A one-token call inside a whole step's capture: the misses over PCIe filled in the
-        launch, the CPU's share handed to the worker by the replay's host work."""
-        num_pairs, capture = expert_ids.numel(), self._step_capture
-        assert capture is not None
-        stride = self.banks[layer].layout.expert_stride
-        if x.shape[0] != 1 or num_pairs > MAX_KERNEL_PAIRS or self.counts.made(stride) is None \
-                or self._step_state is None:
-            raise StepNotCapturable(f"layer {layer}: {x.shape[0]} tokens, {num_pairs} routed experts, "
-                                    "or its counters not made yet")
-        n_pcie, uses_cpu = self._miss_split(num_pairs, stride)
-        if isinstance(n_pcie, torch.Tensor):  # a split table: the graph reads a copy of fixed address
-            self._step_tables.add((num_pairs, stride))  # begin_step brings the copy up to date from now on
-            fixed = self.splits.fixed_if_current(n_pcie, stride)
-            if fixed is None:  # a copy made now would be captured, and every replay would make it again
-                raise CaptureLater(f"layer {layer}: its split table changed since the step began")
-            n_pcie = fixed
-        cpu_share = self._step_cpu or num_pairs > self.cache.num_slots
-        if uses_cpu and not self._step_cpu:
-            raise CaptureLater(f"layer {layer}: its split sends misses to the CPU, the step's calls were "
-                               "to carry no CPU share")
-        if cpu_share and not self.cpu_share.capturable:
-            raise StepNotCapturable(f"layer {layer}: a CPU share, and no stream flags a graph can capture")
-        out, _, job = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,
-                                              self.cache.device_clock, n_pcie, cpu_share, capturing=True)
-        if job is not None:
-            capture.native_jobs.add(job.native is not None)
-            if len(capture.native_jobs) > 1:
-                # a replay hands over all its jobs before it runs, and a job for one worker first
-                # waits for the other's, which wait for flags only the replay writes
-                raise StepNotCapturable(f"layer {layer}: the step's CPU shares would go to both the native "
-                                        "worker and the Python one")
-            capture.host_work.append(lambda: self.cpu_share.start(job))
-        capture.count += 1
-        return self._cast_out(out, x.dtype)  # a link of the step graph's PDL chain (kernels/cast_out.py)
 
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
