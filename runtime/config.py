@@ -10,6 +10,10 @@ from typing import Any
 from ftw import Index
 
 
+class UnsupportedFamilyError(ValueError):
+    """The runtime has no implementation of this family, or of a feature its config turns on."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Normalized sizes (docs/FTW.md "Normalized config") plus the source config for the rest.

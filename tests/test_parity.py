@@ -40,3 +40,34 @@ def test_logits_and_greedy_match_transformers(family: str, fused: bool, tmp_path
     ours = convert_and_load(src, tmp_path / "store")
 
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_qwen3_moe_with_attention_biases_matches_transformers(tmp_path: Path) -> None:
+    """attention_bias: q, k, v and o projections each have a bias (the o one was dropped)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_moe", **FAMILY_CONFIGS["qwen3_moe"],
+                                                                  attention_bias=True))
+    with torch.no_grad():  # (initialized to zero: a missing one would not show)
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "hf")
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert ours.weights.maybe("model.layers.0.self_attn.o_proj.bias") is not None
+    assert_parity(ours, model.eval(), PROMPT, 8)
+
+
+def test_qwen3_moe_with_a_sliding_window_is_refused_not_run_with_full_attention(tmp_path: Path) -> None:
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("qwen3_moe", tmp_path / "hf", seed=1)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 8}))
+    with pytest.raises(UnsupportedFamilyError, match="sliding attention window"):
+        convert_and_load(src, tmp_path / "store")

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..config import UnsupportedFamilyError
+
 _pass = threading.local()  # `number`: the forward pass under way on this thread (forward_begins)
 
 
@@ -38,7 +40,7 @@ def inverse_frequencies(rotary_dim: int, params: dict[str, Any], max_positions: 
         return inv_freq / float(params["factor"]), 1.0
     if kind == "yarn":
         return _yarn(rotary_dim, base, params, max_positions)
-    raise NotImplementedError(f"rope type {kind!r} is not supported yet")
+    raise UnsupportedFamilyError(f"rope type {kind!r} is not supported yet (default, linear and yarn are)")
 
 
 def _yarn(dim: int, base: float, params: dict[str, Any], max_positions: int) -> tuple[torch.Tensor, float]:

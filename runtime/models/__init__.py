@@ -9,7 +9,7 @@ import importlib
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..loader import ModelWeights
 from .base import ContextOverflowError, DecoderModel, DecodeState
@@ -21,10 +21,6 @@ FAMILY_MODULES = {
     "glm_moe_dsa": "glm_moe_dsa",
     "qwen3_5_moe": "qwen3_5_moe",
 }
-
-
-class UnsupportedFamilyError(ValueError):
-    """The runtime has no implementation of this family."""
 
 
 def _family_module(family: str):

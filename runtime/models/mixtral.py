@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..layers.rope import RotaryEmbedding
 from ..loader import ModelWeights
@@ -15,7 +15,7 @@ from .qwen3_moe import GQAAttention, SoftmaxMoE
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
     if config.get("sliding_window"):
-        raise NotImplementedError("Mixtral with a sliding attention window is not supported yet")
+        raise UnsupportedFamilyError("Mixtral with a sliding attention window is not supported yet")
     rope = RotaryEmbedding(config.head_dim, config.rope_parameters, config.context_length)
     blocks = []
     for i in range(config.num_layers):

@@ -31,7 +31,6 @@ class GatedAttention(GQAAttention):
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype) -> None:
         super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
-        self.o_bias = weights.maybe(prefix + "o_proj.bias")
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
         t = x.shape[0]

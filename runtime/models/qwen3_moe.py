@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, Start, causal_attention
 from ..layers.linear import linear
@@ -24,7 +24,8 @@ class GQAAttention:
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, qk_norm: bool) -> None:
         self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkvo")
-        self.q_bias, self.k_bias, self.v_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkv")
+        # attention_bias: q, k, v and o each have one (transformers' Qwen3MoeAttention)
+        self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkvo")
         self.q_norm = weights.get(prefix + "q_norm.weight") if qk_norm else None
         self.k_norm = weights.get(prefix + "k_norm.weight") if qk_norm else None
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -45,7 +46,7 @@ class GQAAttention:
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = cache.append(start, k, v)
         out = causal_attention(q, keys, values, start, self.scale)
-        return linear(out.reshape(t, self.heads * self.head_dim), self.o)
+        return linear(out.reshape(t, self.heads * self.head_dim), self.o, self.o_bias)
 
 
 class SoftmaxMoE:
@@ -68,6 +69,9 @@ def dense_mlp(weights: ModelWeights, prefix: str) -> FFN:
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    if config.get("use_sliding_window") and config.get("sliding_window"):
+        raise UnsupportedFamilyError("Qwen3-MoE with a sliding attention window (use_sliding_window) is not "
+                                     "supported yet")
     rope = RotaryEmbedding(config.head_dim, config.rope_parameters, config.context_length)
     blocks = []
     for i in range(config.num_layers):
