@@ -74,6 +74,11 @@ class Chat:
         self.messages.clear()
         self.session.reset()
 
+    def interrupted(self) -> None:
+        """An answer stopped midway (Ctrl-C): its turn is not kept, and the state, which may hold
+        part of it, starts over (the next turn prefills the conversation again)."""
+        self.session.reset()
+
 
 def compute_dtype(config: dict[str, Any], requested: str | None) -> torch.dtype:
     """f32 models compute in f32; everything else in bf16 unless the user says otherwise."""
@@ -136,13 +141,18 @@ def stats_lines(result: Generation, load_seconds: float | None) -> list[str]:
     return lines
 
 
+class Command(str):
+    """A line that starts with "/" (a block between \"\"\" never is one, whatever it starts with)."""
+
+
 def read_message(lines: Iterable[str], prompt: Callable[[str], None]) -> str | None:
-    """One user message from `lines`: a line, or a \"\"\"-delimited block. None at end of input."""
+    """One user message from `lines`: a line (a Command where it starts with "/"), or a
+    \"\"\"-delimited block. None at end of input."""
     prompt(">>> ")
     for line in lines:
         line = line.rstrip("\n")
         if not line.startswith('"""'):
-            return line
+            return Command(line) if line.startswith("/") else line
         block = [line[3:]]
         if block[0].endswith('"""') and len(block[0]) >= 3:
             return block[0][:-3]
@@ -220,17 +230,26 @@ def repl(chat: Chat, verbose: bool, load_seconds: float) -> None:
     lines = iter(sys.stdin.readline, "")
     show_load: float | None = load_seconds
     while True:
-        message = read_message(lines, write)
+        try:
+            message = read_message(lines, write)
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: a new prompt, as Ollama does
+            write("\nUse Ctrl-D or /bye to exit.\n")
+            continue
         if message is None:
             write("\n")
             return
         if not message.strip():
             continue
-        if message.startswith("/"):
+        if isinstance(message, Command):
             if not handle_command(chat, message.strip(), lambda s: write(s + "\n")):
                 return
             continue
-        result = chat.ask(message, write)
+        try:
+            result = chat.ask(message, write)
+        except KeyboardInterrupt:  # Ctrl-C during an answer: it stops, the conversation goes on
+            getattr(chat, "interrupted", lambda: None)()
+            write("\n(stopped)\n\n")
+            continue
         write("\n\n")
         if result.stop_reason == "context":
             write("(the context is full: /clear to start over, or run with a larger --num-ctx)\n\n")

@@ -77,6 +77,54 @@ def test_repl_commands(tiny, monkeypatch, capsys) -> None:
     assert chat.options["temperature"] == 0
 
 
+def test_ctrl_c_stops_an_answer_or_a_prompt_and_the_repl_goes_on(tiny, monkeypatch, capsys) -> None:
+    """As in Ollama: Ctrl-C during an answer stops it (its turn is not kept, the state starts
+    over), at the prompt gives a new prompt; a \"\"\" block is a message even when it starts with "/"."""
+    from ftpull import run as run_mod
+    from ftpull.run import Chat, repl
+
+    loaded, tokenizer = tiny
+    chat = Chat(Session(loaded.model, tokenizer, 512), tokenizer, {"num_predict": 4, "seed": 0})
+    real_ask, asked = chat.ask, []
+
+    def ask(text, on_text):
+        asked.append(text)
+        if len(asked) == 1:
+            on_text("partial")
+            raise KeyboardInterrupt
+        return real_ask(text, on_text)
+
+    monkeypatch.setattr(chat, "ask", ask)
+    real_read, reads = run_mod.read_message, []
+
+    def read(lines, prompt):
+        reads.append(1)
+        if len(reads) == 2:
+            raise KeyboardInterrupt
+        return real_read(lines, prompt)
+
+    monkeypatch.setattr(run_mod, "read_message", read)
+    script = '\n'.join(["first question", "second question", '"""/bye is not a command here', 'in a block"""',
+                         "/bye"]) + "\n"
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(script))
+    repl(chat, verbose=False, load_seconds=0.0)
+    out = capsys.readouterr().out
+    assert "partial\n(stopped)" in out and "Use Ctrl-D or /bye to exit." in out
+    assert asked == ["first question", "second question", "/bye is not a command here\nin a block"]
+    assert [m["content"] for m in chat.messages if m["role"] == "user"] == asked[1:]  # the stopped turn is not kept
+
+
+def test_ft_run_loads_what_a_path_pulled(home: Path, tmp_path: Path, capsys) -> None:
+    """`ft run ./checkpoint` pulls it under a model name, then loads that name (it loaded the path's
+    text, which is no model name, and failed after the pull)."""
+    from ftpull import tiny
+    from tests.clirun import ft
+
+    src = tiny.build_tiny_checkpoint(tmp_path / "My_Ckpt")  # (with a tokenizer)
+    code, out, err = ft(capsys, "run", "--local", str(src), "Hello", "--num-predict", "2")
+    assert code == 0 and out.strip(), err
+
+
 def test_history_is_kept_and_prefix_reused(tiny) -> None:
     from ftpull.run import Chat
 
