@@ -33,11 +33,11 @@ from .progress import ProgressPrinter
 from .pull import PullError, create, pull
 from .resolve import ResolveError
 from .run import NoGPUError
-from .serve import Client, NoServer, ServerReplyError
+from .serve import Client, NoServer, ServerAddressError, ServerReplyError
 
 USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError,
                ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError,
-               NoServer, ServerReplyError, NoGPUError)
+               NoServer, ServerReplyError, ServerAddressError, NoGPUError)
 
 
 def _store() -> Store:
@@ -401,8 +401,10 @@ def pull_main() -> None:
 @click.option("--threads", type=int, default=None, help="CPU threads (6: laptop, 8: desktop).")
 @click.option("--policies", default="auto,offload,cpu,static,prefill_placement", show_default=True)
 @click.option("--routing", type=click.Choice(["synthetic", "trace"]), default="synthetic", show_default=True)
-@click.option("--tokens", type=int, default=128, show_default=True, help="Decode tokens (the trace has 128).")
-@click.option("--prompt-tokens", type=int, default=128, show_default=True, help="Warm prompt (synthetic routing).")
+@click.option("--tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Decode tokens (the trace has 128).")
+@click.option("--prompt-tokens", type=click.IntRange(min=0), default=128, show_default=True,
+              help="Warm prompt (synthetic routing).")
 @click.option("--prefill", default="1024,4096,16384", show_default=True, help="Prefill lengths; '' for none.")
 @click.option("--device", default="cuda", show_default=True, help="cuda or cpu.")
 @click.option("--layers", type=int, default=None, help="Build only this many MoE layers (a reduced run).")
@@ -413,7 +415,7 @@ def pull_main() -> None:
 @click.option("--num-ctx", type=int, default=4096, show_default=True, help="Context whose KV the planner reserves.")
 @click.option("--cache-slots", type=int, default=None, help="Override the planner's cache size.")
 @click.option("--profile", "profile_path", default=None, help="A bandwidth-profile JSON to use for 'auto'.")
-@click.option("--reps", type=int, default=1, show_default=True, help="Rounds of decode runs, each policy once per round (median).")
+@click.option("--reps", type=click.IntRange(min=1), default=1, show_default=True, help="Rounds of decode runs, each policy once per round (median).")
 @click.option("--trace", "trace_path", default=None,
               help="The routing trace .npz for --routing trace (default: shared/traces/bigmoeonedge/qwen3-30b-a3b.npz).")
 @click.option("--profile-tokens", type=int, default=0, show_default=True,
@@ -437,10 +439,17 @@ def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str,
     """Benchmark the MoE expert path of decode and prefill for every cache policy on identical routing."""
     from runtime.bench.moe import BenchConfig, format_report, json_ready, run_bench
 
+    try:
+        lengths = tuple(int(n) for n in prefill.split(",") if n.strip())
+    except ValueError:
+        raise click.BadParameter(f"{prefill!r} is not a list of token counts (e.g. 1024,4096)",
+                                 param_hint="--prefill") from None
+    if any(n < 1 for n in lengths):
+        raise click.BadParameter(f"{prefill!r}: token counts are 1 or more", param_hint="--prefill")
     cfg = BenchConfig(shape=shape, budget_gib=budget_gib, threads=threads,
                       policies=tuple(p.strip() for p in policies.split(",") if p.strip()), routing=routing,
                       tokens=tokens, prompt_tokens=prompt_tokens,
-                      prefill=tuple(int(n) for n in prefill.split(",") if n.strip()), device=device, layers=layers,
+                      prefill=lengths, device=device, layers=layers,
                       host_banks=host_banks, pcie_repeat=pcie_repeat,
                       num_ctx=num_ctx, cache_slots=cache_slots, profile=profile_path, reps=reps, seed=seed, trace=trace_path,
                       profile_tokens=profile_tokens, profile_dir=profile_dir, cuda_graphs=cuda_graphs,

@@ -92,8 +92,12 @@ def with_retries(what: str, fn: Callable[[], T]) -> T:
     `FT_PULL_RETRIES` (default 5 attempts) and `FT_PULL_RETRY_DELAY_S` (first backoff, default 1 s)
     tune it.
     """
-    attempts = max(1, int(os.environ.get("FT_PULL_RETRIES", "5")))
-    delay = float(os.environ.get("FT_PULL_RETRY_DELAY_S", "1.0"))
+    try:
+        attempts = max(1, int(os.environ.get("FT_PULL_RETRIES", "5")))
+        delay = float(os.environ.get("FT_PULL_RETRY_DELAY_S", "1.0"))
+    except ValueError:
+        raise HubError(f"FT_PULL_RETRIES={os.environ.get('FT_PULL_RETRIES')!r} or FT_PULL_RETRY_DELAY_S="
+                       f"{os.environ.get('FT_PULL_RETRY_DELAY_S')!r} is not a number; unset it or give one") from None
     for attempt in range(1, attempts + 1):
         try:
             return fn()

@@ -58,7 +58,12 @@ def resolve(text: str) -> PullTarget:
     if not text:
         raise ResolveError("no model name given (try `ft pull tiny`, or `ft list` for local models)")
     if text.startswith("hf://"):
-        return _hf_target(parse_source(text))
+        try:
+            source = parse_source(text)
+        except ValueError as e:
+            raise ResolveError(f"{e}; an address is hf://org/name or hf://org/name@revision (a tag goes with "
+                               "hf.co/org/name:TAG)") from None
+        return _hf_target(source)
     if _looks_like_path(text):
         path = Path(os.path.expanduser(text)).resolve()
         is_gguf = path.is_file() and path.suffix.lower() == ".gguf"

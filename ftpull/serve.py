@@ -88,6 +88,10 @@ def build_app(store: Store, *, api_key: str | None = None, **manager_options: An
     return create_app(ModelManager(store, **manager_options), pull=pull_for_server(store), api_key=api_key)
 
 
+class ServerAddressError(ValueError):
+    """FT_HOST names no address a server can be reached at or listen on."""
+
+
 def parse_host(text: str | None) -> tuple[str, int]:
     """(host, port) from FT_HOST-style text: "host:port", ":port", "host", "http://host:port"."""
     text = (text or "").strip()
@@ -97,7 +101,7 @@ def parse_host(text: str | None) -> tuple[str, int]:
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"FT_HOST={text!r}: the port must be a number in 0-65535") from None
+        raise ServerAddressError(f"FT_HOST={text!r}: the port must be a number in 0-65535") from None
     return parts.hostname or DEFAULT_HOST, port if port is not None else DEFAULT_PORT
 
 

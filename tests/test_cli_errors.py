@@ -1,0 +1,25 @@
+"""Bad input on the command line and in the environment: one line that names the problem and the
+fix, and an exit status, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.clirun import ft
+
+
+@pytest.mark.parametrize(("args", "env", "code", "words"), [
+    (("pull", "hf://Qwen/Qwen3-30B-A3B:fp8"), {}, 1, "an address is hf://org/name"),
+    (("ps",), {"FT_HOST": "localhost:99999"}, 1, "FT_HOST='localhost:99999': the port must be a number"),
+    (("pull", "hf://org/name"), {"FT_PULL_RETRIES": "abc"}, 1, "FT_PULL_RETRIES='abc'"),
+    (("bench", "--shape", "tiny", "--device", "cpu", "--prefill", "abc"), {}, 2, "Invalid value for --prefill: 'abc'"),
+    (("bench", "--shape", "tiny", "--device", "cpu", "--tokens", "0"), {}, 2, "Invalid value for '--tokens'"),
+])
+def test_bad_input_is_one_clear_line(capsys, monkeypatch, tmp_path, args: tuple[str, ...], env: dict[str, str],
+                                     code: int, words: str) -> None:
+    monkeypatch.setenv("FT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FT_HOST", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    status, _, err = ft(capsys, *args)
+    assert status == code and words in err, err
