@@ -59,7 +59,7 @@ def _footprint(text: str, store: Store) -> tuple[str, bool, ModelFootprint, int 
             return target.name.display, False, _remote_footprint(target), _int(target.recipe.parameters.get("num_ctx"))
     index = model.open_ftw().index
     name = model.name.display
-    fp = ModelFootprint.from_index(index, name=name, context_length=_int(model.config.get("context_length")))
+    fp = ModelFootprint.from_index(index, name=name, context_length=model.context_length)
     return name, True, fp, _int((model.config.get("parameters") or {}).get("num_ctx"))
 
 

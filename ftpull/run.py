@@ -105,7 +105,8 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     options = {**(registered.config.get("parameters") or {}), **overrides}
     recipe_ctx = options.pop("num_ctx", None)
     with registered.open_ftw() as reader:
-        footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+        footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,
+                                              context_length=registered.context_length)
     machine = Machine.probe()
     if device == "gpu" and machine.gpu is None:
         raise NoGPUError("--device gpu needs a CUDA GPU and none was found; run with --device cpu")

@@ -33,6 +33,12 @@ class RegisteredModel:
     config: dict[str, Any]
     files: dict[str, Path]  # title -> blob path, for every layer
 
+    @property
+    def context_length(self) -> int | None:
+        """The most context its recipe allows (a Modelfile's CONTEXT, else the model's), or None."""
+        value = self.config.get("context_length")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     def file(self, title: str) -> Path | None:
         return self.files.get(title)
 

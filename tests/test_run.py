@@ -125,6 +125,18 @@ def test_ft_run_loads_what_a_path_pulled(home: Path, tmp_path: Path, capsys) -> 
     assert code == 0 and out.strip(), err
 
 
+def test_a_modelfiles_context_bounds_ft_run(home: Path, tmp_path: Path, capsys) -> None:
+    """CONTEXT in a Modelfile is the most context the model gets: ft show and ft fit said 64,
+    and ft run planned from the model's own 2048."""
+    from tests.clirun import ft
+
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM builtin://tiny\nFAMILY qwen3_moe\nTEMPLATE checkpoint\nCONTEXT 64\n")
+    assert ft(capsys, "create", "tiny-ctx64", "-f", str(modelfile))[0] == 0
+    code, _, err = ft(capsys, "run", "--local", "tiny-ctx64", " ".join(str(n) for n in range(150)), "--num-predict", "2")
+    assert code == 1 and "the context is 64" in err, err
+
+
 def test_history_is_kept_and_prefix_reused(tiny) -> None:
     from ftpull.run import Chat
 

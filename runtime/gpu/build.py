@@ -135,7 +135,8 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     options.setdefault("cuda_graphs", os.environ.get("FT_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no"))
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
-        footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+        footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,
+                                              context_length=registered.context_length)
     if cache_slots is None:
         if fit is None:
             overrides = PlanOverrides(vram_budget_bytes=vram_budget_bytes, num_ctx=num_ctx, device="gpu", force=True)

@@ -353,7 +353,8 @@ class ModelManager:
 
     def _plan(self, registered: RegisteredModel, num_ctx: int | None, num_thread: int | None) -> Plan:
         with registered.open_ftw() as reader:
-            footprint = ModelFootprint.from_index(reader.index, name=registered.name.display)
+            footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,
+                                                  context_length=registered.context_length)
         machine = self.machine()
         if num_thread is None:
             # Leave one core to the HTTP side: measured on 2 cores (BENCHMARKS.md), compute threads
