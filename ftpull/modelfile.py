@@ -295,6 +295,8 @@ def _field(where: str | None, line: int, instruction: str, value: str, quoted: b
             return "template", TEMPLATE_FROM_CHECKPOINT
         if instruction == "TEMPLATE" and not quoted:
             raise ValueError(f'TEMPLATE takes `checkpoint` or a quoted template, got {_show(value)}')
+        if instruction == "TEMPLATE":
+            _check_template(value)
         return instruction.lower(), value  # SYSTEM, LICENSE, DESCRIPTION, quoted TEMPLATE
     except ValueError as e:
         raise ModelfileError(where, line, str(e)) from None
@@ -444,3 +446,15 @@ def _recipe_lines(recipe: Recipe, base: Recipe | None) -> list[str]:
     if changed("context_length"):
         out.append(f"CONTEXT {recipe.context_length}")
     return out
+
+
+def _check_template(template: str) -> None:
+    """A TEMPLATE must compile here, not fail at every `ft run` later."""
+    from runtime.chat_template import ChatTemplateError, compile_template
+
+    try:
+        compile_template(template)
+    except ChatTemplateError as e:
+        go = re.search(r"\{\{-?\s*\.", template) is not None  # {{ .System }}: Ollama's Go templates
+        hint = "; templates are Jinja, as a checkpoint's chat_template is, not Go templates" if go else ""
+        raise ValueError(f"TEMPLATE: {e}{hint}") from None
