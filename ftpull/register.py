@@ -84,6 +84,7 @@ def summary(recipe: Recipe, index: Index, revision: str | None) -> dict:
     out = {k: c.get(k) for k in keys}
     out.update(format="ftw", ftw_version=index.version, source=recipe.source.uri(),
                description=recipe.description, parameters=dict(recipe.parameters), system=recipe.system,
+               license=recipe.license,
                context_length=recipe.context_length or c.get("context_length"))
     if revision:
         out["revision"] = revision

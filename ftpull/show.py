@@ -9,6 +9,8 @@ from registry import Store
 from registry.listing import ModelEntry
 from runtime.weights import MEDIA_FTW_SHARD, MEDIA_TEMPLATE, open_model
 
+from .modelfile import parse_modelfile
+
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -96,16 +98,18 @@ def describe(store: Store, name: str) -> dict[str, Any]:
         "custom_template": any(d.media_type == MEDIA_TEMPLATE for d in model.manifest.layers),
         "template": template,
         "parameters": c.get("parameters") or {},
-        "license": model.text("LICENSE") or _license_from_modelfile(model.text("Modelfile") or ""),
+        "license": c.get("license") or model.text("LICENSE") or _license_from_modelfile(model.text("Modelfile") or ""),
         "modelfile": model.text("Modelfile") or "",
     }
 
 
 def _license_from_modelfile(text: str) -> str | None:
-    for line in text.splitlines():
-        if line.upper().startswith("LICENSE "):
-            return line[8:].strip().strip('"')
-    return None
+    """The LICENSE of a stored Modelfile (models pulled before the summary kept it), as the
+    Modelfile parser reads it: quoted and \"\"\" blocks, and only the LICENSE instruction."""
+    try:
+        return parse_modelfile(text, name="stored").recipe().license
+    except ValueError:  # (ModelfileError among them)
+        return None
 
 
 def format_show(info: dict[str, Any]) -> str:

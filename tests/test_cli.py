@@ -84,6 +84,21 @@ def test_create_from_modelfile(home: Path, tmp_path: Path, capsys) -> None:
     assert "SYSTEM" in info["modelfile"]
 
 
+@pytest.mark.parametrize(("lines", "license"), [
+    ('LICENSE """MIT License\nCopyright (c) 2024 Someone"""', "MIT License\nCopyright (c) 2024 Someone"),
+    ('LICENSE "Llama 3 \\"Community\\" License"', 'Llama 3 "Community" License'),
+    ('SYSTEM """Be brief.\nLicense questions: ask legal."""\nLICENSE apache-2.0', "apache-2.0"),
+])
+def test_show_license_is_the_modelfiles(home: Path, tmp_path: Path, capsys, lines: str, license: str) -> None:
+    """A block, an escaped quote, a SYSTEM line that starts with "License": ft show --license gives
+    the LICENSE as the Modelfile says it (it re-read the stored Modelfile line by line)."""
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(f"FROM builtin://tiny\nFAMILY qwen3_moe\n{lines}\n")
+    assert ft(capsys, "create", "licensed", "-f", str(modelfile))[0] == 0
+    code, out, _ = ft(capsys, "show", "licensed", "--license")
+    assert code == 0 and out.strip() == license
+
+
 def test_create_malformed_modelfile(home: Path, tmp_path: Path, capsys) -> None:
     modelfile = tmp_path / "Modelfile"
     modelfile.write_text("FROM ./ckpt\nFAMILY mixtral\nPARAMETER temperature hot\n")
