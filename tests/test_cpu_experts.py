@@ -93,6 +93,15 @@ def test_matches_reference_qwen3_shape(kernels, dtype: str, scales: bool) -> Non
         assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
 
 
+def test_weights_of_another_shape_than_the_ids_are_refused(kernels) -> None:
+    """The kernel reads T x K weights: fewer would be read past (a guard after them showed up in out)."""
+    bank = random_bank("f32", NUM_EXPERTS, 64, 32, seed=2)
+    fast = CPUExpertExecutor({0: bank}, torch.float32, kernel=kernels["native"])
+    ids, weights = routing(2, seed=3)
+    with pytest.raises(ValueError, match=r"and weights \[2, 1\], expected"):
+        fast(0, torch.randn(2, 64), ids, weights[:, :1])
+
+
 def test_bf16_activations_round_once(kernels) -> None:
     bank = random_bank("bf16", NUM_EXPERTS, 256, 128, seed=11)
     fast = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"])

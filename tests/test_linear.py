@@ -50,6 +50,11 @@ def test_what_stays_on_f_linear(monkeypatch) -> None:
     x1 = torch.randn(1, 64)
     torch.testing.assert_close(linear(x1, strided), F.linear(x1, strided))
     assert calls == []
+    # no token, or an input of the wrong width: F.linear's answer or its error (the kernel read past x)
+    assert linear(torch.randn(0, 32), weight).shape == (0, 64)
+    with pytest.raises(RuntimeError):
+        linear(torch.randn(1, 16), weight)
+    assert calls == []
 
 
 @needs_kernel

@@ -228,8 +228,9 @@ class ExpertKernel:
     def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, threads: int) -> torch.Tensor:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H]; fp32 inside, x's dtype out."""
         num_tokens, top_k = expert_ids.shape
-        if x.shape != (num_tokens, self.hidden_size):
-            raise ValueError(f"x is {list(x.shape)}, expected [{num_tokens}, {self.hidden_size}]")
+        if x.shape != (num_tokens, self.hidden_size) or weights.shape != expert_ids.shape:
+            raise ValueError(f"x is {list(x.shape)} and weights {list(weights.shape)}, expected "
+                             f"[{num_tokens}, {self.hidden_size}] and [{num_tokens}, {top_k}] (the kernel reads them whole)")
         # the kernel reads raw CPU addresses: inputs from another device come over first
         xf = x.to("cpu", torch.float32).contiguous()
         ids = expert_ids.to("cpu", torch.int64).contiguous()
@@ -266,6 +267,7 @@ class ExpertKernel:
                 or x.dtype not in TORCH_NAMES or weights.dtype not in TORCH_NAMES
                 or expert_ids.dtype not in (torch.int64, torch.int32) or status.dtype != torch.int32
                 or inverse.dtype != torch.int32 or inverse.shape != expert_ids.shape
+                or weights.shape != expert_ids.shape
                 or not all(t.is_contiguous() and t.device.type == "cpu"
                            for t in (x, expert_ids, weights, status, inverse, out))):
             raise ValueError("the selected-pairs kernel takes contiguous host tensors: x [T, H] and weights [T, K] "

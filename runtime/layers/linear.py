@@ -23,7 +23,8 @@ DENSE_KERNEL_MIN_BYTES = 64 << 10
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [T, C]; the result in x's dtype."""
-    if (x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > DENSE_MAX_TOKENS or weight.dtype not in TORCH_NAMES
+    if (x.device.type != "cpu" or x.dim() != 2 or not 1 <= x.shape[0] <= DENSE_MAX_TOKENS
+            or x.shape[1] != weight.shape[-1] or weight.dtype not in TORCH_NAMES
             or weight.numel() * weight.element_size() < DENSE_KERNEL_MIN_BYTES or not weight.is_contiguous()):
         return F.linear(x, weight, bias)
     kernel = native_kernel()
