@@ -7,20 +7,20 @@ Downloads land in `$FT_HOME/downloads/...` so an interrupted pull resumes there.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from ftw import family_for_config, load_config
 from ftw.families import Family, normalized_config
 from ftw.safetensors_source import SafetensorsCheckpoint
-from registry import Store
+from registry import DEFAULT_TAG, Store
 
 from . import hub
 from .events import ByteCounter, PullEvent, Report
-from .modelfile import Recipe
+from .modelfile import Recipe, Source
 from .preflight import Footprint, Resources, footprint, refuse_unless_fits
-from .resolve import FAMILY_FROM_CONFIG, PullTarget
+from .resolve import FAMILY_FROM_CONFIG, HF_HOST, PullTarget
 
 SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -51,9 +51,36 @@ def fetch(target: PullTarget, store: Store, work: Path, force: bool, report: Rep
     if source.scheme == "local":
         return _local(target, Path(source.path or ""), store, force)
     assert source.repo_id is not None
-    if source.scheme == "gguf":
+    if source.scheme == "hf" and target.name.host == HF_HOST and target.name.tag != DEFAULT_TAG:
+        quant = _gguf_for_tag(source, target.name.tag)  # hf.co/org/repo:Q4_K_M, as Ollama reads it
+        if quant is not None:
+            gguf = Source("gguf", repo_id=source.repo_id, path=quant, revision=source.revision)
+            target = replace(target, recipe=replace(target.recipe, source=gguf))
+    if target.recipe.source.scheme == "gguf":
         return _remote_gguf(target, store, force, report)
     return _remote_safetensors(target, store, force, report)
+
+
+def _gguf_for_tag(source: Source, tag: str) -> str | None:
+    """The repository's .gguf file whose name holds `tag` as a whole word (`...-Q4_K_M.gguf`, the
+    first part of a split one), None where no file is named so and the repository holds a
+    Transformers checkpoint (the tag then only names the local copy); PullError where the
+    repository is GGUF only, or where several files match, with the quants it has."""
+    assert source.repo_id is not None
+    revision, sizes = hub.fetch_file_sizes(source.repo_id, source.revision)
+    ggufs = sorted(n for n in sizes if n.lower().endswith(".gguf"))
+    word = re.compile(rf"(?:^|[-_.]){re.escape(tag.lower())}(?:[-_.]|$)")
+    matches = sorted({n for n in ggufs if word.search(Path(SPLIT_GGUF.sub(r"\g<stem>.gguf", Path(n).name)).stem.lower())
+                      and (not SPLIT_GGUF.match(Path(n).name) or "-00001-of-" in n)})
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise PullError(f"{source.repo_id} has several .gguf files for {tag!r}: {', '.join(matches)}; pull one as "
+                        f"gguf://{source.repo_id}/FILE")
+    if ggufs and "config.json" not in sizes:
+        quants = ", ".join(Path(n).name for n in ggufs if not SPLIT_GGUF.match(Path(n).name) or "-00001-of-" in n)
+        raise PullError(f"{source.repo_id}@{revision[:12]} has no .gguf file for {tag!r}; it has {quants}")
+    return None
 
 
 def check_family(recipe: Recipe, config: dict[str, Any]) -> Family:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftpull.fetch import PullError
 from ftpull.hub import HubError
 from ftpull.preflight import FitError, Resources
 from ftpull.pull import pull
@@ -301,6 +302,25 @@ def test_pull_gguf_recipe_from_hub(fake_hub, store: Store, tmp_path: Path) -> No
     reader = model.open_ftw()
     assert reader.index.banks[0].part("w13").dtype == "q4_k"
     reader.verify()
+
+
+def test_an_hf_co_name_with_a_quant_tag_pulls_that_gguf_file(fake_hub, store: Store, tmp_path: Path) -> None:
+    """hf.co/org/repo:Q4_K_M, as Ollama reads it: the repository's .gguf file of that quant (the tag
+    named only the local copy, and a GGUF-only repository failed for want of a config.json)."""
+    from tests.test_ftw_gguf import tiny_qwen3_moe_tensors, write_gguf
+
+    repo = tmp_path / "gguf-repo"
+    repo.mkdir()
+    write_gguf(repo / "Tiny-MoE-Q4_K_M.gguf", tiny_qwen3_moe_tensors())
+    (repo / "Tiny-MoE-IQ4_K_M.gguf").write_bytes(b"a quant whose name holds the other's")
+    (repo / "Tiny-MoE-Q8_0.gguf").write_bytes(b"another quant, not needed")
+    fake_hub.add_repo("org/tiny-moe-gguf", repo)
+    result = pull("hf.co/org/tiny-moe-gguf:Q4_K_M", store)
+    assert str(result.name) == "hf.co/org/tiny-moe-gguf:Q4_K_M"
+    assert fake_hub.downloaded_files() == {"Tiny-MoE-Q4_K_M.gguf"}
+    assert open_model(store, result.name).open_ftw().index.banks[0].part("w13").dtype == "q4_k"
+    with pytest.raises(PullError, match=r"has no .gguf file for 'Q5_K_M'; it has Tiny-MoE-IQ4_K_M.gguf, "):
+        pull("hf.co/org/tiny-moe-gguf:Q5_K_M", store)
 
 
 def test_pull_local_gguf_file(store: Store, tmp_path: Path) -> None:
