@@ -81,14 +81,17 @@ class Session:
         self.tokens = list(prompt)
         return logits
 
-    def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None) -> Generation:
-        """Continue `prompt` until EOS, a stop string, max_tokens or the end of the context."""
+    def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None, *,
+                 keep_special_tokens: bool = False) -> Generation:
+        """Continue `prompt` until EOS, a stop string, max_tokens or the end of the context.
+        `keep_special_tokens`: the text keeps special tokens the model writes (a family's tool-call
+        markers are special tokens in some tokenizers: DeepSeek's, GLM's argument tags)."""
         if not prompt:
             raise EmptyPromptError("the prompt is empty: give some text (an empty chat still renders a template)")
         stats = GenerationStats()
         logits = self._prefill(prompt, stats)
         sampler = Sampler(params)
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=not keep_special_tokens)
         stops = StopStringMatcher(list(params.stop))
         limit = params.max_tokens if params.max_tokens and params.max_tokens > 0 else None
         out_tokens: list[int] = []

@@ -26,7 +26,7 @@ from runtime.tokenizer import Tokenizer
 from runtime.weights import RegisteredModel
 
 from . import models
-from .parsers import make_parser, opens_reasoning
+from .parsers import make_parser, opens_reasoning, syntax_for
 from .protocol import BadRequest, Done, Event, ServerError, ToolCallEvent
 from .scheduler import DEFAULT_KEEP_ALIVE_S, CancellableModel, GenerationCancelled, Job
 
@@ -188,7 +188,9 @@ class Runner:
                 saw_tool_call |= isinstance(event, ToolCallEvent)
                 job.emit(event)
 
-        result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)))
+        # a family whose output is parsed sees the special tokens it writes (its tags may be ones)
+        result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)),
+                                  keep_special_tokens=syntax_for(self.family) is not None)
         emit(parser.finish())
         stop_reason, stop_sequence = result.stop_reason, None
         if stop_reason == "stop" and result.stop_string is not None:  # a stop string, not EOS: the one that cut
