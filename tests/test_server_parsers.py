@@ -266,3 +266,23 @@ def test_tiny_model_template_round_trip():
     expected += [("tool", c["function"]["name"], c["function"]["arguments"]) for c in ASSISTANT["tool_calls"]]
     for pieces in splittings(turn, random_count=10):
         assert run("qwen3_moe", pieces) == expected
+
+
+WRITE_TOOL = [{"type": "function", "function": {"name": "write_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+WRITE_CALL = ("Writing it.\n<tool_call>\n<function=write_file>\n<parameter=path>\nmain.py\n</parameter>\n"
+              "<parameter=content>\nprint(1)\n</parameter>\n</function>\n</tool_call>")
+
+
+@pytest.mark.parametrize("cut", ["<parameter=content>", "<parameter=path>", "</tool_call>"])
+def test_a_tool_call_cut_off_by_max_tokens_is_text_not_a_call(cut: str) -> None:
+    """Output that ends at max_tokens inside a tool call: the call is missing arguments (or more),
+    so it is text; the same output ended by the model itself gives its call."""
+    text = WRITE_CALL[: WRITE_CALL.index(cut)]
+    parser = make_parser("qwen3_5_moe", WRITE_TOOL)
+    events = parser.feed(text) + parser.finish(truncated=True)
+    assert not any(isinstance(e, ToolCallEvent) for e in events)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)).strip() == text.strip()  # all of it, as text
+    parser = make_parser("qwen3_5_moe", WRITE_TOOL)
+    whole = parser.feed(WRITE_CALL) + parser.finish(truncated=True)  # complete before the cut: still a call
+    assert [e.name for e in whole if isinstance(e, ToolCallEvent)] == ["write_file"]

@@ -53,8 +53,9 @@ class OutputParser(ABC):
         """Events for `text`, the next piece of output; text that may start a tag is held back."""
 
     @abstractmethod
-    def finish(self) -> list[Event]:
-        """Events for whatever was held back, once the output has ended."""
+    def finish(self, truncated: bool = False) -> list[Event]:
+        """Events for whatever was held back, once the output has ended. `truncated`: it ended at
+        max_tokens or the context's end, so a tool call still open was cut off, and is text."""
 
 
 class PlainParser(OutputParser):
@@ -63,7 +64,7 @@ class PlainParser(OutputParser):
     def feed(self, text: str) -> list[Event]:
         return [TextDelta(text)] if text else []
 
-    def finish(self) -> list[Event]:
+    def finish(self, truncated: bool = False) -> list[Event]:
         return []
 
 
@@ -114,13 +115,13 @@ class TaggedParser(OutputParser):
             pass
         return self._take()
 
-    def finish(self) -> list[Event]:
+    def finish(self, truncated: bool = False) -> list[Event]:
         while True:
             while self._step():
                 pass
             if self.mode != _TOOL:
                 break
-            self._resolve_unterminated_tool()
+            self._resolve_unterminated_tool(truncated)
         if self.mode == _TEXT:
             self._run(self.buf, hold_ws=False)
             self._emit(TextDelta, self.pending_ws)
@@ -200,11 +201,12 @@ class TaggedParser(OutputParser):
         self.searched = max(self.searched, len(self.body) - len(end) + 1)
         return False
 
-    def _resolve_unterminated_tool(self) -> None:
-        """At the end of the output inside a tool section: its calls, or its text if it has none."""
+    def _resolve_unterminated_tool(self, truncated: bool) -> None:
+        """At the end of the output inside a tool section: its calls, or its text if it has none,
+        or if it was cut off before its end tag (a call missing its last arguments must not run)."""
         body, end = self.body + self.buf, self.syntax.tool_end
         self.body = self.buf = ""
-        calls = self._parse(body)
+        calls = None if truncated and end is not None else self._parse(body)
         if calls is not None:
             self._emit_calls(calls)
             self._enter(_TEXT)

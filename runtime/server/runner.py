@@ -191,11 +191,12 @@ class Runner:
         # a family whose output is parsed sees the special tokens it writes (its tags may be ones)
         result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)),
                                   keep_special_tokens=syntax_for(self.family) is not None)
-        emit(parser.finish())
+        cut_off = result.stop_reason in ("length", "context")
+        emit(parser.finish(truncated=cut_off))
         stop_reason, stop_sequence = result.stop_reason, None
         if stop_reason == "stop" and result.stop_string is not None:  # a stop string, not EOS: the one that cut
             stop_reason, stop_sequence = "stop_sequence", result.stop_string
-        if saw_tool_call:
+        if saw_tool_call:  # complete calls only: one cut off came out as text (parser.finish)
             stop_reason = "tool_calls"
         s = result.stats
         return Done(stop_reason=stop_reason, stop_sequence=stop_sequence,  # type: ignore[arg-type]
