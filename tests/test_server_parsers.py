@@ -286,3 +286,20 @@ def test_a_tool_call_cut_off_by_max_tokens_is_text_not_a_call(cut: str) -> None:
     parser = make_parser("qwen3_5_moe", WRITE_TOOL)
     whole = parser.feed(WRITE_CALL) + parser.finish(truncated=True)  # complete before the cut: still a call
     assert [e.name for e in whole if isinstance(e, ToolCallEvent)] == ["write_file"]
+
+
+def test_glms_bare_name_calls_are_glms_only() -> None:
+    """Prose about the tags ("wrap calls in <tool_call>search</tool_call>") from a Qwen model was
+    read as a GLM-style bare-name call of `search`; GLM's own families still read that shape."""
+    prose = "Wrap calls in <tool_call>search</tool_call> tags."
+    parser = make_parser("qwen3_moe", WRITE_TOOL)
+    events = parser.feed(prose) + parser.finish()
+    assert not any(isinstance(e, ToolCallEvent) for e in events)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)).replace(" ", "") == prose.replace(" ", "")
+    parser = make_parser("qwen3_moe", WRITE_TOOL)  # its own shapes are still calls
+    call = '<tool_call>\n{"name": "write_file", "arguments": {"path": "a"}}\n</tool_call>'
+    assert [e.name for e in parser.feed(call) + parser.finish() if isinstance(e, ToolCallEvent)] == ["write_file"]
+    parser = make_parser("glm_moe_dsa", WRITE_TOOL)
+    glm = "<tool_call>write_file<arg_key>path</arg_key><arg_value>a</arg_value></tool_call>"
+    assert [(e.name, e.arguments) for e in parser.feed(glm) + parser.finish()
+            if isinstance(e, ToolCallEvent)] == [("write_file", {"path": "a"})]

@@ -281,8 +281,8 @@ FORMATS: dict[str, str] = {
     "qwen3_5_moe": "parsers_tool_call",  # Qwen3.5: <tool_call><function=...> XML
     "qwen3_5": "parsers_tool_call",
     "tiny": "parsers_tool_call",
-    "glm4_moe": "parsers_tool_call",  # GLM-4.5: <tool_call>NAME<arg_key>..., same tag
-    "glm_moe_dsa": "parsers_tool_call",  # GLM-5
+    "glm4_moe": "parsers_glm",  # GLM-4.5: <tool_call>NAME<arg_key>..., same tag
+    "glm_moe_dsa": "parsers_glm",  # GLM-5
     "deepseek_v3": "parsers_deepseek",  # DeepSeek-V3/R1/V3.1
     "deepseek_v2": "parsers_deepseek",
     "mixtral": "parsers_mistral",

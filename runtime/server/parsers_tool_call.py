@@ -1,10 +1,12 @@
-"""`<tool_call>` ... `</tool_call>` with `<think>` reasoning: Qwen3, Qwen3.5, GLM-4.5/5, the tiny model.
+"""`<tool_call>` ... `</tool_call>` with `<think>` reasoning: Qwen3, Qwen3.5, the tiny model (and,
+through parsers_glm.py, GLM-4.5/5).
 
 The body of one call comes in three shapes, told apart by how it starts:
 
 - JSON (Qwen3, Hermes, the tiny model): `{"name": "f", "arguments": {"x": 1}}`
 - XML (Qwen3.5, Qwen3-Coder): `<function=f>\n<parameter=x>\n1\n</parameter>\n</function>`
-- GLM: `f\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>` (GLM-5 without the newlines)
+- GLM: `f\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>` (GLM-5 without the newlines), GLM's
+  families only: in a Qwen model's prose, "<tool_call>search</tool_call>" is no call of `search`
 
 The XML and GLM templates write string values as they are and anything else as JSON, so a value
 is a string when the tool's schema says so, otherwise JSON when it parses, otherwise a string.
@@ -26,11 +28,20 @@ _NAME = re.compile(r"[^\s<>{}\"']+")
 
 
 def parse_tool_call(body: str, schemas: Schemas) -> list[ParsedCall]:
+    """A JSON or XML call (Qwen3, Qwen3.5)."""
     text = body.strip()
     if text.startswith("{"):
         return [json_call(text)]
     if text.startswith("<function="):
         return [_xml_call(text, schemas)]
+    raise ValueError("a tool call is a JSON object or a <function=...> block")
+
+
+def parse_glm_tool_call(body: str, schemas: Schemas) -> list[ParsedCall]:
+    """A GLM call, or a JSON or XML one (GLM-4.5/5)."""
+    text = body.strip()
+    if text.startswith(("{", "<function=")):
+        return parse_tool_call(text, schemas)
     return [_glm_call(text, schemas)]
 
 
