@@ -142,7 +142,7 @@ CASES = {
         [("text", 'Try:\n<tool_call>\n{"name": "f", "arguments": {"x": }\n</tool_call>')]),
     "malformed call, then a good one": (
         "qwen3_moe", '<tool_call>{oops}</tool_call> then <tool_call>{"name": "get_time", "arguments": {}}</tool_call> end',
-        {}, [("text", "<tool_call>{oops}</tool_call> then"), TIME, ("text", "end")]),
+        {}, [("text", "<tool_call>{oops}</tool_call> then"), TIME, ("text", " end")]),  # (its space kept)
     "truncated call stays text": (
         "qwen3_moe", 'A\n<tool_call>\n{"name": "f", "argu', {}, [("text", 'A\n<tool_call>\n{"name": "f", "argu')]),
     "a complete call without its end tag": (
@@ -303,3 +303,16 @@ def test_glms_bare_name_calls_are_glms_only() -> None:
     glm = "<tool_call>write_file<arg_key>path</arg_key><arg_value>a</arg_value></tool_call>"
     assert [(e.name, e.arguments) for e in parser.feed(glm) + parser.finish()
             if isinstance(e, ToolCallEvent)] == [("write_file", {"path": "a"})]
+
+
+def test_text_on_both_sides_of_a_call_keeps_what_separated_it() -> None:
+    """OpenAI's and Ollama's content joins the text runs around a call: "Let me look." and
+    "Done." came out as "Let me look.Done."; the whitespace after the call now separates them
+    (and a call with no text before it still drops it)."""
+    parser = make_parser("qwen3_moe", True)
+    call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    events = parser.feed(f"Let me look.\n{call}\nDone.") + parser.finish()
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Let me look.\nDone."
+    parser = make_parser("qwen3_moe", True)
+    events = parser.feed(f"{call}\n") + parser.finish()
+    assert not [e for e in events if isinstance(e, TextDelta)]

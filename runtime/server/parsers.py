@@ -105,6 +105,9 @@ class TaggedParser(OutputParser):
         self.strip_leading = in_reasoning  # drop whitespace that opens the current run
         self.pending_ws = ""  # trailing whitespace of the current run, held until we know what follows
         self.ws_before_tool = ""  # whitespace dropped before a tool section, restored if it is not one
+        self.leading_ws = ""  # whitespace that opened the current run (dropped, unless it separates text)
+        self.text_around_call = False  # text, then a tool call: text after it keeps its separating whitespace
+        self.wrote_text = False
         self.out: list[Event] = []
 
     # -- public interface --
@@ -179,7 +182,7 @@ class TaggedParser(OutputParser):
 
     def _enter(self, mode: str) -> None:
         self.mode = mode
-        self.pending_ws = ""
+        self.pending_ws = self.leading_ws = ""
         self.strip_leading = True
         self.can_open_reasoning = False  # reasoning comes first or not at all
 
@@ -232,10 +235,15 @@ class TaggedParser(OutputParser):
     def _run(self, text: str, hold_ws: bool) -> None:
         """Append `text` to the current text or reasoning run, holding trailing whitespace if asked."""
         if self.strip_leading:
-            text = text.lstrip()
+            stripped = text.lstrip()
+            self.leading_ws += text[: len(text) - len(stripped)]
+            text = stripped
             if not text:
                 return
             self.strip_leading = False
+            if self.mode == _TEXT and self.text_around_call:  # "Let me look.\n<call>\nDone." stays two lines
+                text = self.leading_ws + text
+            self.leading_ws = ""
         if not text:
             return
         kind = ReasoningDelta if self.mode == _REASONING else TextDelta
@@ -251,12 +259,14 @@ class TaggedParser(OutputParser):
     def _emit(self, kind: type[TextDelta] | type[ReasoningDelta], text: str) -> None:
         if not text:
             return
+        self.wrote_text = self.wrote_text or kind is TextDelta
         if self.out and type(self.out[-1]) is kind:
             self.out[-1] = kind(self.out[-1].text + text)  # type: ignore[union-attr]
         else:
             self.out.append(kind(text))
 
     def _emit_calls(self, calls: list[ParsedCall]) -> None:
+        self.text_around_call = self.text_around_call or self.wrote_text
         self.out.extend(ToolCallEvent(new_tool_call_id(), name, arguments) for name, arguments in calls)
 
     def _take(self) -> list[Event]:
