@@ -316,3 +316,15 @@ def test_text_on_both_sides_of_a_call_keeps_what_separated_it() -> None:
     parser = make_parser("qwen3_moe", True)
     events = parser.feed(f"{call}\n") + parser.finish()
     assert not [e for e in events if isinstance(e, TextDelta)]
+
+
+@pytest.mark.parametrize(("family", "stray"), [("qwen3_moe", "I emit <tool_call> blocks. "),
+                                                ("deepseek_v3", f"see {CALLS_BEGIN} here. ")])
+def test_a_stray_start_tag_does_not_swallow_the_call_after_it(family: str, stray: str) -> None:
+    """A start tag in prose opened a section that only ended at the real call's end tag, and
+    the whole of it, the real call included, came out as text."""
+    call = ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>' if family == "qwen3_moe"
+            else f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}get_time\n```json\n{{}}\n```{CALL_END}{CALLS_END}")
+    for pieces in splittings(stray + call, random_count=10):
+        events = run(family, pieces)
+        assert events == [("text", stray), ("tool", "get_time", {})], events

@@ -201,8 +201,23 @@ class TaggedParser(OutputParser):
                 self.body = ""
                 self._enter(_TEXT)
                 return True
+            inner = self.body.rfind(self.syntax.tool_start, 0, at)  # type: ignore[arg-type]
+            if inner >= 0:  # the section's start tag was text ("I emit <tool_call> blocks."): restart at this one
+                self._stray_start(inner)
+                return True
         self.searched = max(self.searched, len(self.body) - len(end) + 1)
         return False
+
+    def _stray_start(self, inner: int) -> None:
+        """The open section's start tag, and its body up to the start tag at `inner`, are text; a
+        section opens at that one."""
+        start = self.syntax.tool_start
+        assert start is not None
+        self.mode, self.strip_leading = _TEXT, False
+        self._emit(TextDelta, self.pending_ws + self.ws_before_tool + start + self.body[:inner])
+        self.pending_ws = self.ws_before_tool = ""
+        self.body, self.searched = self.body[inner + len(start):], 0
+        self._enter(_TOOL)
 
     def _resolve_unterminated_tool(self, truncated: bool) -> None:
         """At the end of the output inside a tool section: its calls, or its text if it has none,
