@@ -214,10 +214,12 @@ class TaggedParser(OutputParser):
         start = self.syntax.tool_start
         assert start is not None
         self.mode, self.strip_leading = _TEXT, False
-        self._emit(TextDelta, self.pending_ws + self.ws_before_tool + start + self.body[:inner])
-        self.pending_ws = self.ws_before_tool = ""
-        self.body, self.searched = self.body[inner + len(start):], 0
+        text = self.pending_ws + self.ws_before_tool + start + self.body[:inner]
+        core = text.rstrip()  # whitespace before a tool section is dropped, as anywhere
+        self._emit(TextDelta, core)
+        body = self.body[inner + len(start):]
         self._enter(_TOOL)
+        self.ws_before_tool, self.body, self.searched = text[len(core):], body, 0
 
     def _resolve_unterminated_tool(self, truncated: bool) -> None:
         """At the end of the output inside a tool section: its calls, or its text if it has none,
