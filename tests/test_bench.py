@@ -43,6 +43,9 @@ def test_every_policy_has_sane_numbers(report: dict) -> None:
         assert r["roofline_tok_s"] is None or r["roofline_tok_s"] > 0
         if r["roofline_tok_s"]:  # reading nothing ahead can only be slower
             assert 0 < r["serial_roofline_tok_s"] <= r["roofline_tok_s"]
+            # the hardware's ceilings bound the runtime's own rates: its roofline is the higher
+            assert r["runtime_roofline_tok_s"] <= r["roofline_tok_s"] * (1 + 1e-9)
+            assert r["fraction_of_roofline"] <= r["fraction_of_runtime_roofline"] * (1 + 1e-9)
     p = report["policies"]
     assert p["offload"]["stats"]["cpu_experts"] == 0 and p["cpu"]["stats"]["pcie_experts"] == 0
     assert p["cpu"]["hit_rate"] == 0 and p["static"]["stats"]["pcie_experts"] == 0
@@ -225,3 +228,30 @@ def test_the_rooflines_overlap_pcie_and_device_memory_or_add_them() -> None:
     # the CPU alone: its alone rate
     cpu_only = {"pcie_bytes": 0.0, "cpu_bytes": 1e9, "hit_bytes": 0.0}
     assert roofline(cpu_only, profile, 4000.0) == pytest.approx(25.0)
+
+
+def test_the_roofline_takes_each_sides_rate_up_to_its_ceiling_never_down() -> None:
+    """The profile holds what the runtime's kernels reach; the roofline's rates are raised to
+    what the machine allows (a pinned copy, a host memory read), the profile's contention kept."""
+    from runtime.bench.ceilings import ceiling_profile
+    from runtime.gpu import BandwidthProfile
+
+    profile = BandwidthProfile(40.0, 30.0, 0.1, 0.1, pcie_alone_gbps=48.0, cpu_alone_gbps=60.0)
+    raised = ceiling_profile(profile, link=55.0, host_read=50.0)
+    assert raised.pcie_alone_gbps == 55.0 and raised.pcie_gbps == pytest.approx(40.0 * 55.0 / 48.0)
+    assert raised.cpu_alone_gbps == 60.0 and raised.cpu_gbps == 30.0  # the kernel beat the read: kept
+
+
+def test_the_synthetic_prompt_and_its_decode_are_one_request() -> None:
+    """The calibrated router draws a new context (its eligible experts) every `context_tokens`:
+    a 128-token prompt and its decode were two requests, and half the decode's reads missed what
+    the prompt had warmed (0.50 against 1.00 in one request)."""
+    import numpy as np
+
+    from runtime.bench.moe import SHAPES, BenchConfig, make_routing
+
+    cfg = BenchConfig(shape="qwen3-30b-a3b", prompt_tokens=128, tokens=64, seed=1)
+    prompt, decode, _, _ = make_routing(SHAPES[cfg.shape], cfg, 8)
+    used = [set(np.unique(prompt[:, layer])) for layer in range(8)]
+    reads = [(layer, int(e)) for t in range(len(decode)) for layer in range(8) for e in decode[t, layer]]
+    assert sum(e in used[layer] for layer, e in reads) / len(reads) > 0.9

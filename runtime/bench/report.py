@@ -31,13 +31,16 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"profile: PCIe {pr['pcie_gbps']:.1f} GB/s (alone {pr['pcie_alone_gbps']:.1f}), CPU {pr['cpu_gbps']:.1f} "
                  f"GB/s (alone {pr['cpu_alone_gbps']:.1f}), fixed {pr['pcie_fixed_ms']:.3f}/{pr['cpu_fixed_ms']:.3f} ms "
                  f"[{pr['source']}]; device memory {report['hbm_gbps']:.0f} GB/s")
+    ce = report["ceilings"]
+    lines.append(f"ceilings (the roofline's): PCIe {ce['pcie_gbps']:.1f} GB/s (pinned copies of expert records), "
+                 f"host memory read {ce['host_read_gbps']:.1f} GB/s; 'runtime' = the roofline of the profile's rates")
     repeat = report["config"].get("pcie_repeat", 1)
     if repeat > 1:
         lines.append(f"link: emulated at 1/{repeat} of this host's PCIe (every copy over it made {repeat} times; the "
                      "profile and roofline above are of the emulated link)")
     lines.append(f"scope: {report['scope']}")
     lines.append("")
-    lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'serial':>8} {'hit':>6} {'miss':>6} "
+    lines.append(f"{'policy':<18} {'tok/s':>8} {'roofline':>9} {'frac':>6} {'runtime':>8} {'serial':>8} {'hit':>6} {'miss':>6} "
                  f"{'PCIe MB/t':>10} {'CPU MB/t':>9}  resident")
     for policy, r in report["policies"].items():
         if "error" in r:
@@ -45,8 +48,10 @@ def format_report(report: dict[str, Any]) -> str:
             continue
         roof = f"{r['roofline_tok_s']:.1f}" if r["roofline_tok_s"] else "inf"
         frac = f"{r['fraction_of_roofline']:.2f}" if r["fraction_of_roofline"] else "-"
+        runtime = f"{r['fraction_of_runtime_roofline']:.2f}" if r.get("fraction_of_runtime_roofline") else "-"
         serial = f"{r['serial_roofline_tok_s']:.1f}" if r.get("serial_roofline_tok_s") else "inf"
-        lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {serial:>8} {100 * r['hit_rate']:>5.1f}% "
+        lines.append(f"{policy:<18} {r['decode_tok_s']:>8.2f} {roof:>9} {frac:>6} {runtime:>8} {serial:>8} "
+                     f"{100 * r['hit_rate']:>5.1f}% "
                      f"{100 * r['miss_rate']:>5.1f}% {r['pcie_mb_per_token']:>10.1f} {r['cpu_mb_per_token']:>9.1f}  "
                      f"{r['resident_layers'] or ''}")
     steps = {policy: r for policy, r in report["policies"].items() if r.get("steps_ms") and r.get("host_queue_ms")}
