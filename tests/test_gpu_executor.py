@@ -814,6 +814,20 @@ def test_prefill_placement_places_the_hottest_experts() -> None:
     assert s.pcie_experts == 0 and s.cpu_experts >= 1  # decode never fills: expert 15 runs on the CPU
 
 
+def test_prefill_placement_fills_a_quota_the_prompt_leaves_short() -> None:
+    """A prompt that routes to fewer experts than a layer's share: the rest of the share is the
+    layer's other experts, lowest id first (the whole bank was streamed anyway), no slot empty."""
+    banks = make_banks(layers=(1, 2))
+    ex = hybrid(banks, "prefill_placement", slots=20)  # quotas: 10 slots a layer
+    gen = torch.Generator().manual_seed(6)
+    for layer in (1, 2):
+        ids = torch.stack([torch.randperm(6, generator=gen)[:K] + 8 for _ in range(20)])  # experts 8-13
+        ex(layer, torch.randn(20, H, generator=gen), ids, torch.rand(20, K, generator=gen))
+        held = sorted(divmod(int(k), E)[1] for k in ex.cache.owner if k >= 0 and divmod(int(k), E)[0] == layer)
+        assert held == [0, 1, 2, 3, 8, 9, 10, 11, 12, 13]
+    assert ex.cache.num_cached == 20
+
+
 def test_streamer_refreshes_a_skipped_expert_evicted_after_prefetch() -> None:
     banks = make_banks()
     cache = ExpertCache(4, banks[1].layout.expert_stride, "cpu", num_layers=4, num_experts=E)

@@ -14,7 +14,8 @@ The cache after a prefill (documented choice, per placement):
   every layer are touched or inserted (copied device to device from the buffer, no PCIe), the
   most recent entries; nothing else changes.
 - "hot" (mode prefill_placement): each layer gets an equal share of the slots, filled with the
-  experts the prompt routed to most (ties: lower id); the layer's other entries are dropped.
+  experts the prompt routed to most (ties: lower id), then, where the prompt routed to fewer,
+  with the layer's others (lower id first); the layer's other entries are dropped.
 - "none" (modes static, cpu): the cache is left as it was.
 """
 
@@ -232,7 +233,10 @@ class StreamingPrefill:
         index = self.layer_index[loaded.layer]
         quota = num_slots // num_layers + (1 if index < num_slots % num_layers else 0)
         counts = torch.bincount(expert_ids.reshape(-1), minlength=self.banks[loaded.layer].num_experts).tolist()
-        hot = sorted((e for e, c in enumerate(counts) if c > 0), key=lambda e: (-counts[e], e))[:quota]
+        # the prompt's experts by count, then, so that no slot of the quota stays empty, the others
+        # lowest id first (the whole bank was streamed: they cost no more PCIe; the trace
+        # simulator's placement fills every slot too)
+        hot = sorted(range(len(counts)), key=lambda e: (-counts[e], e))[:quota]
         layer_keys = range(self.cache.key(loaded.layer, 0), self.cache.key(loaded.layer + 1, 0))
         held = [k for k, s in zip(layer_keys, self.cache.lookup(list(layer_keys)), strict=True) if s >= 0]
         wanted = {self.cache.key(loaded.layer, e) for e in hot}
