@@ -255,3 +255,15 @@ def test_the_synthetic_prompt_and_its_decode_are_one_request() -> None:
     used = [set(np.unique(prompt[:, layer])) for layer in range(8)]
     reads = [(layer, int(e)) for t in range(len(decode)) for layer in range(8) for e in decode[t, layer]]
     assert sum(e in used[layer] for layer, e in reads) / len(reads) > 0.9
+
+
+def test_rounds_report_the_median_run_and_its_own_counters() -> None:
+    """With rounds, tok/s is the median run's (the slower of the middle two) and the counters are
+    that run's: for auto, whose guard chooses by timing, runs differ, and the fraction of the
+    roofline mixed one run's tok/s with another's bytes."""
+    from runtime.bench.moe import BenchConfig, run_bench
+
+    report = run_bench(BenchConfig(shape="tiny", device="cpu", tokens=6, prompt_tokens=8, prefill=(),
+                                   policies=("offload",), threads=1, reps=2))
+    r = report["policies"]["offload"]
+    assert len(r["runs_s"]) == 2 and r["decode_tok_s"] == pytest.approx(6 / max(r["runs_s"]))
