@@ -126,7 +126,10 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
     elif modelfile:
         click.echo(info["modelfile"], nl=False)
     elif parameters:
-        click.echo("\n".join(f"{k} {v}" for k, v in info["parameters"].items()))
+        # as Ollama prints them: one line per value (a list, such as stop, is several), strings quoted
+        click.echo("\n".join(f"{k:<30} {json.dumps(v, ensure_ascii=False) if isinstance(v, str) else v}"
+                             for k, values in info["parameters"].items()
+                             for v in (values if isinstance(values, list) else [values])))
     elif template:
         click.echo(info["template"] or "(no chat template)")
     elif license_:

@@ -99,6 +99,15 @@ def test_show_license_is_the_modelfiles(home: Path, tmp_path: Path, capsys, line
     assert code == 0 and out.strip() == license
 
 
+def test_show_parameters_prints_a_line_a_value(home: Path, tmp_path: Path, capsys) -> None:
+    """As Ollama: a list parameter (stop) is a line a value, strings quoted (it printed a Python list)."""
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text('FROM builtin://tiny\nFAMILY qwen3_moe\nPARAMETER stop "<|im_end|>"\nPARAMETER stop "</s>"\n')
+    assert ft(capsys, "create", "stops", "-f", str(modelfile))[0] == 0
+    code, out, _ = ft(capsys, "show", "stops", "--parameters")
+    assert code == 0 and [line.split() for line in out.splitlines()] == [["stop", '"<|im_end|>"'], ["stop", '"</s>"']]
+
+
 def test_create_malformed_modelfile(home: Path, tmp_path: Path, capsys) -> None:
     modelfile = tmp_path / "Modelfile"
     modelfile.write_text("FROM ./ckpt\nFAMILY mixtral\nPARAMETER temperature hot\n")
