@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import sys
 from pathlib import Path
 from typing import Any
@@ -260,6 +261,9 @@ def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) ->
 
     if not text and not sys.stdin.isatty():
         text = sys.stdin.read()
+    elif text:
+        piped = _piped_stdin()
+        text = f"{piped} {text}" if piped.strip() else text  # as Ollama: what was piped, then the prompt
     if not text:
         run_mod.repl(chat, verbose, load_seconds)
         return
@@ -269,6 +273,19 @@ def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) ->
     sys.stdout.write("\n")
     if verbose:
         click.echo("\n".join(run_mod.stats_lines(result, load_seconds)), err=True)
+
+
+def _piped_stdin() -> str:
+    """What a pipe or file on stdin holds, where there is one and it has something now: beside a
+    prompt, stdin is read only if that cannot wait (a terminal, or an open pipe that sends
+    nothing, as a CI runner's may be, would hang `ft run MODEL "prompt"`)."""
+    try:
+        if sys.stdin.isatty():
+            return ""
+        ready, _, _ = select.select([sys.stdin], [], [], 0)
+    except (OSError, ValueError):  # no file descriptor (a test's stdin): nothing piped
+        return ""
+    return sys.stdin.read() if ready else ""
 
 
 def _run_on_server(client: Client, name: str, text: str, options: dict[str, object], verbose: bool) -> None:

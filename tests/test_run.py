@@ -57,6 +57,29 @@ def test_prompt_from_stdin_and_repl(home: Path) -> None:
     assert piped.returncode == 0 and piped.stdout.strip() and "eval count:           8 token(s)" in piped.stderr
 
 
+def test_piped_stdin_goes_before_a_prompt_and_a_silent_pipe_is_not_waited_for(home: Path) -> None:
+    """`cat file | ft run MODEL "Summarize:"` answers the file and the prompt, as Ollama does (the
+    piped text was dropped); an open pipe that sends nothing (a CI runner's stdin) does not hang it."""
+    env = {**os.environ, "FT_HOME": str(home)}
+    cmd = [sys.executable, "-m", "ftpull", "run", "tiny", "Summarize:", "--num-predict", "2", "--verbose", "--local"]
+
+    def prompt_tokens(stderr: str) -> int:
+        line = next(x for x in stderr.splitlines() if x.startswith("prompt eval count:"))
+        return int(line.split(":")[1].split()[0])
+
+    alone = subprocess.run(cmd, stdin=subprocess.DEVNULL, env=env, capture_output=True, text=True, timeout=120)
+    piped = subprocess.run(cmd, input="The sky is blue. " * 40, env=env, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0 and piped.returncode == 0, piped.stderr
+    assert prompt_tokens(piped.stderr) > prompt_tokens(alone.stderr) + 40
+    silent = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert silent.wait(timeout=120) == 0  # its stdin open and silent all along
+    finally:
+        silent.stdin.close()
+        if silent.poll() is None:
+            silent.kill()
+
+
 def test_repl_commands(tiny, monkeypatch, capsys) -> None:
     from ftpull.run import Chat, repl
 
