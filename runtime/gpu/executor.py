@@ -37,9 +37,9 @@ from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
 from .executor_stats import DeviceCounts, ExpertStats
-from .executor_steps import MAX_KERNEL_PAIRS, WholeStepCalls
+from .executor_steps import WholeStepCalls
 from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
-from .kernels import RoutePlan, route_plan_ref
+from .kernels import MAX_KERNEL_PAIRS, RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import CachePrefill, StreamingPrefill
 from .profile import BandwidthProfile

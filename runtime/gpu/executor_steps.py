@@ -14,9 +14,8 @@ from collections.abc import Hashable, Iterator
 
 import torch
 
+from .kernels import MAX_KERNEL_PAIRS
 from .step_graphs import CaptureLater, StepCapture, StepNotCapturable
-
-MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the route-plan kernel takes in one call
 
 
 class WholeStepCalls:

@@ -5,6 +5,6 @@ module (`from runtime.gpu.kernels.route_plan import route_plan`), so that instal
 triton can still use the references and the plan types.
 """
 
-from .route_plan_ref import CPU, HIT, NUM_UNIQUE, PCIE, RoutePlan, route_plan_ref
+from .route_plan_ref import CPU, HIT, MAX_KERNEL_PAIRS, NUM_UNIQUE, PCIE, RoutePlan, route_plan_ref
 
-__all__ = ["CPU", "HIT", "NUM_UNIQUE", "PCIE", "RoutePlan", "route_plan_ref"]
+__all__ = ["CPU", "HIT", "MAX_KERNEL_PAIRS", "NUM_UNIQUE", "PCIE", "RoutePlan", "route_plan_ref"]

@@ -33,6 +33,7 @@ import torch
 
 HIT, PCIE, CPU = 0, 1, 2  # status codes; also the indices of their counts in RoutePlan.counts
 NUM_UNIQUE = 3  # index of the unique-expert count in RoutePlan.counts
+MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the Triton kernel takes in one call (it holds them all in registers)
 
 SLOT_BITS = 21  # the kernel's packed key is last_used * 2**SLOT_BITS + slot
 MAX_SLOTS = 1 << SLOT_BITS
