@@ -174,10 +174,10 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
     checked (`config_int`): a config is untrusted input."""
     c = family.text_config(config)
 
-    def need(*keys: str, low: int = 1) -> int:
+    def need(*keys: str, high: int | None = None) -> int:
         for key in keys:
             if c.get(key) is not None:
-                return config_int(key, c[key], low=low)
+                return config_int(key, c[key], high=high)
         raise SourceError(f"config.json of this {family.name} model lacks {' or '.join(map(repr, keys))}")
 
     def optional(key: str, default: int, low: int = 1, high: int | None = None) -> int:
@@ -188,7 +188,7 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
     hidden = need("hidden_size")
     num_experts = need(*family.num_experts_keys)
     for key, low in (("decoder_sparse_step", 1), ("first_k_dense_replace", 0), ("moe_layer_freq", 1)):
-        optional(key, 0, low=low, high=num_layers)
+        optional(key, 0, low=low, high=num_layers)  # checked only: the family's moe_layers reads them
     try:
         moe_layers = family.moe_layers({**c, "num_hidden_layers": num_layers})
         shared = family.num_shared_experts(c)
@@ -207,8 +207,7 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
         "num_key_value_heads": optional("num_key_value_heads", heads, high=heads),
         "head_dim": optional("head_dim", hidden // heads),
         "num_experts": num_experts,
-        "num_experts_per_tok": need("num_experts_per_tok") if c.get("num_experts_per_tok") is None
-        else config_int("num_experts_per_tok", c["num_experts_per_tok"], high=num_experts),
+        "num_experts_per_tok": need("num_experts_per_tok", high=num_experts),
         "moe_intermediate_size": need(family.intermediate_key),
         "num_shared_experts": config_int("n_shared_experts", shared, low=0, high=1 << 10),
         "moe_layers": moe_layers,
