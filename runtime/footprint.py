@@ -33,11 +33,20 @@ def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compu
     """Bytes one dense tensor takes once loaded (runtime/loader.py): block quants and scaled FP8
     dequantized to the compute dtype, 16-bit floats cast to it, float32 kept (the routers a
     family keeps in float32 are; the rest are cast: an upper bound), anything else as stored."""
-    if dtype in BLOCK_DTYPES or scaled:
-        return numel * compute
-    if dtype in ("f16", "bf16"):
+    if dtype in BLOCK_DTYPES or scaled or dtype in ("f16", "bf16"):
         return numel * compute
     return nbytes
+
+
+def _held_dense_total(tensors: dict[str, tuple[str, int, int]], compute: int) -> int:
+    """`held_dense_bytes` over every dense tensor (name -> dtype, nbytes, numel): an FP8 weight's
+    `_scale_inv` is folded into it, and not counted."""
+    def scale_of(name: str) -> bool:
+        return name.endswith("_scale_inv") and name[: -len("_scale_inv")] in tensors
+
+    return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute,
+                                scaled=name.endswith(".weight") and name + "_scale_inv" in tensors)
+               for name, (dtype, nbytes, numel) in tensors.items() if not scale_of(name))
 
 
 def size(n: float) -> str:
@@ -159,6 +168,11 @@ class ModelFootprint:
         return self.num_moe_layers * self.num_experts
 
     @property
+    def bank_bytes(self) -> int:
+        """One MoE layer's experts (the largest bank's size bound): what a prefill buffer holds."""
+        return self.num_experts * self.expert_stride_bytes
+
+    @property
     def min_cache_slots(self) -> int:
         """One token's experts: below this a global LRU evicts what the next layer needs."""
         return self.num_moe_layers * self.num_experts_per_tok
@@ -171,11 +185,8 @@ class ModelFootprint:
         text = family.text_config(index.source_config) if family else index.source_config
         embed = [t.dtype for t in index.tensors if t.name.endswith(EMBEDDINGS)]
         dtype = embed[0] if embed else str(c.get("dtype") or "bf16")
-        names = {t.name for t in index.tensors}
-        dense = sum(held_dense_bytes(t.dtype, t.nbytes, math.prod(t.shape), compute=compute_bytes(dtype),
-                                     scaled=t.name.endswith(".weight") and t.name + "_scale_inv" in names)
-                    for t in index.tensors
-                    if not (t.name.endswith("_scale_inv") and t.name[: -len("_scale_inv")] in names))  # folded
+        dense = _held_dense_total({t.name: (t.dtype, t.nbytes, math.prod(t.shape)) for t in index.tensors},
+                                  compute_bytes(dtype))
         return ModelFootprint(
             name=name or index.family, source="ftw", family=index.family, dtype=dtype,
             dense_bytes=dense,
@@ -216,10 +227,8 @@ class ModelFootprint:
                 parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes
         strides = [align_up(sum(align_up(n, PART_ALIGNMENT) for n in p.values())) for p in parts.values()]
         dtype = embed or (max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "bf16")
-        held = sum(held_dense_bytes(d, n, n // ELEMENT_BYTES.get(d, 1), compute=compute_bytes(dtype),
-                                    scaled=t.endswith(".weight") and t + "_scale_inv" in dense)
-                   for t, (d, n) in dense.items()
-                   if not (t.endswith("_scale_inv") and t[: -len("_scale_inv")] in dense))  # folded
+        held = _held_dense_total({t: (d, n, n // ELEMENT_BYTES.get(d, 1)) for t, (d, n) in dense.items()},
+                                 compute_bytes(dtype))
         return ModelFootprint(
             name=name or family.name, source="checkpoint", family=family.name, dtype=dtype, dense_bytes=held,
             expert_pool_bytes=sum(strides) * c["num_experts"], expert_stride_bytes=max(strides, default=0),

@@ -339,7 +339,7 @@ def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tupl
     else one, else none (a long prompt's experts then stream through the cache itself).
     So where the VRAM first holds a buffer beside that floor, the cache gives up to a bank's
     slots for it. Never more slots than experts."""
-    stride, bank = fp.expert_stride_bytes, fp.num_experts * fp.expert_stride_bytes
+    stride, bank = fp.expert_stride_bytes, fp.bank_bytes
     for buffers in range(PREFILL_BUFFERS, -1, -1):
         slots = max(0, room - buffers * bank) // stride
         if buffers == 0 or slots >= fp.min_cache_slots:
@@ -396,6 +396,6 @@ def _plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, cpu_reason: st
         workspace_bytes=workspace, kv_bytes=fp.kv.bytes_for(context), kv_bytes_per_token=fp.kv.bytes_per_token,
         kv_formula=fp.kv.formula, context_length=context, model_context_length=fp.context_length,
         max_kv_tokens=max_kv, slot_bytes=fp.expert_stride_bytes, cache_slots=slots,
-        prefill_buffers=prefill_buffers, prefill_buffer_bytes=prefill_buffers * fp.num_experts * fp.expert_stride_bytes,
+        prefill_buffers=prefill_buffers, prefill_buffer_bytes=prefill_buffers * fp.bank_bytes,
         min_cache_slots=fp.min_cache_slots, num_expert_records=fp.num_expert_records,
         num_threads=_threads(machine, o, on_gpu, log), num_physical_cores=machine.num_physical_cores)
