@@ -68,18 +68,21 @@ def _gguf_for_tag(source: Source, tag: str) -> str | None:
     repository is GGUF only, or where several files match, with the quants it has."""
     assert source.repo_id is not None
     revision, sizes = hub.fetch_file_sizes(source.repo_id, source.revision)
-    ggufs = sorted(n for n in sizes if n.lower().endswith(".gguf"))
+    models = {}  # each GGUF model's (first) file -> its name without the split suffix
+    for name in sorted(n for n in sizes if n.lower().endswith(".gguf")):
+        split = SPLIT_GGUF.match(Path(name).name)
+        if split is None or split["part"] == "00001":
+            models[name] = split["stem"] if split else Path(name).stem
     word = re.compile(rf"(?:^|[-_.]){re.escape(tag.lower())}(?:[-_.]|$)")
-    matches = sorted({n for n in ggufs if word.search(Path(SPLIT_GGUF.sub(r"\g<stem>.gguf", Path(n).name)).stem.lower())
-                      and (not SPLIT_GGUF.match(Path(n).name) or "-00001-of-" in n)})
+    matches = [name for name, stem in models.items() if word.search(stem.lower())]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
         raise PullError(f"{source.repo_id} has several .gguf files for {tag!r}: {', '.join(matches)}; pull one as "
                         f"gguf://{source.repo_id}/FILE")
-    if ggufs and "config.json" not in sizes:
-        quants = ", ".join(Path(n).name for n in ggufs if not SPLIT_GGUF.match(Path(n).name) or "-00001-of-" in n)
-        raise PullError(f"{source.repo_id}@{revision[:12]} has no .gguf file for {tag!r}; it has {quants}")
+    if models and "config.json" not in sizes:
+        raise PullError(f"{source.repo_id}@{revision[:12]} has no .gguf file for {tag!r}; it has "
+                        + ", ".join(Path(name).name for name in models))
     return None
 
 

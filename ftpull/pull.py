@@ -4,8 +4,9 @@ A pull holds the store's pull session and the model's lock from start to end, so
 pull of the same model waits and then finds it present, and gc never sees half-added blobs.
 Downloads go to `$FT_HOME/downloads/...` and survive an interruption (the next pull resumes);
 a pull from a repository also holds that repository's download lock, so two names of one
-repository take turns with its download directory, which each deletes when done. Conversion happens in a per-process work dir that is removed on any failure, and that the next
-pull removes if the process was killed. The manifest is written last.
+repository take turns with its download directory, which each deletes when done. Conversion
+happens in a per-process work dir that is removed on any failure, and that the next pull
+removes if the process was killed. The manifest is written last.
 """
 
 from __future__ import annotations
