@@ -22,10 +22,12 @@ For one shape (shapes.py: a built-in table of real models' MoE geometry, or `tin
 Only the routed-expert path is timed ("experts-only"): attention, dense layers and shared
 experts are not run and not counted in tok/s or TTFT. The roofline per token is
 1 / max(host, hit_bytes / hbm): `host` the least time in which PCIe and the CPU can move their
-bytes at the bandwidth profile's rates (each side's rate alone, the lower pair while both run:
-roofline.py), hbm a measured device-memory copy rate. The serial roofline adds the PCIe
-reads' time alone and the device-memory time instead, the bound of a step that reads nothing
-ahead of its routing.
+bytes (each side's rate alone, the lower pair while both run: roofline.py) at this machine's
+ceilings (ceilings.py: pinned copies of expert records, a host memory read), hbm a measured
+device-memory copy rate. The serial roofline adds the PCIe reads' time alone and the
+device-memory time instead, the bound of a step that reads nothing ahead of its routing. The
+runtime roofline takes the bandwidth profile's rates instead: what the runtime's own kernels
+reach.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def cache_plan(shape: BenchShape, cfg: BenchConfig, top_k: int, built_layers: in
     return {**info, "cache_slots": slots, "planned_slots": planned, "source": "fit planner",
             "runtime_prefill_buffers": p.prefill_buffers, "runtime_cache_slots": p.cache_slots,
             "budget_bytes": budget, "dense_bytes": p.dense_bytes, "workspace_bytes": p.workspace_bytes,
-            "kv_bytes": p.kv_bytes, "context": p.context_length, "cache_bytes": p.cache_slots * stride,
+            "kv_bytes": p.kv_bytes, "context": p.context_length, "cache_bytes": planned * stride,
             "problems": [str(x) for x in p.problems], "min_slots": built_layers * top_k,
             "full_min_slots": moe * top_k}
 
