@@ -56,9 +56,12 @@ class GiB(click.ParamType):
     def convert(self, value, param, ctx) -> float:
         try:
             gib = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of GiB", param, ctx)
+        try:
             gib_to_bytes(gib, "the size", zero_ok=self.zero_ok)
         except ValueError as e:
-            self.fail(str(e) if "the size" in str(e) else f"{value!r} is not a number of GiB", param, ctx)
+            self.fail(str(e), param, ctx)
         return gib
 
 
