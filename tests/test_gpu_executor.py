@@ -1031,21 +1031,26 @@ def test_cuda_banks_are_pinned_and_fills_are_fast_and_asynchronous() -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_a_refused_pin_leaves_no_cuda_error_for_the_next_kernel() -> None:
-    """cudaHostRegister refused (here: memory already registered outside the pinner) leaves the
-    bank pageable with a warning, and the CUDA runtime's last error is read away: torch's next
-    kernel-launch check does not raise it as its own."""
+    """cudaHostRegister refused (here: a bank whose tail overlaps memory registered outside the
+    pinner; one starting inside it would count as pinned already) leaves the bank pageable with a
+    warning, and the CUDA runtime's last error is read away: torch's next kernel-launch check
+    does not raise it as its own."""
     from ftw.reader import page_aligned_empty
     from runtime.gpu.host_memory import HostPinner
 
-    buffer = page_aligned_empty(1 << 20)
-    assert int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), 1 << 20, 0)) == 0
+    mib = 1 << 20
+    buffer = page_aligned_empty(2 * mib)
+    outside = buffer[mib:]
+    assert int(torch.cuda.cudart().cudaHostRegister(outside.data_ptr(), mib, 0)) == 0
     try:
+        bank = buffer[: mib + mib // 2]
+        assert not bank.is_pinned()
         pinner = HostPinner()
-        assert not pinner.pin(buffer) and pinner.pageable_bytes == 1 << 20
+        assert not pinner.pin(bank) and pinner.pageable_bytes == bank.numel()
         x = torch.ones(1024, device="cuda")
         assert float((x * 2).sum()) == 2048.0  # a launch and its check
     finally:
-        torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
+        torch.cuda.cudart().cudaHostUnregister(outside.data_ptr())
 
 
 @pytest.mark.gpu
