@@ -26,7 +26,15 @@ SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_
 def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, object]]]:
     """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes
     on an sm_`sm` card (programmatic dependent launch from sm_90)."""
-    from runtime.gpu.kernels import cast_out, expert_fill, rms_norm, route_plan, slot_experts
+    from runtime.gpu.kernels import (
+        cast_out,
+        expert_fill,
+        rms_norm,
+        rotary,
+        route_plan,
+        router_topk,
+        slot_experts,
+    )
 
     pdl = sm >= 90
     out = []
@@ -67,6 +75,13 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
         sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "n_cols": "i32", "stride_x": "i32",
                "stride_out": "i32", "eps": "fp32", "offset": "fp32"}
         out.append((f"rms_norm offset={offset}", rms_norm._rms_norm_kernel, sig, {"BLOCK": 2048, "OFFSET": offset}))
+    for rot in (128, 64):
+        sig = {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
+               **{name: "i32" for name in ("stride_t", "stride_h", "stride_cos", "stride_out_t", "stride_out_h")}}
+        out.append((f"rotary rot={rot}", rotary._rotary_kernel, sig, {"DIM": 128, "ROT": rot, "BLOCK": 128}))
+    sig = {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32", "num_experts": "i32", "stride_row": "i32"}
+    out.append(("router_topk", router_topk._router_topk_kernel, sig,
+                {"K": 8, "BLOCK_E": 128, "BLOCK_K": 8, "NORMALIZE": True}))
     return out
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..layers import mlp, rope
 from ..layers.attention import DevicePosition
 from ..layers.norm import use_device_kernel
 from ..loader import ModelWeights
@@ -49,13 +50,20 @@ def decode_span(position: int, max_tokens: int) -> int:
     return min(max_tokens, max(SPAN_MIN, 1 << position.bit_length()))
 
 
-def _use_fused_norm() -> None:
-    """The families' RMSNorm in one launch on the GPU (kernels/rms_norm.py), where triton is."""
+def _use_fused_kernels() -> None:
+    """The families' RMSNorm, rotary embeddings and softmax top-k router in one launch each on
+    the GPU (kernels/rms_norm.py, rotary.py, router_topk.py), where triton is."""
     try:
         from .kernels.rms_norm import rms_norm_fused, supports
+        from .kernels.rotary import apply_rotary_fused
+        from .kernels.rotary import supports as rotary_supports
+        from .kernels.router_topk import softmax_topk_fused
+        from .kernels.router_topk import supports as router_supports
     except ImportError:  # pragma: no cover - depends on the install
         return
     use_device_kernel(supports, rms_norm_fused)
+    rope.use_device_kernel(rotary_supports, apply_rotary_fused)
+    mlp.use_device_router(router_supports, softmax_topk_fused)
 
 
 class DeviceModel:
@@ -68,7 +76,7 @@ class DeviceModel:
         self.device = torch.device(device)
         self.steps = steps if steps is not None and steps.enabled and model.takes_device_position else None
         if self.device.type == "cuda":
-            _use_fused_norm()
+            _use_fused_kernels()
         self._token = torch.zeros(1, dtype=torch.long, device=self.device)
         self._position = torch.zeros(1, dtype=torch.long, device=self.device)
         self._graph_state: DecodeState | None = None  # the state the step graphs were captured over

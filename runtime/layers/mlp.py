@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -12,9 +14,23 @@ def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
+# (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)
+_device_router: tuple[Callable[..., bool], Callable[..., tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+
+def use_device_router(supports: Callable[..., bool],
+                      kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """From now on, `softmax_topk(logits, k, normalize)` is `kernel(logits, k, normalize)`
+    wherever `supports(logits, k)` (a fused kernel: runtime/gpu/kernels/router_topk.py)."""
+    global _device_router
+    _device_router = (supports, kernel)
+
+
 def softmax_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen/Mixtral routing: softmax over all experts (float32), top-k, optionally renormalized.
     Returns (ids [T, k], weights [T, k] float32)."""
+    if _device_router is not None and _device_router[0](logits, k):
+        return _device_router[1](logits, k, normalize)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, k, dim=-1)
     if normalize:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -104,8 +105,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+# (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)
+_device_kernel: tuple[Callable[..., bool], Callable[..., torch.Tensor]] | None = None
+
+
+def use_device_kernel(supports: Callable[..., bool], kernel: Callable[..., torch.Tensor]) -> None:
+    """From now on, `apply_rotary(x, cos, sin)` is `kernel(x, cos, sin)` wherever
+    `supports(x, cos, sin)` (a fused kernel of the same computation: runtime/gpu/kernels/rotary.py)."""
+    global _device_kernel
+    _device_kernel = (supports, kernel)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D]; cos/sin [T, R] with R <= D: the first R channels rotate, the rest pass."""
+    if _device_kernel is not None and _device_kernel[0](x, cos, sin):
+        return _device_kernel[1](x, cos, sin)
     rot = cos.shape[-1]
     cos, sin = cos[:, None, :], sin[:, None, :]
     if rot == x.shape[-1]:
