@@ -36,6 +36,16 @@ def run_steps(guard: AutoGuard, clock: Clock, steps: int, step_s: dict[str, floa
     return arms
 
 
+def run_queued_steps(guard: AutoGuard, clock: Clock, steps: int, step_s: dict[str, float]) -> list[str]:
+    """As `ft run` queues them: step t+1 is begun right after step t is started, which is once
+    the host has seen step t-1 end; the arm of each step."""
+    arms = [guard.on_decode_call(3, queued=True)]
+    for t in range(steps - 1):
+        arms.append(guard.on_decode_call(3, queued=True))  # begun while step t runs
+        clock.now += step_s[arms[t]]  # the host waits for step t's end
+    return arms
+
+
 @pytest.mark.parametrize("faster", [MODEL, PCIE_ONLY])
 def test_the_guard_settles_on_the_faster_arm_and_revisits_the_other(monkeypatch, faster: str) -> None:
     clock = Clock()
@@ -179,3 +189,47 @@ def test_a_hopeless_trial_of_either_arm_is_cut_short(monkeypatch) -> None:
     assert runs[0] == (PCIE_ONLY, AutoGuard.EXPLORE)  # the first block is whole: nothing to compare with yet
     assert all(n == 1 for arm, n in runs[1:] if arm == PCIE_ONLY)  # every later PCIe-only trial: one step
     assert sum(1 for arm, _ in runs if arm == PCIE_ONLY) >= 3
+
+
+@pytest.mark.parametrize("faster", [MODEL, PCIE_ONLY])
+def test_queued_steps_are_timed_under_the_arm_they_ran(monkeypatch, faster: str) -> None:
+    """A queued step is begun while the one before it runs: the interval since the last begin is
+    the step before that. Charged to the arm of the step begun last, every block's first time
+    was the other arm's (on the H200 at 32 GiB a slow model step counted as PCIe-only's, so the
+    race looked close and the model arm got a second block)."""
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=3)
+    slower = PCIE_ONLY if faster == MODEL else MODEL
+    run_queued_steps(guard, clock, 400, {faster: 0.020, slower: 0.030})
+    assert guard.best == faster
+    assert max(guard.times[faster]) == pytest.approx(0.020) and min(guard.times[slower]) == pytest.approx(0.030)
+
+
+def test_a_decisively_slower_queued_arm_ends_the_exploring_after_one_block(monkeypatch) -> None:
+    """Queued, a trial step's time is known a step late: a decisively slower model arm runs two
+    steps (the second was begun before the first was timed), once."""
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=3)
+    explore = AutoGuard.EXPLORE
+    arms = run_queued_steps(guard, clock, 8 * explore, {MODEL: 0.0085, PCIE_ONLY: 0.002})
+    assert arms.count(MODEL) == 2 and arms[arms.index(MODEL) + 1] == MODEL
+    assert guard.best == PCIE_ONLY and arms[-explore:] == [PCIE_ONLY] * explore
+
+
+def test_the_first_queued_interval_after_an_interrupt_is_not_timed(monkeypatch) -> None:
+    """The first two queued begins after a prompt are apart by the host's start of the first
+    step only: no step ran between them."""
+    clock = Clock()
+    monkeypatch.setattr(auto_guard.time, "perf_counter", clock)
+    guard = AutoGuard(first_layer=3)
+    guard.interrupt()
+    monkeypatch.setattr(guard, "_untimed", 0)
+    guard.on_decode_call(3, queued=True)
+    clock.now += 0.0001
+    guard.on_decode_call(3, queued=True)
+    assert guard.times == {MODEL: [], PCIE_ONLY: []}
+    clock.now += 0.002
+    guard.on_decode_call(3, queued=True)
+    assert guard.times[PCIE_ONLY] == [pytest.approx(0.002)]

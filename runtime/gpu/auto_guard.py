@@ -67,36 +67,49 @@ class AutoGuard:
         self.switches = 0
         self.steps = {MODEL: 0, PCIE_ONLY: 0}  # decode steps begun under each arm
         self._untimed = self.WARMING  # step times still to drop (the cache is warming)
+        self._begun: list[str] = []  # the arms of the last two steps begun (since an interrupt)
 
     def restart(self) -> None:
         """Forget every step time and choice: explore both arms again, PCIe-only first."""
         self.__init__(self.first_layer, self.cpu_experts)
 
-    def on_decode_call(self, layer: int, settled: bool = True) -> str:
+    def on_decode_call(self, layer: int, settled: bool = True, queued: bool = False) -> str:
         """Called at the start of every decode layer call; returns the arm for this call.
         `settled` (read at the first layer): False when the step that just ended did one-time
         work (a CUDA graph's first call or capture), so its time says nothing about its arm and
-        is not counted."""
+        is not counted. `queued`: this step is begun while the one before it still runs (`ft
+        run` queues each step as the last one starts, once the one before that has ended), so
+        the interval since the last step began is the time of the step before that one, which
+        may have run under the other arm."""
         if layer != self.first_layer:
             return self.arm
         now = time.perf_counter()
-        if self._step_start is not None and settled:
+        timed_arm = self._timed_arm(queued)
+        if self._step_start is not None and settled and timed_arm is not None:
             if self._untimed > 0:
                 self._untimed -= 1
             else:
-                times = self.times[self.arm]
+                times = self.times[timed_arm]
                 times.append(now - self._step_start)
                 del times[: -self.KEEP]
-                self._next_arm()
+                self._next_arm(timed_arm)
         self._step_start = now
         self.steps[self.arm] += 1
+        self._begun = [*self._begun[-1:], self.arm]
         return self.arm
+
+    def _timed_arm(self, queued: bool) -> str | None:
+        """The arm of the step whose time the interval ending now is: the last step begun, or
+        with `queued` the one before it (None: no such step since the last interrupt)."""
+        back = 2 if queued else 1
+        return self._begun[-back] if len(self._begun) >= back else None
 
     def interrupt(self) -> None:
         """A prefill or a pause between requests: the next interval is not a decode step, and
         the WARMING steps after it are not timed."""
         self._step_start = None
         self._untimed = self.WARMING
+        self._begun = []
 
     @property
     def best(self) -> str:
@@ -112,9 +125,11 @@ class AutoGuard:
                 "model_idle": self.model_idle,
                 "median_ms": {arm: 1e3 * statistics.median(t) for arm, t in self.times.items() if t}}
 
-    def _next_arm(self) -> None:
+    def _next_arm(self, timed_arm: str) -> None:
+        """A step of `timed_arm` was timed: go on with the block of the current arm, or end it
+        (EXPLORE steps, or a hopeless trial: only a time of the block's own arm can say so)."""
         self._in_block += 1
-        if self._in_block < self.EXPLORE and not self._hopeless():
+        if self._in_block < self.EXPLORE and not (timed_arm == self.arm and self._hopeless()):
             return
         self._in_block = 0
         self._blocks[self.arm] += 1

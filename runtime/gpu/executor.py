@@ -212,7 +212,7 @@ class HybridExpertExecutor(WholeStepCalls):
             self.splits.hit_rate.observe(counts, self.counts.all())
         return out
 
-    def _start_step(self, decode: bool) -> None:
+    def _start_step(self, decode: bool, queued: bool = False) -> None:
         """The host part of a step's first layer call: a safe point for an elastic resize, and
         for a decode step the wait for a prefill's last cache fills and the guard's choice of arm
         (timing the step that just ended)."""
@@ -223,7 +223,7 @@ class HybridExpertExecutor(WholeStepCalls):
         if decode and self.prefill is not None:
             self.prefill.settle()  # the prefill's last cache fills, before decode reads their slots
         if decode and self.guard is not None:
-            self.guard.on_decode_call(self.first_layer, self._step_settled())
+            self.guard.on_decode_call(self.first_layer, self._step_settled(), queued)
 
     def _step_settled(self) -> bool:
         """Whether the step that just ended ran without one-time graph work (first calls,

@@ -23,12 +23,13 @@ class WholeStepCalls:
     `cpu_share`, the `_step_*` fields) and its call path (`_start_step`, `_miss_split`,
     `_plan_fill_compute`, `_cast_out`) are the executor's."""
 
-    def begin_step(self) -> Hashable | None:
+    def begin_step(self, queued: bool = False) -> Hashable | None:
         """A decode step begins: the host part of its first call is made now, so that all its
         calls may run inside one captured graph. Returns the key of the device work they would
         queue, or None where they cannot be captured (graphs off, a bank not pinned, a CPU
-        share without stream flags a graph can capture); run them as usual then."""
-        self._start_step(decode=True)
+        share without stream flags a graph can capture); run them as usual then. `queued`: the
+        step is begun while the one before it runs (the guard's timing lags a step)."""
+        self._start_step(decode=True, queued=queued)
         self._step_begun = True
         if not self.steps.enabled or not all(self._zero_copy.values()) \
                 or not (self._pcie_only() or self.cpu_share.capturable):

@@ -125,7 +125,7 @@ class StepGraphs:
         it is not (a first step, a capture, a step that runs uncaptured, no bell), `feed` and
         the step run when the step is started. Either way, `QueuedStep.start` once the inputs
         are in place; its outputs are valid as `run`'s."""
-        full_key = self._begin(key)
+        full_key = self._begin(key, queued=True)
         captured = self._graphs.get(full_key) if full_key is not None and bell is not None else None
         if captured is None:  # cancelled, it never runs
             return QueuedStep(lambda: (feed(), self._execute(full_key, step))[1], self.executor.abandon_step)
@@ -133,10 +133,10 @@ class StepGraphs:
         ticket = bell.count
         return QueuedStep(lambda: (bell.ring(ticket), captured.out)[1], lambda: bell.ring(ticket))
 
-    def _begin(self, key: Hashable) -> Hashable | None:
+    def _begin(self, key: Hashable, queued: bool = False) -> Hashable | None:
         """The executor's host part of the step; the step's graph key, or None where it cannot be
         captured (it runs as it is)."""
-        device_key = self.executor.begin_step()
+        device_key = self.executor.begin_step(queued)
         if device_key is None:
             return None
         generation = self.executor.cache.generation
