@@ -311,6 +311,23 @@ def test_block_quants_are_refused_on_the_device() -> None:
     assert_close(ex(1, x, ids, weights), CPUExpertExecutor(banks, torch.float32)(1, x, ids, weights))
 
 
+@pytest.mark.parametrize("mode", ["auto", "cpu", "offload"])
+def test_the_cpu_kernel_is_bound_at_build_where_the_cpu_may_get_experts(monkeypatch, mode: str) -> None:
+    """The kernel's build (seconds, once a machine) and the banks' checks happen at load, not in
+    the first decode step that sends a miss to the CPU (on the H200 such a step took 7.5 s)."""
+    bound: list[int] = []
+    bind = CPUExpertExecutor._bind
+    monkeypatch.setattr(CPUExpertExecutor, "_bind", lambda self, layer: (bound.append(layer), bind(self, layer))[1])
+    banks = make_banks("f32")
+    ex = build_hybrid(banks, device="cpu", cache_slots=16, mode=mode, profile=PROFILE, top_k=K,
+                      compute_dtype=torch.float32)
+    assert bound == ([] if mode == "offload" else sorted(banks))
+    gen = torch.Generator().manual_seed(2)
+    ex(LAYERS[0], torch.randn(1, H, generator=gen), *routing(1, gen))
+    assert len(bound) == len(set(bound))  # never bound again
+    ex.close()
+
+
 # -- the cache: global LRU, victims, resize -------------------------------------------------------------
 
 def cache_of(num_slots: int, stride: int = 4096) -> ExpertCache:

@@ -127,6 +127,14 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         return fast.share_job(x, expert_ids, weights, status, inverse, code, out,
                               self.threads or torch.get_num_threads(), ready, done, timeout_s)
 
+    def prepare(self) -> None:
+        """Bind every layer's kernel now: the kernel's one build on this machine (seconds, then
+        kept on disk) and the banks' layout checks happen at load, not in a decode step that
+        first sends experts to the CPU."""
+        for layer in self.banks:
+            if layer not in self._layers:
+                self._bind(layer)
+
     def _kernel_for(self, layer: int, expert_ids: torch.Tensor) -> ExpertKernel | None:
         """The kernel bound to `layer` where it runs this call; None: the reference path (a bank
         the kernel cannot run, or a call the grouped GEMMs serve better)."""

@@ -87,6 +87,8 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
         pinner = HostPinner()
         pinner.pin_banks(banks)
     cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype, threads=cpu_threads)
+    if mode != "offload" and hasattr(cpu_executor, "prepare"):
+        cpu_executor.prepare()  # the CPU kernel built now, not in the first step with a CPU share
     if mode == "auto" and profile is None and options.get("split") is None:
         profile = load_or_measure(banks[min(banks)], cpu_executor, device, cpu_threads=cpu_threads,
                                   pcie_repeat=options.get("pcie_repeat", 1))
