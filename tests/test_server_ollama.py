@@ -279,3 +279,15 @@ def test_api_key(tmp_path_factory: pytest.TempPathFactory, live: tuple[LiveServe
             ollama.Client(host=keyed.url).list()
         assert e.value.status_code == 401
     assert free_port()
+
+
+def test_a_small_num_ctx_holds_for_its_own_request_only(server: LiveServer, client: ollama.Client) -> None:
+    """One client's small num_ctx (Continue sends one with every request) must not shrink the
+    context of the requests after it that name none, whichever API they come through."""
+    long = [{"role": "user", "content": "word " * 200}]
+    client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options={**FEW, "num_ctx": 64})
+    with pytest.raises(ollama.ResponseError, match="context"):
+        client.chat(model="tiny", messages=long, options={**FEW, "num_ctx": 64})
+    assert client.chat(model="tiny", messages=long, options=FEW).message is not None
+    reply = post(server, "/v1/chat/completions", json={"model": "tiny", "messages": long, "max_tokens": 4})
+    assert reply.status_code == 200, reply.text

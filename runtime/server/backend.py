@@ -231,9 +231,10 @@ class ModelManager:
         runner: Runner | None = None
         job: Job | None = None
         try:
-            runner, load_seconds = await self._runner(registered, options.num_ctx, options.num_thread)
+            asked = self._asked_ctx(registered, options.num_ctx)  # a request without num_ctx asks the default
+            runner, load_seconds = await self._runner(registered, asked, options.num_thread)
             runner.active += 1  # from here on the model stays loaded for this request
-            prompt, context = await asyncio.to_thread(self._prepare, runner, encode, options.num_ctx)
+            prompt, context = await asyncio.to_thread(self._prepare, runner, encode, asked)
             if len(prompt) > context:
                 raise BadRequest(f"the prompt is {len(prompt)} tokens, the context is {context}; shorten it "
                                  "or raise num_ctx")
@@ -255,7 +256,7 @@ class ModelManager:
                 self._job_finished(runner)
 
     def _prepare(self, runner: Runner, encode: Callable[[Tokenizer], list[int]],
-                 num_ctx: int | None) -> tuple[list[int], int]:
+                 num_ctx: int) -> tuple[list[int], int]:
         """The prompt's tokens and the context to run it in (off the event loop: templates, planning)."""
         try:
             prompt = encode(runner.tokenizer)
@@ -368,13 +369,15 @@ class ModelManager:
         except FitError as e:
             raise ModelTooLarge(str(e)) from None
 
-    def _context_for(self, runner: Runner, num_ctx: int | None) -> int:
-        """The context a request runs with: the loaded one, or `num_ctx` as the planner clamps it.
+    def _context_for(self, runner: Runner, num_ctx: int) -> int:
+        """The context a request asking for `num_ctx` (`_asked_ctx`: its own, else the default)
+        runs with: the load's where its load asked the same, else `num_ctx` as the planner clamps
+        it, for this request only (one small num_ctx must not shrink the requests after it).
         On the GPU the KV cache was sized at load inside the VRAM budget, beside the expert cache
         that fills the rest: a request runs within it (a larger num_ctx reloaded the model first,
         `_outgrown`); planning again would see that VRAM as taken, and refuse."""
-        loaded = runner.session.context_length
-        if num_ctx is None or num_ctx == loaded:
+        loaded = runner.plan.context_length
+        if num_ctx in (runner.asked_ctx, loaded):
             return loaded
         if runner.plan.device == "gpu":
             return min(num_ctx, runner.plan.model_context_length or num_ctx, loaded)

@@ -141,7 +141,7 @@ class Runner:
         share = round(100 * vram / (ram + vram)) if vram else 0
         return LoadedStatus(
             name=self.registered.name.display, digest=self.digest, family=c.get("family"), dtype=c.get("dtype"),
-            parameters=c.get("num_params_total"), context_length=self.session.context_length, ram_bytes=ram,
+            parameters=c.get("num_params_total"), context_length=self.plan.context_length, ram_bytes=ram,
             vram_bytes=vram, expert_cache_bytes=cache_bytes, kv_bytes=kv, device=p.device,
             processor="100% CPU" if not vram else f"{100 - share}%/{share}% CPU/GPU", num_threads=p.num_threads,
             expires_at=expires, active_requests=self.active)
