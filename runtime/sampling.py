@@ -74,9 +74,11 @@ class SamplingParams:
         if temperature < 0:
             raise InvalidParameterError("temperature", self.temperature, "must be a number >= 0 (0 = greedy)")
         put("temperature", temperature)
-        top_k = _integer("top_k", self.top_k, "must be an integer >= 0 (0 = no limit)")
+        top_k = _integer("top_k", self.top_k, "must be an integer >= 0 (0 or -1 = no limit)")
+        if top_k == -1:  # vLLM's and llama.cpp's "no limit"
+            top_k = 0
         if top_k < 0:
-            raise InvalidParameterError("top_k", self.top_k, "must be an integer >= 0 (0 = no limit)")
+            raise InvalidParameterError("top_k", self.top_k, "must be an integer >= 0 (0 or -1 = no limit)")
         put("top_k", top_k)
         top_p = _number("top_p", self.top_p, "must be a number in (0, 1] (1 = off)")
         if not 0 < top_p <= 1:

@@ -46,7 +46,7 @@ def test_defaults_are_ollamas() -> None:
     ("temperature", True, ">= 0"),
     ("top_p", 0.0, "(0, 1]"),
     ("top_p", 1.5, "(0, 1]"),
-    ("top_k", -1, ">= 0"),
+    ("top_k", -2, ">= 0"),
     ("top_k", 2.5, ">= 0"),
     ("min_p", -0.1, "[0, 1]"),
     ("min_p", 1.1, "[0, 1]"),

@@ -148,6 +148,22 @@ def test_request_options(tmp_path_factory: pytest.TempPathFactory) -> None:
             request_options(model, bad)
 
 
+def test_a_request_overrides_the_recipe_under_any_name_of_an_option(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Modelfile's num_predict and repeat_penalty against OpenAI's max_tokens (Anthropic's
+    required max_tokens arrives so) and vLLM's repetition_penalty: the request's value wins, no
+    "conflict"; two names for one option within a request still conflict."""
+    store = pulled_home(tmp_path_factory.mktemp("ft_home"))
+    model = open_model(store, "tiny")
+    model.config.setdefault("parameters", {}).update(num_predict=64, repeat_penalty=1.05)
+    opts = request_options(model, {"max_tokens": 5, "repetition_penalty": 1.1})
+    assert opts.sampling.max_tokens == 5 and opts.sampling.repeat_penalty == 1.1
+    assert request_options(model, {"max_completion_tokens": 7}).sampling.max_tokens == 7
+    assert request_options(model, {}).sampling.max_tokens == 64  # the recipe's, where the request names none
+    with pytest.raises(BadRequest, match="conflicts"):
+        request_options(model, {"max_tokens": 5, "num_predict": 6})
+    assert request_options(model, {"top_k": -1}).sampling.top_k == 0  # -1: no limit, as in vLLM and llama.cpp
+
+
 def test_format_ps() -> None:
     row = {"name": "tiny:latest", "digest": "247cef76711169e3", "size": 10_000_000, "context_length": 2048,
            "expires_at": "2000-01-01T00:05:00Z", "ft": {"processor": "100% CPU", "kv_bytes": 4_000_000}}

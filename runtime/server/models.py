@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry import InvalidNameError, ModelNotFoundError, RegistryError, Store
-from runtime.sampling import InvalidParameterError, SamplingParams
+from runtime.sampling import OPTION_ALIASES, InvalidParameterError, SamplingParams
 from runtime.weights import MEDIA_TEMPLATE, RegisteredModel, open_model
 
 from .protocol import BadRequest, ModelInfo, ModelNotFound, ServerError
@@ -54,10 +54,15 @@ def request_options(model: RegisteredModel, options: Mapping[str, Any] | None) -
     """Sampling and load options of one request; BadRequest naming the option when one is invalid."""
     if options is not None and not isinstance(options, Mapping):
         raise BadRequest(f"options must be an object of option names to values, not {type(options).__name__}")
-    recipe = dict(model.config.get("parameters") or {})
-    merged = {**recipe, **{k: v for k, v in (options or {}).items() if v is not None}}
-    if not all(isinstance(k, str) for k in merged):
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if not all(isinstance(k, str) for k in given):
         raise BadRequest("option names must be strings")
+    # the request's value overrides the recipe's under any name of the option (a Modelfile's
+    # num_predict against OpenAI's max_tokens is no conflict)
+    asked = {OPTION_ALIASES.get(k, k) for k in given}
+    recipe = {k: v for k, v in (model.config.get("parameters") or {}).items()
+              if OPTION_ALIASES.get(k, k) not in asked}
+    merged = {**recipe, **given}
     load = {k: merged.pop(k) for k in LOAD_OPTIONS if k in merged}
     for name in IGNORED_OPTIONS & merged.keys():
         log.debug("ignoring option %s=%r: ft has no such setting", name, merged.pop(name))
