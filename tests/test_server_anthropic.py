@@ -218,3 +218,25 @@ def test_tiny_end_to_end(live_tiny):  # noqa: F811
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in message.content]
     assert final.usage.input_tokens == message.usage.input_tokens
     assert client.messages.count_tokens(model="tiny", messages=ask["messages"]).input_tokens == message.usage.input_tokens
+
+
+
+def test_a_final_assistant_message_is_continued(live_tiny, tmp_path):  # noqa: F811
+    """Anthropic's prefill: the reply continues the final assistant message. The prompt is the
+    new turn's with the message's text after it: no end of turn, no second assistant header."""
+    from runtime.tokenizer import Tokenizer
+    from runtime.weights import open_model
+    from tests.test_server_util import pulled_home
+
+    tokenizer = Tokenizer.from_model(open_model(pulled_home(tmp_path), "tiny"))
+    client = anthropic.Anthropic(base_url=live_tiny, api_key="unused", max_retries=0, timeout=120)
+    user = [{"role": "user", "content": "Hello"}]
+    prefilled = [*user, {"role": "assistant", "content": "Sure"}]
+    new_turn = client.messages.count_tokens(model="tiny", messages=user).input_tokens
+    continued = client.messages.count_tokens(model="tiny", messages=prefilled).input_tokens
+    text = tokenizer.apply_chat_template(prefilled, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("Sure") and text.count("<|im_start|>assistant") == 1
+    assert continued == len(tokenizer.encode(text))
+    assert continued == new_turn + len(tokenizer.encode("Sure"))
+    message = client.messages.create(model="tiny", max_tokens=4, messages=prefilled, extra_body={"temperature": 0})
+    assert message.usage.input_tokens == continued

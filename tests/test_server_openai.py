@@ -357,3 +357,17 @@ def test_tiny_end_to_end(live_tiny):
     assert "tiny:latest" in [m.id for m in client.models.list()]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(**{**ask, "model": "no-such-model"})
+
+
+def test_a_final_assistant_message_starts_a_turn_unless_asked_to_continue(live_tiny):
+    """OpenAI's API answers a final assistant message with a turn of its own; vLLM's
+    continue_final_message (and Ollama's /api/chat always) continues it instead."""
+    client = openai.OpenAI(base_url=live_tiny + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Sure"}]
+    ask = {"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0}
+    as_turn = client.chat.completions.create(**ask).usage.prompt_tokens
+    continued = client.chat.completions.create(**ask, extra_body={"continue_final_message": True}).usage.prompt_tokens
+    assert continued < as_turn
+    ollama_reply = httpx.post(live_tiny + "/api/chat", timeout=120, json={
+        "model": "tiny", "messages": messages, "stream": False, "options": {"num_predict": 2, "temperature": 0}}).json()
+    assert ollama_reply["prompt_eval_count"] == continued

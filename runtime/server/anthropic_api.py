@@ -211,7 +211,7 @@ def chat_request(body: Mapping[str, Any], *, count_only: bool = False) -> ChatRe
     tools, tool_choice = chat_tools(body.get("tools"), body.get("tool_choice"))
     return ChatRequest(model=model, messages=chat_messages(body.get("system"), body.get("messages")), tools=tools,
                        tool_choice=tool_choice, options=sampling_options(fields, tuple(fields)),
-                       think=_think(body.get("thinking")), stream=bool(body.get("stream")))
+                       think=_think(body.get("thinking")), stream=bool(body.get("stream")), continue_final=True)
 
 
 # -- responses --

@@ -108,10 +108,10 @@ class ModelManager:
         options = models.request_options(registered, request.options)
         messages = self._with_system(registered, request.messages)
         tools = list(request.tools) if request.tools else None
-        template_vars = {} if request.think is None else {"enable_thinking": bool(request.think)}
+        template_vars = self._chat_template_vars(request, messages)
 
         def encode(tokenizer: Tokenizer) -> list[int]:
-            return tokenizer.encode_chat(messages, tools, add_generation_prompt=True, **template_vars)
+            return tokenizer.encode_chat(messages, tools, **template_vars)
 
         async for event in self._generate(registered, options, encode, tools, request.keep_alive, started):
             yield event
@@ -141,10 +141,9 @@ class ModelManager:
         registered = models.lookup(self.store, request.model)
         tokenizer = self._tokenizer(registered)
         tools = list(request.tools) if request.tools else None
-        template_vars = {} if request.think is None else {"enable_thinking": bool(request.think)}
+        messages = self._with_system(registered, request.messages)
         try:
-            return len(tokenizer.encode_chat(self._with_system(registered, request.messages), tools,
-                                             add_generation_prompt=True, **template_vars))
+            return len(tokenizer.encode_chat(messages, tools, **self._chat_template_vars(request, messages)))
         except (ChatTemplateError, TypeError, ValueError) as e:
             raise BadRequest(f"cannot render the chat template: {e}") from None
 
@@ -455,6 +454,18 @@ class ModelManager:
         log.info("loaded %s in %.2fs (context %d, %d threads)", registered.name.display, seconds,
                  fitted.context_length, fitted.num_threads)
         return Runner(registered, loaded, tokenizer, fitted, seconds)
+
+    @staticmethod
+    def _chat_template_vars(request: ChatRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """How the conversation is rendered: a new assistant turn, or (`continue_final`, where
+        the last message is the assistant's own text) that message left open for the reply to
+        continue; and the request's thinking switch."""
+        last = messages[-1] if messages else {}
+        prefill = (request.continue_final and last.get("role") == "assistant" and not last.get("tool_calls")
+                   and isinstance(last.get("content"), str) and last["content"] != "")
+        as_turn = {"add_generation_prompt": False, "continue_final_message": True} if prefill \
+            else {"add_generation_prompt": True}
+        return as_turn | ({} if request.think is None else {"enable_thinking": bool(request.think)})
 
     @staticmethod
     def _with_system(registered: RegisteredModel, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -74,7 +74,8 @@ def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0
         if not body.messages:
             return await _load_or_unload(body.model, ka, {"message": {"role": "assistant", "content": ""}})
         chat = ChatRequest(model=body.model, messages=messages_in(body.messages), tools=body.tools,
-                           options=body.options or {}, think=think(body.think), keep_alive=ka, stream=body.stream)
+                           options=body.options or {}, think=think(body.think), keep_alive=ka, stream=body.stream,
+                           continue_final=True)
         return await _respond(backend.chat(chat), request, body.model, body.stream, chat_chunk, chat_final)
 
     @router.post("/api/generate", responses={200: {"content": {NDJSON: {}}}})

@@ -270,7 +270,7 @@ def chat_request(body: Mapping[str, Any]) -> ChatRequest:
     tools, tool_choice = chat_tools(body)
     return ChatRequest(model=_model(body), messages=chat_messages(body.get("messages")), tools=tools,
                        tool_choice=tool_choice, options=sampling_options(body), think=_think(body),
-                       stream=bool(body.get("stream")))
+                       stream=bool(body.get("stream")), continue_final=body.get("continue_final_message") is True)
 
 
 # -- responses --

@@ -22,6 +22,9 @@ class ChatRequest:
     think: bool | None = None  # ask a reasoning model to think (None: the model's default)
     keep_alive: float | None = None  # seconds to keep the model loaded after this request; None: default
     stream: bool = True
+    # a final assistant message is the start of the reply, which continues it (Anthropic's and
+    # Ollama's prefill; vLLM's continue_final_message), instead of a turn of its own
+    continue_final: bool = False
 
 
 @dataclass(frozen=True)
