@@ -252,6 +252,7 @@ def test_completions(client, backend):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "ab"
     assert chunks[-1].usage.completion_tokens == 2
     assert backend.requests[1].stream is True
+    assert backend.requests[1].options == {"max_tokens": 16}  # OpenAI's and vLLM's default, not the whole context
 
 
 def test_models(client):

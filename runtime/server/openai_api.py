@@ -229,6 +229,11 @@ def chat_tools(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, An
     return tools, {"type": "function", "function": {"name": name}}
 
 
+# the legacy completions endpoint's max_tokens when a request gives none (OpenAI's documented
+# default, and vLLM's): without it an autocomplete call ran until the context was full
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
 def sampling_options(body: Mapping[str, Any], fields: tuple[str, ...] = SAMPLING_FIELDS) -> dict[str, Any]:
     options = {name: body[name] for name in fields if body.get(name) is not None}
     try:
@@ -399,8 +404,11 @@ def _completion_request(body: Mapping[str, Any]) -> GenerateRequest:
         raise InvalidField("prompt must be a string (one prompt per request)", "prompt")
     if suffix is not None and not isinstance(suffix, str):
         raise InvalidField("suffix must be a string", "suffix")
+    options = sampling_options(body)
+    if not {"max_tokens", "max_completion_tokens"} & options.keys():
+        options["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
     return GenerateRequest(model=_model(body), prompt=prompt, raw=True, suffix=suffix,
-                           options=sampling_options(body), stream=bool(body.get("stream")))
+                           options=options, stream=bool(body.get("stream")))
 
 
 def _model_object(info: ModelInfo) -> dict[str, Any]:
