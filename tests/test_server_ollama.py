@@ -291,3 +291,22 @@ def test_a_small_num_ctx_holds_for_its_own_request_only(server: LiveServer, clie
     assert client.chat(model="tiny", messages=long, options=FEW).message is not None
     reply = post(server, "/v1/chat/completions", json={"model": "tiny", "messages": long, "max_tokens": 4})
     assert reply.status_code == 200, reply.text
+
+
+def test_browsers_and_probes_get_what_ollama_gives_them(server: LiveServer, client: ollama.Client) -> None:
+    """CORS for pages on this machine and editor webviews (preflight included, before any API
+    key), HEAD on the probe endpoints, a clear 501 for OpenAI's embeddings, and num_thread over
+    the CPU count cut to it rather than refused."""
+    preflight = httpx.options(server.url + "/api/chat", headers={
+        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "http://localhost:5173"
+    for origin, allowed in (("vscode-webview://abc", True), ("https://evil.example", False)):
+        r = httpx.get(server.url + "/api/version", headers={"Origin": origin})
+        assert ("access-control-allow-origin" in r.headers) == allowed
+    assert httpx.head(server.url + "/api/tags").status_code == 200
+    assert httpx.head(server.url + "/api/version").status_code == 200
+    r = post(server, "/v1/embeddings", json={"model": "tiny", "input": "x"})
+    assert r.status_code == 501 and "embeddings" in r.json()["error"]["message"]
+    assert client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                       options={**FEW, "num_thread": 4096}).done

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import importlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -19,6 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,6 +35,15 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 FLAVOURS = ("openai_api", "anthropic_api", "ft_api")  # optional modules with make_router(backend)
 OPEN_PATHS = ("/",)  # answered without the API key: "is a server running?"
+# Browser origins allowed by default, as Ollama allows them: pages served from this machine, and
+# desktop and editor webviews (Electron, Tauri, VS Code). More with FT_ORIGINS (comma-separated;
+# "*" for any), as OLLAMA_ORIGINS.
+LOCAL_ORIGINS = (r"(https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0)(:\d+)?"
+                 r"|(app|file|tauri|vscode-webview|vscode-file)://.*)")
+
+
+def extra_origins() -> list[str]:
+    return [o.strip() for o in os.environ.get("FT_ORIGINS", "").split(",") if o.strip()]
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 503: "server_error"}
@@ -179,4 +190,7 @@ def create_app(backend: Any = None, *, store: Store | None = None, pull: ollama_
     app.add_middleware(JSONBodies)
     if api_key:
         app.add_middleware(APIKey, key=api_key)
+    # outermost: a browser's preflight is answered before the key is asked for
+    app.add_middleware(CORSMiddleware, allow_origins=extra_origins(), allow_origin_regex=LOCAL_ORIGINS,
+                       allow_methods=["*"], allow_headers=["*"])
     return app

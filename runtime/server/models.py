@@ -30,7 +30,7 @@ IGNORED_OPTIONS = frozenset({
     "use_mlock", "embedding_only", "num_keep", "tfs_z", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta",
     "penalize_newline",
 })
-MAX_NUM_THREAD = os.cpu_count() or 1  # more threads than CPUs only slows the kernels down
+MAX_NUM_THREAD = os.cpu_count() or 1  # more threads than CPUs only slows the kernels down: asked for, they are cut to it
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def request_options(model: RegisteredModel, options: Mapping[str, Any] | None) -
     return RequestOptions(
         sampling,
         num_ctx=None if num_ctx is None else _positive_int("num_ctx", num_ctx, 1 << 24),
-        num_thread=None if num_thread is None else _positive_int("num_thread", num_thread, MAX_NUM_THREAD),
+        num_thread=None if num_thread is None else min(_positive_int("num_thread", num_thread, 1 << 16), MAX_NUM_THREAD),
     )
 
 

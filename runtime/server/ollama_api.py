@@ -25,7 +25,6 @@ from .ollama_types import (
     CopyBody,
     GenerateBody,
     ModelBody,
-    NotImplementedByFt,
     PullBody,
     ShowBody,
     chat_chunk,
@@ -43,7 +42,7 @@ from .ollama_types import (
     think,
     timestamp,
 )
-from .protocol import BadRequest, ChatRequest, Event, GenerateRequest, ServerError
+from .protocol import BadRequest, ChatRequest, Event, GenerateRequest, NotImplementedByFt, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +196,8 @@ def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0
             pass
         return JSONResponse({"status": "success"})
 
+    for path, endpoint in (("/api/version", api_version), ("/api/tags", api_tags)):  # clients probe with HEAD
+        router.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
     for path, what in UNSUPPORTED.items():
         router.add_api_route(path, _unsupported(what), methods=["POST"], include_in_schema=False)
 

@@ -11,16 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .protocol import BadRequest, Done, Event, ReasoningDelta, ServerError, TextDelta, ToolCallEvent
+from .protocol import BadRequest, Done, Event, ReasoningDelta, TextDelta, ToolCallEvent
 from .scheduler import parse_keep_alive
 
 ROLES = ("system", "user", "assistant", "tool")
 DONE_REASONS = {"stop": "stop", "stop_sequence": "stop", "tool_calls": "stop", "length": "length", "context": "length"}
 FOREVER = "9999-12-31T23:59:59Z"  # expires_at of a model kept loaded until unloaded
-
-
-class NotImplementedByFt(ServerError):
-    status = 501
 
 
 # ---- request bodies (validated by FastAPI; errors become 400 with the field) -----------------------

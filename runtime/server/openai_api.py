@@ -31,6 +31,7 @@ from .protocol import (
     Message,
     ModelInfo,
     ModelNotFound,
+    NotImplementedByFt,
     ReasoningDelta,
     ServerError,
     TextDelta,
@@ -450,6 +451,10 @@ def make_router(backend: Backend) -> APIRouter:
         if started is None:
             return client_gone()
         return _streaming(_completion_chunks(started, reply, _include_usage(body), echo))
+
+    @router.post("/v1/embeddings")
+    async def embeddings() -> Response:
+        raise NotImplementedByFt("embeddings are not supported by ft: its models are chat models")
 
     @router.get("/v1/models")
     async def list_models() -> Response:

@@ -111,6 +111,12 @@ class Busy(ServerError):
     status = 503
 
 
+class NotImplementedByFt(ServerError):
+    """A feature of the API that ft does not have (embeddings, pushing models, ...)."""
+
+    status = 501
+
+
 class Backend(Protocol):
     """What the API flavours call. Implemented by the model manager (runtime/server/backend.py)."""
 
