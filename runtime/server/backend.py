@@ -36,6 +36,7 @@ from runtime.tokenizer import Tokenizer, TokenizerError
 from runtime.weights import RegisteredModel
 
 from . import models
+from .forced_calls import UnsupportedToolChoice, forced_name, forced_opening
 from .protocol import (
     BadRequest,
     ChatRequest,
@@ -113,7 +114,8 @@ class ModelManager:
         def encode(tokenizer: Tokenizer) -> list[int]:
             return tokenizer.encode_chat(messages, tools, **template_vars)
 
-        async for event in self._generate(registered, options, encode, tools, request.keep_alive, started):
+        forced = forced_name(request.tool_choice)
+        async for event in self._generate(registered, options, encode, tools, request.keep_alive, started, forced):
             yield event
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
@@ -223,8 +225,10 @@ class ModelManager:
 
     async def _generate(self, registered: RegisteredModel, options: models.RequestOptions,
                         encode: Callable[[Tokenizer], list[int]], tools: list[dict[str, Any]] | None,
-                        keep_alive: float | None,
-                        started: float) -> AsyncIterator[Event]:
+                        keep_alive: float | None, started: float,
+                        forced: tuple[bool, str | None] = (False, None)) -> AsyncIterator[Event]:
+        """One generation; `forced`: whether the reply must be a tool call, and of which function
+        (forced_calls.py: the call's opening ends the prompt)."""
         keep = self._keep_alive(keep_alive)
         ticket = self.admission.admit()
         runner: Runner | None = None
@@ -233,12 +237,13 @@ class ModelManager:
             asked = self._asked_ctx(registered, options.num_ctx)  # a request without num_ctx asks the default
             runner, load_seconds = await self._runner(registered, asked, options.num_thread)
             runner.active += 1  # from here on the model stays loaded for this request
-            prompt, context = await asyncio.to_thread(self._prepare, runner, encode, asked)
+            prompt, context, opening = await asyncio.to_thread(self._prepare, runner, encode, asked, tools, forced)
             if len(prompt) > context:
                 raise BadRequest(f"the prompt is {len(prompt)} tokens, the context is {context}; shorten it "
                                  "or raise num_ctx")
             job = Job(asyncio.get_running_loop(), ticket, prompt=prompt, params=options.sampling, tools=tools,
-                      num_ctx=context, load_seconds=load_seconds, started=started)
+                      num_ctx=context, load_seconds=load_seconds, started=started, opening=opening[0],
+                      opening_tokens=opening[1])
             self._submit(runner, job, keep)
             while True:
                 item = await job.queue.get()
@@ -254,16 +259,24 @@ class ModelManager:
             elif runner is not None:  # it never reached the worker
                 self._job_finished(runner)
 
-    def _prepare(self, runner: Runner, encode: Callable[[Tokenizer], list[int]],
-                 num_ctx: int) -> tuple[list[int], int]:
-        """The prompt's tokens and the context to run it in (off the event loop: templates, planning)."""
+    def _prepare(self, runner: Runner, encode: Callable[[Tokenizer], list[int]], num_ctx: int,
+                 tools: list[dict[str, Any]] | None,
+                 forced: tuple[bool, str | None]) -> tuple[list[int], int, tuple[str, int]]:
+        """The prompt's tokens, the context to run it in, and the opening of a forced tool call
+        that ends the prompt, with its tokens' count ("", 0 where none is forced); off the event
+        loop: templates, planning."""
         try:
             prompt = encode(runner.tokenizer)
+            opening = forced_opening(runner.family, runner.tokenizer, tools, forced[1], prompt) if forced[0] else ""
+            opened = runner.tokenizer.encode(opening, add_special_tokens=False) if opening else []
+            prompt = prompt + opened
+        except UnsupportedToolChoice as e:
+            raise BadRequest(f"tool_choice: {e}") from None
         except (ChatTemplateError, TypeError, ValueError) as e:
             raise BadRequest(f"cannot render the prompt: {e}") from None
         if not prompt:
             raise BadRequest("the prompt is empty: give some text")
-        return prompt, self._context_for(runner, num_ctx)
+        return prompt, self._context_for(runner, num_ctx), (opening, len(opened))
 
     def _submit(self, runner: Runner, job: Job, keep_alive_s: float) -> None:
         """Queue `job` on the runner's worker; `runner.active` already counts it."""

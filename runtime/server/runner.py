@@ -177,7 +177,8 @@ class Runner:
             session = self.session = Session(cast(DecoderModel, self.model), self.tokenizer, inputs["num_ctx"])
         # the request's tool definitions type the parsed calls' arguments; a template that ends its
         # generation prompt with <think> makes the output start as reasoning
-        tail = self.tokenizer.decode(inputs["prompt"][-8:])
+        rendered = inputs["prompt"][: len(inputs["prompt"]) - inputs.get("opening_tokens", 0)]  # before a forced call
+        tail = self.tokenizer.decode(rendered[-8:])
         parser = make_parser(self.family, inputs["tools"] or False,
                              starts_in_reasoning=opens_reasoning(self.family, tail))
         saw_tool_call = False
@@ -187,6 +188,9 @@ class Runner:
             for event in events:
                 saw_tool_call |= isinstance(event, ToolCallEvent)
                 job.emit(event)
+
+        if inputs.get("opening"):  # a forced tool call's opening ends the prompt: the reply continues it
+            emit(parser.feed(inputs["opening"]))
 
         # a family whose output is parsed sees the special tokens it writes (its tags may be ones)
         result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)),
