@@ -24,6 +24,7 @@ from .families import (
     ExpertTensorName,
     Family,
     family_for_config,
+    index_in_name,
     normalized_config,
     parse_expert_name,
     weight_block_size,
@@ -116,10 +117,13 @@ class _Converter:
         return dense, dict(experts), dropped
 
     def _add_expert_tensor(self, layer: _LayerExperts, parsed: ExpertTensorName, t: SourceTensor) -> None:
-        if parsed.expert is None:
-            layer.fused[parsed.proj] = t
-        else:
-            layer.per_expert[(parsed.expert, parsed.proj, parsed.what)] = t
+        slots: dict[Any, SourceTensor] = layer.fused if parsed.expert is None else layer.per_expert
+        key: Any = parsed.proj if parsed.expert is None else (parsed.expert, parsed.proj, parsed.what)
+        if key in slots:  # two names of one tensor (a per-expert and a Mixtral name, a fused one with ".weight")
+            raise SourceError(f"tensors {slots[key].name!r} and {t.name!r} are both layer {parsed.layer}'s "
+                              f"{parsed.proj} {'of every expert' if parsed.expert is None else f'of expert {parsed.expert}'}; "
+                              "the checkpoint holds two copies and ft cannot tell which is meant")
+        slots[key] = t
 
     # -- dtype handling -------------------------------------------------------------------------
 
@@ -280,7 +284,7 @@ def _layer_of(name: str) -> int:
     parts = name.split(".")
     for i, p in enumerate(parts[:-1]):
         if p == "layers" and parts[i + 1].isdigit():
-            return int(parts[i + 1])
+            return index_in_name(parts[i + 1], name)
     return -1 if "embed" in name else -2
 
 

@@ -18,18 +18,18 @@ from .errors import SourceError, UnsupportedArchitectureError
 # proj, and what ("weight" or "weight_scale_inv", the FP8 block scales).
 EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     # per-expert, Qwen/DeepSeek/GLM names: model.layers.3.mlp.experts.17.gate_proj.weight
-    re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\."
+    re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.mlp\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<what>weight|weight_scale_inv)$"),
     # per-expert, Mixtral names: model.layers.3.block_sparse_moe.experts.5.w1.weight (w1 gate, w3 up, w2 down)
-    re.compile(r"^model\.layers\.(?P<layer>\d+)\.block_sparse_moe\.experts\.(?P<expert>\d+)\."
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.block_sparse_moe\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>w1|w2|w3)\.(?P<what>weight|weight_scale_inv)$"),
     # fused, transformers>=5 / Qwen3.5 names: model.layers.3.mlp.experts.gate_up_proj [E, 2I, H]
-    re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>\d+)\.mlp\.experts\."
+    re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.mlp\.experts\."
                r"(?P<proj>gate_up_proj|down_proj)(?:\.(?P<what>weight))?$"),
 )
 PROJ_ALIASES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 EXPERTS_MARKER = re.compile(r"\.experts\.")
-LAYER_NUMBER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
+LAYER_NUMBER = re.compile(r"^model\.(?:language_model\.)?layers\.([0-9]+)\.")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,16 @@ class ExpertTensorName:
     what: str  # weight | weight_scale_inv
 
 
+def index_in_name(text: str, name: str) -> int:
+    """A layer, block or expert number as a tensor name writes it: ASCII digits, no leading zero.
+    Any other spelling would let two names ("layers.1" and "layers.01", or a digit of another
+    script) stand for one tensor, the last silently replacing the first."""
+    if not text.isascii() or not text.isdigit() or (len(text) > 1 and text[0] == "0"):
+        raise SourceError(f"tensor {name!r}: {text!r} is not a plain decimal index (ASCII digits, no leading "
+                          "zero); the file was not written by a known converter")
+    return int(text)
+
+
 def parse_expert_name(name: str) -> ExpertTensorName | None:
     """Classify a routed-expert tensor name; None for every other tensor."""
     for pattern in EXPERT_NAME_PATTERNS:
@@ -48,8 +58,8 @@ def parse_expert_name(name: str) -> ExpertTensorName | None:
             expert = m.groupdict().get("expert")
             proj = m["proj"]
             return ExpertTensorName(
-                layer=int(m["layer"]),
-                expert=int(expert) if expert is not None else None,
+                layer=index_in_name(m["layer"], name),
+                expert=index_in_name(expert, name) if expert is not None else None,
                 proj=PROJ_ALIASES.get(proj, proj),
                 what=m.groupdict().get("what") or "weight",
             )
@@ -82,7 +92,7 @@ class Family:
             return False
         if self.drop_layers_from_num_layers:
             m = LAYER_NUMBER.match(name)
-            if m and int(m.group(1)) >= num_layers:
+            if m and index_in_name(m.group(1), name) >= num_layers:
                 return False
         return True
 

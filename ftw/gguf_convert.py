@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import SourceError
-from .families import family_for_config, normalized_config
+from .families import family_for_config, index_in_name, normalized_config
 from .format import BLOCK_DTYPES, Index, storage_shape
 from .gguf_file import GGUFModel, GGUFTensor
 from .gguf_source import (
@@ -63,8 +63,8 @@ class _Dense:
 
 def _split_block_name(name: str) -> tuple[int, str] | None:
     parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
-        return int(parts[1]), parts[2]
+    if len(parts) == 3 and parts[0] == "blk":
+        return index_in_name(parts[1], name), parts[2]
     return None
 
 

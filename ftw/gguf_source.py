@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .families import config_int
+from .families import config_int, index_in_name
 from .gguf_file import GGUFModel
 
 LAYER_PREFIX_GGUF = "blk.{layer}."
@@ -179,8 +179,8 @@ def _expert_layers(model: GGUFModel) -> list[int]:
     layers = set()
     for name in model.tensors:
         parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and ".".join(parts[2:]) in EXPERT_ROWS:
-            layers.add(int(parts[1]))
+        if len(parts) == 4 and parts[0] == "blk" and ".".join(parts[2:]) in EXPERT_ROWS:
+            layers.add(index_in_name(parts[1], name))
     return sorted(layers)
 
 

@@ -179,6 +179,27 @@ def test_an_expert_that_does_not_match_the_config_is_refused(tmp_path: Path, edi
         convert_checkpoint(edited, tmp_path / "ftw")
 
 
+@pytest.mark.parametrize(("alias", "message"), [
+    ("model.layers.2.mlp.experts.03.gate_proj.weight", "'03' is not a plain decimal index"),
+    ("model.layers.\u0662.mlp.experts.3.gate_proj.weight", "matches no known layout"),
+    ("model.layers.2.block_sparse_moe.experts.3.w1.weight", "both layer 2's gate_proj of expert 3"),
+])
+def test_two_names_for_one_expert_tensor_are_refused(tmp_path: Path, alias: str, message: str) -> None:
+    """"experts.03" (or a digit of another script, or Mixtral's name beside Qwen's) would stand
+    for the same tensor as "experts.3": whichever came last replaced the other in silence."""
+    from safetensors.torch import save_file
+
+    full = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    tensors = load_all(full)
+    tensors[alias] = torch.zeros_like(tensors["model.layers.2.mlp.experts.3.gate_proj.weight"])
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    shutil.copy(full / "config.json", edited / "config.json")
+    save_file(tensors, str(edited / "model.safetensors"))
+    with pytest.raises(SourceError, match=message):
+        convert_checkpoint(edited, tmp_path / "ftw")
+
+
 def test_garbage_header_is_refused(tmp_path: Path) -> None:
     src = save_checkpoint("mixtral", tmp_path / "hf")
     (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")

@@ -327,6 +327,17 @@ def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
         convert_gguf(write_gguf(tmp_path / "tiny.gguf", tensors), tmp_path / "ftw")
 
 
+@pytest.mark.parametrize("alias", ["blk.01.ffn_gate_exps.weight", "blk.\u00b2.attn_norm.weight"])
+def test_a_block_number_in_another_spelling_is_refused(tmp_path: Path, alias: str) -> None:
+    """"blk.01" is block 1 to int(): its tensor replaced block 1's in silence; "blk.²" raised a
+    raw ValueError."""
+    tensors = tiny_qwen3_moe_tensors()
+    real = "blk.1.ffn_gate_exps.weight" if "exps" in alias else "blk.1.attn_norm.weight"
+    tensors[alias] = (tensors[real][0], np.zeros_like(tensors[real][1]))
+    with pytest.raises(SourceError, match="is not a plain decimal index"):
+        convert_gguf(write_gguf(tmp_path / "tiny.gguf", tensors), tmp_path / "ftw")
+
+
 def test_sentencepiece_tokenizer_is_refused_unless_skipped(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors(), tokenizer=False)
     with pytest.raises(SourceError, match="tokenizer model None is not supported"):
