@@ -143,8 +143,10 @@ def family_for_config(config: dict[str, Any]) -> Family:
     for family in FAMILIES.values():
         if model_type in family.model_types:
             return family
+    listed = config.get("architectures")
+    names = ", ".join(str(a) for a in listed) if isinstance(listed, list) else repr(listed) if listed else ""
     raise UnsupportedArchitectureError(
-        f"architecture {model_type!r} ({', '.join(config.get('architectures') or []) or 'no architectures listed'}) "
+        f"architecture {model_type!r} ({names or 'no architectures listed'}) "
         f"has no converter; supported families: {', '.join(sorted(FAMILIES))}"
     )
 
@@ -201,8 +203,8 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
         optional(key, 0, low=low, high=num_layers)  # checked only: the family's moe_layers reads them
     try:
         moe_layers = family.moe_layers({**c, "num_hidden_layers": num_layers})
-        shared = family.num_shared_experts(c)
-    except (TypeError, ValueError):
+        shared = config_int("number of shared experts", family.num_shared_experts(c), low=0, high=1 << 10)
+    except (TypeError, ValueError, OverflowError):
         raise SourceError(f"config.json: the MoE layers or shared experts of this {family.name} model cannot be "
                           "read (mlp_only_layers, mlp_layer_types, n_shared_experts); the checkpoint's config is "
                           "damaged") from None

@@ -16,6 +16,7 @@ What llama.cpp changes besides names, and how we undo it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -128,8 +129,13 @@ class Meta:
         return value
 
     def float(self, key: str, default: float | None = None) -> float | None:
+        """A finite number (an rms eps of NaN or a RoPE base of "1e6x" would reach the model)."""
         value = self.get(key, default)
-        return None if value is None else _f32(value)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SourceError(f"{self.model.path}: GGUF metadata {self.arch}.{key} is not one finite number ({value!r})")
+        return _f32(value)
 
 
 def _common_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
@@ -159,16 +165,19 @@ def _common_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         "eos_token_id": values.get("tokenizer.ggml.eos_token_id"),
     }
     scaling = meta.get("rope.scaling.type")
+    if scaling is not None and not isinstance(scaling, str):
+        raise SourceError(f"{model.path}: GGUF metadata {meta.arch}.rope.scaling.type is not a string ({scaling!r})")
     if scaling in ("linear", "yarn"):
         rope: dict[str, Any] = {"type": scaling, "rope_type": scaling, "factor": meta.float("rope.scaling.factor", 1.0)}
-        if (orig := meta.get("rope.scaling.original_context_length")) is not None:
-            rope["original_max_position_embeddings"] = int(orig)
+        if meta.get("rope.scaling.original_context_length") is not None:
+            rope["original_max_position_embeddings"] = config_int(
+                "rope.scaling.original_context_length", meta.int("rope.scaling.original_context_length"), where=where)
         for key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
             if meta.get(f"rope.scaling.{key}") is not None:
                 rope[hf_key] = meta.float(f"rope.scaling.{key}")
-        if (log_mul := meta.get("rope.scaling.yarn_log_multiplier")) is not None:
+        if (log_mul := meta.float("rope.scaling.yarn_log_multiplier")) is not None:
             # llama.cpp writes 0.1 * mscale_all_dim; DeepSeek's configs set mscale equal to it
-            rope["mscale"] = rope["mscale_all_dim"] = round(float(log_mul) / 0.1, 6)
+            rope["mscale"] = rope["mscale_all_dim"] = round(log_mul / 0.1, 6)
         config["rope_scaling"] = rope
     elif scaling not in (None, "none"):
         raise SourceError(f"{model.path}: RoPE scaling {scaling!r} is not supported for GGUF conversion")

@@ -66,7 +66,8 @@ class _Vocab:
         if not isinstance(self.tokens, list) or not self.tokens or not all(isinstance(t, str) for t in self.tokens):
             raise SourceError("GGUF tokenizer.ggml.tokens is missing or not a list of strings")
         self.types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(self.tokens)
-        if len(self.types) != len(self.tokens) or not all(isinstance(t, int) for t in self.types):
+        if not isinstance(self.types, list) or len(self.types) != len(self.tokens) \
+                or not all(isinstance(t, int) for t in self.types):
             raise SourceError("GGUF tokenizer.ggml.token_type does not match tokenizer.ggml.tokens")
         merges = meta.get("tokenizer.ggml.merges") or []
         if not isinstance(merges, list) or not all(isinstance(m, str) and m.find(" ", 1) > 0 for m in merges):
@@ -139,7 +140,7 @@ def gguf_tokenizer_json(reader: Any) -> dict[str, Any]:
             return doc
     vocab = _Vocab(meta)
     pre_name = meta.get("tokenizer.ggml.pre", "gpt-2")
-    pre = PRE_TOKENIZERS.get(pre_name)
+    pre = PRE_TOKENIZERS.get(pre_name) if isinstance(pre_name, str) else None
     if pre is None:
         raise SourceError(
             f"GGUF pre-tokenizer {pre_name!r} is not supported yet (supported: {', '.join(PRE_TOKENIZERS)}); "

@@ -228,6 +228,21 @@ def test_config_sizes_are_checked_before_anything_is_sized_by_them(tmp_path: Pat
         convert_checkpoint(src, tmp_path / "ftw")
 
 
+def test_a_config_of_the_wrong_types_is_refused_with_its_own_errors(tmp_path: Path) -> None:
+    """1e309 shared experts raised OverflowError; an unknown architecture whose "architectures"
+    holds no strings raised TypeError instead of naming the supported families."""
+    src = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    config = json.loads((src / "config.json").read_text())
+    for edit, error, message in (
+            ({"model_type": "deepseek_v3", "n_routed_experts": 4, "n_shared_experts": 1e309}, SourceError,
+             "shared experts of this deepseek_v3 model cannot be read"),
+            ({"model_type": "llama", "architectures": [1]}, UnsupportedArchitectureError, r"'llama' \(1\)"),
+            ({"model_type": "llama", "architectures": 7}, UnsupportedArchitectureError, r"'llama' \(7\)")):
+        (src / "config.json").write_text(json.dumps({**config, **edit}))
+        with pytest.raises(error, match=message):
+            convert_checkpoint(src, tmp_path / "ftw")
+
+
 NESTED = b"[" * 200_000 + b"]" * 200_000  # small, and deeper than Python's recursion limit
 
 

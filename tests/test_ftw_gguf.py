@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -45,9 +46,24 @@ def quantized(qtype: GGMLQuantizationType, shape: tuple[int, ...], rng: np.rando
     return weights if qtype == Q.F32 else gguf.quants.quantize(weights, qtype)
 
 
+GGUF_TYPES = {str: gguf.GGUFValueType.STRING, float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32,
+              list: gguf.GGUFValueType.ARRAY}
+
+
 def write_gguf(path: Path, tensors: dict[str, tuple[GGMLQuantizationType, np.ndarray]], *, arch: str = "qwen3moe",
-               tokenizer: bool = True, split_max_tensors: int = 0) -> Path:
+               tokenizer: bool = True, split_max_tensors: int = 0, metadata: dict[str, Any] | None = None) -> Path:
+    """The tiny model's GGUF; `metadata`: keys written with these values instead (or besides)."""
     w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
+    extra = dict(metadata or {})
+    written = w.add_key_value
+
+    def add_key_value(key: str, value: Any, vtype: Any, *args: Any, **kwargs: Any) -> None:
+        if key in extra:
+            value = extra.pop(key)
+            vtype = GGUF_TYPES[type(value)]
+        written(key, value, vtype, *args, **kwargs)
+
+    w.add_key_value = add_key_value  # type: ignore[method-assign]
     w.add_context_length(4096)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(LAYERS)
@@ -71,6 +87,8 @@ def write_gguf(path: Path, tensors: dict[str, tuple[GGMLQuantizationType, np.nda
         w.add_eos_token_id(VOCAB - 1)
         w.add_add_bos_token(False)
         w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    for key, value in extra.items():
+        written(key, value, GGUF_TYPES[type(value)])
     for name, (qtype, data) in tensors.items():
         w.add_tensor(name, data, raw_dtype=None if qtype in (Q.F32,) else qtype)
     w.write_header_to_file()
@@ -298,6 +316,25 @@ def test_metadata_sizes_beyond_any_model_are_refused(tmp_path: Path, monkeypatch
     path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors())
     monkeypatch.undo()
     with pytest.raises(SourceError, match=rf"tiny\.gguf: GGUF metadata: {message}"):
+        convert_gguf(path, tmp_path / "ftw")
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("qwen3moe.rope.freq_base", "1e6x", "rope.freq_base is not one finite number"),
+    ("qwen3moe.attention.layer_norm_rms_epsilon", float("nan"), "layer_norm_rms_epsilon is not one finite number"),
+    ("qwen3moe.attention.layer_norm_rms_epsilon", [1.0, 2.0], "layer_norm_rms_epsilon is not one finite number"),
+    ("qwen3moe.rope.scaling.type", ["yarn"], "rope.scaling.type is not a string"),
+    ("qwen3moe.rope.scaling.original_context_length", "4k", "original_context_length is missing or not one integer"),
+    ("qwen3moe.rope.scaling.yarn_log_multiplier", "x", "yarn_log_multiplier is not one finite number"),
+])
+def test_metadata_of_the_wrong_type_is_named(tmp_path: Path, key: str, value: object, message: str) -> None:
+    """A string, an array or NaN where a number belongs raised a raw ValueError or reached the
+    model (an rms eps of NaN gave NaN logits)."""
+    metadata = {key: value}
+    if key.startswith("qwen3moe.rope.scaling.") and key != "qwen3moe.rope.scaling.type":
+        metadata["qwen3moe.rope.scaling.type"] = "yarn"
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors(), metadata=metadata)
+    with pytest.raises(SourceError, match=message):
         convert_gguf(path, tmp_path / "ftw")
 
 
