@@ -23,6 +23,7 @@ from .errors import SourceError
 from .families import (
     ExpertTensorName,
     Family,
+    check_dense_shape,
     family_for_config,
     index_in_name,
     normalized_config,
@@ -105,6 +106,7 @@ class _Converter:
                 continue
             parsed = parse_expert_name(name)
             if parsed is None:
+                check_dense_shape(name, t.shape, self.config)
                 dense.append(t)
             else:
                 self._add_expert_tensor(experts[parsed.layer], parsed, t)

@@ -7,6 +7,7 @@ are shared by all families and listed once in EXPERT_NAME_PATTERNS, one row per 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,6 +171,13 @@ def config_int(key: str, value: Any, *, low: int = 1, high: int | None = None, w
     return value
 
 
+def positive_float(key: str, value: Any, where: str = "config.json") -> float:
+    """A rate or constant from an untrusted config: a finite number above 0, or SourceError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SourceError(f"{where}: {key} is {value!r}, not a finite number above 0; the checkpoint's config is damaged")
+    return float(value)
+
+
 def weight_block_size(quant: Any) -> list[int]:
     """The FP8 block of a config's quantization_config: two whole numbers (default 128 x 128)."""
     block = quant.get("weight_block_size") if isinstance(quant, dict) else None
@@ -209,6 +217,11 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
                           "read (mlp_only_layers, mlp_layer_types, n_shared_experts); the checkpoint's config is "
                           "damaged") from None
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    for key in ("rms_norm_eps", "rope_theta"):  # a NaN eps gave NaN logits; a negative base, garbage positions
+        if c.get(key) is not None:
+            positive_float(key, c[key])
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        positive_float("rope_theta", rope["rope_theta"])
     return {
         "family": family.name,
         "model_type": config.get("model_type"),
@@ -227,3 +240,28 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
         "rope_theta": rope.get("rope_theta", c.get("rope_theta")) if isinstance(rope, dict) else c.get("rope_theta"),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))),
     }
+
+
+_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight")
+_FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight")
+_ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight")
+_EMBEDDINGS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight")
+
+
+def check_dense_shape(name: str, shape: tuple[int, ...], config: dict[str, Any]) -> None:
+    """The tensors every family sizes by the config, checked against it (`config` normalized):
+    the layer norms [hidden], the router [experts, hidden], the embeddings and head [*, hidden].
+    A norm of the wrong length was converted and failed only at `ft run`; a router with a row
+    too few ran, one expert never chosen."""
+    hidden = config["hidden_size"]
+    expected: tuple[int, ...] | None = None
+    if name.endswith(_NORMS) or name in _FINAL_NORMS:
+        expected = (hidden,)
+    elif name.endswith(_ROUTERS):
+        expected = (config["num_experts"], hidden)
+    elif name in _EMBEDDINGS and (len(shape) != 2 or shape[1] != hidden or shape[0] < 1):
+        raise SourceError(f"tensor {name!r} has shape {list(shape)}, not [vocabulary, {hidden}] (hidden_size); "
+                          "the weights do not belong to this config")
+    if expected is not None and tuple(shape) != expected:
+        raise SourceError(f"tensor {name!r} has shape {list(shape)}, not {list(expected)} as the config sizes it; "
+                          "the weights do not belong to this config, or the file is damaged")

@@ -21,6 +21,9 @@ ALIGNMENT = 4096  # every tensor, bank and expert record starts on this boundary
 PART_ALIGNMENT = 256  # parts inside one expert record
 INDEX_FILENAME = "model.ftw.json"
 MAX_INDEX_BYTES = 256 << 20
+# no tensor of any model has a dimension near this; a header's [0, 2**63] holds no bytes, and
+# passed every size check until torch was asked for it
+MAX_DIMENSION = 1 << 40
 
 # FTW dtype name -> bytes per element.
 DTYPE_ITEMSIZE: dict[str, int] = {
@@ -243,8 +246,9 @@ class _IndexParser:
 
     def shape(self, obj: Any, where: str) -> tuple[int, ...]:
         raw = self.get(obj, "shape", list, where)
-        if len(raw) > 8 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
-            raise self.fail(f"{where}.shape is not a list of non-negative integers")
+        if len(raw) > 8 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIMENSION
+                                   for d in raw):
+            raise self.fail(f"{where}.shape is not a list of non-negative integers up to {MAX_DIMENSION}")
         return tuple(raw)
 
     def dtype(self, obj: Any, where: str) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import SourceError
-from .families import family_for_config, index_in_name, normalized_config
+from .families import check_dense_shape, family_for_config, index_in_name, normalized_config
 from .format import BLOCK_DTYPES, Index, storage_shape
 from .gguf_file import GGUFModel, GGUFTensor
 from .gguf_source import (
@@ -125,6 +125,11 @@ class _GGUFConverter:
             if any(d.name == hf for d in dense[layer]):
                 raise SourceError(f"{self.model.path}: layer {layer} has both attn_kv_b and attn_k_b/attn_v_b")
             dense[layer].append(self._kv_b(layer, hf, halves))
+        for d in (d for layer_dense in dense.values() for d in layer_dense):
+            try:
+                check_dense_shape(d.name, d.shape, self.config)
+            except SourceError as e:
+                raise SourceError(f"{self.model.path}: {e}") from None
         expected = self.config["moe_layers"]
         if sorted(experts) != expected:
             raise SourceError(
@@ -136,6 +141,9 @@ class _GGUFConverter:
     def _dense(self, hf_name: str, t: GGUFTensor, gguf_name: str) -> _Dense:
         if self.arch.permute_qk and gguf_name in ("attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias"):
             heads = self.config["num_attention_heads" if gguf_name.startswith("attn_q") else "num_key_value_heads"]
+            if len(t.shape) not in (1, 2):
+                raise SourceError(f"{self.model.path}: {gguf_name} has shape {list(t.shape)}; a query or key "
+                                  "projection is a matrix or a bias")
             order = hf_rows_of_llama_qk(t.shape[0], heads)
 
             def unpermuted() -> list[np.ndarray]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SourceError
-from .format import align_up, nbytes_of
+from .format import MAX_DIMENSION, align_up, nbytes_of
 from .rangeio import TensorFiles
 
 GGUF_MAGIC = b"GGUF"
@@ -172,6 +172,8 @@ def _parse_header(cur: _Cursor, size: int) -> tuple[dict[str, Any], list[GGUFTen
         if n_dims > MAX_DIMS:
             raise SourceError(f"{path}: tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS}); the file is corrupt")
         ne = [cur.u64(f"dimensions of {name!r}") for _ in range(n_dims)]
+        if any(d > MAX_DIMENSION for d in ne):
+            raise SourceError(f"{path}: tensor {name!r} has dimensions {ne}, beyond any model's; the file is corrupt")
         infos.append((name, ne, cur.u32(f"type of {name!r}"), cur.u64(f"offset of {name!r}")))
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):

@@ -100,7 +100,7 @@ def hf_rows_of_llama_qk(num_rows: int, num_heads: int) -> np.ndarray:
     """Row indices that undo llama.cpp's `permute` of attn_q/attn_k: hf = gguf[indices].
 
     llama.cpp stores row `(h, i, j)` of `w.reshape(heads, 2, head_dim / 2)` at `(h, j, i)`."""
-    if num_heads <= 0 or num_rows % (2 * num_heads):
+    if num_heads <= 0 or num_rows <= 0 or num_rows % (2 * num_heads):
         raise SourceError(f"cannot un-permute {num_rows} query/key rows over {num_heads} heads")
     gguf_from_hf = np.arange(num_rows).reshape(num_heads, 2, num_rows // num_heads // 2).swapaxes(1, 2).reshape(-1)
     return np.argsort(gguf_from_hf)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .errors import SourceError
-from .format import DTYPE_ITEMSIZE
+from .format import DTYPE_ITEMSIZE, MAX_DIMENSION
 from .rangeio import TensorFiles
 from .reader import TORCH_DTYPES
 
@@ -88,7 +88,8 @@ def _parse_entry(path: Path, name: str, entry: object, base: int, size: int) -> 
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in SAFETENSORS_DTYPES:
         raise SourceError(f"{path}: tensor {name!r} has unsupported dtype {dtype!r} (supported: {', '.join(SAFETENSORS_DTYPES)})")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIMENSION
+                                              for d in shape):
         raise SourceError(f"{path}: tensor {name!r} has a malformed shape {shape!r}")
     if (
         not isinstance(offsets, list) or len(offsets) != 2

@@ -236,11 +236,41 @@ def test_a_config_of_the_wrong_types_is_refused_with_its_own_errors(tmp_path: Pa
     for edit, error, message in (
             ({"model_type": "deepseek_v3", "n_routed_experts": 4, "n_shared_experts": 1e309}, SourceError,
              "shared experts of this deepseek_v3 model cannot be read"),
+            ({"rms_norm_eps": float("nan")}, SourceError, "rms_norm_eps is nan, not a finite number above 0"),
+            ({"rope_theta": -1}, SourceError, "rope_theta is -1, not a finite number above 0"),
             ({"model_type": "llama", "architectures": [1]}, UnsupportedArchitectureError, r"'llama' \(1\)"),
             ({"model_type": "llama", "architectures": 7}, UnsupportedArchitectureError, r"'llama' \(7\)")):
         (src / "config.json").write_text(json.dumps({**config, **edit}))
         with pytest.raises(error, match=message):
             convert_checkpoint(src, tmp_path / "ftw")
+
+
+@pytest.mark.parametrize(("name", "shape", "message"), [
+    ("model.layers.0.input_layernorm.weight", (8,), r"input_layernorm.weight' has shape \[8\], not \[\d+\]"),
+    ("model.layers.2.mlp.gate.weight", (3, None), r"mlp.gate.weight' has shape \[3, \d+\], not \[4, \d+\]"),
+    ("model.embed_tokens.weight", (None, 7), r"not \[vocabulary, \d+\]"),
+    ("model.layers.0.input_layernorm.weight", (0, 2**63), "malformed shape"),
+])
+def test_dense_tensors_the_config_sizes_are_checked(tmp_path: Path, name: str, shape: tuple, message: str) -> None:
+    """A norm of the wrong length converted and failed only at `ft run`; a router a row short ran
+    with one expert never chosen; [0, 2**63] holds no bytes and passed until torch was asked."""
+    from safetensors.torch import save_file
+
+    full = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    tensors = load_all(full)
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    shutil.copy(full / "config.json", edited / "config.json")
+    if 2**63 in shape:  # safetensors cannot write it: a hand-made header
+        header = json.dumps({name: {"dtype": "F32", "shape": list(shape), "data_offsets": [0, 0]}}).encode()
+        save_file({k: v for k, v in tensors.items() if k != name}, str(edited / "model.safetensors"))
+        (edited / "extra.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    else:
+        real = tensors[name].shape
+        tensors[name] = torch.zeros(*(r if s is None else s for s, r in zip(shape, real, strict=False)))
+        save_file(tensors, str(edited / "model.safetensors"))
+    with pytest.raises(SourceError, match=message):
+        convert_checkpoint(edited, tmp_path / "ftw")
 
 
 NESTED = b"[" * 200_000 + b"]" * 200_000  # small, and deeper than Python's recursion limit

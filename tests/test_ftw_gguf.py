@@ -338,6 +338,15 @@ def test_metadata_of_the_wrong_type_is_named(tmp_path: Path, key: str, value: ob
         convert_gguf(path, tmp_path / "ftw")
 
 
+def test_a_router_the_config_does_not_size_is_refused(tmp_path: Path) -> None:
+    """A router with a row too few converted and ran, one expert never chosen."""
+    tensors = tiny_qwen3_moe_tensors()
+    qtype, router = tensors["blk.1.ffn_gate_inp.weight"]
+    tensors["blk.1.ffn_gate_inp.weight"] = (qtype, router[:-1].copy())
+    with pytest.raises(SourceError, match=r"mlp.gate.weight' has shape \[3, \d+\], not \[4, \d+\]"):
+        convert_gguf(write_gguf(tmp_path / "tiny.gguf", tensors), tmp_path / "ftw")
+
+
 def test_bad_tensor_type_is_named(tmp_path: Path) -> None:
     tensors = tiny_qwen3_moe_tensors()
     tensors["blk.0.attn_q_norm.weight"] = (Q.F32, np.ones(HEAD_DIM, dtype=np.float64).astype(np.float32))
