@@ -267,10 +267,15 @@ class _GGUFConverter:
             "converter": "ft", "source_format": "gguf", "dropped_tensors": dropped, "target_dtype": "auto",
             "gguf_architecture": self.arch.name, "params_by_dtype": dict(self.params_by_dtype),
             "side_files": sorted(self.side_files),
-            "gguf_metadata": {k: v for k, v in self.model.metadata.items()
-                              if not isinstance(v, list) and not k.startswith("tokenizer.")},
+            "gguf_metadata": {k: v for k, v in self.model.metadata.items() if not isinstance(v, list)
+                              and not k.startswith("tokenizer.") and len(str(v)) <= MAX_KEPT_METADATA_CHARS},
         }
         return self.writer.finish(family=self.family.name, config=config, source_config=self.source_config, metadata=metadata)
+
+
+# the GGUF's scalar metadata is kept in the FTW index for `ft show`; a longer value (a licence
+# text, or a crafted one: five 60 MB strings made an index the reader refuses) is left out
+MAX_KEPT_METADATA_CHARS = 64 << 10
 
 
 def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:

@@ -29,6 +29,9 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_STRING_BYTES = 64 << 20
 MAX_ARRAY_ITEMS = 1 << 26
+# array items in all of a file's metadata: a real vocabulary's tokens, types and merges are under
+# 2M; each item becomes a Python object, so a crafted file of arrays took ~7x its size in memory
+MAX_METADATA_ITEMS = 1 << 23
 MAX_COUNT = 1 << 24  # tensors or metadata keys in one file
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -82,6 +85,7 @@ class _Cursor:
 
     def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
         self.buf, self.path, self.pos = buf, path, 0
+        self.items_left = MAX_METADATA_ITEMS
 
     def need(self, n: int, what: str) -> int:
         if n < 0 or self.pos + n > len(self.buf):
@@ -122,6 +126,10 @@ class _Cursor:
             item_kind, count = self.u32(what), self.u64(what)
             if count > MAX_ARRAY_ITEMS:
                 raise SourceError(f"{self.path}: {what} claims {count} items; the file is corrupt, re-download it")
+            self.items_left -= count
+            if self.items_left < 0:
+                raise SourceError(f"{self.path}: its metadata arrays hold over {MAX_METADATA_ITEMS} items, more than "
+                                  "any model's vocabulary; the file is corrupt or not a model")
             if item_kind in _NUMPY_SCALARS:
                 dtype = np.dtype(_NUMPY_SCALARS[item_kind])
                 start = self.need(count * dtype.itemsize, what)

@@ -347,6 +347,31 @@ def test_a_router_the_config_does_not_size_is_refused(tmp_path: Path) -> None:
         convert_gguf(write_gguf(tmp_path / "tiny.gguf", tensors), tmp_path / "ftw")
 
 
+def test_long_metadata_values_stay_out_of_the_index(tmp_path: Path) -> None:
+    """The GGUF's scalar metadata is kept for `ft show`, but not a value of megabytes: five 60 MB
+    strings made an index over the reader's limit, a model registered that could never open."""
+    long = "x" * ((64 << 10) + 1)
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors(),
+                      metadata={"general.description": long, "general.name": "tiny"})
+    index = convert_gguf(path, tmp_path / "ftw")
+    kept = index.metadata["gguf_metadata"]
+    assert kept["general.name"] == "tiny" and "general.description" not in kept
+    with FTWReader.open(tmp_path / "ftw") as reader:
+        assert "general.description" not in reader.index.metadata["gguf_metadata"]
+
+
+def test_metadata_arrays_beyond_any_vocabulary_are_refused(tmp_path: Path, monkeypatch) -> None:
+    """Every array item becomes a Python object: a file of arrays took ~7x its size in memory
+    before any check. The items of all arrays together are bounded (here the bound is lowered
+    under the tiny vocabulary's)."""
+    import ftw.gguf_file
+
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors())
+    monkeypatch.setattr(ftw.gguf_file, "MAX_METADATA_ITEMS", VOCAB)
+    with pytest.raises(SourceError, match=f"metadata arrays hold over {VOCAB} items"):
+        GGUFModel(path)
+
+
 def test_bad_tensor_type_is_named(tmp_path: Path) -> None:
     tensors = tiny_qwen3_moe_tensors()
     tensors["blk.0.attn_q_norm.weight"] = (Q.F32, np.ones(HEAD_DIM, dtype=np.float64).astype(np.float32))
