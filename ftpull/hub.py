@@ -8,6 +8,7 @@ client's `.incomplete` file in the download directory, which the next attempt re
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import HfApi, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -26,6 +27,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
     SafetensorsParsingError,
 )
+from huggingface_hub.file_download import http_get
+from huggingface_hub.utils import build_hf_headers
 from tqdm.auto import tqdm
 
 from ftw.convert import load_config
@@ -78,12 +81,26 @@ def endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
 
 
+PARTIAL_SUFFIX = ".part"  # a download in progress, kept across runs to resume from
+
+
 def _permanent(e: BaseException) -> bool:
     if isinstance(e, (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError, GatedRepoError)):
         return True
     if isinstance(e, HfHubHTTPError) and e.response is not None:
         return 400 <= e.response.status_code < 500 and e.response.status_code not in (408, 429)
     return False
+
+
+def _local_write_error(e: BaseException) -> str | None:
+    """What is wrong where a failure is this machine's own disk (full, read-only, not ours)."""
+    if not isinstance(e, OSError) or isinstance(e, ConnectionError) or e.errno is None:
+        return None
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk is full ({e.strerror}): free space on the disk that holds FT_HOME"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write the download ({e.strerror}{': ' + str(e.filename) if e.filename else ''}); check FT_HOME"
+    return None
 
 
 def with_retries(what: str, fn: Callable[[], T]) -> T:
@@ -116,6 +133,9 @@ def with_retries(what: str, fn: Callable[[], T]) -> T:
         except SafetensorsParsingError as e:
             raise HubError(f"{what}: a safetensors header on the Hub is malformed ({e})") from None
         except Exception as e:  # network errors come in many types across client versions
+            local = _local_write_error(e)
+            if local is not None:  # the disk, not the network: retrying downloads it all again
+                raise HubError(f"{what}: {local}; the pull resumes from what is downloaded when run again") from e
             if _permanent(e) or attempt == attempts:
                 raise HubError(
                     f"{what} failed after {attempt} attempt(s): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
@@ -189,7 +209,8 @@ def download_files(
     local_dir: Path,
     on_progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Download `files` into `local_dir`, skipping complete ones; interrupted ones resume.
+    """Download `files` into `local_dir` (one commit's: `revision` is a commit hash), skipping
+    complete ones; interrupted ones resume.
 
     `on_progress(bytes)` gets the bytes present so far over all `files` as they arrive.
     """
@@ -199,11 +220,32 @@ def download_files(
         target = local_dir / f.name
         if not (target.is_file() and f.size and target.stat().st_size == f.size):
             tqdm_class = _forwarding_tqdm(lambda pos, base=finished: report(base + pos))
-            with_retries(f"downloading {repo_id}/{f.name}", lambda f=f, tqdm_class=tqdm_class: hf_hub_download(
-                repo_id, f.name, revision=revision, local_dir=local_dir, endpoint=endpoint(),
-                etag_timeout=METADATA_TIMEOUT_S, tqdm_class=tqdm_class))
+            with_retries(f"downloading {repo_id}/{f.name}", lambda f=f, target=target, tqdm_class=tqdm_class: (
+                _download_resumable(repo_id, revision, f, target, tqdm_class)))
             size = target.stat().st_size
             if f.size and size != f.size:
                 raise HubError(f"{repo_id}/{f.name}: downloaded {size} bytes, the Hub lists {f.size}; pull again")
         finished += f.size
         report(finished)
+
+
+def _download_resumable(repo_id: str, revision: str, f: RemoteFile, target: Path, tqdm_class: type[tqdm]) -> None:
+    """One file through the client's own HTTP GET (its session, auth headers and endpoint) into
+    `<target>.part`, appending to what an earlier attempt or run left there, then renamed into
+    place. (hf_hub_download writes each attempt to a new temporary file and deletes it when
+    interrupted: a killed 100 GB download started again from its first byte.)"""
+    part = target.with_name(target.name + PARTIAL_SUFFIX)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.is_file() else 0
+    if f.size and have > f.size:  # not a prefix of this file
+        have = 0
+        part.unlink()
+    url = hf_hub_url(repo_id, f.name, revision=revision, endpoint=endpoint())
+    with open(part, "ab") as out:
+        if have:
+            log.info("%s/%s: resuming at byte %d of %d", repo_id, f.name, have, f.size)
+        http_get(url, out, resume_size=have, headers=build_hf_headers(), expected_size=f.size or None,
+                 displayed_filename=f.name, tqdm_class=tqdm_class)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(part, target)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -11,9 +12,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 
+from ftpull import hub
 from ftpull.fetch import PullError
 from ftpull.hub import HubError
 from ftpull.preflight import FitError, Resources
@@ -102,15 +105,28 @@ def test_interrupted_pull_resumes_next_time(fake_hub, store: Store, qwen_repo: P
     monkeypatch.setenv("FT_PULL_RETRIES", "1")
     fake_hub.add_repo(REPO, qwen_repo)
     shard = sorted(p.name for p in qwen_repo.glob("*.safetensors"))[-1]
-    fake_hub.fail_next(shard, after_bytes=30_000, times=10)
+    download = hub.download_files
+
+    def failing(*args: object, **kwargs: object) -> None:  # once the headers were read: the download breaks off
+        fake_hub.fail_next(shard, after_bytes=30_000)  # after some bytes,
+        fake_hub.fail_next(shard, after_bytes=0, times=20)  # and then the link is down
+        download(*args, **kwargs)
+
+    monkeypatch.setattr(hub, "download_files", failing)
+    # the client writes whole chunks of this size (10 MB): smaller, so these small shards are written in parts
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 8192)
     with pytest.raises(HubError, match="run the pull again: it resumes"):
         pull(f"hf://{REPO}", store)
+    monkeypatch.setattr(hub, "download_files", download)
     assert store.list_models() == []  # nothing half-listed
+    partial = list((store.root / "downloads").rglob(shard + ".part"))
+    assert len(partial) == 1 and (kept := partial[0].stat().st_size) >= 16_384  # kept for the next run
     fake_hub.clear_faults()
     fake_hub.clear_log()
     pull(f"hf://{REPO}", store)
-    resumed = [r for m, p, r in fake_hub.requests if m == "GET" and p.endswith(shard)]
-    assert resumed and resumed[0] and resumed[0].startswith("bytes=")  # picked up where it stopped
+    ranges = [r for m, p, r in fake_hub.requests if m == "GET" and p.endswith(shard) and r and r.endswith("-")]
+    assert ranges and int(ranges[0].removeprefix("bytes=").rstrip("-")) == kept  # picked up where it stopped
+    assert not list((store.root / "downloads").rglob("*.part"))
     open_model(store, f"hf.co/{REPO}").open_ftw().verify()
 
 
@@ -341,3 +357,19 @@ def test_repository_without_safetensors(fake_hub, store: Store, tmp_path: Path) 
     with pytest.raises(HubError, match="no safetensors weights"):
         pull("hf://someone/pickled", store)
     assert "pytorch_model.bin" not in fake_hub.downloaded_files()
+
+
+def test_a_full_disk_is_not_retried_as_a_network_error(fake_hub, store: Store, qwen_repo: Path, monkeypatch) -> None:
+    """ENOSPC while downloading was retried five times from byte 0 and then blamed on the
+    network; now it stops at once, names the disk, and the pull resumes later."""
+    fake_hub.add_repo(REPO, qwen_repo)
+    calls = []
+
+    def full(*args: object) -> None:
+        calls.append(args)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hub, "_download_resumable", full)
+    with pytest.raises(HubError, match="the disk is full .* free space on the disk that holds FT_HOME; the pull resumes"):
+        pull(f"hf://{REPO}", store)
+    assert len(calls) == 1
