@@ -1,17 +1,23 @@
 """Per-process work directories under ``tmp/`` and cleanup after processes that died.
 
-A work directory is named ``<prefix>-pid<pid>-<token>``; atomic-write temp files are named
-``.<target>.tmp-<pid>-<token>``. Either is stale once its pid no longer runs, which is how a
-process killed in the middle of a conversion gets cleaned up by the next one.
+A work directory is named ``<prefix>-pid<pid>-<token>`` and holds an exclusive `flock` on its
+``.owner.lock`` for as long as its process lives: it is stale once that lock can be taken, which
+is how a process killed in the middle of a conversion gets cleaned up by the next one. The lock,
+not the pid, decides: processes in other pid namespaces (containers sharing FT_HOME) see each
+other's pids as absent, and a container's pull runs as pid 1, which every other process sees as
+alive. Atomic-write temp files (``.<target>.tmp-<pid>-<token>``) are stale once their pid no
+longer runs here and they have not been written to for STALE_TEMP_FILE_S.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,20 +30,51 @@ log = logging.getLogger(__name__)
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 _WORKDIR_RE = re.compile(r".+-pid([0-9]+)-[0-9a-f]+")
 _TEMPFILE_RE = re.compile(r"\..+" + re.escape(TEMP_MARKER) + r"([0-9]+)-[0-9a-f]+")
+_STAGING_RE = re.compile(r"\..+-[0-9a-f]+\.new")
+OWNER_LOCK = ".owner.lock"
+STALE_TEMP_FILE_S = 600.0  # a temp file untouched this long, of a pid not running here, is a dead writer's
 
 
 @contextmanager
 def temp_dir(tmp_root: Path, prefix: str = "work") -> Iterator[Path]:
-    """Create a fresh work directory in `tmp_root`; it is removed when the block exits, error or not."""
+    """Create a fresh work directory in `tmp_root`, locked as this process's while the block
+    runs; it is removed when the block exits, error or not."""
     if not _PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"temp dir prefix {prefix!r} must match {_PREFIX_RE.pattern}")
     tmp_root.mkdir(parents=True, exist_ok=True)
-    path = tmp_root / f"{prefix}-pid{os.getpid()}-{secrets.token_hex(4)}"
-    path.mkdir()
+    token = secrets.token_hex(4)
+    staging = tmp_root / f".{prefix}-{token}.new"  # locked before it takes a name cleanup looks at
+    staging.mkdir()
+    fd = os.open(staging / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        yield path
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = tmp_root / f"{prefix}-pid{os.getpid()}-{token}"
+        os.rename(staging, path)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)  # the lock goes with it
+        shutil.rmtree(staging, ignore_errors=True)  # (only if the rename never happened)
+
+
+def _owner_gone(workdir: Path, pid: int) -> bool:
+    """Whether no process holds `workdir`'s lock (or, in a directory from before the lock, runs
+    as its pid)."""
+    try:
+        fd = os.open(workdir / OWNER_LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return not pid_alive(pid)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # (a lock taken here is released with it: nobody owns the directory)
+    return True
 
 
 def _remove(path: Path) -> bool:
@@ -60,10 +97,13 @@ def cleanup_stale(tmp_root: Path, temp_file_dirs: list[Path]) -> list[Path]:
     (searched recursively) whose owning process is no longer running. Returns what was removed.
     """
     removed: list[Path] = []
+    now = time.time()
     if tmp_root.is_dir():
         for entry in sorted(tmp_root.iterdir()):
             m = _WORKDIR_RE.fullmatch(entry.name)
-            if m and not pid_alive(int(m.group(1))) and _remove(entry):
+            if m and entry.is_dir() and _owner_gone(entry, int(m.group(1))) and _remove(entry):
+                removed.append(entry)
+            elif _STAGING_RE.fullmatch(entry.name) and _untouched_for(entry, STALE_TEMP_FILE_S, now) and _remove(entry):
                 removed.append(entry)
     for top in temp_file_dirs:
         if not top.is_dir():
@@ -71,8 +111,15 @@ def cleanup_stale(tmp_root: Path, temp_file_dirs: list[Path]) -> list[Path]:
         for dirpath, _dirnames, filenames in os.walk(top):
             for fname in filenames:
                 m = _TEMPFILE_RE.fullmatch(fname)
-                if m and not pid_alive(int(m.group(1))):
-                    path = Path(dirpath) / fname
-                    if _remove(path):
-                        removed.append(path)
+                path = Path(dirpath) / fname
+                if m and not pid_alive(int(m.group(1))) and _untouched_for(path, STALE_TEMP_FILE_S, now) \
+                        and _remove(path):
+                    removed.append(path)
     return removed
+
+
+def _untouched_for(path: Path, seconds: float, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime > seconds
+    except OSError:
+        return False

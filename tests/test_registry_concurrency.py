@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from registry import Descriptor, LockTimeoutError, Manifest, Store, digest_bytes
+from registry.tmpdirs import STALE_TEMP_FILE_S
 
 # spawn: children start clean instead of inheriting the parent's open lock descriptors
 CTX = mp.get_context("spawn")
@@ -151,6 +152,11 @@ def test_cleanup_stale_removes_dead_pids_only(tmp_path: Path) -> None:
     dead_manifest_tmp.write_bytes(b"{")
     live_blob_tmp = store.blobs_dir / f".sha256-{'1' * 64}.tmp-{os.getpid()}-abcd1234"
     live_blob_tmp.write_bytes(b"in progress")
+    young_tmp = store.blobs_dir / f".sha256-{'2' * 64}.tmp-{dead}-abcd1234"  # a writer in another pid namespace
+    young_tmp.write_bytes(b"being written")
+    old = time.time() - 2 * STALE_TEMP_FILE_S
+    for path in (dead_blob_tmp, dead_manifest_tmp, live_blob_tmp):
+        os.utime(path, (old, old))
     unrelated = store.tmp_dir / "notes"
     unrelated.mkdir()
 
@@ -161,7 +167,36 @@ def test_cleanup_stale_removes_dead_pids_only(tmp_path: Path) -> None:
         assert live_dir.is_dir() and (live_dir / "f").exists()
         assert f"pid{os.getpid()}" in live_dir.name
     assert not live_dir.exists()
-    assert live_blob_tmp.exists() and unrelated.exists()
+    assert live_blob_tmp.exists() and young_tmp.exists() and unrelated.exists()
+
+
+def _hold_work_dir(root: str, made, release) -> None:  # type: ignore[no-untyped-def]
+    with Store(Path(root)).temp_dir("pull") as path:
+        made.put(str(path))
+        release.wait(30)
+
+
+def test_a_work_dir_is_stale_by_its_lock_not_its_pid(tmp_path: Path) -> None:
+    """Containers sharing FT_HOME see each other's pids as absent, and a container's pull runs as
+    pid 1, which every other process sees as alive: a held work dir named with a pid that does
+    not run here is kept, and an abandoned one named with a live pid is removed."""
+    store = Store(tmp_path)
+    made, release = CTX.Queue(), CTX.Event()
+    proc = CTX.Process(target=_hold_work_dir, args=(str(tmp_path), made, release))
+    proc.start()
+    try:
+        held = Path(made.get(timeout=30))
+        elsewhere = held.with_name("pull-pid999999999-0badf00d")  # as another namespace's pid reads here
+        held.rename(elsewhere)
+        abandoned = store.tmp_dir / "pull-pid1-feedface"  # a killed container's pull
+        abandoned.mkdir()
+        (abandoned / ".owner.lock").touch()
+        assert store.cleanup_stale() == [abandoned]
+        assert elsewhere.is_dir()
+    finally:
+        release.set()
+        proc.join(30)
+    assert store.cleanup_stale() == [elsewhere]  # its owner is gone now (under the name it was renamed to)
 
 
 def test_temp_dir_removed_on_exception(tmp_path: Path) -> None:
