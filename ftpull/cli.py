@@ -174,6 +174,9 @@ def rm_cmd(names: tuple[str, ...]) -> None:
     for name in names:
         removed = store.remove(name)
         click.echo(f"deleted '{name}'" + (f" ({len(removed)} blobs freed)" if removed else ""))
+    if pending := store.unreferenced_bytes():  # gc skips while a pull adds blobs
+        click.echo(f"{show_mod.human_bytes(pending)} of data no model uses is freed when the pull in progress "
+                   "ends (or by the next ft pull or ft rm)")
 
 
 @cli.command("cp")

@@ -68,17 +68,24 @@ def install(
 ) -> PullResult:
     """Fetch, convert and register `target` under the store's locks (see the module docstring)."""
     store.cleanup_stale()
-    repo = target.recipe.source.repo_id
-    with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), store.temp_dir("pull") as work, \
-            store.download_lock(repo) if repo else contextlib.nullcontext():  # (its files: from download to delete)
-        if store.has_model(target.name) and not replace_existing:  # another process pulled it while we waited
-            report(PullEvent(f"{target.name.display} is up to date"))
-            return PullResult(target.name, True, store.read_manifest(target.name).total_size)
-        fetched = fetch(target, store, work, force, report)
-        manifest = convert_and_register(target, store, fetched, work, report)
-        if fetched.download_dir is not None:
-            shutil.rmtree(fetched.download_dir, ignore_errors=True)  # no longer needed
-    # blobs of a replaced model, or of one removed while this pull ran (its gc was skipped then)
+    # blobs no model names: of a pull killed while it registered, or of models removed while
+    # another pull ran (their gc was skipped then); before the fit check counts them as used
     store.gc(wait=False)
+    repo = target.recipe.source.repo_id
+    try:
+        with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), \
+                store.temp_dir("pull") as work, \
+                store.download_lock(repo) if repo else contextlib.nullcontext():  # (its files: from download to delete)
+            if store.has_model(target.name) and not replace_existing:  # another process pulled it while we waited
+                report(PullEvent(f"{target.name.display} is up to date"))
+                return PullResult(target.name, True, store.read_manifest(target.name).total_size)
+            fetched = fetch(target, store, work, force, report)
+            manifest = convert_and_register(target, store, fetched, work, report)
+            if fetched.download_dir is not None:
+                shutil.rmtree(fetched.download_dir, ignore_errors=True)  # no longer needed
+    finally:
+        # blobs of a replaced model, of one removed while this pull ran, or of this pull if it
+        # failed after moving some in: whatever no manifest names (skipped while others pull)
+        store.gc(wait=False)
     report(PullEvent("success"))
     return PullResult(target.name, False, manifest.total_size)

@@ -205,6 +205,20 @@ class Store:
     def _gc_lock_path(self) -> Path:
         return self.locks_dir / "gc.lock"
 
+    def unreferenced_bytes(self) -> int:
+        """Bytes of the blobs no manifest names: what the next gc frees (0 where a manifest is
+        unreadable: gc keeps everything then)."""
+        keep = referenced_digests(*self.scan_models())
+        if keep is None:
+            return 0
+        total = 0
+        for digest in self._blobs.digests() - keep:
+            try:
+                total += self._blobs.path(digest).stat().st_size
+            except OSError:  # removed meanwhile
+                pass
+        return total
+
     def gc(self, wait: bool = True, timeout_s: float | None = 600.0) -> list[str]:
         """Delete every blob no manifest references; returns the removed digests, sorted.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import Store
+from registry import Store, digest_bytes
 from tests.checkpoints import save_checkpoint
 from tests.clirun import ft
 
@@ -56,6 +56,24 @@ def test_tiny_lifecycle(home: Path, capsys) -> None:
     code, out, _ = ft(capsys, "rm", "myteam/tiny2:v1")
     assert code == 0 and "blobs freed" in out
     assert list((home / "blobs").iterdir()) == []
+
+
+def test_space_held_by_a_pull_in_progress_is_named_and_freed_by_the_next_pull(home: Path, capsys) -> None:
+    """ft rm while another pull runs cannot free the blobs (gc waits for pulls): it says so. A
+    pull killed while it registered leaves blobs no model names: the next pull frees them before
+    its fit check would count them as used."""
+    ft(capsys, "pull", "tiny")
+    store = Store(home)
+    with store.pull_session():  # as another process's pull holds it
+        code, out, _ = ft(capsys, "rm", "tiny")
+    assert code == 0 and "freed when the pull in progress ends" in out
+    orphan = store.blob_path(digest_bytes(b"a shard moved in before the pull was killed"))
+    orphan.write_bytes(b"a shard moved in before the pull was killed")
+    not_a_model = home.parent / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text('{"model_type": "llama"}')
+    assert ft(capsys, "pull", str(not_a_model))[0] != 0  # a pull that fails frees them too
+    assert not orphan.exists() and store.unreferenced_bytes() == 0
 
 
 def test_verify_names_the_bad_file(home: Path, capsys) -> None:
