@@ -130,10 +130,16 @@ def gguf_parts(path: Path) -> list[Path]:
     return [path.with_name(f"{m['stem']}-{k:05d}-of-{m['count']}.gguf") for k in range(1, int(m["count"]) + 1)]
 
 
+def downloads_of(store: Store, repo_id: str) -> Path:
+    """Where a repository's files download to. The Hub matches repository ids whatever their
+    case, so one directory holds Org/Model and org/model alike."""
+    return store.root / "downloads" / "hf" / repo_id.lower()
+
+
 def _download(target: PullTarget, store: Store, revision: str, files: tuple[hub.RemoteFile, ...], report: Report) -> Path:
     source = target.recipe.source
     assert source.repo_id is not None
-    download_dir = store.root / "downloads" / "hf" / source.repo_id / revision
+    download_dir = downloads_of(store, source.repo_id) / revision
     download_dir.mkdir(parents=True, exist_ok=True)
     counter = ByteCounter(report, f"pulling {source.repo_id}", sum(f.size for f in files))
     hub.download_files(source.repo_id, revision, files, download_dir, on_progress=counter.at)
@@ -141,7 +147,7 @@ def _download(target: PullTarget, store: Store, revision: str, files: tuple[hub.
 
 
 def _remaining(store: Store, repo_id: str, revision: str, files: tuple[hub.RemoteFile, ...]) -> int:
-    download_dir = store.root / "downloads" / "hf" / repo_id / revision
+    download_dir = downloads_of(store, repo_id) / revision
     present = sum((download_dir / f.name).stat().st_size for f in files if (download_dir / f.name).is_file())
     return max(0, sum(f.size for f in files) - present)
 

@@ -75,7 +75,7 @@ def install(
     try:
         with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), \
                 store.temp_dir("pull") as work, \
-                store.download_lock(repo) if repo else contextlib.nullcontext():  # (its files: from download to delete)
+                store.download_lock(repo.lower()) if repo else contextlib.nullcontext():  # (its files: from download to delete)
             if store.has_model(target.name) and not replace_existing:  # another process pulled it while we waited
                 report(PullEvent(f"{target.name.display} is up to date"))
                 return PullResult(target.name, True, store.read_manifest(target.name).total_size)

@@ -75,8 +75,9 @@ def resolve(text: str) -> PullTarget:
                         family=FAMILY_FROM_CONFIG, template="checkpoint")
         return PullTarget(name, recipe)
     name = parse_name(text)
-    if name.host == HF_HOST:
-        return _hf_target(parse_source(f"hf://{name.namespace}/{name.model}"), None if name.tag == DEFAULT_TAG else name.tag)
+    if name.host == HF_HOST:  # the repository as typed: a mirror may match its id case-sensitively
+        repo = text.split("/", 1)[1].rsplit(":", 1)[0] if text.count("/") == 2 else f"{name.namespace}/{name.model}"
+        return _hf_target(parse_source(f"hf://{repo}"), None if name.tag == DEFAULT_TAG else name.tag)
     if name.host != DEFAULT_HOST or name.namespace != DEFAULT_NAMESPACE:
         raise InvalidNameError(f"{text!r}: ft pulls shipped models (e.g. qwen3.6-35b:fp8), hf://org/repo, or a local path")
     recipes = builtin_modelfiles()

@@ -373,3 +373,15 @@ def test_a_full_disk_is_not_retried_as_a_network_error(fake_hub, store: Store, q
     with pytest.raises(HubError, match="the disk is full .* free space on the disk that holds FT_HOME; the pull resumes"):
         pull(f"hf://{REPO}", store)
     assert len(calls) == 1
+
+
+def test_an_hf_co_name_keeps_the_repositorys_case(fake_hub, store: Store, qwen_repo: Path) -> None:
+    """hf.co/Org/Repo was looked up as org/repo: a mirror that matches ids case-sensitively (as
+    this fake Hub does) answered RepositoryNotFound. The local name is lower case; the downloads
+    of the two spellings share one directory."""
+    fake_hub.add_repo(REPO, qwen_repo)
+    result = pull(f"hf.co/{REPO}", store)
+    assert str(result.name) == f"hf.co/{REPO.lower()}:latest"
+    assert any(p.endswith("model.safetensors.index.json") or ".safetensors" in p
+               for m, p, r in fake_hub.requests if m == "GET" and REPO in p)
+    assert pull(f"hf.co/{REPO.lower()}", store).already_present
