@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from registry import InvalidNameError, ModelName, Store, parse_name
+from runtime.weights import open_model
 
 from .events import PullEvent, Report, quiet
 from .fetch import PullError, fetch
@@ -42,9 +43,24 @@ def pull(text: str, store: Store, *, force: bool = False, report: Report = quiet
         return PullResult(present, True, store.read_manifest(present).total_size)
     target = resolve(text)
     if store.has_model(target.name):
+        _check_same_local_source(target, store)
         report(PullEvent(f"{target.name.display} is up to date"))
         return PullResult(target.name, True, store.read_manifest(target.name).total_size)
     return install(target, store, force=force, report=report)
+
+
+def _check_same_local_source(target: PullTarget, store: Store) -> None:
+    """A local checkpoint is named after its directory: another directory of the same name
+    (`.../run-a/checkpoint`, `.../run-b/checkpoint`) is a different model, not an "up to date" one."""
+    source = target.recipe.source
+    if source.scheme != "local":
+        return
+    stored = open_model(store, target.name).config.get("source")
+    if stored is not None and str(stored) != source.path:
+        raise PullError(
+            f"{target.name.display} already holds the model pulled from {stored}, not {source.path}; remove it "
+            f"(`ft rm {target.name.display}`) or import this one under its own name: a Modelfile with "
+            f"`FROM {source.path}` and `ft create NAME -f Modelfile`")
 
 
 def _present_name(text: str, store: Store) -> ModelName | None:

@@ -385,3 +385,14 @@ def test_an_hf_co_name_keeps_the_repositorys_case(fake_hub, store: Store, qwen_r
     assert any(p.endswith("model.safetensors.index.json") or ".safetensors" in p
                for m, p, r in fake_hub.requests if m == "GET" and REPO in p)
     assert pull(f"hf.co/{REPO.lower()}", store).already_present
+
+
+def test_two_local_checkpoints_of_one_directory_name_are_not_one_model(store: Store, tmp_path: Path) -> None:
+    """.../run-a/checkpoint and .../run-b/checkpoint both name local/checkpoint: the second was
+    reported "up to date" and `ft run` of its path loaded the first."""
+    first = save_checkpoint("qwen3_moe", tmp_path / "run-a" / "checkpoint")
+    second = save_checkpoint("mixtral", tmp_path / "run-b" / "checkpoint")
+    assert pull(str(first), store).name.display == "local/checkpoint:latest"
+    assert pull(str(first), store).already_present
+    with pytest.raises(PullError, match=r"already holds the model pulled from .*run-a/checkpoint, not .*run-b"):
+        pull(str(second), store)
