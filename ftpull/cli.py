@@ -17,13 +17,14 @@ from typing import Any
 import click
 
 from ftw import FTWError
-from registry import RegistryError, Store
+from registry import InvalidNameError, RegistryError, Store
 from runtime.chat_template import ChatTemplateError
 from runtime.models import ContextOverflowError, UnsupportedFamilyError
 from runtime.plan import PlanOverrides
 from runtime.resources import gib_to_bytes
 from runtime.sampling import InvalidParameterError
 from runtime.tokenizer import TokenizerError
+from runtime.weights import open_model
 
 from . import fit as fit_mod
 from . import show as show_mod
@@ -32,7 +33,7 @@ from .modelfile import ModelfileError
 from .preflight import FitError
 from .progress import ProgressPrinter
 from .pull import PullError, create, pull
-from .resolve import ResolveError
+from .resolve import ResolveError, resolve
 from .run import NoGPUError
 from .serve import Client, NoServer, ServerAddressError, ServerReplyError
 
@@ -188,6 +189,26 @@ def cp_cmd(src: str, dst: str) -> None:
     click.echo(f"copied '{src}' to '{dst}'")
 
 
+def refetch_hint(store: Store, name: str) -> str:
+    """How to get a damaged model's files again: pull it by its name where a name pulls it,
+    from its checkpoint where it came from a local one, else rebuild it as it was made."""
+    try:
+        source = open_model(store, name).config.get("source")
+    except (RegistryError, FTWError, OSError, ValueError):  # the config itself may be the damaged file
+        source = None
+    local = isinstance(source, str) and source.startswith("/")
+    if local and name.startswith("local/"):
+        return f"run `ft rm {name}` and `ft pull {source}` (its checkpoint) again"
+    try:
+        pullable = not local and resolve(name) is not None
+    except (ResolveError, InvalidNameError):
+        pullable = False
+    if pullable:
+        return f"run `ft rm {name}` and `ft pull {name}` again"
+    return (f"run `ft rm {name}` and make it again as it was made (`ft create {name} -f Modelfile`"
+            + (f" from {source}" if local else "") + ", or `ft cp` from a model pulled again)")
+
+
 @cli.command("verify")
 @click.argument("names", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -204,7 +225,7 @@ def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
             if bad:
                 for b in bad:
                     click.echo(f"{name}: {b.title}: {b.problem} ({b.path})", err=True)
-                click.echo(f"{name}: {len(bad)} bad file(s); run `ft rm {name}` and pull it again", err=True)
+                click.echo(f"{name}: {len(bad)} bad file(s); {refetch_hint(store, name)}", err=True)
             else:
                 click.echo(f"{name}: ok")
     if as_json:

@@ -25,10 +25,9 @@ class ModelNotFoundError(RegistryError, LookupError):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(
-            f"model {name!r} not found in the local store; "
-            f"run `ft list` to see local models or `ft pull {name}` to download it"
-        )
+        fetch = ("`ft pull PATH` to import its checkpoint again" if name.startswith("local/")
+                 else f"`ft pull {name}` to download it")
+        super().__init__(f"model {name!r} not found in the local store; run `ft list` to see local models or {fetch}")
 
 
 class CorruptManifestError(RegistryError):

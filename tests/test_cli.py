@@ -87,7 +87,24 @@ def test_verify_names_the_bad_file(home: Path, capsys) -> None:
         f.seek(1000)
         f.write(b"\xff")
     code, out, err = ft(capsys, "verify", "tiny")
-    assert code == 1 and "model-00001.ftw: corrupt" in err and "ft rm tiny" in err
+    assert code == 1 and "model-00001.ftw: corrupt" in err and "`ft rm tiny` and `ft pull tiny`" in err
+
+
+def test_verify_advises_the_fix_that_works_for_each_kind_of_model(home: Path, tmp_path: Path, capsys) -> None:
+    """`ft pull NAME` fetches neither a local checkpoint's model nor a created one: each gets the
+    way it can be made again."""
+    checkpoint = save_checkpoint("mixtral", tmp_path / "ckpt")
+    ft(capsys, "pull", str(checkpoint))
+    (tmp_path / "Modelfile").write_text(f"FROM {checkpoint}\nFAMILY mixtral\n")
+    ft(capsys, "create", "mine", "-f", str(tmp_path / "Modelfile"))
+    store = Store(home)
+    for name in ("local/ckpt", "mine"):
+        shard = next(d for d in store.read_manifest(name).layers if d.title == "model-00001.ftw")
+        path = store.blob_path(shard.digest)
+        path.chmod(0o644)
+        path.write_bytes(path.read_bytes()[:-1])
+    assert f"`ft pull {checkpoint}` (its checkpoint)" in ft(capsys, "verify", "local/ckpt")[2]
+    assert "`ft create mine -f Modelfile`" in ft(capsys, "verify", "mine")[2]
 
 
 def test_create_from_modelfile(home: Path, tmp_path: Path, capsys) -> None:
