@@ -414,8 +414,9 @@ def stop_cmd(name: str) -> None:
 def _run(args: list[str] | None = None) -> None:
     try:
         cli.main(args=args, prog_name="ft", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as e:  # click turns Ctrl-C inside a command into Abort
+        interrupted = isinstance(e.__cause__ or e.__context__, KeyboardInterrupt)
+        click.echo("interrupted; run the same command again to resume" if interrupted else "aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         e.show()

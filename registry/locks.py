@@ -117,7 +117,8 @@ def _acquire(fd: int, path: Path, shared: bool, timeout_s: float | None, what: s
         if timeout_s is not None and waited >= timeout_s:
             raise LockTimeoutError(what, timeout_s, _describe_holders(path))
         if not logged and waited >= _LOG_AFTER_S:
-            log.info("waiting for the lock on %s, held by %s", what, _describe_holders(path))
+            # (a warning: a second `ft pull` of a model being pulled waits, for hours maybe, and must say why)
+            log.warning("waiting for the lock on %s, held by %s", what, _describe_holders(path))
             logged = True
         pause = delay if timeout_s is None else min(delay, max(timeout_s - waited, 0.0))
         time.sleep(pause)

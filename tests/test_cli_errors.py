@@ -23,3 +23,16 @@ def test_bad_input_is_one_clear_line(capsys, monkeypatch, tmp_path, args: tuple[
         monkeypatch.setenv(key, value)
     status, _, err = ft(capsys, *args)
     assert status == code and words in err, err
+
+
+def test_ctrl_c_during_a_pull_says_how_to_resume(capsys, monkeypatch, tmp_path) -> None:
+    """click turns Ctrl-C inside a command into Abort, so the resume hint never showed: "aborted"."""
+    import ftpull.cli
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("FT_HOME", str(tmp_path))
+    monkeypatch.setattr(ftpull.cli, "pull", interrupted)
+    code, _, err = ft(capsys, "pull", "tiny")
+    assert code == 130 and "interrupted; run the same command again to resume" in err
