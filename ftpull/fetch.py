@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ftw import family_for_config, load_config
+from ftw.errors import UnsupportedArchitectureError
 from ftw.families import Family, normalized_config
+from ftw.gguf_file import architecture_in_prefix
+from ftw.gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
 from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import DEFAULT_TAG, Store
 
@@ -164,6 +167,19 @@ def _remote_safetensors(target: PullTarget, store: Store, force: bool, report: R
     return Fetched(download_dir, "safetensors", remote.revision, download_dir)
 
 
+GGUF_PREFIX_BYTES = 1 << 20  # general.architecture comes first in llama.cpp's files
+
+
+def _check_gguf_architecture(repo_id: str, revision: str, name: str) -> None:
+    """Refuse a GGUF of an architecture ft cannot convert before its download (a 20 GB file was
+    downloaded, then refused, and left in downloads/)."""
+    arch = architecture_in_prefix(hub.read_prefix(repo_id, revision, name, GGUF_PREFIX_BYTES), f"{repo_id}/{name}")
+    if arch is not None and arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"{repo_id}/{name}: GGUF architecture {arch!r} has no converter; supported GGUF architectures: "
+            + ", ".join(sorted(GGUF_ARCHITECTURES)))
+
+
 def _remote_gguf(target: PullTarget, store: Store, force: bool, report: Report) -> Fetched:
     source = target.recipe.source
     assert source.repo_id is not None and source.path is not None
@@ -177,6 +193,7 @@ def _remote_gguf(target: PullTarget, store: Store, force: bool, report: Report) 
     if missing:
         raise PullError(f"{source.repo_id}@{revision[:12]} has no {', '.join(missing)}; check the file name in the recipe")
     files = tuple(hub.RemoteFile(n, sizes[n]) for n in names)
+    _check_gguf_architecture(source.repo_id, revision, names[0])
     # GGUF headers are not read before the download: count every byte as host-resident (conservative).
     total = sum(f.size for f in files)
     _fit(target, store, Footprint(download_bytes=_remaining(store, source.repo_id, revision, files),

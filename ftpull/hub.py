@@ -28,7 +28,7 @@ from huggingface_hub.errors import (
     SafetensorsParsingError,
 )
 from huggingface_hub.file_download import http_get
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from tqdm.auto import tqdm
 
 from ftw.convert import load_config
@@ -227,6 +227,19 @@ def download_files(
                 raise HubError(f"{repo_id}/{f.name}: downloaded {size} bytes, the Hub lists {f.size}; pull again")
         finished += f.size
         report(finished)
+
+
+def read_prefix(repo_id: str, revision: str, name: str, nbytes: int) -> bytes:
+    """The first `nbytes` of a file (one ranged GET through the client's session)."""
+    url = hf_hub_url(repo_id, name, revision=revision, endpoint=endpoint())
+
+    def get() -> bytes:
+        response = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes=0-{nbytes - 1}"},
+                                      follow_redirects=True, timeout=METADATA_TIMEOUT_S)
+        hf_raise_for_status(response)
+        return response.content[:nbytes]
+
+    return with_retries(f"reading the header of {repo_id}/{name}", get)
 
 
 def _download_resumable(repo_id: str, revision: str, f: RemoteFile, target: Path, tqdm_class: type[tqdm]) -> None:

@@ -154,6 +154,29 @@ def _parse_file(path: Path) -> tuple[dict[str, Any], list[GGUFTensor]]:
             buf.close()
 
 
+def architecture_in_prefix(prefix: bytes, origin: str) -> str | None:
+    """`general.architecture` from the first bytes of a GGUF file (read before downloading it):
+    the keys are parsed in order until that one; None where the prefix ends first. SourceError
+    where the bytes are not a GGUF header."""
+    cur = _Cursor(prefix, Path(origin))
+    if len(prefix) < 4 or prefix[:4] != GGUF_MAGIC:
+        raise SourceError(f"{origin}: not a GGUF file (no GGUF magic)")
+    cur.pos = 4
+    try:
+        if cur.u32("version") not in SUPPORTED_VERSIONS:
+            return None  # the download's full parse names the problem
+        cur.u64("tensor count")
+        num_keys = cur.u64("metadata count")
+        for _ in range(min(num_keys, MAX_COUNT)):
+            key = cur.string("a metadata key")
+            value = cur.value(cur.u32(f"type of {key!r}"), f"metadata {key!r}")
+            if key == "general.architecture":
+                return value if isinstance(value, str) else None
+    except SourceError:  # the prefix ended inside the header
+        return None
+    return None
+
+
 def _parse_header(cur: _Cursor, size: int) -> tuple[dict[str, Any], list[GGUFTensor]]:
     path = cur.path
     if size < 4 or bytes(cur.buf[:4]) != GGUF_MAGIC:

@@ -22,7 +22,7 @@ from ftw import FTWReader, SourceError, UnsupportedArchitectureError
 from ftw.errors import CorruptIndexError
 from ftw.format import BLOCK_DTYPES, Index, nbytes_of, storage_shape
 from ftw.gguf_convert import GGUF_SIDE_FILES, convert_gguf
-from ftw.gguf_file import GGML_TYPES, GGUFModel
+from ftw.gguf_file import GGML_TYPES, GGUFModel, architecture_in_prefix
 from ftw.gguf_source import hf_rows_of_llama_qk
 from ftw.gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
 
@@ -370,6 +370,16 @@ def test_metadata_arrays_beyond_any_vocabulary_are_refused(tmp_path: Path, monke
     monkeypatch.setattr(ftw.gguf_file, "MAX_METADATA_ITEMS", VOCAB)
     with pytest.raises(SourceError, match=f"metadata arrays hold over {VOCAB} items"):
         GGUFModel(path)
+
+
+def test_the_architecture_is_read_from_the_first_bytes(tmp_path: Path) -> None:
+    """What a pull reads before downloading a GGUF: enough bytes give the architecture, too few
+    give None (no verdict), other bytes are refused."""
+    data = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors()).read_bytes()
+    assert architecture_in_prefix(data[: 1 << 20], "tiny.gguf") == "qwen3moe"
+    assert architecture_in_prefix(data[:30], "tiny.gguf") is None
+    with pytest.raises(SourceError, match="not a GGUF file"):
+        architecture_in_prefix(b"<html>rate limited</html>", "tiny.gguf")
 
 
 def test_bad_tensor_type_is_named(tmp_path: Path) -> None:

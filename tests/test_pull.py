@@ -339,6 +339,23 @@ def test_an_hf_co_name_with_a_quant_tag_pulls_that_gguf_file(fake_hub, store: St
         pull("hf.co/org/tiny-moe-gguf:Q5_K_M", store)
 
 
+def test_a_gguf_of_an_unsupported_architecture_is_refused_before_its_download(fake_hub, store: Store,
+                                                                           tmp_path: Path) -> None:
+    """The architecture is read from the file's first bytes: the whole file was downloaded, then
+    refused, and left in downloads/ for good."""
+    from tests.test_ftw_gguf import tiny_qwen3_moe_tensors, write_gguf
+
+    repo = tmp_path / "gguf-repo"
+    repo.mkdir()
+    write_gguf(repo / "Gemma-Q4_K_M.gguf", tiny_qwen3_moe_tensors(), arch="gemma3")
+    fake_hub.add_repo("org/gemma-gguf", repo)
+    with pytest.raises(UnsupportedArchitectureError, match="GGUF architecture 'gemma3' has no converter"):
+        pull("hf.co/org/gemma-gguf:Q4_K_M", store)
+    gets = [r for m, p, r in fake_hub.requests if m == "GET" and p.endswith(".gguf")]
+    assert gets and all(r == f"bytes=0-{(1 << 20) - 1}" for r in gets)  # its first MiB only
+    assert not [p for p in (store.root / "downloads").rglob("*") if p.is_file()]
+
+
 def test_pull_local_gguf_file(store: Store, tmp_path: Path) -> None:
     from tests.test_ftw_gguf import tiny_qwen3_moe_tensors, write_gguf
 
