@@ -413,3 +413,14 @@ def test_two_local_checkpoints_of_one_directory_name_are_not_one_model(store: St
     assert pull(str(first), store).already_present
     with pytest.raises(PullError, match=r"already holds the model pulled from .*run-a/checkpoint, not .*run-b"):
         pull(str(second), store)
+
+
+def test_a_finished_pull_leaves_no_download_of_an_older_commit(fake_hub, store: Store, qwen_repo: Path,
+                                                                monkeypatch) -> None:
+    """An interrupted pull's files of one commit stayed for good once a later commit was pulled."""
+    fake_hub.add_repo(REPO, qwen_repo)
+    old_commit = store.root / "downloads" / "hf" / REPO.lower() / ("0" * 40)
+    old_commit.mkdir(parents=True)
+    (old_commit / "model-00001-of-00003.safetensors.part").write_bytes(b"x" * 1000)
+    pull(f"hf://{REPO}", store)
+    assert not (store.root / "downloads" / "hf" / REPO.lower()).exists()
