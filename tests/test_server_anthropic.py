@@ -194,6 +194,10 @@ def test_errors(client, base_url, backend):  # noqa: F811
                                tools=[{"type": "web_search_20250305", "name": "web_search"}])
     with pytest.raises(anthropic.NotFoundError):
         client.messages.count_tokens(model="nope", messages=ask)
+    with pytest.raises(anthropic.BadRequestError, match=r"temperature: 1.5 is not in \[0, 1\]"):
+        client.messages.create(model=MODEL, max_tokens=5, messages=ask, extra_body={"temperature": 1.5})
+    with pytest.raises(anthropic.BadRequestError, match="must have non-empty content"):
+        client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": []}])
 
 
 def test_error_mid_stream(client, backend):  # noqa: F811

@@ -139,6 +139,9 @@ def chat_messages(system: Any, raw: Any) -> list[Message]:
         if role not in ("user", "assistant"):
             raise BadRequest(f"{where}.role must be user or assistant (got {role!r})")
         blocks = _blocks(message.get("content"), f"{where}.content")
+        if not blocks and not (role == "assistant" and i == len(raw) - 1):  # as the Messages API refuses it
+            raise BadRequest(f"{where}: all messages must have non-empty content except for the optional final "
+                             "assistant message")
         if role == "assistant":
             messages.append(_assistant(blocks, where, names))
             continue
@@ -206,7 +209,10 @@ def chat_request(body: Mapping[str, Any], *, count_only: bool = False) -> ChatRe
     stop = body.get("stop_sequences")
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
         raise BadRequest("stop_sequences must be an array of strings")
-    fields = {"max_tokens": max_tokens, "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+    temperature = body.get("temperature")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and not 0 <= temperature <= 1:
+        raise BadRequest(f"temperature: {temperature} is not in [0, 1], the Messages API's range")
+    fields = {"max_tokens": max_tokens, "temperature": temperature, "top_p": body.get("top_p"),
               "top_k": body.get("top_k"), "stop": stop or None}
     tools, tool_choice = chat_tools(body.get("tools"), body.get("tool_choice"))
     return ChatRequest(model=model, messages=chat_messages(body.get("system"), body.get("messages")), tools=tools,
