@@ -201,7 +201,7 @@ def refetch_hint(store: Store, name: str) -> str:
         return f"run `ft rm {name}` and `ft pull {source}` (its checkpoint) again"
     try:
         pullable = not local and resolve(name) is not None
-    except (ResolveError, InvalidNameError):
+    except (ResolveError, InvalidNameError, ModelfileError):  # (a shipped model's name with a tag it lacks)
         pullable = False
     if pullable:
         return f"run `ft rm {name}` and `ft pull {name}` again"

@@ -150,8 +150,14 @@ def _download(target: PullTarget, store: Store, revision: str, files: tuple[hub.
 
 
 def _remaining(store: Store, repo_id: str, revision: str, files: tuple[hub.RemoteFile, ...]) -> int:
+    """Bytes still to download: a finished file's and an interrupted one's (`.part`) are on disk."""
     download_dir = downloads_of(store, repo_id) / revision
-    present = sum((download_dir / f.name).stat().st_size for f in files if (download_dir / f.name).is_file())
+    present = 0
+    for f in files:
+        for path in (download_dir / f.name, download_dir / (f.name + hub.PARTIAL_SUFFIX)):
+            if path.is_file():
+                present += min(path.stat().st_size, f.size)
+                break
     return max(0, sum(f.size for f in files) - present)
 
 

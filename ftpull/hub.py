@@ -234,10 +234,16 @@ def read_prefix(repo_id: str, revision: str, name: str, nbytes: int) -> bytes:
     url = hf_hub_url(repo_id, name, revision=revision, endpoint=endpoint())
 
     def get() -> bytes:
-        response = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes=0-{nbytes - 1}"},
-                                      follow_redirects=True, timeout=METADATA_TIMEOUT_S)
-        hf_raise_for_status(response)
-        return response.content[:nbytes]
+        headers = {**build_hf_headers(), "Range": f"bytes=0-{nbytes - 1}"}
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                  timeout=METADATA_TIMEOUT_S) as response:
+            hf_raise_for_status(response)
+            data = bytearray()
+            for chunk in response.iter_bytes():  # a server that ignores Range sends the whole file: stop early
+                data += chunk
+                if len(data) >= nbytes:
+                    break
+        return bytes(data[:nbytes])
 
     return with_retries(f"reading the header of {repo_id}/{name}", get)
 

@@ -105,6 +105,14 @@ def test_verify_advises_the_fix_that_works_for_each_kind_of_model(home: Path, tm
         path.write_bytes(path.read_bytes()[:-1])
     assert f"`ft pull {checkpoint}` (its checkpoint)" in ft(capsys, "verify", "local/ckpt")[2]
     assert "`ft create mine -f Modelfile`" in ft(capsys, "verify", "mine")[2]
+    ft(capsys, "pull", "tiny")
+    ft(capsys, "cp", "tiny", "tiny:mine")  # a shipped model's name with a tag no recipe has
+    shard = next(d for d in store.read_manifest("tiny").layers if d.title == "model-00001.ftw")
+    store.blob_path(shard.digest).chmod(0o644)
+    store.blob_path(shard.digest).write_bytes(b"")
+    code, _, err = ft(capsys, "verify", "tiny:mine", "tiny")
+    assert code == 1 and "tiny:mine: 1 bad file(s); run `ft rm tiny:mine` and make it again" in err
+    assert "tiny: 1 bad file(s); run `ft rm tiny` and `ft pull tiny` again" in err  # the next name checked too
 
 
 def test_create_from_modelfile(home: Path, tmp_path: Path, capsys) -> None:

@@ -424,3 +424,49 @@ def test_a_finished_pull_leaves_no_download_of_an_older_commit(fake_hub, store: 
     (old_commit / "model-00001-of-00003.safetensors.part").write_bytes(b"x" * 1000)
     pull(f"hf://{REPO}", store)
     assert not (store.root / "downloads" / "hf" / REPO.lower()).exists()
+
+
+def test_remaining_bytes_count_an_interrupted_download(store: Store) -> None:
+    """The fit check asked for a whole file again beside its .part: a resume on a tight disk was
+    refused unless --force turned every check off."""
+    from ftpull.fetch import _remaining, downloads_of
+
+    files = (hub.RemoteFile("a.safetensors", 1000), hub.RemoteFile("b.safetensors", 500))
+    revision = downloads_of(store, "Org/Model") / ("c" * 40)
+    revision.mkdir(parents=True)
+    (revision / "a.safetensors.part").write_bytes(b"x" * 700)
+    (revision / "b.safetensors").write_bytes(b"x" * 500)
+    assert _remaining(store, "Org/Model", "c" * 40, files) == 300
+
+
+def test_a_header_read_stops_where_the_server_ignores_the_range(monkeypatch) -> None:
+    """A mirror that answers a ranged GET with the whole file: the GGUF pre-check read all of it
+    into memory (20 GB for a 20 GB file) before slicing the first MiB off."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    size, sent = 64 << 20, []
+
+    class WholeFile(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)  # the Range header ignored
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            try:
+                for _ in range(size >> 20):
+                    self.wfile.write(b"G" * (1 << 20))
+                    sent.append(1)
+            except OSError:  # the client stopped reading
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WholeFile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(hub, "endpoint", lambda: f"http://127.0.0.1:{server.server_port}")
+    try:
+        assert hub.read_prefix("Org/Model-GGUF", "a" * 40, "model.gguf", 1 << 20) == b"G" * (1 << 20)
+    finally:
+        server.shutdown()
+    assert len(sent) < 32  # far from the whole 64 MiB

@@ -107,6 +107,9 @@ def test_anthropic_any_tool_streams_a_tool_use(scripted) -> None:
         message = stream.get_final_message()
     assert prompts[-1].endswith("<|im_start|>assistant\n<tool_call>\n")
     assert message.stop_reason == "tool_use"
+    counted = client.messages.count_tokens(model="tiny", tools=tools, messages=[
+        {"role": "user", "content": "What time is it?"}]).input_tokens
+    assert message.usage.input_tokens == counted  # the opening ft wrote is the reply's, not the prompt's
     assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", "get_time", {})]
 
 
