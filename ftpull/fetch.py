@@ -6,7 +6,9 @@ Downloads land in `$FT_HOME/downloads/...` so an interrupted pull resumes there.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +41,8 @@ class Fetched:
     path: Path
     format: Literal["safetensors", "gguf"]
     revision: str | None = None  # the Hub commit, for remote sources
-    download_dir: Path | None = None  # removed once the model is registered
+    download_dir: Path | None = None  # where the files below were downloaded
+    downloaded: tuple[str, ...] = ()  # removed once the model is registered (remove_downloads)
 
 
 def fetch(target: PullTarget, store: Store, work: Path, force: bool, report: Report) -> Fetched:
@@ -139,6 +142,33 @@ def downloads_of(store: Store, repo_id: str) -> Path:
     return store.root / "downloads" / "hf" / repo_id.lower()
 
 
+def remove_downloads(store: Store, repo_id: str, fetched: Fetched) -> None:
+    """After a pull: its downloaded files, and the repository's other commits' directories (an
+    interrupted pull's files of a commit the repository has moved past). Other files of this
+    commit stay: another quant's interrupted download, still to resume."""
+    root = downloads_of(store, repo_id)
+    here = fetched.download_dir
+    for name in fetched.downloaded if here is not None else ():
+        for path in (here / name, here / (name + hub.PARTIAL_SUFFIX)):
+            path.unlink(missing_ok=True)
+    if root.is_dir():
+        for other in root.iterdir():
+            if other != here:
+                shutil.rmtree(other, ignore_errors=True)
+    if here is None or not here.is_dir():
+        return
+    for folder in sorted((d for d in here.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        with contextlib.suppress(OSError):  # folders the pulled files came in, once empty
+            folder.rmdir()
+    folder, top = here, store.root / "downloads"
+    while folder != top and top in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: another quant's download stays
+            return
+        folder = folder.parent
+
+
 def _download(target: PullTarget, store: Store, revision: str, files: tuple[hub.RemoteFile, ...], report: Report) -> Path:
     source = target.recipe.source
     assert source.repo_id is not None
@@ -170,7 +200,7 @@ def _remote_safetensors(target: PullTarget, store: Store, force: bool, report: R
     remaining = _remaining(store, source.repo_id, remote.revision, remote.files)
     _fit(target, store, _safetensors_footprint(target, family, remote.config, remote.tensors, remaining), force)
     download_dir = _download(target, store, remote.revision, remote.files, report)
-    return Fetched(download_dir, "safetensors", remote.revision, download_dir)
+    return Fetched(download_dir, "safetensors", remote.revision, download_dir, tuple(f.name for f in remote.files))
 
 
 GGUF_PREFIX_BYTES = 1 << 20  # general.architecture comes first in llama.cpp's files
@@ -205,4 +235,4 @@ def _remote_gguf(target: PullTarget, store: Store, force: bool, report: Report) 
     _fit(target, store, Footprint(download_bytes=_remaining(store, source.repo_id, revision, files),
                                   expert_bytes=total, dense_bytes=0), force)
     download_dir = _download(target, store, revision, files, report)
-    return Fetched(download_dir / names[0], "gguf", revision, download_dir)
+    return Fetched(download_dir / names[0], "gguf", revision, download_dir, tuple(names))

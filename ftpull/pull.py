@@ -12,7 +12,6 @@ removes if the process was killed. The manifest is written last.
 from __future__ import annotations
 
 import contextlib
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from registry import InvalidNameError, ModelName, Store, parse_name
 from runtime.weights import open_model
 
 from .events import PullEvent, Report, quiet
-from .fetch import PullError, downloads_of, fetch
+from .fetch import PullError, fetch, remove_downloads
 from .modelfile import load_modelfile
 from .register import convert_and_register
 from .resolve import PullTarget, resolve
@@ -97,9 +96,8 @@ def install(
                 return PullResult(target.name, True, store.read_manifest(target.name).total_size)
             fetched = fetch(target, store, work, force, report)
             manifest = convert_and_register(target, store, fetched, work, report)
-            if repo is not None and fetched.download_dir is not None:
-                # no longer needed: this commit's files, and an older commit's an interrupted pull left
-                shutil.rmtree(downloads_of(store, repo), ignore_errors=True)
+            if repo is not None:
+                remove_downloads(store, repo, fetched)  # no longer needed
     finally:
         # blobs of a replaced model, of one removed while this pull ran, or of this pull if it
         # failed after moving some in: whatever no manifest names (skipped while others pull)

@@ -470,3 +470,20 @@ def test_a_header_read_stops_where_the_server_ignores_the_range(monkeypatch) -> 
     finally:
         server.shutdown()
     assert len(sent) < 32  # far from the whole 64 MiB
+
+
+def test_a_finished_gguf_pull_keeps_another_quants_interrupted_download(fake_hub, store: Store,
+                                                                       tmp_path: Path) -> None:
+    """Removing the whole repository's downloads lost an interrupted Q8_0 when Q4_K_M finished."""
+    from tests.test_ftw_gguf import tiny_qwen3_moe_tensors, write_gguf
+
+    repo = tmp_path / "gguf-repo"
+    repo.mkdir()
+    write_gguf(repo / "Tiny-MoE-Q4_K_M.gguf", tiny_qwen3_moe_tensors())
+    (repo / "Tiny-MoE-Q8_0.gguf").write_bytes(b"another quant")
+    fake_hub.add_repo("org/tiny-moe-gguf", repo)
+    commit = store.root / "downloads" / "hf" / "org" / "tiny-moe-gguf" / fake_hub.commit_sha("org/tiny-moe-gguf")
+    commit.mkdir(parents=True)
+    (commit / "Tiny-MoE-Q8_0.gguf.part").write_bytes(b"anoth")
+    pull("hf.co/org/tiny-moe-gguf:Q4_K_M", store)
+    assert sorted(p.name for p in commit.iterdir()) == ["Tiny-MoE-Q8_0.gguf.part"]
