@@ -172,10 +172,12 @@ def fit_cmd(name: str, vram_gib: float | None, ram_gib: float | None, num_ctx: i
 def rm_cmd(names: tuple[str, ...]) -> None:
     """Remove models (and blobs no other model uses)."""
     store = _store()
+    held: set[str] = set()  # the removed models' blobs: what their removal should free
     for name in names:
+        held |= store.read_manifest(name).digests
         removed = store.remove(name)
         click.echo(f"deleted '{name}'" + (f" ({len(removed)} blobs freed)" if removed else ""))
-    if pending := store.unreferenced_bytes():  # gc skips while a pull adds blobs
+    if pending := store.unreferenced_bytes(among=held):  # gc skips while a pull adds blobs
         click.echo(f"{show_mod.human_bytes(pending)} of data no model uses is freed when the pull in progress "
                    "ends (or by the next ft pull or ft rm)")
 

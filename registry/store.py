@@ -205,14 +205,15 @@ class Store:
     def _gc_lock_path(self) -> Path:
         return self.locks_dir / "gc.lock"
 
-    def unreferenced_bytes(self) -> int:
-        """Bytes of the blobs no manifest names: what the next gc frees (0 where a manifest is
-        unreadable: gc keeps everything then)."""
+    def unreferenced_bytes(self, among: set[str] | None = None) -> int:
+        """Bytes of the blobs no manifest names (of those `among`, e.g. a removed model's): what
+        the next gc frees (0 where a manifest is unreadable: gc keeps everything then). Without
+        `among`, a pull's blobs not yet named by its manifest count too."""
         keep = referenced_digests(*self.scan_models())
         if keep is None:
             return 0
         total = 0
-        for digest in self._blobs.digests() - keep:
+        for digest in (self._blobs.digests() if among is None else among & self._blobs.digests()) - keep:
             try:
                 total += self._blobs.path(digest).stat().st_size
             except OSError:  # removed meanwhile

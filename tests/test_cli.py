@@ -63,10 +63,16 @@ def test_space_held_by_a_pull_in_progress_is_named_and_freed_by_the_next_pull(ho
     pull killed while it registered leaves blobs no model names: the next pull frees them before
     its fit check would count them as used."""
     ft(capsys, "pull", "tiny")
+    ft(capsys, "cp", "tiny", "twin")
     store = Store(home)
-    with store.pull_session():  # as another process's pull holds it
+    with store.pull_session():  # as another process's pull holds it, its new blob not yet named
+        arriving = store.blob_path(digest_bytes(b"the other pull's shard"))
+        arriving.write_bytes(b"the other pull's shard")
+        code, out, _ = ft(capsys, "rm", "twin")  # every blob still tiny's: nothing to free
+        assert code == 0 and "freed" not in out
         code, out, _ = ft(capsys, "rm", "tiny")
     assert code == 0 and "freed when the pull in progress ends" in out
+    arriving.unlink()
     orphan = store.blob_path(digest_bytes(b"a shard moved in before the pull was killed"))
     orphan.write_bytes(b"a shard moved in before the pull was killed")
     not_a_model = home.parent / "not-a-model"
