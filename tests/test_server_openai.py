@@ -246,13 +246,14 @@ def test_completions(client, backend):
     assert reply.object == "text_completion" and reply.choices[0].text == "Hello there"
     assert reply.choices[0].finish_reason == "length" and reply.usage.total_tokens == 3
     assert backend.requests[0] == GenerateRequest(model=MODEL, prompt="Hello", raw=True,
-                                                  options={"max_tokens": 1, "temperature": 0}, stream=False)
+                                                  options={"max_tokens": 1, "temperature": 0}, stream=False,
+                                                  default_max_tokens=16)
     backend.script = [TextDelta("a"), TextDelta("b"), Done("stop", prompt_tokens=2, completion_tokens=2)]
     chunks = list(client.completions.create(model=MODEL, prompt="x", stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "ab"
     assert chunks[-1].usage.completion_tokens == 2
     assert backend.requests[1].stream is True
-    assert backend.requests[1].options == {"max_tokens": 16}  # OpenAI's and vLLM's default, not the whole context
+    assert backend.requests[1].options == {} and backend.requests[1].default_max_tokens == 16  # OpenAI's and vLLM's
 
 
 def test_models(client):
@@ -372,3 +373,39 @@ def test_a_final_assistant_message_starts_a_turn_unless_asked_to_continue(live_t
     ollama_reply = httpx.post(live_tiny + "/api/chat", timeout=120, json={
         "model": "tiny", "messages": messages, "stream": False, "options": {"num_predict": 2, "temperature": 0}}).json()
     assert ollama_reply["prompt_eval_count"] == continued
+
+
+def test_legacy_completions_default_to_16_tokens_unless_the_recipe_says(live_tiny, tmp_path, monkeypatch):
+    """OpenAI's documented default for /v1/completions (it ran to the end of the context); a
+    Modelfile's num_predict, where the model has one, goes first."""
+    import asyncio
+
+    from runtime.server import models
+    from runtime.server.backend import ModelManager
+    from runtime.server.protocol import GenerateRequest
+    from tests.test_server_util import pulled_home
+
+    client = openai.OpenAI(base_url=live_tiny + "/v1", api_key="unused", max_retries=0, timeout=120)
+    assert client.completions.create(model="tiny", prompt="Once upon", temperature=0).usage.completion_tokens <= 16
+
+    manager, asked = ModelManager(pulled_home(tmp_path)), []
+
+    async def generation(registered, options, *args, **kwargs):  # what the model would be asked for
+        asked.append(options.sampling.max_tokens)
+        yield Done("stop")
+
+    monkeypatch.setattr(manager, "_generate", generation)
+    lookup = models.lookup
+    for recipe in ({}, {"num_predict": 256}):
+        def with_recipe(store, name, recipe=recipe):
+            registered = lookup(store, name)
+            registered.config["parameters"] = recipe
+            return registered
+
+        monkeypatch.setattr(models, "lookup", with_recipe)
+
+        async def drain():
+            return [e async for e in manager.generate(GenerateRequest("tiny", "x", raw=True, default_max_tokens=16))]
+
+        asyncio.run(drain())
+    assert asked == [16, 256]

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -122,6 +123,8 @@ class ModelManager:
         started = time.perf_counter()
         registered = models.lookup(self.store, request.model)
         options = models.request_options(registered, request.options)
+        if request.default_max_tokens is not None and options.sampling.max_tokens is None:
+            options = replace(options, sampling=replace(options.sampling, max_tokens=request.default_max_tokens))
         if not isinstance(request.prompt, str):
             raise BadRequest("prompt must be a string")
         if request.suffix:

@@ -405,11 +405,9 @@ def _completion_request(body: Mapping[str, Any]) -> GenerateRequest:
         raise InvalidField("prompt must be a string (one prompt per request)", "prompt")
     if suffix is not None and not isinstance(suffix, str):
         raise InvalidField("suffix must be a string", "suffix")
-    options = sampling_options(body)
-    if not {"max_tokens", "max_completion_tokens"} & options.keys():
-        options["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
     return GenerateRequest(model=_model(body), prompt=prompt, raw=True, suffix=suffix,
-                           options=options, stream=bool(body.get("stream")))
+                           options=sampling_options(body), stream=bool(body.get("stream")),
+                           default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
 
 
 def _model_object(info: ModelInfo) -> dict[str, Any]:

@@ -40,6 +40,9 @@ class GenerateRequest:
     think: bool | None = None
     keep_alive: float | None = None
     stream: bool = True
+    # max_tokens where neither the request nor the model's recipe sets one (the legacy OpenAI
+    # completions endpoint's documented 16); None: until the context is full
+    default_max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
