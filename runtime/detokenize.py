@@ -11,6 +11,7 @@ decodes to valid UTF-8 (they replace a run of invalid bytes as a whole, which pi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -21,14 +22,18 @@ class _Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    """Turns a stream of token ids into text pieces whose concatenation is `decode(all ids)`."""
+    """Turns a stream of token ids into text pieces whose concatenation is `decode(all ids)`, or
+    with `context` (ids the stream continues, not emitted) the text the stream adds to theirs:
+    where a reply continues text (a raw prompt, an assistant's prefilled words), a SentencePiece
+    token's leading space is the space between the context's word and its own. Without context
+    it starts a new text, whose first leading space decoders strip."""
 
-    def __init__(self, tokenizer: _Decoder, *, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: _Decoder, *, skip_special_tokens: bool = True, context: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = []
+        self.ids: list[int] = [int(i) for i in context]
         self._prefix_offset = 0  # where the decode window starts
-        self._read_offset = 0  # ids before this have been emitted as text
+        self._read_offset = len(self.ids)  # ids before this have been emitted as text (or were context)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

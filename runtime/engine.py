@@ -20,6 +20,10 @@ from .tokenizer import Tokenizer
 
 OnText = Callable[[str], None]
 
+# prompt tokens a continuing output is decoded after (as vLLM seeds its detokenizer): enough for
+# the last word, whatever the tokenizer
+CONTEXT_TOKENS = 6
+
 
 class EmptyPromptError(ValueError):
     """Generation was asked for with no prompt tokens."""
@@ -82,16 +86,19 @@ class Session:
         return logits
 
     def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None, *,
-                 keep_special_tokens: bool = False) -> Generation:
+                 keep_special_tokens: bool = False, continues_text: bool = False) -> Generation:
         """Continue `prompt` until EOS, a stop string, max_tokens or the end of the context.
         `keep_special_tokens`: the text keeps special tokens the model writes (a family's tool-call
-        markers are special tokens in some tokenizers: DeepSeek's, GLM's argument tags)."""
+        markers are special tokens in some tokenizers: DeepSeek's, GLM's argument tags).
+        `continues_text`: the output continues the prompt's last words (a raw prompt, a prefilled
+        reply), so its text is decoded after theirs: "is" + "▁Paris" is " Paris", not "Paris"."""
         if not prompt:
             raise EmptyPromptError("the prompt is empty: give some text (an empty chat still renders a template)")
         stats = GenerationStats()
         logits = self._prefill(prompt, stats)
         sampler = Sampler(params)
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=not keep_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=not keep_special_tokens,
+                                       context=prompt[-CONTEXT_TOKENS:] if continues_text else ())
         stops = StopStringMatcher(list(params.stop))
         limit = params.max_tokens if params.max_tokens and params.max_tokens > 0 else None
         out_tokens: list[int] = []

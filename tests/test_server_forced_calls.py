@@ -69,8 +69,9 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, li
     prompts: list[str] = []
     script: list[str] = []
 
-    def generate(self: Session, prompt: list[int], params: object, on_text=None, *, keep_special_tokens=False):
-        prompts.append(self.tokenizer.decode(prompt))
+    def generate(self: Session, prompt: list[int], params: object, on_text=None, *, keep_special_tokens=False,
+                 continues_text=False):
+        prompts.append(self.tokenizer.decode(prompt) + ("" if continues_text else "[NEW TEXT]"))
         text = script.pop(0)
         if on_text is not None:
             on_text(text)
@@ -90,7 +91,7 @@ def test_openai_named_function_is_called(scripted) -> None:
     reply = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER, CLOCK],
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert prompts[-1].endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ')
+    assert prompts[-1].endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ')  # goes on
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content in (None, "")
     call = choice.message.tool_calls[0].function
@@ -119,4 +120,22 @@ def test_auto_adds_no_opening(scripted) -> None:
     script.append("It is sunny.")
     reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}],
                                            tools=[WEATHER])
-    assert prompts[-1].endswith("<|im_start|>assistant\n") and reply.choices[0].message.content == "It is sunny."
+    assert prompts[-1].endswith("<|im_start|>assistant\n[NEW TEXT]") and reply.choices[0].message.content == "It is sunny."
+
+
+def test_raw_prompts_and_prefilled_replies_stream_as_continuations(scripted) -> None:
+    """Their output goes on from the prompt's last words (a SentencePiece token's leading space is
+    the space after the prompt's word), a chat turn's starts a text of its own."""
+    import httpx
+
+    url, prompts, script = scripted
+    script.extend(["x", "y", "z"])
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=60)
+    client.messages.create(model="tiny", max_tokens=4, messages=[
+        {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "The capital is"}])
+    assert prompts[-1].endswith("The capital is")  # (no "[NEW TEXT]": decoded after the prefill)
+    httpx.post(url + "/api/generate", timeout=60, json={"model": "tiny", "prompt": "Once upon a", "raw": True,
+                                                          "stream": False, "options": {"num_predict": 4}})
+    assert prompts[-1].endswith("Once upon a")
+    client.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    assert prompts[-1].endswith("[NEW TEXT]")

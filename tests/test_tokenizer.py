@@ -251,6 +251,25 @@ def stream_tokenizers(tmp_path_factory) -> dict[str, Tokenizer]:
 
 
 @pytest.mark.parametrize("family", ["tiny", "deepseek_v3", "sentencepiece"])
+def test_a_continuation_streams_the_text_it_adds_to_its_context(stream_tokenizers, family: str) -> None:
+    """A raw prompt or a prefilled reply goes on from the prompt's last words: the streamed text
+    is what decoding prompt + output adds to the prompt's text. Decoded alone, a SentencePiece
+    output lost its first space ("hello" + "▁world" came out "helloworld")."""
+    tokenizer = stream_tokenizers[family]
+    for prompt_text, output_text in (("hello", " world"), ("a b", " c abc"), ("hello", "é héllo")):
+        prompt, whole = tokenizer.encode(prompt_text), tokenizer.encode(prompt_text + output_text)
+        assert whole[: len(prompt)] == prompt  # the output's ids follow the prompt's
+        output = whole[len(prompt):]
+        detok = IncrementalDetokenizer(tokenizer, context=prompt[-6:])
+        streamed = "".join(detok.push(i) for i in output) + detok.flush()
+        assert streamed == tokenizer.decode(whole)[len(tokenizer.decode(prompt)):] == output_text
+    if family == "sentencepiece":  # where the context matters: alone, the first space is stripped
+        alone = IncrementalDetokenizer(tokenizer)
+        assert "".join(alone.push(i) for i in tokenizer.encode("hello world")[len(tokenizer.encode("hello")):]) \
+            + alone.flush() == "world"
+
+
+@pytest.mark.parametrize("family", ["tiny", "deepseek_v3", "sentencepiece"])
 def test_incremental_detokenizer_on_text(stream_tokenizers, family: str) -> None:
     tokenizer = stream_tokenizers[family]
     for text in STREAM_TEXTS:

@@ -116,7 +116,9 @@ class ModelManager:
             return tokenizer.encode_chat(messages, tools, **template_vars)
 
         forced = forced_name(request.tool_choice)
-        async for event in self._generate(registered, options, encode, tools, request.keep_alive, started, forced):
+        continues = template_vars.get("continue_final_message", False)  # a prefilled reply goes on
+        async for event in self._generate(registered, options, encode, tools, request.keep_alive, started, forced,
+                                          continues_text=continues):
             yield event
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
@@ -139,7 +141,8 @@ class ModelManager:
                 {"role": "user", "content": request.prompt}]
             return tokenizer.encode_chat(messages, add_generation_prompt=True, **template_vars)
 
-        async for event in self._generate(registered, options, encode, None, request.keep_alive, started):
+        async for event in self._generate(registered, options, encode, None, request.keep_alive, started,
+                                          continues_text=request.raw):
             yield event
 
     def count_tokens(self, request: ChatRequest) -> int:
@@ -229,9 +232,11 @@ class ModelManager:
     async def _generate(self, registered: RegisteredModel, options: models.RequestOptions,
                         encode: Callable[[Tokenizer], list[int]], tools: list[dict[str, Any]] | None,
                         keep_alive: float | None, started: float,
-                        forced: tuple[bool, str | None] = (False, None)) -> AsyncIterator[Event]:
+                        forced: tuple[bool, str | None] = (False, None),
+                        continues_text: bool = False) -> AsyncIterator[Event]:
         """One generation; `forced`: whether the reply must be a tool call, and of which function
-        (forced_calls.py: the call's opening ends the prompt)."""
+        (forced_calls.py: the call's opening ends the prompt); `continues_text`: the reply goes on
+        from the prompt's last words (a raw prompt, a prefilled reply), not a turn of its own."""
         keep = self._keep_alive(keep_alive)
         ticket = self.admission.admit()
         runner: Runner | None = None
@@ -246,7 +251,7 @@ class ModelManager:
                                  "or raise num_ctx")
             job = Job(asyncio.get_running_loop(), ticket, prompt=prompt, params=options.sampling, tools=tools,
                       num_ctx=context, load_seconds=load_seconds, started=started, opening=opening[0],
-                      opening_tokens=opening[1])
+                      opening_tokens=opening[1], continues_text=continues_text or bool(opening[0]))
             self._submit(runner, job, keep)
             while True:
                 item = await job.queue.get()

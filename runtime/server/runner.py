@@ -194,7 +194,8 @@ class Runner:
 
         # a family whose output is parsed sees the special tokens it writes (its tags may be ones)
         result = session.generate(inputs["prompt"], inputs["params"], lambda text: emit(parser.feed(text)),
-                                  keep_special_tokens=syntax_for(self.family) is not None)
+                                  keep_special_tokens=syntax_for(self.family) is not None,
+                                  continues_text=inputs.get("continues_text", False))
         cut_off = result.stop_reason in ("length", "context")
         emit(parser.finish(truncated=cut_off))
         stop_reason, stop_sequence = result.stop_reason, None
