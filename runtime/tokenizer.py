@@ -1,9 +1,11 @@
 """A model's tokenizer: tokenizer.json through the `tokenizers` library, plus the chat template,
 special tokens and stop ids from the files beside it, read the way transformers 5 reads them.
 
-- Text <-> ids is tokenizer.json alone (normalizer, pre-tokenizer, model, post-processor,
-  decoder), which is what transformers' fast tokenizers run. As in transformers 5, the
-  post-processor decides whether `add_special_tokens=True` adds a BOS; tokenizer_config.json's
+- Text <-> ids is tokenizer.json (normalizer, pre-tokenizer, model, post-processor, decoder),
+  which is what transformers' fast tokenizers run, with tokenizer_config.json's added tokens
+  applied over it as transformers 5 applies them (`_apply_config_added_tokens`: a flag such as
+  rstrip or special set there, a named special token marked special). As in transformers 5,
+  the post-processor decides whether `add_special_tokens=True` adds a BOS; tokenizer_config.json's
   `add_bos_token` is only compared with it.
 - The chat template comes from, in order: a template override (a Modelfile TEMPLATE),
   chat_template.jinja plus additional_chat_templates/*.jinja, tokenizer_config.json's
@@ -82,6 +84,44 @@ def _token_content(value: Any) -> str | None:
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return value["content"]
     return None
+
+
+def _apply_config_added_tokens(backend: tokenizers.Tokenizer, config: Mapping[str, Any], named: Iterable[str]) -> None:
+    """What transformers 5 does over tokenizer.json when it loads a tokenizer: the added tokens of
+    tokenizer_config.json (`added_tokens_decoder`) that tokenizer.json lacks or flags differently
+    (special, lstrip, rstrip, ...) are added as the config has them, and so are the named special
+    tokens (bos_token, ...) it lacks, as special. Where the two files agree, nothing changes."""
+    current = {int(i): t for i, t in backend.get_added_tokens_decoder().items()}
+    entries = config.get("added_tokens_decoder")
+    to_add: list[tokenizers.AddedToken] = []
+    for key, entry in sorted(entries.items() if isinstance(entries, Mapping) else (), key=lambda kv: str(kv[0])):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("content"), str) or not str(key).isdigit():
+            continue
+        special = bool(entry.get("special", False))
+        token = tokenizers.AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
+                                      lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
+                                      normalized=bool(entry.get("normalized", not special)), special=special)
+        if not _same_added_token(current.get(int(key)), token):
+            to_add.append(token)
+    names = set(named)
+    pending = {t.content for t in to_add}
+    for token in current.values():  # a named special token tokenizer.json does not mark special
+        if token.content in names and not token.special and token.content not in pending:
+            to_add.append(tokenizers.AddedToken(token.content, single_word=token.single_word, lstrip=token.lstrip,
+                                                rstrip=token.rstrip, normalized=token.normalized, special=True))
+    present = {t.content for t in current.values()} | {t.content for t in to_add}
+    for content in sorted(names - present):
+        to_add.append(tokenizers.AddedToken(content, special=True, normalized=False))
+    for token in to_add:
+        if token.content in names:
+            token.special = True
+    if to_add:
+        backend.add_tokens(to_add)
+
+
+def _same_added_token(a: tokenizers.AddedToken | None, b: tokenizers.AddedToken) -> bool:
+    return a is not None and (a.content, a.special, a.lstrip, a.rstrip, a.normalized, a.single_word) == (
+        b.content, b.special, b.lstrip, b.rstrip, b.normalized, b.single_word)
 
 
 def special_tokens_from_config(config: Mapping[str, Any], special_map: Mapping[str, Any] | None) -> dict[str, str]:
@@ -197,6 +237,8 @@ class Tokenizer:
             raise TokenizerError(f"{origin}: tokenizer.json cannot be loaded: {e}") from None
         config = _read_json(gathered, "tokenizer_config.json", origin) or {}
         special_map = _read_json(gathered, "special_tokens_map.json", origin)
+        special_tokens = special_tokens_from_config(config, special_map)
+        _apply_config_added_tokens(backend, config, special_tokens.values())
         generation = _read_json(gathered, "generation_config.json", origin)
         eos_ids = _ids((generation or {}).get("eos_token_id"), "generation_config.json", origin)
         if generation is None:
@@ -205,7 +247,7 @@ class Tokenizer:
         return cls(
             backend,
             chat_template=template if template is not None else _chat_templates(gathered, config, origin),
-            special_tokens=special_tokens_from_config(config, special_map),
+            special_tokens=special_tokens,
             eos_token_ids=eos_ids,
             config_add_bos_token=add_bos if isinstance(add_bos, bool) else None,
             origin=origin,

@@ -384,3 +384,28 @@ def test_stop_strings_random_splits_match_reference() -> None:
         cuts = sorted(rng.sample(range(len(text) + 1), rng.randrange(0, len(text) + 1)))
         chunks = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         assert _feed_all(stops, chunks) == _reference_stop(text, stops), (text, stops, chunks)
+
+
+def test_the_configs_added_tokens_apply_over_tokenizer_json_as_in_transformers(tmp_path: Path) -> None:
+    """Where tokenizer_config.json flags an added token differently from tokenizer.json (rstrip,
+    lstrip, special), or names as eos a token tokenizer.json does not mark special, transformers 5
+    follows the config: prompt ids and streamed text differed from transformers' before."""
+    from transformers import AutoTokenizer
+
+    from ftpull.tiny import build_tiny_tokenizer
+
+    backend = build_tiny_tokenizer()
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+              "eos_token": "<think>",
+              "added_tokens_decoder": {str(i): {"content": t.content, "lstrip": t.content == "<|im_start|>",
+                                                "rstrip": t.content == "<|im_end|>", "normalized": False,
+                                                "single_word": False,
+                                                "special": t.special or t.content == "<tool_call>"}
+                                       for i, t in backend.get_added_tokens_decoder().items()}}
+    backend.save(str(tmp_path / "tokenizer.json"))
+    _write_json(tmp_path / "tokenizer_config.json", config)
+    ours, theirs = Tokenizer.from_files(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    for text in ("a \n<|im_end|>\n b", "a \n<|im_start|>\n b", "x<tool_call>y<think>z"):
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True), text
