@@ -6,6 +6,7 @@ wrong and how to fix it, and `main` turns those into one line on stderr and exit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -174,7 +175,8 @@ def rm_cmd(names: tuple[str, ...]) -> None:
     store = _store()
     held: set[str] = set()  # the removed models' blobs: what their removal should free
     for name in names:
-        held |= store.read_manifest(name).digests
+        with contextlib.suppress(RegistryError):  # a damaged manifest is removed all the same
+            held |= store.read_manifest(name).digests
         removed = store.remove(name)
         click.echo(f"deleted '{name}'" + (f" ({len(removed)} blobs freed)" if removed else ""))
     if pending := store.unreferenced_bytes(among=held):  # gc skips while a pull adds blobs

@@ -94,14 +94,15 @@ def _apply_config_added_tokens(backend: tokenizers.Tokenizer, config: Mapping[st
     current = {int(i): t for i, t in backend.get_added_tokens_decoder().items()}
     entries = config.get("added_tokens_decoder")
     to_add: list[tokenizers.AddedToken] = []
-    for key, entry in sorted(entries.items() if isinstance(entries, Mapping) else (), key=lambda kv: str(kv[0])):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("content"), str) or not str(key).isdigit():
+    numbered = [(int(k), e) for k, e in (entries.items() if isinstance(entries, Mapping) else ()) if str(k).isdigit()]
+    for key, entry in sorted(numbered, key=lambda kv: kv[0]):  # by id: tokens the config alone has get ids in order
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("content"), str):
             continue
         special = bool(entry.get("special", False))
         token = tokenizers.AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
                                       lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
                                       normalized=bool(entry.get("normalized", not special)), special=special)
-        if not _same_added_token(current.get(int(key)), token):
+        if not _same_added_token(current.get(key), token):
             to_add.append(token)
     names = set(named)
     pending = {t.content for t in to_add}
@@ -110,8 +111,12 @@ def _apply_config_added_tokens(backend: tokenizers.Tokenizer, config: Mapping[st
             to_add.append(tokenizers.AddedToken(token.content, single_word=token.single_word, lstrip=token.lstrip,
                                                 rstrip=token.rstrip, normalized=token.normalized, special=True))
     present = {t.content for t in current.values()} | {t.content for t in to_add}
-    for content in sorted(names - present):
-        to_add.append(tokenizers.AddedToken(content, special=True, normalized=False))
+    declared = {v["content"]: v for v in config.values() if isinstance(v, Mapping) and isinstance(v.get("content"), str)}
+    for content in sorted(names - present):  # with the flags its AddedToken entry in the config gives
+        flags = declared.get(content, {})
+        to_add.append(tokenizers.AddedToken(content, special=True, normalized=bool(flags.get("normalized", False)),
+                                            lstrip=bool(flags.get("lstrip", False)), rstrip=bool(flags.get("rstrip", False)),
+                                            single_word=bool(flags.get("single_word", False))))
     for token in to_add:
         if token.content in names:
             token.special = True

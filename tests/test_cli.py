@@ -82,6 +82,17 @@ def test_space_held_by_a_pull_in_progress_is_named_and_freed_by_the_next_pull(ho
     assert not orphan.exists() and store.unreferenced_bytes() == 0
 
 
+def test_rm_removes_a_model_whose_manifest_is_damaged(home: Path, capsys) -> None:
+    """The corrupt-manifest error advises `ft rm`; reading the manifest first made rm fail too."""
+    ft(capsys, "pull", "tiny")
+    ft(capsys, "cp", "tiny", "broken")
+    store = Store(home)
+    store.manifest_path("broken").write_text("{not json")
+    code, out, err = ft(capsys, "rm", "broken")
+    assert code == 0 and "deleted 'broken'" in out, err
+    assert not store.manifest_path("broken").exists() and store.verify("tiny") == []
+
+
 def test_verify_names_the_bad_file(home: Path, capsys) -> None:
     ft(capsys, "pull", "tiny")
     store = Store(home)

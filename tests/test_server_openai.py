@@ -396,7 +396,7 @@ def test_legacy_completions_default_to_16_tokens_unless_the_recipe_says(live_tin
 
     monkeypatch.setattr(manager, "_generate", generation)
     lookup = models.lookup
-    for recipe in ({}, {"num_predict": 256}):
+    for recipe, request in (({}, {}), ({"num_predict": 256}, {}), ({}, {"max_tokens": -1}), ({"num_predict": -2}, {})):
         def with_recipe(store, name, recipe=recipe):
             registered = lookup(store, name)
             registered.config["parameters"] = recipe
@@ -404,8 +404,9 @@ def test_legacy_completions_default_to_16_tokens_unless_the_recipe_says(live_tin
 
         monkeypatch.setattr(models, "lookup", with_recipe)
 
-        async def drain():
-            return [e async for e in manager.generate(GenerateRequest("tiny", "x", raw=True, default_max_tokens=16))]
+        async def drain(request=request):
+            return [e async for e in manager.generate(GenerateRequest("tiny", "x", raw=True, options=request,
+                                                                      default_max_tokens=16))]
 
         asyncio.run(drain())
-    assert asked == [16, 256]
+    assert asked == [16, 256, None, None]  # -1 and num_predict -2: no limit, asked for

@@ -404,8 +404,31 @@ def test_the_configs_added_tokens_apply_over_tokenizer_json_as_in_transformers(t
                                        for i, t in backend.get_added_tokens_decoder().items()}}
     backend.save(str(tmp_path / "tokenizer.json"))
     _write_json(tmp_path / "tokenizer_config.json", config)
+    config["pad_token"] = {"__type": "AddedToken", "content": "<|mypad|>", "rstrip": True, "lstrip": False,
+                           "normalized": False, "single_word": False, "special": True}  # in neither file
+    _write_json(tmp_path / "tokenizer_config.json", config)
     ours, theirs = Tokenizer.from_files(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
-    for text in ("a \n<|im_end|>\n b", "a \n<|im_start|>\n b", "x<tool_call>y<think>z"):
+    for text in ("a \n<|im_end|>\n b", "a \n<|im_start|>\n b", "x<tool_call>y<think>z", "a<|mypad|>   b"):
         ids = ours.encode(text)
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True), text
+
+
+def test_tokens_only_the_config_has_get_their_ids_in_numeric_order(tmp_path: Path) -> None:
+    """Sorted as strings, ids 98..101 came in the order 100, 101, 98, 99: two pairs of tokens
+    swapped their ids against transformers'."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    backend = Backend(models.WordLevel({chr(ord("0") + i): i for i in range(98)}, unk_token="0"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    backend.save(str(tmp_path / "tokenizer.json"))
+    extra = {str(98 + k): {"content": f"<x{k}>", "special": True, "normalized": False, "lstrip": False,
+                           "rstrip": False, "single_word": False} for k in range(4)}
+    _write_json(tmp_path / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                    "added_tokens_decoder": extra})
+    ours, theirs = Tokenizer.from_files(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    text = "1<x0>2<x2><x1>3<x3>"
+    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
+    assert [ours.token_to_id(f"<x{k}>") for k in range(4)] == [98, 99, 100, 101]

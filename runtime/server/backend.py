@@ -125,7 +125,7 @@ class ModelManager:
         started = time.perf_counter()
         registered = models.lookup(self.store, request.model)
         options = models.request_options(registered, request.options)
-        if request.default_max_tokens is not None and options.sampling.max_tokens is None:
+        if request.default_max_tokens is not None and not models.sets_max_tokens(registered, request.options):
             options = replace(options, sampling=replace(options.sampling, max_tokens=request.default_max_tokens))
         if not isinstance(request.prompt, str):
             raise BadRequest("prompt must be a string")

@@ -79,6 +79,13 @@ def request_options(model: RegisteredModel, options: Mapping[str, Any] | None) -
     )
 
 
+def sets_max_tokens(model: RegisteredModel, options: Mapping[str, Any] | None) -> bool:
+    """Whether the request or the model's recipe gives max_tokens under any of its names, "no
+    limit" (-1, num_predict -2) included."""
+    given = {k for k, v in (options or {}).items() if v is not None} | set(model.config.get("parameters") or {})
+    return any(OPTION_ALIASES.get(k, k) == "max_tokens" for k in given if isinstance(k, str))
+
+
 def lookup(store: Store, name: str) -> RegisteredModel:
     """The registered model `name`; ModelNotFound (404) or BadRequest (an invalid name)."""
     if not isinstance(name, str) or not name.strip():
