@@ -131,6 +131,10 @@ FAMILIES: dict[str, Family] = {
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),
         Family(
+            "glm4_moe", ("glm4_moe",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
+            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
+        ),
+        Family(
             "glm_moe_dsa", ("glm_moe_dsa",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),

@@ -27,6 +27,11 @@ FAMILY_CONFIGS: dict[str, dict] = {
         n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     ),
+    "glm4_moe": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True, num_nextn_predict_layers=0,
+    ),
     "glm_moe_dsa": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
         n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
@@ -42,7 +47,7 @@ QWEN3_5_TEXT = dict(
 )
 QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
-FAMILIES = ("qwen3_moe", "qwen3_5_moe", "mixtral", "deepseek_v3", "glm_moe_dsa")
+FAMILIES = ("qwen3_moe", "qwen3_5_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
 
 
 def build_model(family: str, seed: int = 0):

@@ -23,6 +23,7 @@ FAMILIES = [
     pytest.param("qwen3_moe", False, id="qwen3_moe"),
     pytest.param("qwen3_moe", True, id="qwen3_moe-fused"),
     pytest.param("mixtral", False, id="mixtral"),
+    pytest.param("glm4_moe", False, id="glm4_moe"),
 ]
 
 
@@ -71,3 +72,28 @@ def test_qwen3_moe_with_a_sliding_window_is_refused_not_run_with_full_attention(
     (src / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 8}))
     with pytest.raises(UnsupportedFamilyError, match="sliding attention window"):
         convert_and_load(src, tmp_path / "store")
+
+
+def test_glm4_moe_with_glms_own_config_layout_matches_transformers(tmp_path: Path) -> None:
+    """GLM-4.5's config.json keeps `partial_rotary_factor` and `rope_theta` at the top level (not
+    in transformers 5's `rope_parameters`), and its checkpoint carries a multi-token-prediction
+    layer after `num_hidden_layers`, which is dropped. A factor other than the default 0.5 shows
+    which one is read."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("glm4_moe", tmp_path / "hf", seed=3)
+    config = json.loads((src / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rope_theta=rope["rope_theta"], partial_rotary_factor=0.25, num_nextn_predict_layers=1)
+    (src / "config.json").write_text(json.dumps(config))
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    mtp = config["num_hidden_layers"]
+    tensors[f"model.layers.{mtp}.eh_proj.weight"] = torch.zeros(config["hidden_size"], 2 * config["hidden_size"])
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ref = hf_model(src)
+    assert ref.model.rotary_emb.inv_freq.numel() == 16 * 0.25 // 2  # transformers read the factor too
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, ref, PROMPT, STEPS)

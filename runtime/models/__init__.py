@@ -19,6 +19,7 @@ FAMILY_MODULES = {
     "mixtral": "mixtral",
     "deepseek_v3": "deepseek_v3",
     "glm_moe_dsa": "glm_moe_dsa",
+    "glm4_moe": "glm4_moe",
     "qwen3_5_moe": "qwen3_5_moe",
 }
 
