@@ -60,6 +60,7 @@ SHAPES: dict[str, BenchShape] = {
     "glm-4.5-air": BenchShape(
         "glm-4.5-air", 46, 1, 128, 8, 4096, 1408, 2 * _params_glm45_air(),
         {"num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
-         "hidden_size": 4096}, note="dense bytes estimated from the config (shared expert, dense layer 0 included)"),
+         "hidden_size": 4096}, family="glm4_moe",
+        note="dense bytes estimated from the config (shared expert, dense layer 0 included)"),
     "tiny": BenchShape("tiny", 2, 0, 16, 4, 64, 32, 0, note="CI: no budget; the cache holds half the experts"),
 }
