@@ -45,9 +45,15 @@ QWEN3_5_TEXT = dict(
     shared_expert_intermediate_size=32, num_experts=4,
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
 )
+QWEN3_NEXT = dict(
+    SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
+    linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+    shared_expert_intermediate_size=32, num_experts=4, intermediate_size=64, norm_topk_prob=False,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+)
 QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
-FAMILIES = ("qwen3_moe", "qwen3_5_moe", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+FAMILIES = ("qwen3_moe", "qwen3_5_moe", "qwen3_next", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
 
 
 def build_model(family: str, seed: int = 0):
@@ -58,7 +64,8 @@ def build_model(family: str, seed: int = 0):
         from transformers.models.qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
         return Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION))
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **FAMILY_CONFIGS[family]))
+    config = QWEN3_NEXT if family == "qwen3_next" else FAMILY_CONFIGS[family]
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))
 
 
 def save_checkpoint(family: str, out: Path, *, fused: bool = False, max_shard_size: str | None = None, seed: int = 0) -> Path:

@@ -24,6 +24,7 @@ FAMILIES = [
     pytest.param("qwen3_moe", True, id="qwen3_moe-fused"),
     pytest.param("mixtral", False, id="mixtral"),
     pytest.param("glm4_moe", False, id="glm4_moe"),
+    pytest.param("qwen3_next", False, id="qwen3_next"),
 ]
 
 
@@ -97,3 +98,19 @@ def test_glm4_moe_with_glms_own_config_layout_matches_transformers(tmp_path: Pat
     assert ref.model.rotary_emb.inv_freq.numel() == 16 * 0.25 // 2  # transformers read the factor too
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_qwen3_next_drops_its_mtp_weights_and_matches_transformers(tmp_path: Path) -> None:
+    """Qwen3-Next checkpoints carry multi-token-prediction weights under `mtp.`, which
+    transformers' model has no place for; conversion drops them. (The tiny model's router
+    renormalizes nothing, norm_topk_prob false, and has two value heads per key head: the
+    grouped projections' regrouping is exercised.)"""
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("qwen3_next", tmp_path / "hf", seed=4)
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    tensors["mtp.fc.weight"] = torch.zeros(64, 128)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)

@@ -21,6 +21,7 @@ FAMILY_MODULES = {
     "glm_moe_dsa": "glm_moe_dsa",
     "glm4_moe": "glm4_moe",
     "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_next": "qwen3_next",
 }
 
 

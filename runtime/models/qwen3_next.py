@@ -1,0 +1,70 @@
+"""Qwen3-Next (qwen3_next): Qwen3.5's text model (qwen3_5_moe.py: Gated DeltaNet and gated full
+attention, zero-centred norms, a softmax top-k MoE plus a sigmoid-gated shared expert) before
+its projections were split. Each DeltaNet layer projects q, k, v and z with one matrix and b, a
+with another (`in_proj_qkvz`, `in_proj_ba`), their rows grouped per key head; the router
+renormalizes its top-k only where `norm_topk_prob` says. Weights live under `model.`; the
+multi-token-prediction weights (`mtp.`) are dropped at conversion.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+from ..experts import ExpertExecutor
+from ..layers.gated_deltanet import GatedDeltaNet
+from ..layers.linear import linear
+from ..layers.rope import RotaryEmbedding
+from ..loader import ModelWeights
+from .base import Block, DecoderModel, Mixer
+from .qwen3_5_moe import GatedAttention, SharedExpertMoE, layer_types
+from .qwen3_moe import SoftmaxMoE, dense_mlp
+
+PREFIX = "model."
+
+
+class GroupedProjectionDeltaNet(GatedDeltaNet):
+    """Gated DeltaNet whose q/k/v/z and b/a come out of two projections grouped per key head:
+    [q_g | k_g | v_g (r heads) | z_g (r heads)] and [b_g (r) | a_g (r)] for each key head g, with
+    r value heads per key head (transformers' `fix_query_key_value_ordering`). The projections
+    are kept as stored; each call regroups its outputs into the split layout."""
+
+    def load_projections(self, weights: ModelWeights, prefix: str) -> None:
+        self.in_qkvz = weights.get(prefix + "in_proj_qkvz.weight")
+        self.in_ba = weights.get(prefix + "in_proj_ba.weight")
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, groups = x.shape[0], self.k_heads
+        per_group = self.v_heads // self.k_heads
+        dk, dv = self.k_head_dim, self.v_head_dim
+        qkvz = linear(x, self.in_qkvz).view(t, groups, 2 * dk + 2 * per_group * dv)
+        q, k, v, z = qkvz.split([dk, dk, per_group * dv, per_group * dv], dim=-1)
+        b, a = linear(x, self.in_ba).view(t, groups, 2 * per_group).split([per_group, per_group], dim=-1)
+        qkv = torch.cat((q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)), dim=-1)
+        return qkv, z.reshape(t, -1), b.reshape(t, -1), a.reshape(t, -1)
+
+
+class NormalizedSharedExpertMoE(SharedExpertMoE):
+    """Qwen3.5's MoE block with the top-k renormalized only where `norm_topk_prob` is set."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
+                 executor: ExpertExecutor) -> None:
+        super().__init__(config, weights, layer, prefix, executor)
+        self.routed = SoftmaxMoE(config, weights, layer, prefix + "gate.weight", executor,
+                                 normalize=bool(config.get("norm_topk_prob", True)))
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    params = config.rope_parameters
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
+    rope = RotaryEmbedding(int(config.head_dim * float(factor)), params, config.context_length)
+    blocks = []
+    for i, kind in enumerate(layer_types(config)):
+        p = f"{PREFIX}layers.{i}."
+        mixer: Mixer = (GroupedProjectionDeltaNet(config, weights, p + "linear_attn.", dtype)
+                        if kind == "linear_attention" else GatedAttention(config, weights, p + "self_attn.", rope, dtype))
+        ffn = (NormalizedSharedExpertMoE(config, weights, i, p + "mlp.", executor) if i in config.moe_layers
+               else dense_mlp(weights, p + "mlp."))
+        blocks.append(Block(weights.get(p + "input_layernorm.weight"), mixer,
+                            weights.get(p + "post_attention_layernorm.weight"), ffn))
+    return DecoderModel(config, weights, blocks, dtype, prefix=PREFIX, norm_offset=1.0)
