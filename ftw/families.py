@@ -135,6 +135,10 @@ FAMILIES: dict[str, Family] = {
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),
         Family(
+            "deepseek_v2", ("deepseek_v2",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
+        ),
+        Family(
             "glm4_moe", ("glm4_moe",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),

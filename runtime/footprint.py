@@ -126,7 +126,7 @@ def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
 
 
 KV_LAYOUTS = {"qwen3_moe": _gqa, "mixtral": _gqa, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
-              "glm_moe_dsa": _mla}
+              "deepseek_v2": _mla, "glm_moe_dsa": _mla}
 
 
 def kv_layout(family: str, text_config: dict[str, Any], dtype_bytes: int) -> KVLayout:

@@ -27,6 +27,11 @@ FAMILY_CONFIGS: dict[str, dict] = {
         n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     ),
+    "deepseek_v2": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
+        n_routed_experts=8, n_shared_experts=2, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, topk_method="greedy", routed_scaling_factor=1.5,
+    ),
     "glm4_moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
         head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
@@ -53,7 +58,7 @@ QWEN3_NEXT = dict(
 )
 QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
-FAMILIES = ("qwen3_moe", "qwen3_5_moe", "qwen3_next", "mixtral", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+FAMILIES = ("qwen3_moe", "qwen3_5_moe", "qwen3_next", "mixtral", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
 
 
 def build_model(family: str, seed: int = 0):

@@ -25,6 +25,7 @@ FAMILIES = [
     pytest.param("mixtral", False, id="mixtral"),
     pytest.param("glm4_moe", False, id="glm4_moe"),
     pytest.param("qwen3_next", False, id="qwen3_next"),
+    pytest.param("deepseek_v2", False, id="deepseek_v2"),
 ]
 
 
@@ -112,5 +113,18 @@ def test_qwen3_next_drops_its_mtp_weights_and_matches_transformers(tmp_path: Pat
     tensors = load_file(shard)
     tensors["mtp.fc.weight"] = torch.zeros(64, 128)
     save_file(tensors, str(shard), metadata={"format": "pt"})
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_deepseek_v2_with_group_limited_routing_matches_transformers(tmp_path: Path) -> None:
+    """DeepSeek-V2 (not Lite) routes "group_limited_greedy": softmax scores, experts of all but the
+    best `topk_group` groups zeroed (a group scores its best expert), no renormalization."""
+    import json
+
+    src = save_checkpoint("deepseek_v2", tmp_path / "hf", seed=5)
+    config = json.loads((src / "config.json").read_text())
+    config.update(topk_method="group_limited_greedy", n_group=4, topk_group=2)
+    (src / "config.json").write_text(json.dumps(config))
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, hf_model(src), PROMPT, STEPS)

@@ -38,6 +38,22 @@ def softmax_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.T
     return ids, weights
 
 
+def softmax_group_topk(logits: torch.Tensor, k: int, num_groups: int, topk_groups: int,
+                       scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2 routing ("greedy", or "group_limited_greedy" where num_groups > 1): softmax
+    scores in float32; with groups, only the best `topk_groups` groups (a group scores its best
+    expert) keep theirs, the others 0, as transformers masks them; the top k, times `scaling`,
+    never renormalized."""
+    scores = torch.softmax(logits.to(torch.float32), dim=-1)
+    t, e = scores.shape
+    if num_groups > 1:
+        group_scores = scores.view(t, num_groups, e // num_groups).max(dim=-1).values
+        keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, 1.0)
+        scores = scores.masked_fill(~keep.bool().repeat_interleave(e // num_groups, dim=1), 0.0)
+    weights, ids = torch.topk(scores, k, dim=-1, sorted=False)
+    return ids, weights * scaling
+
+
 def sigmoid_group_topk(
     logits: torch.Tensor,
     bias: torch.Tensor,

@@ -18,6 +18,7 @@ FAMILY_MODULES = {
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",
     "deepseek_v3": "deepseek_v3",
+    "deepseek_v2": "deepseek_v2",
     "glm_moe_dsa": "glm_moe_dsa",
     "glm4_moe": "glm4_moe",
     "qwen3_5_moe": "qwen3_5_moe",
