@@ -126,9 +126,14 @@ FAMILIES: dict[str, Family] = {
             num_shared_experts=lambda c: 1 if c.get("shared_expert_intermediate_size") else 0,
         ),
         Family(
+            "qwen2_moe", ("qwen2_moe",), ("num_experts", "num_local_experts"), _qwen3_moe_layers,
+            num_shared_experts=lambda c: 1 if c.get("shared_expert_intermediate_size") else 0,
+        ),
+        Family(
             "qwen3_next", ("qwen3_next",), ("num_experts", "num_local_experts"), _qwen3_moe_layers,
             drop_prefixes=("mtp.",), num_shared_experts=lambda c: 1 if c.get("shared_expert_intermediate_size") else 0,
         ),
+        Family("olmoe", ("olmoe",), ("num_experts", "num_local_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family("mixtral", ("mixtral",), ("num_local_experts", "num_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family(
             "deepseek_v3", ("deepseek_v3",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,

@@ -26,6 +26,8 @@ FAMILIES = [
     pytest.param("glm4_moe", False, id="glm4_moe"),
     pytest.param("qwen3_next", False, id="qwen3_next"),
     pytest.param("deepseek_v2", False, id="deepseek_v2"),
+    pytest.param("qwen2_moe", False, id="qwen2_moe"),
+    pytest.param("olmoe", False, id="olmoe"),
 ]
 
 

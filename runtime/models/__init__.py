@@ -23,6 +23,8 @@ FAMILY_MODULES = {
     "glm4_moe": "glm4_moe",
     "qwen3_5_moe": "qwen3_5_moe",
     "qwen3_next": "qwen3_next",
+    "qwen2_moe": "qwen2_moe",
+    "olmoe": "olmoe",
 }
 
 
