@@ -27,6 +27,8 @@ FAMILY_CONFIGS: dict[str, dict] = {
     ),
     "olmoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, num_experts=4,
                   clip_qkv=0.5),
+    "minimax_m2": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, head_dim=16,
+                       num_local_experts=4, rotary_dim=8),
     "mixtral": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, num_local_experts=4),
     "deepseek_v3": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
@@ -64,7 +66,7 @@ QWEN3_NEXT = dict(
 )
 QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
-FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "qwen3_5_moe", "qwen3_next", "mixtral", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
 
 
 def build_model(family: str, seed: int = 0):

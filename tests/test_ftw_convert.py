@@ -128,7 +128,7 @@ def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
     config = json.loads((src / "config.json").read_text())
     config["model_type"] = "llama4"
     (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedArchitectureError, match="supported families: deepseek_v2, deepseek_v3, glm4_moe, glm_moe_dsa, mixtral, olmoe"):
+    with pytest.raises(UnsupportedArchitectureError, match="supported families: deepseek_v2, deepseek_v3, glm4_moe, glm_moe_dsa, minimax_m2, mixtral, olmoe"):
         convert_checkpoint(src, tmp_path / "ftw")
 
 

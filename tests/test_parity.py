@@ -28,6 +28,7 @@ FAMILIES = [
     pytest.param("deepseek_v2", False, id="deepseek_v2"),
     pytest.param("qwen2_moe", False, id="qwen2_moe"),
     pytest.param("olmoe", False, id="olmoe"),
+    pytest.param("minimax_m2", False, id="minimax_m2"),
 ]
 
 
@@ -130,3 +131,29 @@ def test_deepseek_v2_with_group_limited_routing_matches_transformers(tmp_path: P
     (src / "config.json").write_text(json.dumps(config))
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_minimax_m2_with_a_correction_bias_and_its_released_config_matches_transformers(tmp_path: Path) -> None:
+    """The released checkpoints name their partial RoPE `rotary_dim` (not partial_rotary_factor),
+    and a nonzero correction bias changes which experts are chosen (not how they are weighed)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("minimax_m2", tmp_path / "hf", seed=6)
+    config = json.loads((src / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rope_theta=rope["rope_theta"], rotary_dim=4)  # a quarter of the 16-channel heads
+    (src / "config.json").write_text(json.dumps(config))
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    gen = torch.Generator().manual_seed(6)
+    biases = [n for n in tensors if n.endswith("e_score_correction_bias")]
+    assert biases
+    for name in biases:
+        tensors[name] = torch.randn(tensors[name].shape, generator=gen)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ref = hf_model(src)
+    assert ref.model.rotary_emb.inv_freq.numel() == 2  # transformers read rotary_dim too
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, ref, PROMPT, STEPS)

@@ -25,6 +25,7 @@ FAMILY_MODULES = {
     "qwen3_next": "qwen3_next",
     "qwen2_moe": "qwen2_moe",
     "olmoe": "olmoe",
+    "minimax_m2": "minimax_m2",
 }
 
 
