@@ -157,7 +157,8 @@ def test_unloading_releases_the_gpu_runtime(store: Store) -> None:
         experts = runner.loaded.experts
         client.chat(model="tiny", messages=ASK, options={"num_predict": 2}, keep_alive=0)
         deadline = time.monotonic() + 10
-        while server.manager.runners and time.monotonic() < deadline:
+        # (the unload forgets the runner first, then releases it: wait for both)
+        while (server.manager.runners or runner.loaded is not None) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not server.manager.runners and runner.loaded is None
         assert experts.cpu_share._pool._shutdown  # the CPU worker is stopped
