@@ -6,7 +6,6 @@ wrong and how to fix it, and `main` turns those into one line on stderr and exit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -18,15 +17,15 @@ from typing import Any
 import click
 
 from ftw import FTWError
-from registry import InvalidNameError, RegistryError, Store
+from registry import RegistryError, Store
 from runtime.chat_template import ChatTemplateError
 from runtime.models import ContextOverflowError, UnsupportedFamilyError
 from runtime.plan import PlanOverrides
 from runtime.resources import gib_to_bytes
 from runtime.sampling import InvalidParameterError
 from runtime.tokenizer import TokenizerError
-from runtime.weights import open_model
 
+from . import cli_store
 from . import fit as fit_mod
 from . import show as show_mod
 from .hub import HubError
@@ -34,7 +33,7 @@ from .modelfile import ModelfileError
 from .preflight import FitError
 from .progress import ProgressPrinter
 from .pull import PullError, create, pull
-from .resolve import ResolveError, resolve
+from .resolve import ResolveError
 from .run import NoGPUError
 from .serve import Client, NoServer, ServerAddressError, ServerReplyError
 
@@ -99,51 +98,6 @@ def create_cmd(name: str, modelfile: Path, recipe_tag: str | None) -> None:
     click.echo(f"created {result.name.display} ({show_mod.human_bytes(result.size_bytes)})")
 
 
-@cli.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(as_json: bool) -> None:
-    """List local models."""
-    store = _store()
-    entries, skipped = store.scan_models()
-    rows = [show_mod.list_row(store, e) for e in entries]
-    if as_json:
-        click.echo(json.dumps({"models": rows, "skipped": [{"path": str(s.path), "reason": s.reason} for s in skipped]}, indent=1))
-        return
-    click.echo(show_mod.format_table(rows))
-    for s in skipped:
-        click.echo(f"warning: skipped unreadable manifest {s.path}: {s.reason}", err=True)
-
-
-cli.add_command(list_cmd, "ls")
-
-
-@cli.command("show")
-@click.argument("name")
-@click.option("--modelfile", is_flag=True, help="Print the Modelfile the model was built from.")
-@click.option("--parameters", is_flag=True, help="Print the default parameters.")
-@click.option("--template", is_flag=True, help="Print the chat template.")
-@click.option("--license", "license_", is_flag=True, help="Print the license.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, license_: bool, as_json: bool) -> None:
-    """Show a model's architecture, size, template and recipe."""
-    info = show_mod.describe(_store(), name)
-    if as_json:
-        click.echo(json.dumps(info, indent=1))
-    elif modelfile:
-        click.echo(info["modelfile"], nl=False)
-    elif parameters:
-        # as Ollama prints them: one line per value (a list, such as stop, is several), strings quoted
-        click.echo("\n".join(f"{k:<30} {json.dumps(v, ensure_ascii=False) if isinstance(v, str) else v}"
-                             for k, values in info["parameters"].items()
-                             for v in (values if isinstance(values, list) else [values])))
-    elif template:
-        click.echo(info["template"] or "(no chat template)")
-    elif license_:
-        click.echo(info["license"] or "(no license recorded)")
-    else:
-        click.echo(show_mod.format_show(info))
-
-
 @cli.command("fit")
 @click.argument("name")
 @click.option("--vram-gib", type=GiB(zero_ok=True), default=None, help="Cap the VRAM ft may use (0: CPU only).")
@@ -168,74 +122,9 @@ def fit_cmd(name: str, vram_gib: float | None, ram_gib: float | None, num_ctx: i
         sys.exit(1)
 
 
-@cli.command("rm")
-@click.argument("names", nargs=-1, required=True)
-def rm_cmd(names: tuple[str, ...]) -> None:
-    """Remove models (and blobs no other model uses)."""
-    store = _store()
-    held: set[str] = set()  # the removed models' blobs: what their removal should free
-    for name in names:
-        with contextlib.suppress(RegistryError):  # a damaged manifest is removed all the same
-            held |= store.read_manifest(name).digests
-        removed = store.remove(name)
-        click.echo(f"deleted '{name}'" + (f" ({len(removed)} blobs freed)" if removed else ""))
-    if pending := store.unreferenced_bytes(among=held):  # gc skips while a pull adds blobs
-        click.echo(f"{show_mod.human_bytes(pending)} of data no model uses is freed when the pull in progress "
-                   "ends (or by the next ft pull or ft rm)")
-
-
-@cli.command("cp")
-@click.argument("src")
-@click.argument("dst")
-def cp_cmd(src: str, dst: str) -> None:
-    """Copy a model to a new name (no data is duplicated)."""
-    _store().copy(src, dst)
-    click.echo(f"copied '{src}' to '{dst}'")
-
-
-def refetch_hint(store: Store, name: str) -> str:
-    """How to get a damaged model's files again: pull it by its name where a name pulls it,
-    from its checkpoint where it came from a local one, else rebuild it as it was made."""
-    try:
-        source = open_model(store, name).config.get("source")
-    except (RegistryError, FTWError, OSError, ValueError):  # the config itself may be the damaged file
-        source = None
-    local = isinstance(source, str) and source.startswith("/")
-    if local and name.startswith("local/"):
-        return f"run `ft rm {name}` and `ft pull {source}` (its checkpoint) again"
-    try:
-        pullable = not local and resolve(name) is not None
-    except (ResolveError, InvalidNameError, ModelfileError):  # (a shipped model's name with a tag it lacks)
-        pullable = False
-    if pullable:
-        return f"run `ft rm {name}` and `ft pull {name}` again"
-    return (f"run `ft rm {name}` and make it again as it was made (`ft create {name} -f Modelfile`"
-            + (f" from {source}" if local else "") + ", or `ft cp` from a model pulled again)")
-
-
-@cli.command("verify")
-@click.argument("names", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
-    """Re-hash every file of a model; names any missing, truncated or corrupt one."""
-    store = _store()
-    report, failed = {}, False
-    for name in names:
-        with ProgressPrinter() as printer:
-            bad = store.verify(name, progress=printer.bytes_callback(f"verifying {name}"))
-        report[name] = [{"file": b.title, "problem": b.problem, "path": str(b.path), "detail": str(b)} for b in bad]
-        failed |= bool(bad)
-        if not as_json:
-            if bad:
-                for b in bad:
-                    click.echo(f"{name}: {b.title}: {b.problem} ({b.path})", err=True)
-                click.echo(f"{name}: {len(bad)} bad file(s); {refetch_hint(store, name)}", err=True)
-            else:
-                click.echo(f"{name}: ok")
-    if as_json:
-        click.echo(json.dumps(report, indent=1))
-    if failed:
-        sys.exit(1)
+for _command in cli_store.COMMANDS:
+    cli.add_command(_command)
+cli.add_command(cli_store.list_cmd, "ls")
 
 
 @cli.command("run")
