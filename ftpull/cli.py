@@ -1,7 +1,8 @@
 """`ft` and `ftpull`: the command line. A thin layer: parse, call the library, print.
 
-Only this module prints; everything below it raises typed errors whose messages say what went
-wrong and how to fix it, and `main` turns those into one line on stderr and exit status 1.
+Only this module and cli_store.py (the store commands) print; everything below them raises typed
+errors whose messages say what went wrong and how to fix it, and `main` turns those into one line
+on stderr and exit status 1.
 """
 
 from __future__ import annotations
