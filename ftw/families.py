@@ -135,7 +135,7 @@ FAMILIES: dict[str, Family] = {
         ),
         Family("olmoe", ("olmoe",), ("num_experts", "num_local_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family("minimax_m2", ("minimax_m2",), ("num_local_experts", "num_experts"), _all_layers,
-               intermediate_key="intermediate_size", drop_layers_from_num_layers=True),
+               intermediate_key="intermediate_size", drop_layers_from_num_layers=True, drop_prefixes=("mtp.",)),
         Family("mixtral", ("mixtral",), ("num_local_experts", "num_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family(
             "deepseek_v3", ("deepseek_v3",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
