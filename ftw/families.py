@@ -222,6 +222,12 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
     def optional(key: str, default: int, low: int = 1, high: int | None = None) -> int:
         return config_int(key, c[key], low=low, high=high) if c.get(key) is not None else default
 
+    quant = c.get("quantization_config") or config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method not in (None, "fp8"):  # (before any download: fetch.py reads the config first)
+        raise SourceError(f"config.json: the checkpoint is quantized with {method!r}; ft converts bf16, f16 and f32 "
+                          "checkpoints and FP8 block-scaled ones (quant_method fp8): pull the model's unquantized or "
+                          "FP8 release, or a GGUF of it")
     num_layers = need("num_hidden_layers")
     heads = need("num_attention_heads")
     hidden = need("hidden_size")

@@ -237,6 +237,8 @@ def test_a_config_of_the_wrong_types_is_refused_with_its_own_errors(tmp_path: Pa
             ({"model_type": "deepseek_v3", "n_routed_experts": 4, "n_shared_experts": 1e309}, SourceError,
              "shared experts of this deepseek_v3 model cannot be read"),
             ({"rms_norm_eps": float("nan")}, SourceError, "rms_norm_eps is nan, not a finite number above 0"),
+            ({"quantization_config": {"quant_method": "compressed-tensors"}}, SourceError,
+             "quantized with 'compressed-tensors'; ft converts bf16"),
             ({"rope_theta": -1}, SourceError, "rope_theta is -1, not a finite number above 0"),
             ({"model_type": "llama", "architectures": [1]}, UnsupportedArchitectureError, r"'llama' \(1\)"),
             ({"model_type": "llama", "architectures": 7}, UnsupportedArchitectureError, r"'llama' \(7\)")):

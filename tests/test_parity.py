@@ -157,3 +157,16 @@ def test_minimax_m2_with_a_correction_bias_and_its_released_config_matches_trans
     assert ref.model.rotary_emb.inv_freq.numel() == 2  # transformers read rotary_dim too
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_qwen2_moe_without_norm_topk_prob_in_its_config_renormalizes_nothing(tmp_path: Path) -> None:
+    """Released Qwen1.5-MoE configs may leave norm_topk_prob out; transformers' default is False
+    (Qwen3-Next's is True)."""
+    import json
+
+    src = save_checkpoint("qwen2_moe", tmp_path / "hf", seed=7)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("norm_topk_prob", None)
+    (src / "config.json").write_text(json.dumps(config))
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)

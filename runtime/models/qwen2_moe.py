@@ -23,8 +23,9 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     blocks = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        ffn = (NormalizedSharedExpertMoE(config, weights, i, p + "mlp.", executor) if i in config.moe_layers
-               else dense_mlp(weights, p + "mlp."))
+        # Qwen2MoeConfig's norm_topk_prob defaults to False (Qwen3-Next's to True)
+        ffn = (NormalizedSharedExpertMoE(config, weights, i, p + "mlp.", executor, normalize_by_default=False)
+               if i in config.moe_layers else dense_mlp(weights, p + "mlp."))
         attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=False)
         blocks.append(Block(weights.get(p + "input_layernorm.weight"), attention,
                             weights.get(p + "post_attention_layernorm.weight"), ffn))

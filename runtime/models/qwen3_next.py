@@ -45,13 +45,15 @@ class GroupedProjectionDeltaNet(GatedDeltaNet):
 
 
 class NormalizedSharedExpertMoE(SharedExpertMoE):
-    """Qwen3.5's MoE block with the top-k renormalized only where `norm_topk_prob` is set."""
+    """Qwen3.5's MoE block with the top-k renormalized only where `norm_topk_prob` is set
+    (`normalize_by_default`: the family's default where config.json leaves it out)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
-                 executor: ExpertExecutor) -> None:
+                 executor: ExpertExecutor, *, normalize_by_default: bool = True) -> None:
         super().__init__(config, weights, layer, prefix, executor)
+        normalize = config.get("norm_topk_prob")
         self.routed = SoftmaxMoE(config, weights, layer, prefix + "gate.weight", executor,
-                                 normalize=bool(config.get("norm_topk_prob", True)))
+                                 normalize=normalize_by_default if normalize is None else bool(normalize))
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
