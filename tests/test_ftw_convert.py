@@ -154,6 +154,16 @@ def test_missing_expert_is_refused(tmp_path: Path) -> None:
         convert_checkpoint(partial, tmp_path / "ftw")
 
 
+def edited_checkpoint(full: Path, tensors: dict[str, torch.Tensor], out: Path) -> Path:
+    """`full`'s config.json beside `tensors` as one safetensors file: a checkpoint edited by hand."""
+    from safetensors.torch import save_file
+
+    out.mkdir()
+    shutil.copy(full / "config.json", out / "config.json")
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     ("transpose", r"layer 2 expert 3: gate_proj.weight has shape \[\d+, \d+\], not \[\d+, \d+\]"),
     ("extra", r"layer 2: experts \[4\] are beyond the 4 of config.json"),
@@ -161,8 +171,6 @@ def test_missing_expert_is_refused(tmp_path: Path) -> None:
 def test_an_expert_that_does_not_match_the_config_is_refused(tmp_path: Path, edit: str, message: str) -> None:
     """An expert tensor of the right size but the wrong shape (a transposed gate) would be
     written as garbage weights; one beyond config.json's count would be dropped in silence."""
-    from safetensors.torch import save_file
-
     full = save_checkpoint("qwen3_moe", tmp_path / "hf")
     tensors = load_all(full)
     gate = "model.layers.2.mlp.experts.3.gate_proj.weight"  # (4 experts a layer; layer 1 is dense)
@@ -171,12 +179,8 @@ def test_an_expert_that_does_not_match_the_config_is_refused(tmp_path: Path, edi
     else:
         for proj in ("gate_proj", "up_proj", "down_proj"):
             tensors[f"model.layers.2.mlp.experts.4.{proj}.weight"] = tensors[f"model.layers.2.mlp.experts.0.{proj}.weight"].clone()
-    edited = tmp_path / "edited"
-    edited.mkdir()
-    shutil.copy(full / "config.json", edited / "config.json")
-    save_file(tensors, str(edited / "model.safetensors"))
     with pytest.raises(SourceError, match=message):
-        convert_checkpoint(edited, tmp_path / "ftw")
+        convert_checkpoint(edited_checkpoint(full, tensors, tmp_path / "edited"), tmp_path / "ftw")
 
 
 @pytest.mark.parametrize(("alias", "message"), [
@@ -187,17 +191,12 @@ def test_an_expert_that_does_not_match_the_config_is_refused(tmp_path: Path, edi
 def test_two_names_for_one_expert_tensor_are_refused(tmp_path: Path, alias: str, message: str) -> None:
     """"experts.03" (or a digit of another script, or Mixtral's name beside Qwen's) would stand
     for the same tensor as "experts.3": whichever came last replaced the other in silence."""
-    from safetensors.torch import save_file
 
     full = save_checkpoint("qwen3_moe", tmp_path / "hf")
     tensors = load_all(full)
     tensors[alias] = torch.zeros_like(tensors["model.layers.2.mlp.experts.3.gate_proj.weight"])
-    edited = tmp_path / "edited"
-    edited.mkdir()
-    shutil.copy(full / "config.json", edited / "config.json")
-    save_file(tensors, str(edited / "model.safetensors"))
     with pytest.raises(SourceError, match=message):
-        convert_checkpoint(edited, tmp_path / "ftw")
+        convert_checkpoint(edited_checkpoint(full, tensors, tmp_path / "edited"), tmp_path / "ftw")
 
 
 def test_garbage_header_is_refused(tmp_path: Path) -> None:

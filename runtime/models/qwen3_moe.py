@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
@@ -68,17 +70,25 @@ def dense_mlp(weights: ModelWeights, prefix: str) -> FFN:
     return lambda x: swiglu_mlp(x, gate, up, down)
 
 
-def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+def gqa_moe_model(config: ModelConfig, weights: ModelWeights, dtype: torch.dtype, *, name: str, qk_norm: bool,
+                  moe: Callable[[int, str], FFN]) -> DecoderModel:
+    """The Qwen-style block: GQA attention (full RoPE), then `moe(layer, "model.layers.N.mlp.")`
+    on the MoE layers and a dense SwiGLU MLP on the others (`mlp_only_layers`)."""
     if config.get("use_sliding_window") and config.get("sliding_window"):
-        raise UnsupportedFamilyError("Qwen3-MoE with a sliding attention window (use_sliding_window) is not "
+        raise UnsupportedFamilyError(f"{name} with a sliding attention window (use_sliding_window) is not "
                                      "supported yet")
     rope = RotaryEmbedding(config.head_dim, config.rope_parameters, config.context_length)
     blocks = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        ffn = (SoftmaxMoE(config, weights, i, p + "mlp.gate.weight", executor, normalize=bool(config.get("norm_topk_prob")))
-               if i in config.moe_layers else dense_mlp(weights, p + "mlp."))
-        attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=True)
+        ffn = moe(i, p + "mlp.") if i in config.moe_layers else dense_mlp(weights, p + "mlp.")
+        attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=qk_norm)
         blocks.append(Block(weights.get(p + "input_layernorm.weight"), attention,
                             weights.get(p + "post_attention_layernorm.weight"), ffn))
     return DecoderModel(config, weights, blocks, dtype)
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    normalize = bool(config.get("norm_topk_prob"))
+    return gqa_moe_model(config, weights, dtype, name="Qwen3-MoE", qk_norm=True, moe=lambda layer, prefix: SoftmaxMoE(
+        config, weights, layer, prefix + "gate.weight", executor, normalize=normalize))
