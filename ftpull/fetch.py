@@ -136,10 +136,15 @@ def gguf_parts(path: Path) -> list[Path]:
     return [path.with_name(f"{m['stem']}-{k:05d}-of-{m['count']}.gguf") for k in range(1, int(m["count"]) + 1)]
 
 
+def download_key(repo_id: str) -> str:
+    """The repository a download belongs to, as its directory and its lock name it: the Hub
+    matches repository ids whatever their case, so Org/Model and org/model share both."""
+    return repo_id.lower()
+
+
 def downloads_of(store: Store, repo_id: str) -> Path:
-    """Where a repository's files download to. The Hub matches repository ids whatever their
-    case, so one directory holds Org/Model and org/model alike."""
-    return store.root / "downloads" / "hf" / repo_id.lower()
+    """Where a repository's files download to (one directory per `download_key`)."""
+    return store.root / "downloads" / "hf" / download_key(repo_id)
 
 
 def remove_downloads(store: Store, repo_id: str, fetched: Fetched) -> None:

@@ -19,7 +19,7 @@ from registry import InvalidNameError, ModelName, Store, parse_name
 from runtime.weights import open_model
 
 from .events import PullEvent, Report, quiet
-from .fetch import PullError, fetch, remove_downloads
+from .fetch import PullError, download_key, fetch, remove_downloads
 from .modelfile import load_modelfile
 from .register import convert_and_register
 from .resolve import PullTarget, resolve
@@ -90,7 +90,7 @@ def install(
     try:
         with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), \
                 store.temp_dir("pull") as work, \
-                store.download_lock(repo.lower()) if repo else contextlib.nullcontext():  # (its files: from download to delete)
+                store.download_lock(download_key(repo)) if repo else contextlib.nullcontext():  # (its files: from download to delete)
             if store.has_model(target.name) and not replace_existing:  # another process pulled it while we waited
                 report(PullEvent(f"{target.name.display} is up to date"))
                 return PullResult(target.name, True, store.read_manifest(target.name).total_size)

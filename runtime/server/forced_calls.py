@@ -71,7 +71,6 @@ def call_opening(family: str | None, chat_template: str, name: str | None) -> st
     raise UnsupportedToolChoice(f"a call cannot be forced for models of family {family}")
 
 
-
 def forced_opening(family: str | None, tokenizer: Tokenizer, tools: Sequence[Any] | None, name: str | None,
                    prompt: Sequence[int]) -> str:
     """`call_opening` for a rendered `prompt`: where its template opened a thinking block
