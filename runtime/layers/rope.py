@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..config import UnsupportedFamilyError
+from ..config import ModelConfig, UnsupportedFamilyError
 
 _pass = threading.local()  # `number`: the forward pass under way on this thread (forward_begins)
 
@@ -103,6 +103,15 @@ class RotaryEmbedding:
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def partial_rotary(config: ModelConfig, default_factor: float) -> RotaryEmbedding:
+    """RoPE on each head's first `partial_rotary_factor` of channels: the factor in
+    `rope_parameters` as transformers 5 writes it, else beside it as config.json has it (GLM's,
+    Qwen3.5's), else the family's default (transformers' where the config names none)."""
+    params = config.rope_parameters
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default_factor))
+    return RotaryEmbedding(int(config.head_dim * float(factor)), params, config.context_length)
 
 
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)

@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
-from ..layers.rope import RotaryEmbedding
+from ..layers.rope import partial_rotary
 from ..loader import ModelWeights
 from .base import DecoderModel
 from .deepseek_v3 import block, ffn
@@ -24,16 +24,8 @@ PARTIAL_ROTARY_FACTOR = 0.5
 KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
 
 
-def rotary(config: ModelConfig) -> RotaryEmbedding:
-    """RoPE on each head's first channels: `partial_rotary_factor` of them (in `rope_parameters`
-    as transformers 5 writes it, or beside it as GLM's config.json does)."""
-    factor = config.rope_parameters.get("partial_rotary_factor", config.get("partial_rotary_factor",
-                                                                            PARTIAL_ROTARY_FACTOR))
-    return RotaryEmbedding(int(config.head_dim * float(factor)), config.rope_parameters, config.context_length)
-
-
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
-    rope, qk_norm = rotary(config), bool(config.get("use_qk_norm", False))
+    rope, qk_norm = partial_rotary(config, PARTIAL_ROTARY_FACTOR), bool(config.get("use_qk_norm", False))
     blocks = []
     for i in range(config.num_layers):
         attention = GQAAttention(config, weights, f"model.layers.{i}.self_attn.", rope, dtype, qk_norm=qk_norm)

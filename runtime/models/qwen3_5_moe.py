@@ -9,6 +9,8 @@ to ordinary partial RoPE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..config import ModelConfig
@@ -17,9 +19,9 @@ from ..layers.attention import KVCache, Start, causal_attention
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
-from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.rope import RotaryEmbedding, apply_rotary, partial_rotary
 from ..loader import ModelWeights
-from .base import Block, DecoderModel, Mixer
+from .base import FFN, Block, DecoderModel, Mixer
 from .qwen3_moe import GQAAttention, SoftmaxMoE, dense_mlp
 
 PREFIX = "model.language_model."
@@ -47,12 +49,13 @@ class GatedAttention(GQAAttention):
 
 
 class SharedExpertMoE:
-    """Routed experts (top-k weights always renormalized) + the shared expert times sigmoid(shared_expert_gate)."""
+    """Routed experts (top-k weights renormalized: always in Qwen3.5, whose transformers router
+    divides by the top-k sum unconditionally; as `normalize` says in the families before it) +
+    the shared expert times sigmoid(shared_expert_gate)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
-                 executor: ExpertExecutor) -> None:
-        # transformers' Qwen3.5 router divides by the top-k sum unconditionally (there is no norm_topk_prob)
-        self.routed = SoftmaxMoE(config, weights, layer, prefix + "gate.weight", executor, normalize=True)
+                 executor: ExpertExecutor, *, normalize: bool = True) -> None:
+        self.routed = SoftmaxMoE(config, weights, layer, prefix + "gate.weight", executor, normalize=normalize)
         self.shared = dense_mlp(weights, prefix + "shared_expert.")
         self.shared_gate = weights.get(prefix + "shared_expert_gate.weight")  # [1, H]
 
@@ -71,19 +74,22 @@ def layer_types(config: ModelConfig) -> list[str]:
     return list(types)
 
 
-def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
-    params = config.rope_parameters
-    # transformers defaults the factor to 0.25 for this family when the config names none
-    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
-    rotary_dim = int(config.head_dim * float(factor))
-    rope = RotaryEmbedding(rotary_dim, params, config.context_length)
+def hybrid_model(config: ModelConfig, weights: ModelWeights, dtype: torch.dtype, *, prefix: str,
+                 deltanet: type[GatedDeltaNet], moe: Callable[[int, str], FFN]) -> DecoderModel:
+    """The Qwen3.5-style hybrid under `prefix`: `deltanet` or gated full attention by `layer_types`,
+    then `moe(layer, "...layers.N.mlp.")` on the MoE layers and a dense SwiGLU MLP on the others."""
+    rope = partial_rotary(config, 0.25)  # transformers' default for these families
     blocks = []
     for i, kind in enumerate(layer_types(config)):
-        p = f"{PREFIX}layers.{i}."
-        mixer: Mixer = (GatedDeltaNet(config, weights, p + "linear_attn.", dtype) if kind == "linear_attention"
+        p = f"{prefix}layers.{i}."
+        mixer: Mixer = (deltanet(config, weights, p + "linear_attn.", dtype) if kind == "linear_attention"
                         else GatedAttention(config, weights, p + "self_attn.", rope, dtype))
-        ffn = (SharedExpertMoE(config, weights, i, p + "mlp.", executor) if i in config.moe_layers
-               else dense_mlp(weights, p + "mlp."))
+        ffn = moe(i, p + "mlp.") if i in config.moe_layers else dense_mlp(weights, p + "mlp.")
         blocks.append(Block(weights.get(p + "input_layernorm.weight"), mixer,
                             weights.get(p + "post_attention_layernorm.weight"), ffn))
-    return DecoderModel(config, weights, blocks, dtype, prefix=PREFIX, norm_offset=1.0)
+    return DecoderModel(config, weights, blocks, dtype, prefix=prefix, norm_offset=1.0)
+
+
+def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    return hybrid_model(config, weights, dtype, prefix=PREFIX, deltanet=GatedDeltaNet, moe=lambda layer, prefix: (
+        SharedExpertMoE(config, weights, layer, prefix, executor)))

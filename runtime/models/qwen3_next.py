@@ -14,11 +14,9 @@ from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.linear import linear
-from ..layers.rope import RotaryEmbedding
 from ..loader import ModelWeights
-from .base import Block, DecoderModel, Mixer
-from .qwen3_5_moe import GatedAttention, SharedExpertMoE, layer_types
-from .qwen3_moe import SoftmaxMoE, dense_mlp
+from .base import DecoderModel
+from .qwen3_5_moe import SharedExpertMoE, hybrid_model
 
 PREFIX = "model."
 
@@ -50,23 +48,11 @@ class NormalizedSharedExpertMoE(SharedExpertMoE):
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
                  executor: ExpertExecutor, *, normalize_by_default: bool = True) -> None:
-        super().__init__(config, weights, layer, prefix, executor)
         normalize = config.get("norm_topk_prob")
-        self.routed = SoftmaxMoE(config, weights, layer, prefix + "gate.weight", executor,
-                                 normalize=normalize_by_default if normalize is None else bool(normalize))
+        super().__init__(config, weights, layer, prefix, executor,
+                         normalize=normalize_by_default if normalize is None else bool(normalize))
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
-    params = config.rope_parameters
-    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
-    rope = RotaryEmbedding(int(config.head_dim * float(factor)), params, config.context_length)
-    blocks = []
-    for i, kind in enumerate(layer_types(config)):
-        p = f"{PREFIX}layers.{i}."
-        mixer: Mixer = (GroupedProjectionDeltaNet(config, weights, p + "linear_attn.", dtype)
-                        if kind == "linear_attention" else GatedAttention(config, weights, p + "self_attn.", rope, dtype))
-        ffn = (NormalizedSharedExpertMoE(config, weights, i, p + "mlp.", executor) if i in config.moe_layers
-               else dense_mlp(weights, p + "mlp."))
-        blocks.append(Block(weights.get(p + "input_layernorm.weight"), mixer,
-                            weights.get(p + "post_attention_layernorm.weight"), ffn))
-    return DecoderModel(config, weights, blocks, dtype, prefix=PREFIX, norm_offset=1.0)
+    return hybrid_model(config, weights, dtype, prefix=PREFIX, deltanet=GroupedProjectionDeltaNet,
+                        moe=lambda layer, prefix: NormalizedSharedExpertMoE(config, weights, layer, prefix, executor))
