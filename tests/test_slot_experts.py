@@ -202,6 +202,63 @@ def test_kernel_split_spans_fill_and_zero(tiling: tuple[int, ...], hidden: int, 
 
 
 @needs_triton
+@pytest.mark.parametrize("tiling", TILINGS[:2] + TILINGS[3:], ids=lambda t: "-".join(map(str, t)))
+def test_a_guessed_slot_is_kept_only_where_the_plan_agrees(tiling: tuple[int, ...]) -> None:
+    """`guess`: the gate pass computes from the slot the table names for a pair's expert before
+    the plan is known, and keeps that only where the plan gave the pair the same slot and no fill.
+    Tables that agree, name a filled expert's stale victim slot (the plan's own table after it
+    ran), name wrong slots, name nothing, or ids out of range: always the plan's output and slots."""
+    block_i, block_h, split_h, block_o, block_k, split_k = tiling
+    config = {"block_i": block_i, "block_h": block_h, "split_h": split_h, "block_o": block_o, "block_k": block_k,
+              "split_k": split_k}
+    hidden, inter, num_experts = 96, 40, 8
+    gen = torch.Generator().manual_seed(7)
+    cache = Slots("bf16", hidden, inter, [3, None, 0, None, 5, 7], num_experts=num_experts)
+    x = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+    # pairs of layer 1: expert 3 hit in slot 0, 6 and 2 filled into slots 1 and 3, 0 hit in slot 2, 4 on the CPU
+    experts = [3, 6, 2, 0, 4]
+    pairs = (tensor([0] * 5, torch.int32), tensor([0, 1, 3, 2, -1], torch.int32),
+             tensor([0.5, 0.25, 1.0, 0.125, 9.0], torch.float32))
+    fills = tensor([-1, 6, 2, -1, -1], torch.int32)
+    want_slots, want = cache.slots.clone(), torch.empty(1, hidden, device=DEVICE)
+    slot_experts_ref(x, want_slots, *pairs, out=want, fill_bank=cache.bank, pair_fill=fills, zero_out=True,
+                     **cache.kwargs)
+    layer_tables = {
+        "the plan's": {3: 0, 6: 1, 2: 3, 0: 2, 5: 4, 7: 5},
+        "wrong slots": {3: 4, 6: 5, 2: 2, 0: 2, 4: 5},
+        "none": {},
+    }
+    for name, entries in layer_tables.items():
+        for ids in (experts, [3, 99, -1, 0, 4]):
+            table = torch.full((3 * num_experts,), -1, dtype=torch.int32)
+            table[: num_experts] = table[2 * num_experts:] = 0  # other layers' keys: slot 0, never this layer's
+            for expert, slot in entries.items():
+                table[num_experts + expert] = slot
+            slot_tensor, out = cache.slots.clone(), torch.full((1, hidden), float("nan"), device=DEVICE)
+            slot_experts(x, slot_tensor, *pairs, out=out, fill_bank=cache.bank, pair_fill=fills, zero_out=True,
+                         guess=(tensor(ids, torch.int64), table.to(DEVICE), num_experts, num_experts), **cache.kwargs,
+                         **config)
+            assert torch.equal(slot_tensor.cpu(), want_slots.cpu()), (name, ids)
+            torch.testing.assert_close(out, want, **TIGHT, msg=f"{name} {ids}")
+
+
+def test_a_guess_needs_a_table_of_the_layers_keys() -> None:
+    cache = Slots("bf16", 64, 32, [0, 1], device="cpu")
+    x, out = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 64)
+    pair = [torch.tensor([v], dtype=d) for v, d in ((0, torch.int32), (1, torch.int32), (1.0, torch.float32))]
+    table = torch.zeros(16, dtype=torch.int32)
+    if slot_experts is None:
+        pytest.skip("needs triton")
+    for guess in ((pair[1], table, 12, 8), (pair[1], table.long(), 0, 8), (pair[2], table, 0, 8)):
+        with pytest.raises(ValueError, match="guess"):
+            slot_experts(x, cache.slots, *pair, out=out, guess=guess, **cache.kwargs)
+
+
+@needs_triton
 def test_router_weights_in_bf16_are_read_as_fp32() -> None:
     """The router's bf16 weights go in as they are (no conversion launch): the same sum as fp32."""
     gen = torch.Generator().manual_seed(4)

@@ -39,7 +39,7 @@ from .elastic import VramGovernor
 from .executor_stats import DeviceCounts, ExpertStats
 from .executor_steps import WholeStepCalls
 from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
-from .kernels import MAX_KERNEL_PAIRS, RoutePlan, route_plan_ref
+from .kernels import MAX_KERNEL_PAIRS, RoutePlan, dependent_launch, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import CachePrefill, StreamingPrefill
 from .profile import BandwidthProfile
@@ -275,12 +275,24 @@ class HybridExpertExecutor(WholeStepCalls):
         if self.mode != "cpu":  # the slot experts' launch clears `out` itself (no separate fill of zeros)
             out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
             add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out,
-                             fill_bank=bank.data if in_launch else None, zero_out=True)
+                             fill_bank=bank.data if in_launch else None, zero_out=True,
+                             guess=self._slot_guess(layer, expert_ids, state[0]))
         else:
             out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if job is not None:
             self.cpu_share.add_result(job, out, started)
         return (out if capturing else out.to(x.dtype)), plan, job
+
+    def _slot_guess(self, layer: int, expert_ids: torch.Tensor,
+                    table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+        """The slot kernel's guess (kernels/slot_experts.py) where its launch may begin before the
+        route plan's ends (PDL, in a step graph): the ids the plan reads and the table it plans
+        against, so that the hits' gate-pass reads overlap the plan. None elsewhere: after a
+        finished plan the table already holds each miss's victim slot, and a guess would read it."""
+        if not dependent_launch.enabled(self.device) or not expert_ids.is_contiguous():
+            return None
+        num_experts = self.cache.num_experts
+        return expert_ids.view(-1), table, layer * num_experts, num_experts
 
     def _replay(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor,
                 expert_ids: torch.Tensor, weights: torch.Tensor, clock: torch.Tensor,

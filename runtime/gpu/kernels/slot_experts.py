@@ -48,55 +48,41 @@ from .slot_experts_ref import check_slot_experts_args
 
 
 @triton.jit
-def _read_from(slot_rows, fill_ptr, p, bank_addr, bank_stride, part_at, rows, ROW: tl.constexpr,
-               FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr):
-    """Where pair p's program reads its tile rows, and the bank row it fills from (-1: none):
-    `slot_rows` (rows of its slot's part), or for a pair filled in this launch the same rows of
-    its record in the host bank (`part_at`: the part's element offset in a record). BANK_ALIGN:
-    bytes that divide the bank's address, row stride and part offsets. Stated to the compiler, it
-    keeps the tile loads 16-byte vectors: without it a load's source, slot or bank, has unknown
-    alignment, and every pair's loads (hits too) were compiled 2 bytes at a time, which made a
-    decode call 1.4x slower on the H200 (BENCHMARKS.md)."""
+def _read_from(slot_rows, fill, bank_addr, bank_stride, part_at, rows, ROW: tl.constexpr, FILL: tl.constexpr,
+               ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr):
+    """Where a pair's program reads its tile rows: `slot_rows` (rows of its slot's part), or for a
+    pair filled in this launch (`fill`, its bank row, >= 0) the same rows of its record in the
+    host bank (`part_at`: the part's element offset in a record). BANK_ALIGN: bytes that divide
+    the bank's address, row stride and part offsets. Stated to the compiler, it keeps the tile
+    loads 16-byte vectors: without it a load's source, slot or bank, has unknown alignment, and
+    every pair's loads (hits too) were compiled 2 bytes at a time, which made a decode call 1.4x
+    slower on the H200 (BENCHMARKS.md)."""
     source = slot_rows
-    fill = tl.full([], -1, tl.int32)  # a tensor either way: the callers' `fill >= 0` folds when FILL is off
     if FILL:
-        fill = tl.load(fill_ptr + p)
         if fill >= 0:
             record = bank_addr + fill.to(tl.int64) * bank_stride + part_at * ESIZE
             start = tl.multiple_of(record.to(tl.pointer_type(slot_rows.dtype.element_ty)), BANK_ALIGN)
             source = start + rows[:, None] * ROW
-    return source, fill
+    return source
 
 
-@triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
-def _gate_up_kernel(
-    x_ptr, stride_x, w_ptr, stride_slot, w13_at,
-    token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
-    EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
-    BLOCK_Z: tl.constexpr, PDL: tl.constexpr,
-):
-    if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
-        gdc_wait()
-        gdc_launch_dependents()
-    p, split = tl.program_id(0), tl.program_id(2)
-    if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
-        if p == 0:
-            chunk = tl.program_id(1) * tl.num_programs(2) + split
-            at = chunk * zero_chunk + tl.arange(0, BLOCK_Z)
-            keep = (at < (chunk + 1) * zero_chunk) & (at < num_out)
-            tl.store(out_ptr + (at // HIDDEN) * stride_out + at % HIDDEN, tl.zeros([BLOCK_Z], tl.float32), mask=keep)
-    slot = tl.load(slot_ptr + p)
-    if slot < 0:
-        return
-    token = tl.load(token_ptr + p).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
-    cols = split * H_SPAN + tl.arange(0, BLOCK_H)  # this program's first tile of columns
-    w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
-    w3 = w1 + INTER * HIDDEN
-    r1, fill = _read_from(w1, fill_ptr, p, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE, BANK_ALIGN)
-    r3 = r1 + INTER * HIDDEN
-    x_row = x_ptr + token * stride_x
+@triton.jit
+def _pair_fill(fill_ptr, p, FILL: tl.constexpr):
+    """Pair p's bank row to fill from (-1: none; a tensor either way, so that `fill >= 0` folds
+    where FILL is off). Read past L1: the route plan wrote it in a launch that may still have been
+    running when this program's kernel started (see `_down_kernel`)."""
+    fill = tl.full([], -1, tl.int32)
+    if FILL:
+        fill = tl.load(fill_ptr + p, cache_modifier=".cg")
+    return fill
+
+
+@triton.jit
+def _gate_up_sums(r1, w1, x_row, rows, cols, fill, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+                  BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr, EVEN: tl.constexpr):
+    """[BLOCK_I] sums of gate rows `rows` (W1 at r1, W3 INTER rows on) against x over this
+    program's span of H; where `fill >= 0` every tile read is also stored at w1 (the slot)."""
+    r3, w3 = r1 + INTER * HIDDEN, w1 + INTER * HIDDEN
     # 2-d partial sums, reduced across threads once after the tiles rather than every tile
     g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
     u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
@@ -120,14 +106,59 @@ def _gate_up_kernel(
         xs = xs.to(tl.float32)[None, :]  # [1, BLOCK_H]
         g += w1_tile.to(tl.float32) * xs
         u += w3_tile.to(tl.float32) * xs
+    return tl.sum(g, axis=1), tl.sum(u, axis=1)
+
+
+@triton.jit(do_not_specialize=["bank_addr", "bank_stride", "first_key"])
+def _gate_up_kernel(
+    x_ptr, stride_x, w_ptr, stride_slot, w13_at,
+    token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
+    expert_ptr, table_ptr, first_key, num_experts,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
+    EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
+    BLOCK_Z: tl.constexpr, GUESS: tl.constexpr, PDL: tl.constexpr,
+):
+    p, split = tl.program_id(0), tl.program_id(2)
+    token = tl.load(token_ptr + p).to(tl.int64)  # fixed per shape: never written by the route plan
+    rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
+    cols = split * H_SPAN + tl.arange(0, BLOCK_H)  # this program's first tile of columns
+    x_row = x_ptr + token * stride_x
+    g = tl.zeros([BLOCK_I], dtype=tl.float32)
+    u = tl.zeros([BLOCK_I], dtype=tl.float32)
+    guess = tl.full([], -1, tl.int32)
+    if GUESS:  # the slot the cache table holds for the pair's expert, read while the route plan may still run
+        expert = tl.load(expert_ptr + p, cache_modifier=".cg")
+        known = (expert >= 0) & (expert < num_experts)
+        guess = tl.load(table_ptr + first_key + expert, mask=known, other=-1, cache_modifier=".cg")
+        if guess >= 0:  # a hit: its sums now, over the plan's wait (checked against the plan below)
+            w1_guess = w_ptr + guess.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN
+            g, u = _gate_up_sums(w1_guess, w1_guess, x_row, rows, cols, tl.full([], -1, tl.int32), HIDDEN, INTER,
+                                 BLOCK_I, BLOCK_H, H_SPAN, EVEN)
+    if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
+        gdc_wait()
+        gdc_launch_dependents()
+    if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
+        if p == 0:
+            chunk = tl.program_id(1) * tl.num_programs(2) + split
+            at = chunk * zero_chunk + tl.arange(0, BLOCK_Z)
+            keep = (at < (chunk + 1) * zero_chunk) & (at < num_out)
+            tl.store(out_ptr + (at // HIDDEN) * stride_out + at % HIDDEN, tl.zeros([BLOCK_Z], tl.float32), mask=keep)
+    slot = tl.load(slot_ptr + p)
+    if slot < 0:
+        return
+    fill = _pair_fill(fill_ptr, p, FILL)
+    w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
+    if (slot != guess) | (fill >= 0):  # no guess, a wrong one (a miss the plan was placing), or a fill
+        r1 = _read_from(w1, fill, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE, BANK_ALIGN)
+        g, u = _gate_up_sums(r1, w1, x_row, rows, cols, fill, HIDDEN, INTER, BLOCK_I, BLOCK_H, H_SPAN, EVEN)
     # this split's sums of the gate and up rows: partials [SPLIT, P, 2, I], added up by the down pass
     part = part_ptr + (split * tl.num_programs(0) + p) * (2 * INTER) + rows
     if EVEN:
-        tl.store(part, tl.sum(g, axis=1))
-        tl.store(part + INTER, tl.sum(u, axis=1))
+        tl.store(part, g)
+        tl.store(part + INTER, u)
     else:
-        tl.store(part, tl.sum(g, axis=1), mask=rows < INTER)
-        tl.store(part + INTER, tl.sum(u, axis=1), mask=rows < INTER)
+        tl.store(part, g, mask=rows < INTER)
+        tl.store(part + INTER, u, mask=rows < INTER)
 
 
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
@@ -138,33 +169,38 @@ def _down_kernel(
     SPLIT: tl.constexpr, EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
+    # Before the wait: the pair's plan and its first tile of W2 (a fill's too: read from the bank and
+    # stored in its slot), which need only the route plan. With PDL this kernel launches once every
+    # gate-pass program has passed its own wait for the route plan, so the plan is written by then
+    # (read past L1), and the down pass's weight reads overlap the gate pass's.
+    p = tl.program_id(0)
+    slot = tl.load(slot_ptr + p, cache_modifier=".cg")
+    rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
+    cols = tl.program_id(2) * K_SPAN + tl.arange(0, BLOCK_K)  # this program's first tile of columns
+    w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
+    fill = tl.full([], -1, tl.int32)
+    first = tl.zeros([BLOCK_O, BLOCK_K], dtype=w_ptr.dtype.element_ty)
+    if slot >= 0:
+        fill = _pair_fill(fill_ptr, p, FILL)
+        r2 = _read_from(w2, fill, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
+        first = _w2_tile(r2, w2, rows, cols, fill, HIDDEN, INTER, EVEN)
+    if PDL:  # the gate pass's partial sums from here on (a program never returns before its wait)
         gdc_wait()
         gdc_launch_dependents()
-    p = tl.program_id(0)
-    slot = tl.load(slot_ptr + p)
     if slot < 0:
         return
     token = tl.load(token_ptr + p).to(tl.int64)
     weight = tl.load(weight_ptr + p).to(tl.float32)
-    rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
-    cols = tl.program_id(2) * K_SPAN + tl.arange(0, BLOCK_K)  # this program's first tile of columns
-    w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
-    r2, fill = _read_from(w2, fill_ptr, p, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
+    r2 = _read_from(w2, fill, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
     pair_part = part_ptr + p * (2 * INTER)
     split_stride = tl.num_programs(0) * (2 * INTER)
     y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
     for c in tl.static_range(K_SPAN // BLOCK_K):
         i = cols + c * BLOCK_K
-        if EVEN:
-            w = tl.load(r2 + i[None, :])
-            if fill >= 0:
-                tl.store(w2 + i[None, :], w)
+        if c == 0:
+            w = first
         else:
-            in_tile = (rows[:, None] < HIDDEN) & (i < INTER)[None, :]
-            w = tl.load(r2 + i[None, :], mask=in_tile, other=0.0)
-            if fill >= 0:
-                tl.store(w2 + i[None, :], w, mask=in_tile)
+            w = _w2_tile(r2, w2, rows, i, fill, HIDDEN, INTER, EVEN)
         g = tl.zeros([BLOCK_K], dtype=tl.float32)
         u = tl.zeros([BLOCK_K], dtype=tl.float32)
         for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
@@ -179,6 +215,22 @@ def _down_kernel(
         tl.atomic_add(out_ptr + token * stride_out + rows, y, mask=rows < HIDDEN, sem="relaxed")
 
 
+@triton.jit
+def _w2_tile(r2, w2, rows, i, fill, HIDDEN: tl.constexpr, INTER: tl.constexpr, EVEN: tl.constexpr):
+    """The [BLOCK_O, BLOCK_K] tile of W2 at columns `i`, read from r2; where `fill >= 0` also
+    stored at w2 (the slot)."""
+    if EVEN:
+        w = tl.load(r2 + i[None, :])
+        if fill >= 0:
+            tl.store(w2 + i[None, :], w)
+    else:
+        in_tile = (rows[:, None] < HIDDEN) & (i < INTER)[None, :]
+        w = tl.load(r2 + i[None, :], mask=in_tile, other=0.0)
+        if fill >= 0:
+            tl.store(w2 + i[None, :], w, mask=in_tile)
+    return w
+
+
 def _span(length: int, splits: int, block: int) -> int:
     """Columns one program reduces: `length` over at most `splits` programs, in whole blocks."""
     return triton.cdiv(triton.cdiv(length, splits), block) * block
@@ -187,7 +239,8 @@ def _span(length: int, splits: int, block: int) -> int:
 def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                  pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
                  dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                 pair_fill: torch.Tensor | None = None, zero_out: bool = False, block_i: int = 8, block_h: int = 512,
+                 pair_fill: torch.Tensor | None = None, zero_out: bool = False,
+                 guess: tuple[torch.Tensor, torch.Tensor, int, int] | None = None, block_i: int = 8, block_h: int = 512,
                  split_h: int = 4, block_o: int = 32, block_k: int = 256, split_k: int = 4,
                  num_warps: int = 4) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
@@ -207,6 +260,14 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
 
     `zero_out`: out = the sum, not out += it (the first launch clears `out`: no separate fill of
     zeros, one node fewer in a captured decode call).
+
+    `guess` (pair_expert [P] int32/int64, table int32, first_key, num_experts): where the slots
+    come from a route plan launched just before on the same stream, its expert ids and the cache
+    table it plans against (the layer's keys from first_key). A gate-pass program looks its
+    pair's expert up in the table before it waits for the plan (PDL) and computes its sums from
+    that slot meanwhile; after the wait it keeps them only where the plan gave the pair that slot
+    and no fill, else it reads again. Any table gives the same result; the table the plan reads
+    gives hits their reads ahead of the plan's end.
 
     Tiles: the gate pass reads [block_i, block_h] tiles of W1 and W3, its H split over at most
     `split_h` programs; the down pass [block_o, block_k] tiles of W2, its I over at most `split_k`
@@ -233,6 +294,15 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     # without fills the bank arguments are placeholders the kernels never read (FILL is constexpr)
     bank_addr, bank_stride = (fill_bank.data_ptr(), fill_bank.stride(0)) if fills else (0, 0)
     fill_ptr = pair_fill if fills else pair_slot
+    if guess is not None:
+        pair_expert, table, first_key, num_experts = guess
+        if pair_expert.shape != (num_pairs,) or pair_expert.dtype not in (torch.int32, torch.int64) \
+                or table.dtype != torch.int32 or table.dim() != 1 or not 0 <= first_key <= table.numel() - num_experts:
+            raise ValueError(f"slot_experts: guess needs [P] int expert ids and an int32 table holding keys "
+                             f"{first_key}..+{num_experts}, got {pair_expert.dtype} {tuple(pair_expert.shape)}, "
+                             f"{table.dtype} {tuple(table.shape)}")
+    else:  # placeholders the kernel never reads (GUESS is constexpr)
+        pair_expert, table, first_key, num_experts = pair_slot, pair_slot, 0, 0
     esize = weights.element_size()
     bank_align = math.gcd(16, bank_addr, bank_stride, w13_offset, w2_offset) if fills else 16
     pdl = dependent_launch.enabled(x.device)
@@ -240,9 +310,10 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     zero_chunk = triton.cdiv(out.numel(), up_blocks * splits)  # out's elements each of pair 0's programs clears
     _gate_up_kernel[(num_pairs, up_blocks, splits)](
         x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, partials, bank_addr, bank_stride,
-        fill_ptr, out, out.stride(0), out.numel(), zero_chunk, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i,
-        BLOCK_H=block_h, H_SPAN=h_span, EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills,
-        ESIZE=esize, BANK_ALIGN=bank_align, ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), PDL=pdl,
+        fill_ptr, out, out.stride(0), out.numel(), zero_chunk, pair_expert, table, first_key, num_experts,
+        HIDDEN=hidden, INTER=inter, BLOCK_I=block_i, BLOCK_H=block_h, H_SPAN=h_span,
+        EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills, ESIZE=esize, BANK_ALIGN=bank_align,
+        ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), GUESS=guess is not None, PDL=pdl,
         num_warps=num_warps, launch_pdl=pdl,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o), triton.cdiv(inter, k_span))](
