@@ -17,6 +17,7 @@ from runtime.experts.synthetic import random_bank
 from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref
 from runtime.gpu.records import PairPlan, RecordViews, experts_from_records, swiglu_experts
 from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
+from tests.test_cast_out import assert_same_rounding
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 TIGHT = {"rtol": 1e-4, "atol": 1e-5}  # fp32 summation order only
@@ -246,6 +247,34 @@ def test_a_guessed_slot_is_kept_only_where_the_plan_agrees(tiling: tuple[int, ..
             torch.testing.assert_close(out, want, **TIGHT, msg=f"{name} {ids}")
 
 
+@needs_triton
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_cast_is_the_sum_in_its_dtype_written_by_the_launch(num_tokens: int) -> None:
+    """`cast`: the down pass's last program writes out in the cast's dtype (strided rows; fills in
+    the launch; with no pairs or all skipped, out as it is)."""
+    gen = torch.Generator().manual_seed(30 + num_tokens)
+    cache = Slots("bf16", 96, 40, [2, None, 6, 1])
+    x = torch.randn(num_tokens, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+    tokens, slots, weights = random_pairs(gen, num_tokens, 3, 4, [0, 2, 3])
+    pairs = [torch.tensor(v, dtype=d, device=DEVICE) for v, d in (
+        (tokens, torch.int32), (slots, torch.int32), (weights, torch.float32))]
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        out = torch.full((num_tokens, 96), float("nan"), device=DEVICE)
+        buffer = torch.full((num_tokens, 128), float("nan"), dtype=dtype, device=DEVICE)
+        slot_experts(x, cache.slots, *pairs, out=out, zero_out=True, cast=buffer[:, 16:112], **cache.kwargs)
+        assert not out.isnan().any()
+        assert_same_rounding(buffer[:, 16:112], out.to(dtype))  # (the interpreter truncates to bf16)
+        assert buffer[:, :16].isnan().all() and buffer[:, 112:].isnan().all()
+    for none in (([], [], []), ([0] * num_tokens, [-1] * num_tokens, [1.0] * num_tokens)):
+        out, cast = torch.randn(num_tokens, 96, device=DEVICE), torch.zeros(num_tokens, 96, dtype=torch.bfloat16,
+                                                                             device=DEVICE)
+        slot_experts(x, cache.slots, *(torch.tensor(v, dtype=d, device=DEVICE) for v, d in zip(
+            none, (torch.int32, torch.int32, torch.float32), strict=True)), out=out, cast=cast, **cache.kwargs)
+        assert_same_rounding(cast, out.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="cast"):
+        slot_experts(x, cache.slots, *pairs, out=out, cast=cast[:, :64], **cache.kwargs)
+
+
 def test_a_guess_needs_a_table_of_the_layers_keys() -> None:
     cache = Slots("bf16", 64, 32, [0, 1], device="cpu")
     x, out = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 64)
@@ -390,3 +419,25 @@ def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
         graph.replay()
         want = cache.run(slot_experts_ref, x, [0] * 8, new_slots, weights.tolist(), torch.zeros_like(out))
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_gather_path_writes_the_cast_too() -> None:
+    """add_slot_experts off the kernel (here the CPU; on CUDA layouts the kernel cannot read in
+    place): `cast` gets the sum in its dtype, as the kernel's last program writes it."""
+    from runtime.gpu.kernels import route_plan_ref
+    from runtime.gpu.slot_compute import add_slot_experts
+
+    cache = Slots("bf16", 64, 32, [3, 5, 0], device="cpu")
+    table = torch.full((8,), -1, dtype=torch.int32)
+    table[torch.tensor([3, 5, 0])] = torch.tensor([0, 1, 2], dtype=torch.int32)
+    owner, last_used = torch.tensor([3, 5, 0], dtype=torch.int32), torch.zeros(3, dtype=torch.int64)
+    ids = torch.tensor([[5, 0, 6]])  # two hits, one miss left to the CPU (no PCIe fills allowed)
+    plan = route_plan_ref(ids, 0, 8, table, owner, last_used, 1, 0)
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    weights = torch.tensor([[0.5, 0.25, 0.25]])
+    out, cast = torch.full((1, 64), float("nan")), torch.zeros(1, 64, dtype=torch.bfloat16)
+    add_slot_experts(x, plan, weights, cache.slots, RecordViews(cache.slots, cache.layout), torch.float32, out,
+                     zero_out=True, cast=cast)
+    want = independent(cache, x, [0, 0], [1, 2], [0.5, 0.25], torch.zeros(1, 64))
+    torch.testing.assert_close(out, want, **TIGHT)
+    assert torch.equal(cast, out.to(torch.bfloat16))
