@@ -39,26 +39,21 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
     pdl = sm >= 90
     out = []
     for fill, even in itertools.product((False, True), (True, False)):
-        for zero, guess in ((False, False), (True, False), (True, True)):
+        for zero in (False, True):
             sig = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*bf16", "stride_slot": "i64", "w13_at": "i32",
                    **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "part_ptr": "*fp32",
                    **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}, "out_ptr": "*fp32",
-                   "stride_out": "i32", "num_out": "i32", "zero_chunk": "i32", "expert_ptr": "*i64",
-                   "table_ptr": "*i32", "first_key": "i32", "num_experts": "i32", "count_ptr": "*i32"}
-            out.append((f"slot_experts gate_up fill={fill} even={even} zero={zero} guess={guess}",
-                        slot_experts._gate_up_kernel, sig,
-                        {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256, "H_SPAN": 512,
-                         "EVEN": even, "FILL": fill, "ESIZE": 2, "BANK_ALIGN": 16, "ZERO": zero, "BLOCK_Z": 64,
-                         "GUESS": guess, "COUNT": guess, "PDL": pdl}))
-        for cast in (False, True):
-            sig = {"part_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
-                   **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
-                   "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")},
-                   "count_ptr": "*i32", "cast_ptr": "*bf16", "stride_cast": "i32", "num_out": "i32"}
-            out.append((f"slot_experts down fill={fill} even={even} cast={cast}", slot_experts._down_kernel, sig,
-                        {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256,
-                         "K_SPAN": 256, "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16, "FILL": fill, "ESIZE": 2,
-                         "CAST": cast, "BLOCK_C": 2048, "PDL": pdl}))
+                   "stride_out": "i32", "num_out": "i32", "zero_chunk": "i32"}
+            out.append((f"slot_experts gate_up fill={fill} even={even} zero={zero}", slot_experts._gate_up_kernel,
+                        sig, {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_I": 16, "BLOCK_H": 256,
+                              "H_SPAN": 512, "EVEN": even, "FILL": fill, "ESIZE": 2, "BANK_ALIGN": 16, "ZERO": zero,
+                              "BLOCK_Z": 64, "PDL": pdl}))
+        sig = {"part_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
+               **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
+               "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
+        out.append((f"slot_experts down fill={fill} even={even}", slot_experts._down_kernel, sig,
+                    {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256, "K_SPAN": 256,
+                     "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16, "FILL": fill, "ESIZE": 2, "EARLY": pdl, "PDL": pdl}))
     for clock_mode, n_pcie_mode in ((0, 0), (1, 1), (2, 2), (2, 0)):
         sig = {"ids_ptr": "*i64", "n_ids": "i32", "layer": "i32", "num_experts": "i32", "table_ptr": "*i32",
                "owner_ptr": "*i32", "last_used_ptr": "*i64", "num_slots": "i32",

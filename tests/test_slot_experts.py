@@ -17,7 +17,6 @@ from runtime.experts.synthetic import random_bank
 from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref
 from runtime.gpu.records import PairPlan, RecordViews, experts_from_records, swiglu_experts
 from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
-from tests.test_cast_out import assert_same_rounding
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 TIGHT = {"rtol": 1e-4, "atol": 1e-5}  # fp32 summation order only
@@ -179,12 +178,14 @@ TILINGS = [(8, 16, 4, 16, 8, 4), (16, 32, 3, 32, 16, 2), (8, 16, 1, 16, 8, 1), (
 @needs_triton
 @pytest.mark.parametrize("tiling", TILINGS, ids=lambda t: "-".join(map(str, t)))
 @pytest.mark.parametrize("hidden, inter", [(96, 40), (64, 32)])
-def test_kernel_split_spans_fill_and_zero(tiling: tuple[int, ...], hidden: int, inter: int) -> None:
+@pytest.mark.parametrize("early", [False, True], ids=["reads-after-wait", "early-reads"])
+def test_kernel_split_spans_fill_and_zero(tiling: tuple[int, ...], hidden: int, inter: int, early: bool) -> None:
     """The gate pass's H and the down pass's I split over programs (partial sums added in the down
-    pass), with PCIe fills in the launch and `out` cleared by it: the twin's output and slots."""
+    pass), with PCIe fills in the launch and `out` cleared by it: the twin's output and slots. Both
+    ways the down pass may read its first W2 tile: after its wait, or before it (a step graph's)."""
     block_i, block_h, split_h, block_o, block_k, split_k = tiling
     config = {"block_i": block_i, "block_h": block_h, "split_h": split_h, "block_o": block_o, "block_k": block_k,
-              "split_k": split_k}
+              "split_k": split_k, "early_reads": early}
     gen = torch.Generator().manual_seed(hidden + inter)
     cache = Slots("bf16", hidden, inter, [3, None, 0, None, 5, 7])
     x = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
@@ -200,91 +201,6 @@ def test_kernel_split_spans_fill_and_zero(tiling: tuple[int, ...], hidden: int, 
     (kernel_slots, kernel_out), (ref_slots, ref_out) = results
     assert torch.equal(kernel_slots, ref_slots)
     torch.testing.assert_close(kernel_out, ref_out, **TIGHT)
-
-
-@needs_triton
-@pytest.mark.parametrize("tiling", TILINGS[:2] + TILINGS[3:], ids=lambda t: "-".join(map(str, t)))
-def test_a_guessed_slot_is_kept_only_where_the_plan_agrees(tiling: tuple[int, ...]) -> None:
-    """`guess`: the gate pass computes from the slot the table names for a pair's expert before
-    the plan is known, and keeps that only where the plan gave the pair the same slot and no fill.
-    Tables that agree, name a filled expert's stale victim slot (the plan's own table after it
-    ran), name wrong slots, name nothing, or ids out of range: always the plan's output and slots."""
-    block_i, block_h, split_h, block_o, block_k, split_k = tiling
-    config = {"block_i": block_i, "block_h": block_h, "split_h": split_h, "block_o": block_o, "block_k": block_k,
-              "split_k": split_k}
-    hidden, inter, num_experts = 96, 40, 8
-    gen = torch.Generator().manual_seed(7)
-    cache = Slots("bf16", hidden, inter, [3, None, 0, None, 5, 7], num_experts=num_experts)
-    x = torch.randn(1, hidden, generator=gen).to(torch.bfloat16).to(DEVICE)
-
-    def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=DEVICE)
-
-    # pairs of layer 1: expert 3 hit in slot 0, 6 and 2 filled into slots 1 and 3, 0 hit in slot 2, 4 on the CPU
-    experts = [3, 6, 2, 0, 4]
-    pairs = (tensor([0] * 5, torch.int32), tensor([0, 1, 3, 2, -1], torch.int32),
-             tensor([0.5, 0.25, 1.0, 0.125, 9.0], torch.float32))
-    fills = tensor([-1, 6, 2, -1, -1], torch.int32)
-    want_slots, want = cache.slots.clone(), torch.empty(1, hidden, device=DEVICE)
-    slot_experts_ref(x, want_slots, *pairs, out=want, fill_bank=cache.bank, pair_fill=fills, zero_out=True,
-                     **cache.kwargs)
-    layer_tables = {
-        "the plan's": {3: 0, 6: 1, 2: 3, 0: 2, 5: 4, 7: 5},
-        "wrong slots": {3: 4, 6: 5, 2: 2, 0: 2, 4: 5},
-        "none": {},
-    }
-    for name, entries in layer_tables.items():
-        for ids in (experts, [3, 99, -1, 0, 4]):
-            table = torch.full((3 * num_experts,), -1, dtype=torch.int32)
-            table[: num_experts] = table[2 * num_experts:] = 0  # other layers' keys: slot 0, never this layer's
-            for expert, slot in entries.items():
-                table[num_experts + expert] = slot
-            slot_tensor, out = cache.slots.clone(), torch.full((1, hidden), float("nan"), device=DEVICE)
-            slot_experts(x, slot_tensor, *pairs, out=out, fill_bank=cache.bank, pair_fill=fills, zero_out=True,
-                         guess=(tensor(ids, torch.int64), table.to(DEVICE), num_experts, num_experts), **cache.kwargs,
-                         **config)
-            assert torch.equal(slot_tensor.cpu(), want_slots.cpu()), (name, ids)
-            torch.testing.assert_close(out, want, **TIGHT, msg=f"{name} {ids}")
-
-
-@needs_triton
-@pytest.mark.parametrize("num_tokens", [1, 3])
-def test_cast_is_the_sum_in_its_dtype_written_by_the_launch(num_tokens: int) -> None:
-    """`cast`: the down pass's last program writes out in the cast's dtype (strided rows; fills in
-    the launch; with no pairs or all skipped, out as it is)."""
-    gen = torch.Generator().manual_seed(30 + num_tokens)
-    cache = Slots("bf16", 96, 40, [2, None, 6, 1])
-    x = torch.randn(num_tokens, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
-    tokens, slots, weights = random_pairs(gen, num_tokens, 3, 4, [0, 2, 3])
-    pairs = [torch.tensor(v, dtype=d, device=DEVICE) for v, d in (
-        (tokens, torch.int32), (slots, torch.int32), (weights, torch.float32))]
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        out = torch.full((num_tokens, 96), float("nan"), device=DEVICE)
-        buffer = torch.full((num_tokens, 128), float("nan"), dtype=dtype, device=DEVICE)
-        slot_experts(x, cache.slots, *pairs, out=out, zero_out=True, cast=buffer[:, 16:112], **cache.kwargs)
-        assert not out.isnan().any()
-        assert_same_rounding(buffer[:, 16:112], out.to(dtype))  # (the interpreter truncates to bf16)
-        assert buffer[:, :16].isnan().all() and buffer[:, 112:].isnan().all()
-    for none in (([], [], []), ([0] * num_tokens, [-1] * num_tokens, [1.0] * num_tokens)):
-        out, cast = torch.randn(num_tokens, 96, device=DEVICE), torch.zeros(num_tokens, 96, dtype=torch.bfloat16,
-                                                                             device=DEVICE)
-        slot_experts(x, cache.slots, *(torch.tensor(v, dtype=d, device=DEVICE) for v, d in zip(
-            none, (torch.int32, torch.int32, torch.float32), strict=True)), out=out, cast=cast, **cache.kwargs)
-        assert_same_rounding(cast, out.to(torch.bfloat16))
-    with pytest.raises(ValueError, match="cast"):
-        slot_experts(x, cache.slots, *pairs, out=out, cast=cast[:, :64], **cache.kwargs)
-
-
-def test_a_guess_needs_a_table_of_the_layers_keys() -> None:
-    cache = Slots("bf16", 64, 32, [0, 1], device="cpu")
-    x, out = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 64)
-    pair = [torch.tensor([v], dtype=d) for v, d in ((0, torch.int32), (1, torch.int32), (1.0, torch.float32))]
-    table = torch.zeros(16, dtype=torch.int32)
-    if slot_experts is None:
-        pytest.skip("needs triton")
-    for guess in ((pair[1], table, 12, 8), (pair[1], table.long(), 0, 8), (pair[2], table, 0, 8)):
-        with pytest.raises(ValueError, match="guess"):
-            slot_experts(x, cache.slots, *pair, out=out, guess=guess, **cache.kwargs)
 
 
 @needs_triton
@@ -419,25 +335,3 @@ def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
         graph.replay()
         want = cache.run(slot_experts_ref, x, [0] * 8, new_slots, weights.tolist(), torch.zeros_like(out))
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-
-
-def test_the_gather_path_writes_the_cast_too() -> None:
-    """add_slot_experts off the kernel (here the CPU; on CUDA layouts the kernel cannot read in
-    place): `cast` gets the sum in its dtype, as the kernel's last program writes it."""
-    from runtime.gpu.kernels import route_plan_ref
-    from runtime.gpu.slot_compute import add_slot_experts
-
-    cache = Slots("bf16", 64, 32, [3, 5, 0], device="cpu")
-    table = torch.full((8,), -1, dtype=torch.int32)
-    table[torch.tensor([3, 5, 0])] = torch.tensor([0, 1, 2], dtype=torch.int32)
-    owner, last_used = torch.tensor([3, 5, 0], dtype=torch.int32), torch.zeros(3, dtype=torch.int64)
-    ids = torch.tensor([[5, 0, 6]])  # two hits, one miss left to the CPU (no PCIe fills allowed)
-    plan = route_plan_ref(ids, 0, 8, table, owner, last_used, 1, 0)
-    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    weights = torch.tensor([[0.5, 0.25, 0.25]])
-    out, cast = torch.full((1, 64), float("nan")), torch.zeros(1, 64, dtype=torch.bfloat16)
-    add_slot_experts(x, plan, weights, cache.slots, RecordViews(cache.slots, cache.layout), torch.float32, out,
-                     zero_out=True, cast=cast)
-    want = independent(cache, x, [0, 0], [1, 2], [0.5, 0.25], torch.zeros(1, 64))
-    torch.testing.assert_close(out, want, **TIGHT)
-    assert torch.equal(cast, out.to(torch.bfloat16))

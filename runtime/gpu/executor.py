@@ -39,7 +39,7 @@ from .elastic import VramGovernor
 from .executor_stats import DeviceCounts, ExpertStats
 from .executor_steps import WholeStepCalls
 from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
-from .kernels import MAX_KERNEL_PAIRS, RoutePlan, dependent_launch, route_plan_ref
+from .kernels import MAX_KERNEL_PAIRS, RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import CachePrefill, StreamingPrefill
 from .profile import BandwidthProfile
@@ -255,14 +255,13 @@ class HybridExpertExecutor(WholeStepCalls):
     def _plan_fill_compute(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                            x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
                            clock: torch.Tensor, n_pcie: int | torch.Tensor, cpu_share: bool,
-                           capturing: bool = False, cast_in_launch: bool = False) -> tuple[torch.Tensor, RoutePlan, Job | None]:
+                           capturing: bool = False) -> tuple[torch.Tensor, RoutePlan, Job | None]:
         """One decode layer call's work, all queued: the output, the plan, and the CPU share's job
         (None without one). `state`: the cache's device (table, owner, last_used); `clock`: its
         device clock, which the plan moves on (ExpertCache.tick). `capturing`: the work is being
         captured into a CUDA graph, so the worker is not handed the job now but on each replay,
         and the output stays float32 (DecodeGraphs casts it to x's dtype as it copies it out, one
-        node fewer in the graph); otherwise it is in x's dtype. `cast_in_launch` (a whole step's
-        capture): without a CPU share, the slot kernel's last program writes it in x's dtype."""
+        node fewer in the graph); otherwise it is in x's dtype."""
         bank, cache = self.banks[layer], self.cache
         # the kernel holds all T*K pairs in one program's registers: a big batch is planned by the twin (syncs)
         planner = self._route_plan if expert_ids.numel() <= MAX_KERNEL_PAIRS else route_plan_ref
@@ -275,29 +274,13 @@ class HybridExpertExecutor(WholeStepCalls):
         self._fill(plan, bank, self.pcie_repeat - int(in_launch))
         if self.mode != "cpu":  # the slot experts' launch clears `out` itself (no separate fill of zeros)
             out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-            cast = torch.empty(x.shape, dtype=x.dtype, device=x.device) \
-                if cast_in_launch and job is None and x.dtype != torch.float32 else None
             add_slot_experts(x, plan, weights, cache.slots, cache.views(bank.layout), self.compute_dtype, out,
-                             fill_bank=bank.data if in_launch else None, zero_out=True,
-                             guess=self._slot_guess(layer, expert_ids, state[0]), cast=cast)
-            if cast is not None:
-                return cast, plan, job
+                             fill_bank=bank.data if in_launch else None, zero_out=True)
         else:
             out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if job is not None:
             self.cpu_share.add_result(job, out, started)
         return (out if capturing else out.to(x.dtype)), plan, job
-
-    def _slot_guess(self, layer: int, expert_ids: torch.Tensor,
-                    table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
-        """The slot kernel's guess (kernels/slot_experts.py) where its launch may begin before the
-        route plan's ends (PDL, in a step graph): the ids the plan reads and the table it plans
-        against, so that the hits' gate-pass reads overlap the plan. None elsewhere: after a
-        finished plan the table already holds each miss's victim slot, and a guess would read it."""
-        if not dependent_launch.enabled(self.device) or not expert_ids.is_contiguous():
-            return None
-        num_experts = self.cache.num_experts
-        return expert_ids.view(-1), table, layer * num_experts, num_experts
 
     def _replay(self, layer: int, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor,
                 expert_ids: torch.Tensor, weights: torch.Tensor, clock: torch.Tensor,

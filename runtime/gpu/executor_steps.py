@@ -104,8 +104,7 @@ class WholeStepCalls:
         if cpu_share and not self.cpu_share.capturable:
             raise StepNotCapturable(f"layer {layer}: a CPU share, and no stream flags a graph can capture")
         out, _, job = self._plan_fill_compute(layer, self._step_state, x, expert_ids, weights,
-                                              self.cache.device_clock, n_pcie, cpu_share, capturing=True,
-                                              cast_in_launch=True)
+                                              self.cache.device_clock, n_pcie, cpu_share, capturing=True)
         if job is not None:
             capture.native_jobs.add(job.native is not None)
             if len(capture.native_jobs) > 1:
@@ -115,5 +114,4 @@ class WholeStepCalls:
                                         "worker and the Python one")
             capture.host_work.append(lambda: self.cpu_share.start(job))
         capture.count += 1
-        # cast by the slot kernel where it could be; else a link of the step graph's PDL chain (kernels/cast_out.py)
-        return self._cast_out(out, x.dtype)
+        return self._cast_out(out, x.dtype)  # a link of the step graph's PDL chain (kernels/cast_out.py)

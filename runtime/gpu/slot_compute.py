@@ -64,20 +64,14 @@ def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
 
 def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, slots: torch.Tensor,
                      views: RecordViews, compute_dtype: torch.dtype, out: torch.Tensor,
-                     fill_bank: torch.Tensor | None = None, zero_out: bool = False,
-                     guess: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
-                     cast: torch.Tensor | None = None) -> None:
+                     fill_bank: torch.Tensor | None = None, zero_out: bool = False) -> None:
     """out (float32 [T, H]) += the plan's device pairs, each expert read from its slot
     (`zero_out`: out = them, whatever it held). `fill_bank` (the layer's pinned host bank, where
     `fills_in_launch`): the plan's PCIe fills are made by the same launch, the misses read over
-    PCIe while the hits compute. `guess`: the kernel's (kernels/slot_experts.py), for a plan whose
-    launch may still run (PDL); a hint the other paths need not take. `cast`: also `out` in
-    cast's dtype, written there (by the kernel's last program, with no launch of its own)."""
+    PCIe while the hits compute."""
     if slots.shape[0] == 0:  # a cache of no slots (a budget with no room left): every pair is the CPU's
         if zero_out:
             out.zero_()
-        if cast is not None:
-            cast.copy_(out)
         return
     token, slot, weight = pairs_of(plan, weights)
     layout = views.layout
@@ -91,7 +85,7 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
         slot_experts(x.to(compute_dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
                      w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
                      fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None,
-                     zero_out=zero_out, guess=guess, cast=cast)
+                     zero_out=zero_out)
         return
     if zero_out:
         out.zero_()
@@ -100,5 +94,3 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2)[:, 0]  # [P, H]
     y = torch.where(on_device[:, None], y.to(torch.float32) * weight.float()[:, None], 0.0)  # never-filled slots: not even NaN
     out.index_add_(0, token.long(), y)
-    if cast is not None:
-        cast.copy_(out)

@@ -33,14 +33,13 @@ PCIe reads then overlap the hits' compute instead of preceding it (a separate fi
 a call without misses launches no fill at all. Each pair reads its own weights, so only a plan
 whose PCIe experts each belong to one pair (T = 1) may fill here; others fill first.
 
-In a step graph's PDL chain (dependent_launch.py) each pass starts its weight reads before it
-waits for the launch before it. The gate pass looks its pair's expert up in the cache table
-(`guess`) while the route plan still runs and computes its sums from that slot; after the wait
-it keeps them only where the plan gave the pair that slot and no fill (a hit), so any table gives
-the same result. The down pass launches once every gate-pass program has waited for the plan,
-so it reads the plan and its first W2 tile (a fill's from the bank) during the gate pass, and
-waits only for the partial sums. With `cast`, the down pass's last program writes the output
-in the model's dtype (a counter of programs done), and the layer needs no cast launch.
+In a step graph's PDL chain (dependent_launch.py) the down pass launches once every gate-pass
+program has waited for the route plan, so it reads its pair's plan and its first W2 tile (a
+fill's from the bank) before its own wait, during the gate pass, and waits only for the partial
+sums: on the H200 1.5% off a layer with a PCIe miss (BENCHMARKS.md). Two more overlaps measured
+slower there and were taken out: the gate pass computing its hits from the slot the cache table
+named while the plan still ran (the plan, one program, slowed under the load), and the down
+pass's last program casting the output (a counter every program adds to).
 """
 
 from __future__ import annotations
@@ -75,23 +74,38 @@ def _read_from(slot_rows, fill, bank_addr, bank_stride, part_at, rows, ROW: tl.c
     return source
 
 
-@triton.jit
-def _pair_fill(fill_ptr, p, FILL: tl.constexpr):
-    """Pair p's bank row to fill from (-1: none; a tensor either way, so that `fill >= 0` folds
-    where FILL is off). Read past L1: the route plan wrote it in a launch that may still have been
-    running when this program's kernel started (see `_down_kernel`)."""
-    fill = tl.full([], -1, tl.int32)
+@triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
+def _gate_up_kernel(
+    x_ptr, stride_x, w_ptr, stride_slot, w13_at,
+    token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
+    EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
+    BLOCK_Z: tl.constexpr, PDL: tl.constexpr,
+):
+    if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
+        gdc_wait()
+        gdc_launch_dependents()
+    p, split = tl.program_id(0), tl.program_id(2)
+    if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
+        if p == 0:
+            chunk = tl.program_id(1) * tl.num_programs(2) + split
+            at = chunk * zero_chunk + tl.arange(0, BLOCK_Z)
+            keep = (at < (chunk + 1) * zero_chunk) & (at < num_out)
+            tl.store(out_ptr + (at // HIDDEN) * stride_out + at % HIDDEN, tl.zeros([BLOCK_Z], tl.float32), mask=keep)
+    slot = tl.load(slot_ptr + p)
+    if slot < 0:
+        return
+    token = tl.load(token_ptr + p).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
+    cols = split * H_SPAN + tl.arange(0, BLOCK_H)  # this program's first tile of columns
+    w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
+    w3 = w1 + INTER * HIDDEN
+    fill = tl.full([], -1, tl.int32)  # a tensor either way: `fill >= 0` below folds when FILL is off
     if FILL:
-        fill = tl.load(fill_ptr + p, cache_modifier=".cg")
-    return fill
-
-
-@triton.jit
-def _gate_up_sums(r1, w1, x_row, rows, cols, fill, HIDDEN: tl.constexpr, INTER: tl.constexpr,
-                  BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr, EVEN: tl.constexpr):
-    """[BLOCK_I] sums of gate rows `rows` (W1 at r1, W3 INTER rows on) against x over this
-    program's span of H; where `fill >= 0` every tile read is also stored at w1 (the slot)."""
-    r3, w3 = r1 + INTER * HIDDEN, w1 + INTER * HIDDEN
+        fill = tl.load(fill_ptr + p)
+    r1 = _read_from(w1, fill, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE, BANK_ALIGN)
+    r3 = r1 + INTER * HIDDEN
+    x_row = x_ptr + token * stride_x
     # 2-d partial sums, reduced across threads once after the tiles rather than every tile
     g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
     u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
@@ -115,137 +129,77 @@ def _gate_up_sums(r1, w1, x_row, rows, cols, fill, HIDDEN: tl.constexpr, INTER: 
         xs = xs.to(tl.float32)[None, :]  # [1, BLOCK_H]
         g += w1_tile.to(tl.float32) * xs
         u += w3_tile.to(tl.float32) * xs
-    return tl.sum(g, axis=1), tl.sum(u, axis=1)
-
-
-@triton.jit(do_not_specialize=["bank_addr", "bank_stride", "first_key"])
-def _gate_up_kernel(
-    x_ptr, stride_x, w_ptr, stride_slot, w13_at,
-    token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
-    expert_ptr, table_ptr, first_key, num_experts, count_ptr,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
-    EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
-    BLOCK_Z: tl.constexpr, GUESS: tl.constexpr, COUNT: tl.constexpr, PDL: tl.constexpr,
-):
-    p, split = tl.program_id(0), tl.program_id(2)
-    token = tl.load(token_ptr + p).to(tl.int64)  # fixed per shape: never written by the route plan
-    rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
-    cols = split * H_SPAN + tl.arange(0, BLOCK_H)  # this program's first tile of columns
-    x_row = x_ptr + token * stride_x
-    g = tl.zeros([BLOCK_I], dtype=tl.float32)
-    u = tl.zeros([BLOCK_I], dtype=tl.float32)
-    guess = tl.full([], -1, tl.int32)
-    if GUESS:  # the slot the cache table holds for the pair's expert, read while the route plan may still run
-        expert = tl.load(expert_ptr + p, cache_modifier=".cg")
-        known = (expert >= 0) & (expert < num_experts)
-        guess = tl.load(table_ptr + first_key + expert, mask=known, other=-1, cache_modifier=".cg")
-        if guess >= 0:  # a hit: its sums now, over the plan's wait (checked against the plan below)
-            w1_guess = w_ptr + guess.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN
-            g, u = _gate_up_sums(w1_guess, w1_guess, x_row, rows, cols, tl.full([], -1, tl.int32), HIDDEN, INTER,
-                                 BLOCK_I, BLOCK_H, H_SPAN, EVEN)
-    if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
-        gdc_wait()
-        gdc_launch_dependents()
-    if ZERO:  # `out` starts at zero: pair 0's programs clear it in chunks (the down pass adds after this launch)
-        if p == 0:
-            chunk = tl.program_id(1) * tl.num_programs(2) + split
-            at = chunk * zero_chunk + tl.arange(0, BLOCK_Z)
-            keep = (at < (chunk + 1) * zero_chunk) & (at < num_out)
-            tl.store(out_ptr + (at // HIDDEN) * stride_out + at % HIDDEN, tl.zeros([BLOCK_Z], tl.float32), mask=keep)
-    if COUNT:  # the down pass's count of programs done starts at zero (its programs count after this launch)
-        if (p == 0) & (tl.program_id(1) == 0) & (split == 0):
-            tl.store(count_ptr, 0)
-    slot = tl.load(slot_ptr + p)
-    if slot < 0:
-        return
-    fill = _pair_fill(fill_ptr, p, FILL)
-    w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
-    if (slot != guess) | (fill >= 0):  # no guess, a wrong one (a miss the plan was placing), or a fill
-        r1 = _read_from(w1, fill, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE, BANK_ALIGN)
-        g, u = _gate_up_sums(r1, w1, x_row, rows, cols, fill, HIDDEN, INTER, BLOCK_I, BLOCK_H, H_SPAN, EVEN)
     # this split's sums of the gate and up rows: partials [SPLIT, P, 2, I], added up by the down pass
     part = part_ptr + (split * tl.num_programs(0) + p) * (2 * INTER) + rows
     if EVEN:
-        tl.store(part, g)
-        tl.store(part + INTER, u)
+        tl.store(part, tl.sum(g, axis=1))
+        tl.store(part + INTER, tl.sum(u, axis=1))
     else:
-        tl.store(part, g, mask=rows < INTER)
-        tl.store(part + INTER, u, mask=rows < INTER)
+        tl.store(part, tl.sum(g, axis=1), mask=rows < INTER)
+        tl.store(part + INTER, tl.sum(u, axis=1), mask=rows < INTER)
 
 
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _down_kernel(
     part_ptr, w_ptr, stride_slot, w2_at,
     token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out, bank_addr, bank_stride, fill_ptr,
-    count_ptr, cast_ptr, stride_cast, num_out,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr,
     SPLIT: tl.constexpr, EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr,
-    CAST: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+    EARLY: tl.constexpr, PDL: tl.constexpr,
 ):
-    # Before the wait: the pair's plan and its first tile of W2 (a fill's too: read from the bank and
-    # stored in its slot), which need only the route plan. With PDL this kernel launches once every
-    # gate-pass program has passed its own wait for the route plan, so the plan is written by then
-    # (read past L1), and the down pass's weight reads overlap the gate pass's.
     p = tl.program_id(0)
-    slot = tl.load(slot_ptr + p, cache_modifier=".cg")
     rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
     cols = tl.program_id(2) * K_SPAN + tl.arange(0, BLOCK_K)  # this program's first tile of columns
-    w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
-    fill = tl.full([], -1, tl.int32)
-    first = tl.zeros([BLOCK_O, BLOCK_K], dtype=w_ptr.dtype.element_ty)
-    if slot >= 0:
-        fill = _pair_fill(fill_ptr, p, FILL)
-        r2 = _read_from(w2, fill, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
-        first = _w2_tile(r2, w2, rows, cols, fill, HIDDEN, INTER, EVEN)
+    if EARLY:
+        # Before the wait (PDL): the pair's plan and its first tile of W2 (a fill's too: read from the
+        # bank and stored in its slot), which need only the route plan. This kernel launches once
+        # every gate-pass program has passed its own wait for the plan, so the plan is written by
+        # then (read past L1), and the down pass's weight reads overlap the gate pass's.
+        slot = tl.load(slot_ptr + p, cache_modifier=".cg")
+        fill = tl.full([], -1, tl.int32)
+        first = tl.zeros([BLOCK_O, BLOCK_K], dtype=w_ptr.dtype.element_ty)
+        if slot >= 0:
+            w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER
+            if FILL:
+                fill = tl.load(fill_ptr + p, cache_modifier=".cg")
+            r2 = _read_from(w2, fill, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
+            first = _w2_tile(r2, w2, rows, cols, fill, HIDDEN, INTER, EVEN)
+    else:
+        slot = tl.load(slot_ptr + p)
     if PDL:  # the gate pass's partial sums from here on (a program never returns before its wait)
         gdc_wait()
         gdc_launch_dependents()
-    if slot >= 0:
-        token = tl.load(token_ptr + p).to(tl.int64)
-        weight = tl.load(weight_ptr + p).to(tl.float32)
-        r2 = _read_from(w2, fill, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
-        pair_part = part_ptr + p * (2 * INTER)
-        split_stride = tl.num_programs(0) * (2 * INTER)
-        y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
-        for c in tl.static_range(K_SPAN // BLOCK_K):
-            i = cols + c * BLOCK_K
-            if c == 0:
-                w = first
-            else:
-                w = _w2_tile(r2, w2, rows, i, fill, HIDDEN, INTER, EVEN)
-            g = tl.zeros([BLOCK_K], dtype=tl.float32)
-            u = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
-                g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
-                u += tl.load(pair_part + s * split_stride + INTER + i, mask=i < INTER, other=0.0)
-            act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u, fp32
-            y += w.to(tl.float32) * act[None, :]
-        y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
-        if EVEN:
-            tl.atomic_add(out_ptr + token * stride_out + rows, y, sem="relaxed")
+    if slot < 0:
+        return
+    token = tl.load(token_ptr + p).to(tl.int64)
+    weight = tl.load(weight_ptr + p).to(tl.float32)
+    w2 = w_ptr + slot.to(tl.int64) * stride_slot + w2_at + rows[:, None] * INTER  # [BLOCK_O, 1]
+    if not EARLY:
+        fill = tl.full([], -1, tl.int32)  # a tensor either way: `fill >= 0` folds when FILL is off
+        if FILL:
+            fill = tl.load(fill_ptr + p)
+    r2 = _read_from(w2, fill, bank_addr, bank_stride, w2_at, rows, INTER, FILL, ESIZE, BANK_ALIGN)
+    pair_part = part_ptr + p * (2 * INTER)
+    split_stride = tl.num_programs(0) * (2 * INTER)
+    y = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
+    for c in tl.static_range(K_SPAN // BLOCK_K):
+        i = cols + c * BLOCK_K
+        if EARLY and c == 0:
+            w = first
         else:
-            tl.atomic_add(out_ptr + token * stride_out + rows, y, mask=rows < HIDDEN, sem="relaxed")
-    if CAST:  # (skipped pairs' programs count too)
-        _cast_when_last(count_ptr, out_ptr, stride_out, cast_ptr, stride_cast, num_out, HIDDEN, BLOCK_C)
-
-
-@triton.jit
-def _cast_when_last(count_ptr, out_ptr, stride_out, cast_ptr, stride_cast, num_out, HIDDEN: tl.constexpr,
-                    BLOCK_C: tl.constexpr):
-    """Count this program done (its adds into `out` made first); the program that counts last
-    writes `out` cast to cast_ptr's dtype, so that no launch after this one has to."""
-    tl.debug_barrier()  # every thread's adds issued before the count that releases them
-    done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
-    if done == tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2) - 1:
-        at = tl.arange(0, BLOCK_C)
-        start = 0
-        while start < num_out:
-            idx = start + at
-            keep = idx < num_out
-            row, col = idx // HIDDEN, idx % HIDDEN
-            total = tl.load(out_ptr + row * stride_out + col, mask=keep, other=0.0, cache_modifier=".cg")
-            tl.store(cast_ptr + row * stride_cast + col, total.to(cast_ptr.dtype.element_ty), mask=keep)
-            start += BLOCK_C
+            w = _w2_tile(r2, w2, rows, i, fill, HIDDEN, INTER, EVEN)
+        g = tl.zeros([BLOCK_K], dtype=tl.float32)
+        u = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
+            g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
+            u += tl.load(pair_part + s * split_stride + INTER + i, mask=i < INTER, other=0.0)
+        act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u, fp32
+        y += w.to(tl.float32) * act[None, :]
+    y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
+    if EVEN:
+        tl.atomic_add(out_ptr + token * stride_out + rows, y, sem="relaxed")
+    else:
+        tl.atomic_add(out_ptr + token * stride_out + rows, y, mask=rows < HIDDEN, sem="relaxed")
 
 
 @triton.jit
@@ -272,11 +226,9 @@ def _span(length: int, splits: int, block: int) -> int:
 def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                  pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
                  dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                 pair_fill: torch.Tensor | None = None, zero_out: bool = False,
-                 guess: tuple[torch.Tensor, torch.Tensor, int, int] | None = None, cast: torch.Tensor | None = None,
-                 block_i: int = 8, block_h: int = 512,
+                 pair_fill: torch.Tensor | None = None, zero_out: bool = False, block_i: int = 8, block_h: int = 512,
                  split_h: int = 4, block_o: int = 32, block_k: int = 256, split_k: int = 4,
-                 num_warps: int = 4) -> None:
+                 num_warps: int = 4, early_reads: bool | None = None) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
 
@@ -295,34 +247,22 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     `zero_out`: out = the sum, not out += it (the first launch clears `out`: no separate fill of
     zeros, one node fewer in a captured decode call).
 
-    `guess` (pair_expert [P] int32/int64, table int32, first_key, num_experts): where the slots
-    come from a route plan launched just before on the same stream, its expert ids and the cache
-    table it plans against (the layer's keys from first_key). A gate-pass program looks its
-    pair's expert up in the table before it waits for the plan (PDL) and computes its sums from
-    that slot meanwhile; after the wait it keeps them only where the plan gave the pair that slot
-    and no fill, else it reads again. Any table gives the same result; the table the plan reads
-    gives hits their reads ahead of the plan's end.
-
-    `cast` ([T, H], unit inner stride, any float dtype): also `out` cast to it, written by the down
-    pass's last program to finish (a captured decode step's layer output, with no launch of its own).
-
     Tiles: the gate pass reads [block_i, block_h] tiles of W1 and W3, its H split over at most
     `split_h` programs; the down pass [block_o, block_k] tiles of W2, its I over at most `split_k`
     programs (powers of two; benchmarks/bench_slot_experts.py --sweep times them). The defaults
     give each program one tile at Qwen3-30B's shape (H 2048, I 768).
+
+    `early_reads`: the down pass reads its pair's plan and first W2 tile before it waits for the
+    gate pass; by default where the launches use PDL (a step graph), the only place the reads
+    can overlap the gate pass (the tests also set it under the interpreter).
     """
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
                                             w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
                                             fill_bank=fill_bank, pair_fill=pair_fill)
-    if cast is not None and (cast.shape != out.shape or cast.stride(1) != 1 or not cast.is_floating_point()):
-        raise ValueError(f"slot_experts: cast must be a float [T, H] like out with unit inner stride, got "
-                         f"{cast.dtype} {tuple(cast.shape)} stride {cast.stride()}")
     num_pairs = pair_slot.numel()
     if num_pairs == 0 or slots.shape[0] == 0:
         if zero_out:
             out.zero_()
-        if cast is not None:
-            cast.copy_(out)
         return
     weights = slots.view(dtype)  # [S, slot_bytes / esize]: element pointers into the records
     block_i = min(block_i, triton.next_power_of_2(inter))
@@ -336,16 +276,6 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     # without fills the bank arguments are placeholders the kernels never read (FILL is constexpr)
     bank_addr, bank_stride = (fill_bank.data_ptr(), fill_bank.stride(0)) if fills else (0, 0)
     fill_ptr = pair_fill if fills else pair_slot
-    if guess is not None:
-        pair_expert, table, first_key, num_experts = guess
-        if pair_expert.shape != (num_pairs,) or pair_expert.dtype not in (torch.int32, torch.int64) \
-                or table.dtype != torch.int32 or table.dim() != 1 or not 0 <= first_key <= table.numel() - num_experts:
-            raise ValueError(f"slot_experts: guess needs [P] int expert ids and an int32 table holding keys "
-                             f"{first_key}..+{num_experts}, got {pair_expert.dtype} {tuple(pair_expert.shape)}, "
-                             f"{table.dtype} {tuple(table.shape)}")
-    else:  # placeholders the kernel never reads (GUESS is constexpr)
-        pair_expert, table, first_key, num_experts = pair_slot, pair_slot, 0, 0
-    count = torch.empty(1, dtype=torch.int32, device=x.device) if cast is not None else pair_slot  # (placeholder)
     esize = weights.element_size()
     bank_align = math.gcd(16, bank_addr, bank_stride, w13_offset, w2_offset) if fills else 16
     pdl = dependent_launch.enabled(x.device)
@@ -353,18 +283,15 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     zero_chunk = triton.cdiv(out.numel(), up_blocks * splits)  # out's elements each of pair 0's programs clears
     _gate_up_kernel[(num_pairs, up_blocks, splits)](
         x, x.stride(0), weights, weights.stride(0), w13_at, pair_token, pair_slot, partials, bank_addr, bank_stride,
-        fill_ptr, out, out.stride(0), out.numel(), zero_chunk, pair_expert, table, first_key, num_experts, count,
-        HIDDEN=hidden, INTER=inter, BLOCK_I=block_i, BLOCK_H=block_h, H_SPAN=h_span,
-        EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills, ESIZE=esize, BANK_ALIGN=bank_align,
-        ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), GUESS=guess is not None, COUNT=cast is not None,
-        PDL=pdl,
+        fill_ptr, out, out.stride(0), out.numel(), zero_chunk, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i,
+        BLOCK_H=block_h, H_SPAN=h_span, EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills,
+        ESIZE=esize, BANK_ALIGN=bank_align, ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), PDL=pdl,
         num_warps=num_warps, launch_pdl=pdl,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o), triton.cdiv(inter, k_span))](
         partials, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
-        bank_addr, bank_stride, fill_ptr, count, cast if cast is not None else out,
-        cast.stride(0) if cast is not None else 0, out.numel(), HIDDEN=hidden, INTER=inter, BLOCK_O=block_o,
-        BLOCK_K=block_k, K_SPAN=k_span, SPLIT=splits, EVEN=hidden % block_o == 0 and inter % k_span == 0,
-        FILL=fills, ESIZE=esize, BANK_ALIGN=bank_align, CAST=cast is not None,
-        BLOCK_C=min(triton.next_power_of_2(out.numel()), 2048), PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
+        bank_addr, bank_stride, fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
+        K_SPAN=k_span, SPLIT=splits, EVEN=hidden % block_o == 0 and inter % k_span == 0, FILL=fills, ESIZE=esize,
+        BANK_ALIGN=bank_align, EARLY=pdl if early_reads is None else early_reads, PDL=pdl, num_warps=num_warps,
+        launch_pdl=pdl,
     )
