@@ -36,7 +36,7 @@ whose PCIe experts each belong to one pair (T = 1) may fill here; others fill fi
 In a step graph's PDL chain (dependent_launch.py) the down pass launches once every gate-pass
 program has waited for the route plan, so it reads its pair's plan and its first W2 tile (a
 fill's from the bank) before its own wait, during the gate pass, and waits only for the partial
-sums: on the H200 1.5% off a layer with a PCIe miss (BENCHMARKS.md). Two more overlaps measured
+sums: on the H200 ~2% off a layer with a PCIe miss (BENCHMARKS.md). Two more overlaps measured
 slower there and were taken out: the gate pass computing its hits from the slot the cache table
 named while the plan still ran (the plan, one program, slowed under the load), and the down
 pass's last program casting the output (a counter every program adds to).
