@@ -91,6 +91,7 @@ def test_exact_event_sequence(base_url, backend):  # noqa: F811
         ("message_delta", None, None), ("message_stop", None, None)]
     start = events[0]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["role"] == "assistant"
+    assert start["usage"]["input_tokens"] == 4  # known before any output, as the API reports it
     assert events[9]["content_block"] == {"type": "tool_use", "id": "call_9", "name": "read_file", "input": {}}
     assert json.loads(events[10]["delta"]["partial_json"]) == {"path": "x"}
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
@@ -222,6 +223,11 @@ def test_tiny_end_to_end(live_tiny):  # noqa: F811
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in message.content]
     assert final.usage.input_tokens == message.usage.input_tokens
     assert client.messages.count_tokens(model="tiny", messages=ask["messages"]).input_tokens == message.usage.input_tokens
+    body = {**{k: v for k, v in ask.items() if k != "extra_body"}, "temperature": 0, "stream": True}
+    with httpx.stream("POST", live_tiny + "/v1/messages", json=body, headers=HEADERS, timeout=120) as r:
+        first = next(json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: "))
+    assert first["type"] == "message_start"
+    assert first["message"]["usage"]["input_tokens"] == message.usage.input_tokens  # (coding agents track context by it)
 
 
 

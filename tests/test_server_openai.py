@@ -23,6 +23,7 @@ from runtime.server.protocol import (
     ModelNotFound,
     ReasoningDelta,
     ServerError,
+    Started,
     TextDelta,
     ToolCallEvent,
 )
@@ -62,6 +63,9 @@ class FakeBackend:
     async def _play(self, request: ChatRequest | GenerateRequest) -> AsyncIterator[Event]:
         self.requests.append(request)
         self._check(request.model)
+        done = next((item for item in self.script if isinstance(item, Done)), None)
+        if done is not None and not isinstance(self.script[0], Exception):  # as the backend: once the prompt fits
+            yield Started(prompt_tokens=done.prompt_tokens)
         for item in self.script:
             await asyncio.sleep(0)
             if isinstance(item, Exception):

@@ -41,6 +41,7 @@ from .protocol import (
     Message,
     ReasoningDelta,
     ServerError,
+    Started,
     TextDelta,
     ToolCallEvent,
 )
@@ -265,8 +266,10 @@ def _sse(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _stream(events: AsyncIterator[Event], message_id: str, model: str) -> AsyncIterator[str]:
-    yield _sse("message_start", {"type": "message_start", "message": _message(message_id, model, [], None, False)})
+async def _stream(events: AsyncIterator[Event], message_id: str, model: str, prompt_tokens: int) -> AsyncIterator[str]:
+    start = _message(message_id, model, [], None, False)
+    start["usage"]["input_tokens"] = prompt_tokens  # as the API reports it: known before any output
+    yield _sse("message_start", {"type": "message_start", "message": start})
     index, open_kind, pinged, called, done = -1, None, False, False, Done("stop")
 
     def open_block(block: dict[str, Any]) -> list[str]:
@@ -336,11 +339,12 @@ def make_router(backend: Backend) -> APIRouter:
             done = next((e for e in events if isinstance(e, Done)), Done("stop"))
             called = any(isinstance(e, ToolCallEvent) for e in events)
             return JSONResponse(_message(message_id, chat.model, _content(events), done, called))
-        started = await events_after_start(backend.chat(chat), request)
+        prompt: list[Started] = []
+        started = await events_after_start(backend.chat(chat), request, prompt.append)
         if started is None:
             return client_gone()
-        return StreamingResponse(_stream(started, message_id, chat.model), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(_stream(started, message_id, chat.model, prompt[0].prompt_tokens if prompt else 0),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:

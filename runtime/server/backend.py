@@ -46,6 +46,7 @@ from .protocol import (
     GenerateRequest,
     ModelInfo,
     ServerError,
+    Started,
 )
 from .room import make_gpu_room, make_room
 from .runner import LoadedStatus, Runner, compute_dtype
@@ -253,6 +254,7 @@ class ModelManager:
                       num_ctx=context, load_seconds=load_seconds, started=started, opening=opening[0],
                       opening_tokens=opening[1], continues_text=continues_text or bool(opening[0]))
             self._submit(runner, job, keep)
+            yield Started(prompt_tokens=len(prompt) - opening[1])
             while True:
                 item = await job.queue.get()
                 if isinstance(item, ServerError):

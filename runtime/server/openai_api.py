@@ -34,6 +34,7 @@ from .protocol import (
     NotImplementedByFt,
     ReasoningDelta,
     ServerError,
+    Started,
     TextDelta,
     ToolCallEvent,
 )
@@ -99,10 +100,12 @@ async def _chain(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Even
         yield event
 
 
-async def events_after_start(events: AsyncIterator[Event], request: Request) -> AsyncIterator[Event] | None:
+async def events_after_start(events: AsyncIterator[Event], request: Request,
+                             on_started: Callable[[Started], object] | None = None) -> AsyncIterator[Event] | None:
     """The stream with its first event awaited, so that an error raised before any output (unknown
-    model, busy) becomes the response's status; None when the client left meanwhile."""
-    started = await streaming.start(events, request)
+    model, busy) becomes the response's status; None when the client left meanwhile. The
+    backend's Started goes to `on_started` (streaming.start)."""
+    started = await streaming.start(events, request, on_started)
     return None if started is None else _chain(*started)
 
 

@@ -46,6 +46,15 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The generation is queued to run: its prompt fits the context and counts `prompt_tokens`
+    (a forced call's opening not among them: it is the reply's). Sent before anything it writes;
+    the API flavours' streaming helpers take it out of the stream (streaming.start `on_started`)."""
+
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
 
@@ -77,7 +86,7 @@ class Done:
     total_seconds: float = 0.0
 
 
-Event = TextDelta | ReasoningDelta | ToolCallEvent | Done
+Event = Started | TextDelta | ReasoningDelta | ToolCallEvent | Done
 
 
 @dataclass(frozen=True)

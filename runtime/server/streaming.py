@@ -6,6 +6,10 @@
 - `collect(events, request)`: every event, for `stream: false`; stops (cancelling the
   generation) when the client disconnects.
 
+Both take the backend's `Started` (the prompt's token count) out of the stream: it is not output,
+and waiting for the first event means waiting for the first output. `start` hands it to
+`on_started` (the Anthropic flavour's message_start reports the prompt's tokens).
+
 While a response streams, Starlette cancels the body iterator when the client goes away, and
 the backend's generator cancels its generation from its `finally`; nothing here is needed then.
 """
@@ -14,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+
+from .protocol import Started
 
 T = TypeVar("T")
 
@@ -45,9 +51,11 @@ async def _next(it: AsyncIterator[T], request: Request) -> T:
                 await task
 
 
-async def start(events: AsyncIterator[T], request: Request) -> tuple[T, AsyncIterator[T]] | None:
-    """(first event, the rest); None when the client left. Errors of the stream propagate."""
-    it = events.__aiter__()
+async def start(events: AsyncIterator[T], request: Request,
+                on_started: Callable[[Started], object] | None = None) -> tuple[T, AsyncIterator[T]] | None:
+    """(first event, the rest), without Started events (each given to `on_started`); None when
+    the client left. Errors of the stream propagate."""
+    it = _without_started(events.__aiter__(), on_started)
     try:
         first = await _next(it, request)
     except ClientGone:
@@ -61,7 +69,7 @@ async def start(events: AsyncIterator[T], request: Request) -> tuple[T, AsyncIte
 
 async def collect(events: AsyncIterator[T], request: Request) -> list[T] | None:
     """Every event; None when the client left. Errors of the stream propagate."""
-    it = events.__aiter__()
+    it = _without_started(events.__aiter__(), None)
     out: list[T] = []
     try:
         while True:
@@ -72,6 +80,18 @@ async def collect(events: AsyncIterator[T], request: Request) -> list[T] | None:
         return None
     finally:
         await _close(it)
+
+
+async def _without_started(events: AsyncIterator[T], on_started: Callable[[Started], object] | None) -> AsyncIterator[T]:
+    try:
+        async for event in events:
+            if isinstance(event, Started):
+                if on_started is not None:
+                    on_started(event)
+                continue
+            yield event
+    finally:  # closing this closes the backend's stream (its generation is cancelled)
+        await _close(events)
 
 
 async def _close(it: Any) -> None:
