@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from registry import Store
-from runtime.chat_template import ChatTemplateError
 from runtime.load import load_registered
 from runtime.models import UnsupportedFamilyError
 from runtime.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
@@ -36,8 +35,7 @@ from runtime.resources import Machine, gib_to_bytes
 from runtime.tokenizer import Tokenizer, TokenizerError
 from runtime.weights import RegisteredModel
 
-from . import models
-from .forced_calls import UnsupportedToolChoice, forced_name, forced_opening
+from . import models, prompts
 from .protocol import (
     BadRequest,
     ChatRequest,
@@ -109,17 +107,8 @@ class ModelManager:
         started = time.perf_counter()
         registered = models.lookup(self.store, request.model)
         options = models.request_options(registered, request.options)
-        messages = self._with_system(registered, request.messages)
-        tools = list(request.tools) if request.tools else None
-        template_vars = self._chat_template_vars(request, messages)
-
-        def encode(tokenizer: Tokenizer) -> list[int]:
-            return tokenizer.encode_chat(messages, tools, **template_vars)
-
-        forced = forced_name(request.tool_choice)
-        continues = template_vars.get("continue_final_message", False)  # a prefilled reply goes on
-        async for event in self._generate(registered, options, encode, tools, request.keep_alive, started, forced,
-                                          continues_text=continues):
+        recipe = prompts.chat_recipe(registered, request)
+        async for event in self._generate(registered, options, recipe, request.keep_alive, started):
             yield event
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
@@ -128,33 +117,13 @@ class ModelManager:
         options = models.request_options(registered, request.options)
         if request.default_max_tokens is not None and not models.sets_max_tokens(registered, request.options):
             options = replace(options, sampling=replace(options.sampling, max_tokens=request.default_max_tokens))
-        if not isinstance(request.prompt, str):
-            raise BadRequest("prompt must be a string")
-        if request.suffix:
-            raise BadRequest("suffix (fill-in-the-middle) is not supported: ft's chat templates have no FIM format")
-        template_vars = {} if request.think is None else {"enable_thinking": bool(request.think)}
-        system = request.system if request.system is not None else registered.config.get("system")
-
-        def encode(tokenizer: Tokenizer) -> list[int]:
-            if request.raw:
-                return tokenizer.encode(request.prompt, add_special_tokens=True)
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": request.prompt}]
-            return tokenizer.encode_chat(messages, add_generation_prompt=True, **template_vars)
-
-        async for event in self._generate(registered, options, encode, None, request.keep_alive, started,
-                                          continues_text=request.raw):
+        recipe = prompts.generate_recipe(registered, request)
+        async for event in self._generate(registered, options, recipe, request.keep_alive, started):
             yield event
 
     def count_tokens(self, request: ChatRequest) -> int:
         registered = models.lookup(self.store, request.model)
-        tokenizer = self._tokenizer(registered)
-        tools = list(request.tools) if request.tools else None
-        messages = self._with_system(registered, request.messages)
-        try:
-            return len(tokenizer.encode_chat(messages, tools, **self._chat_template_vars(request, messages)))
-        except (ChatTemplateError, TypeError, ValueError) as e:
-            raise BadRequest(f"cannot render the chat template: {e}") from None
+        return prompts.count_chat_tokens(registered, request, self._tokenizer(registered))
 
     def list_models(self) -> list[ModelInfo]:
         return models.list_models(self.store)
@@ -231,13 +200,9 @@ class ModelManager:
     # ---- generation ------------------------------------------------------------------------------
 
     async def _generate(self, registered: RegisteredModel, options: models.RequestOptions,
-                        encode: Callable[[Tokenizer], list[int]], tools: list[dict[str, Any]] | None,
-                        keep_alive: float | None, started: float,
-                        forced: tuple[bool, str | None] = (False, None),
-                        continues_text: bool = False) -> AsyncIterator[Event]:
-        """One generation; `forced`: whether the reply must be a tool call, and of which function
-        (forced_calls.py: the call's opening ends the prompt); `continues_text`: the reply goes on
-        from the prompt's last words (a raw prompt, a prefilled reply), not a turn of its own."""
+                        recipe: prompts.PromptRecipe, keep_alive: float | None, started: float) -> AsyncIterator[Event]:
+        """One generation of the prompt `recipe` renders (prompts.py: a forced tool call's opening
+        ends it; a raw prompt or a prefilled reply is continued, not answered)."""
         keep = self._keep_alive(keep_alive)
         ticket = self.admission.admit()
         runner: Runner | None = None
@@ -246,15 +211,21 @@ class ModelManager:
             asked = self._asked_ctx(registered, options.num_ctx)  # a request without num_ctx asks the default
             runner, load_seconds = await self._runner(registered, asked, options.num_thread)
             runner.active += 1  # from here on the model stays loaded for this request
-            prompt, context, opening = await asyncio.to_thread(self._prepare, runner, encode, asked, tools, forced)
+            loaded = runner
+
+            def prepare() -> tuple[list[int], str, int, int]:  # off the event loop: templates, planning
+                return (*prompts.prompt_tokens(recipe, loaded.tokenizer, loaded.family),
+                        self._context_for(loaded, asked))
+
+            prompt, opening, opened, context = await asyncio.to_thread(prepare)
             if len(prompt) > context:
                 raise BadRequest(f"the prompt is {len(prompt)} tokens, the context is {context}; shorten it "
                                  "or raise num_ctx")
-            job = Job(asyncio.get_running_loop(), ticket, prompt=prompt, params=options.sampling, tools=tools,
-                      num_ctx=context, load_seconds=load_seconds, started=started, opening=opening[0],
-                      opening_tokens=opening[1], continues_text=continues_text or bool(opening[0]))
+            job = Job(asyncio.get_running_loop(), ticket, prompt=prompt, params=options.sampling, tools=recipe.tools,
+                      num_ctx=context, load_seconds=load_seconds, started=started, opening=opening,
+                      opening_tokens=opened, continues_text=recipe.continues_text or bool(opening))
             self._submit(runner, job, keep)
-            yield Started(prompt_tokens=len(prompt) - opening[1])
+            yield Started(prompt_tokens=len(prompt) - opened)
             while True:
                 item = await job.queue.get()
                 if isinstance(item, ServerError):
@@ -268,25 +239,6 @@ class ModelManager:
                 job.cancel()
             elif runner is not None:  # it never reached the worker
                 self._job_finished(runner)
-
-    def _prepare(self, runner: Runner, encode: Callable[[Tokenizer], list[int]], num_ctx: int,
-                 tools: list[dict[str, Any]] | None,
-                 forced: tuple[bool, str | None]) -> tuple[list[int], int, tuple[str, int]]:
-        """The prompt's tokens, the context to run it in, and the opening of a forced tool call
-        that ends the prompt, with its tokens' count ("", 0 where none is forced); off the event
-        loop: templates, planning."""
-        try:
-            prompt = encode(runner.tokenizer)
-            opening = forced_opening(runner.family, runner.tokenizer, tools, forced[1], prompt) if forced[0] else ""
-            opened = runner.tokenizer.encode(opening, add_special_tokens=False) if opening else []
-            prompt = prompt + opened
-        except UnsupportedToolChoice as e:
-            raise BadRequest(f"tool_choice: {e}") from None
-        except (ChatTemplateError, TypeError, ValueError) as e:
-            raise BadRequest(f"cannot render the prompt: {e}") from None
-        if not prompt:
-            raise BadRequest("the prompt is empty: give some text")
-        return prompt, self._context_for(runner, num_ctx), (opening, len(opened))
 
     def _submit(self, runner: Runner, job: Job, keep_alive_s: float) -> None:
         """Queue `job` on the runner's worker; `runner.active` already counts it."""
@@ -477,25 +429,3 @@ class ModelManager:
         log.info("loaded %s in %.2fs (context %d, %d threads)", registered.name.display, seconds,
                  fitted.context_length, fitted.num_threads)
         return Runner(registered, loaded, tokenizer, fitted, seconds)
-
-    @staticmethod
-    def _chat_template_vars(request: ChatRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """How the conversation is rendered: a new assistant turn, or (`continue_final`, where
-        the last message is the assistant's own text) that message left open for the reply to
-        continue; and the request's thinking switch."""
-        last = messages[-1] if messages else {}
-        prefill = (request.continue_final and last.get("role") == "assistant" and not last.get("tool_calls")
-                   and isinstance(last.get("content"), str) and last["content"] != "")
-        as_turn = {"add_generation_prompt": False, "continue_final_message": True} if prefill \
-            else {"add_generation_prompt": True}
-        return as_turn | ({} if request.think is None else {"enable_thinking": bool(request.think)})
-
-    @staticmethod
-    def _with_system(registered: RegisteredModel, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The recipe's SYSTEM prompt first, unless the conversation brings its own."""
-        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-            raise BadRequest("messages must be a list of message objects")
-        system = registered.config.get("system")
-        if system and not any(m.get("role") == "system" for m in messages):
-            return [{"role": "system", "content": system}, *messages]
-        return list(messages)
