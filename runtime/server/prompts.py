@@ -76,9 +76,10 @@ def prompt_tokens(recipe: PromptRecipe, tokenizer: Tokenizer, family: str | None
         raise BadRequest(f"tool_choice: {e}") from None
     except (ChatTemplateError, TypeError, ValueError) as e:
         raise BadRequest(f"cannot render the prompt: {e}") from None
+    prompt = prompt + opened
     if not prompt:
         raise BadRequest("the prompt is empty: give some text")
-    return prompt + opened, opening, len(opened)
+    return prompt, opening, len(opened)
 
 
 def count_chat_tokens(registered: RegisteredModel, request: ChatRequest, tokenizer: Tokenizer) -> int:

@@ -153,8 +153,10 @@ def _down_kernel(
     if EARLY:
         # Before the wait (PDL): the pair's plan and its first tile of W2 (a fill's too: read from the
         # bank and stored in its slot), which need only the route plan. This kernel launches once
-        # every gate-pass program has passed its own wait for the plan, so the plan is written by
-        # then (read past L1), and the down pass's weight reads overlap the gate pass's.
+        # every gate-pass program has passed its own wait for the plan, so the plan's grid has
+        # completed by then and its stores are in L2, read here past L1 (.cg): griddepcontrol.wait
+        # itself promises visibility only of the grid just before. The down pass's weight reads
+        # then overlap the gate pass's, which touches no slot's W2 part.
         slot = tl.load(slot_ptr + p, cache_modifier=".cg")
         fill = tl.full([], -1, tl.int32)
         first = tl.zeros([BLOCK_O, BLOCK_K], dtype=w_ptr.dtype.element_ty)
