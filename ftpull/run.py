@@ -17,6 +17,7 @@ import torch
 from registry import Store
 from runtime.engine import Generation, Session
 from runtime.load import LoadedModel, load_registered
+from runtime.models import ContextOverflowError
 from runtime.plan import ModelFootprint, PlanOverrides, plan
 from runtime.resources import Machine, gib_to_bytes
 from runtime.sampling import SamplingParams
@@ -37,6 +38,11 @@ HELP = """Available commands:
   /bye                        exit
   /?, /help                   this help
 Use \"\"\" to begin and end a multi-line message."""
+
+
+class TurnRefused(ValueError):
+    """The model cannot take this message (it does not fit the context): the conversation stays
+    as it was, and the chat goes on."""
 
 
 @dataclass
@@ -250,6 +256,9 @@ def repl(chat: Chat, verbose: bool, load_seconds: float) -> None:
         except KeyboardInterrupt:  # Ctrl-C during an answer: it stops, the conversation goes on
             getattr(chat, "interrupted", lambda: None)()
             write("\n(stopped)\n\n")
+            continue
+        except (ContextOverflowError, TurnRefused) as e:  # the conversation is kept: /clear, or a shorter message
+            write(f"Error: {e}\n(the conversation is as it was: /clear to start over)\n\n")
             continue
         write("\n\n")
         if result.stop_reason == "context":

@@ -35,6 +35,7 @@ from .modelfile import ModelfileError
 from .preflight import FitError
 from .pull import pull
 from .resolve import ResolveError
+from .run import TurnRefused
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11435
@@ -221,13 +222,18 @@ class RemoteChat:
                 "options": self.options, "stream": True}
         pieces: list[str] = []
         final: dict[str, Any] = {}
-        for chunk in self.client.stream("/api/chat", body):
-            piece = (chunk.get("message") or {}).get("content") or ""
-            if piece:
-                pieces.append(piece)
-                on_text(piece)
-            if chunk.get("done"):
-                final = chunk
+        try:
+            for chunk in self.client.stream("/api/chat", body):
+                piece = (chunk.get("message") or {}).get("content") or ""
+                if piece:
+                    pieces.append(piece)
+                    on_text(piece)
+                if chunk.get("done"):
+                    final = chunk
+        except ServerReplyError as e:
+            if e.status == 400:  # refused before any output (it does not fit the context): the chat goes on
+                raise TurnRefused(str(e)) from None
+            raise
         answer = "".join(pieces)
         self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
         stats = GenerationStats(prompt_tokens=final.get("prompt_eval_count", 0),

@@ -137,6 +137,48 @@ def test_ctrl_c_stops_an_answer_or_a_prompt_and_the_repl_goes_on(tiny, monkeypat
     assert [m["content"] for m in chat.messages if m["role"] == "user"] == asked[1:]  # the stopped turn is not kept
 
 
+def test_a_message_that_does_not_fit_leaves_the_chat_going(tiny, monkeypatch, capsys) -> None:
+    """A message past the context is refused with the reason; the conversation is as it was, and
+    the next message is answered (the REPL used to exit, losing the conversation)."""
+    from ftpull.run import Chat, repl
+
+    loaded, tokenizer = tiny
+    chat = Chat(Session(loaded.model, tokenizer, 64), tokenizer, {"num_predict": 3, "seed": 0})
+    script = "\n".join(["hello", " ".join(str(n) for n in range(100)), "again", "/bye"]) + "\n"
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(script))
+    repl(chat, verbose=False, load_seconds=0.0)
+    out = capsys.readouterr().out
+    assert "Error: the prompt is" in out and "the context is 64" in out and "/clear to start over" in out
+    assert [m["content"] for m in chat.messages if m["role"] == "user"] == ["hello", "again"]
+
+
+def test_a_server_refusing_a_message_leaves_the_chat_going(monkeypatch, capsys) -> None:
+    """The same through `ft serve`: its 400 before any output is a refused turn; other errors still end the chat."""
+    from ftpull.run import repl
+    from ftpull.serve import RemoteChat, ServerReplyError
+
+    class Refusing:
+        status = 400
+
+        def stream(self, path, body):
+            if body["messages"][-1]["content"] == "too long":
+                raise ServerReplyError(self.status, "the prompt is 99 tokens, the context is 64; shorten it or raise num_ctx")
+            yield {"message": {"content": "ok"}}
+            yield {"done": True, "done_reason": "stop", "eval_count": 1}
+
+    client = Refusing()
+    chat = RemoteChat(client, "tiny", {})
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO("too long\nshort\n/bye\n"))
+    repl(chat, verbose=False, load_seconds=0.0)
+    out = capsys.readouterr().out
+    assert "Error: the prompt is 99 tokens" in out and "ok" in out
+    assert [m["content"] for m in chat.messages] == ["short", "ok"]
+    client.status = 500
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO("too long\n"))
+    with pytest.raises(ServerReplyError):
+        repl(chat, verbose=False, load_seconds=0.0)
+
+
 def test_ft_run_loads_what_a_path_pulled(home: Path, tmp_path: Path, capsys) -> None:
     """`ft run ./checkpoint` pulls it under a model name, then loads that name (it loaded the path's
     text, which is no model name, and failed after the pull)."""
