@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from ftw import GGUF_SIDE_FILES, INDEX_FILENAME, Index, convert_checkpoint, convert_gguf
 from registry import ANNOTATION_TITLE, Descriptor, Manifest, Store
+from runtime.chat_template import ChatTemplateError
+from runtime.tokenizer import Tokenizer, TokenizerError
 from runtime.weights import (
     MEDIA_CONFIG,
     MEDIA_FILE,
@@ -23,6 +26,8 @@ from .events import ByteCounter, PullEvent, Report
 from .fetch import Fetched, PullError, check_family, gguf_parts
 from .modelfile import DEFAULT_TAG, Modelfile, Recipe
 from .resolve import PullTarget
+
+log = logging.getLogger(__name__)
 
 HF_SIDE_FILES = hub.AUX_FILES[1:]  # everything but config.json, which lives in the FTW index
 
@@ -46,6 +51,7 @@ def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, wor
                 side_files.append(work / name)
     if recipe.dtype not in ("auto", index.config.get("dtype")) and fetched.format == "gguf":
         raise PullError(f"{recipe.ref}: DTYPE {recipe.dtype} was asked for, the GGUF file holds {index.config.get('dtype')}")
+    check_tokenizer(recipe, side_files, index.config.get("vocab_size"))
 
     report(PullEvent("verifying sha256 digests"))
     layers = [_add(store, out / INDEX_FILENAME, MEDIA_FTW_INDEX, INDEX_FILENAME)]
@@ -59,6 +65,26 @@ def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, wor
     report(PullEvent("writing manifest"))
     store.write_manifest(target.name, manifest)
     return manifest
+
+
+def check_tokenizer(recipe: Recipe, side_files: list[Path], vocab_size: object) -> None:
+    """PullError where the tokenizer that comes with the weights has ids past the model's embedding
+    (its files are another model's: every run would fail). One that cannot be loaded here is
+    registered with a warning: a newer `tokenizers` may read it, with no new download. A source
+    without tokenizer.json registers (its runs say what is missing)."""
+    files = {path.name: path for path in side_files}
+    if "tokenizer.json" not in files:
+        log.warning("%s has no tokenizer.json: ft run and ft serve need one to run it", recipe.ref)
+        return
+    try:
+        tokenizer = Tokenizer.from_files(files, origin=recipe.ref)
+    except (TokenizerError, ChatTemplateError) as e:
+        log.warning("%s; the model is registered, and runs need a tokenizer that loads", e)
+        return
+    try:
+        tokenizer.check_fits(vocab_size)
+    except TokenizerError as e:
+        raise PullError(f"{e}; nothing was registered") from None
 
 
 def _add(store: Store, path: Path, media_type: str, title: str, digest: str | None = None) -> Descriptor:

@@ -265,7 +265,20 @@ class Tokenizer:
 
         override = next((model.files[d.title] for d in model.manifest.layers if d.media_type == MEDIA_TEMPLATE), None)
         template = override.read_text(encoding="utf-8") if override is not None else None
-        return cls.from_files(model.files, template=template, origin=model.name.display)
+        tokenizer = cls.from_files(model.files, template=template, origin=model.name.display)
+        tokenizer.check_fits(model.config.get("vocab_size"))
+        return tokenizer
+
+    def check_fits(self, model_vocab_size: object) -> None:
+        """TokenizerError where the tokenizer has ids past the model's embedding rows
+        (`model_vocab_size`; unchecked where the model does not say): its files are not this
+        model's, and the first such id would index past the embedding."""
+        if isinstance(model_vocab_size, int) and not isinstance(model_vocab_size, bool) \
+                and 0 < model_vocab_size < self.vocab_size:
+            raise TokenizerError(
+                f"{self.origin}: the tokenizer has {self.vocab_size} token ids, the model's embedding only "
+                f"{model_vocab_size}: its tokenizer files belong to another model; use the checkpoint's own "
+                "tokenizer.json and tokenizer_config.json")
 
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. a special token), None if there is none."""

@@ -487,3 +487,30 @@ def test_a_finished_gguf_pull_keeps_another_quants_interrupted_download(fake_hub
     (commit / "Tiny-MoE-Q8_0.gguf.part").write_bytes(b"anoth")
     pull("hf.co/org/tiny-moe-gguf:Q4_K_M", store)
     assert sorted(p.name for p in commit.iterdir()) == ["Tiny-MoE-Q8_0.gguf.part"]
+
+
+def test_another_models_tokenizer_is_refused_at_pull_and_at_load(store: Store, tmp_path: Path) -> None:
+    """A tokenizer with ids past the model's embedding (its files copied from another model) is
+    refused with the reason and nothing registered; one registered before that check fails at
+    load with the same reason, not with an IndexError mid-run."""
+    from ftpull.tiny import build_tiny_checkpoint
+    from runtime.tokenizer import Tokenizer, TokenizerError
+
+    src = save_checkpoint("mixtral", tmp_path / "hf")  # a vocabulary of a few hundred ids
+    tiny = build_tiny_checkpoint(tmp_path / "tiny")
+    wrong = Tokenizer.from_files(tiny)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tiny / name, src / name)
+    vocab = __import__("json").loads((src / "config.json").read_text())["vocab_size"]
+    assert wrong.vocab_size > vocab
+    with pytest.raises(PullError, match=rf"{wrong.vocab_size} token ids, the model's embedding only {vocab}"):
+        pull(str(src), store)
+    assert store.list_models() == []
+    (src / "tokenizer.json").unlink()  # registered without one, then given the wrong one in the store
+    pull(str(src), store)
+    (registered,) = store.list_models()
+    model = open_model(store, str(registered.name))
+    shutil.copyfile(tiny / "tokenizer.json", tmp_path / "tokenizer.json")
+    model.files["tokenizer.json"] = tmp_path / "tokenizer.json"
+    with pytest.raises(TokenizerError, match="belong to another model"):
+        Tokenizer.from_model(model)
