@@ -22,7 +22,7 @@ from .events import PullEvent, Report, quiet
 from .fetch import PullError, download_key, fetch, remove_downloads
 from .modelfile import load_modelfile
 from .register import convert_and_register
-from .resolve import PullTarget, resolve
+from .resolve import PullTarget, ResolveError, resolve
 
 __all__ = ["PullError", "PullEvent", "PullResult", "create", "install", "pull"]
 
@@ -35,17 +35,49 @@ class PullResult:
 
 
 def pull(text: str, store: Store, *, force: bool = False, report: Report = quiet) -> PullResult:
-    """Make the model `text` present in `store` (a fast no-op if it already is)."""
+    """Make the model `text` present in `store` (a fast no-op if it already is). A stored model
+    whose files are missing or of the wrong size is made again where a recipe makes it."""
     present = _present_name(text, store)
     if present is not None:  # any stored name, also ones no recipe makes (ft create, ft cp, local/...)
-        report(PullEvent(f"{present.display} is up to date"))
-        return PullResult(present, True, store.read_manifest(present).total_size)
+        damaged = _damaged_files(store, present)
+        if not damaged:
+            report(PullEvent(f"{present.display} is up to date"))
+            return PullResult(present, True, store.read_manifest(present).total_size)
+        try:
+            target = resolve(text)
+        except ResolveError:
+            target = None
+        if target is None or target.name != present:
+            raise PullError(f"{present.display}: {_listed(damaged)} missing or damaged, and no recipe makes "
+                            f"this name again; `ft rm {present.display}`, then create or copy it again")
+        report(PullEvent(f"{present.display}: {_listed(damaged)} missing or damaged; pulling it again"))
+        return install(target, store, force=force, replace_existing=True, report=report)
     target = resolve(text)
     if store.has_model(target.name):
         _check_same_local_source(target, store)
         report(PullEvent(f"{target.name.display} is up to date"))
         return PullResult(target.name, True, store.read_manifest(target.name).total_size)
     return install(target, store, force=force, report=report)
+
+
+def _damaged_files(store: Store, name: ModelName) -> list[str]:
+    """The titles of the model's blobs that are missing or not the size its manifest says (a
+    size check, not a hash: `ft verify` hashes)."""
+    manifest = store.read_manifest(name)
+    damaged = []
+    for descriptor in (manifest.config, *manifest.layers):
+        try:
+            size = store.blob_path(descriptor.digest).stat().st_size
+        except FileNotFoundError:
+            size = -1
+        if size != descriptor.size:
+            damaged.append("the config" if descriptor is manifest.config else descriptor.title)
+    return damaged
+
+
+def _listed(titles: list[str]) -> str:
+    return ", ".join(titles[:3]) + (f" and {len(titles) - 3} more" if len(titles) > 3 else "") + \
+        (" is" if len(titles) == 1 else " are")
 
 
 def _check_same_local_source(target: PullTarget, store: Store) -> None:

@@ -514,3 +514,23 @@ def test_another_models_tokenizer_is_refused_at_pull_and_at_load(store: Store, t
     model.files["tokenizer.json"] = tmp_path / "tokenizer.json"
     with pytest.raises(TokenizerError, match="belong to another model"):
         Tokenizer.from_model(model)
+
+
+def test_a_stored_model_with_a_missing_or_short_file_is_pulled_again(store: Store) -> None:
+    """`ft pull` of a present model checks its files' sizes: a truncated or missing blob makes it
+    pull again where a recipe makes the name (the load error's advice), and otherwise says how
+    to get the model back, not "up to date"."""
+    first = pull("tiny", store)
+    manifest = store.read_manifest(first.name)
+    shard = next(d for d in manifest.layers if d.title.endswith(".ftw"))
+    with open(store.blob_path(shard.digest), "r+b") as f:
+        f.truncate(shard.size - 4096)
+    again = pull("tiny", store)
+    assert not again.already_present and store.verify(first.name) == []
+    store.copy(first.name, "mine")
+    store.blob_path(shard.digest).unlink()
+    with pytest.raises(PullError, match=r"mine:latest: .*\.ftw is missing or damaged, and no recipe makes this name "
+                                        r"again; `ft rm mine:latest`"):
+        pull("mine", store)
+    assert pull("tiny", store).already_present is False  # the shared blob, made again
+    assert pull("mine", store).already_present
