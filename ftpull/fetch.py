@@ -53,7 +53,9 @@ def fetch(target: PullTarget, store: Store, work: Path, force: bool, report: Rep
         from .tiny import build_tiny_checkpoint
 
         report(PullEvent("building the tiny model locally"))
-        return Fetched(build_tiny_checkpoint(work / "builtin"), "safetensors")
+        checkpoint = build_tiny_checkpoint(work / "builtin")
+        check_family(target.recipe, load_config(checkpoint))  # a Modelfile's FAMILY, as for any checkpoint
+        return Fetched(checkpoint, "safetensors")
     if source.scheme == "local":
         return _local(target, Path(source.path or ""), store, force)
     assert source.repo_id is not None

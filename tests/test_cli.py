@@ -182,6 +182,11 @@ def test_create_family_mismatch(home: Path, tmp_path: Path, capsys) -> None:
     modelfile.write_text("FROM ./ckpt\nFAMILY qwen3_moe\n")
     code, _, err = ft(capsys, "create", "bad", "-f", str(modelfile))
     assert code == 1 and "family 'qwen3_moe'" in err and "'mixtral'" in err
+    modelfile.write_text("FROM builtin://tiny\nFAMILY mixtral\n")  # the built-in model is checked as well
+    code, _, err = ft(capsys, "create", "bad", "-f", str(modelfile))
+    assert code == 1 and "family 'mixtral'" in err and "'qwen3_moe'" in err
+    modelfile.write_text("FROM builtin://tiny\nFAMILY qwen3_moe\n")
+    assert ft(capsys, "create", "good", "-f", str(modelfile))[0] == 0
 
 
 @pytest.mark.parametrize("args", [
