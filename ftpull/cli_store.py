@@ -63,11 +63,33 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
         click.echo(show_mod.format_show(info))
 
 
+def _unload_from_server(names: tuple[str, ...]) -> None:
+    """A running `ft serve` lets go of the models it holds among `names` before they are removed,
+    as `ollama rm` frees them (its memory was otherwise held until the keep-alive ran out); best
+    effort: the removal goes on whatever the server answers."""
+    from registry import parse_name
+
+    from . import serve as serve_mod
+
+    client = serve_mod.Client()
+    if not client.running():
+        return
+    try:
+        loaded = {m.get("name") for m in client.get("/api/ps").get("models", [])}
+        for name in names:
+            with contextlib.suppress(InvalidNameError):
+                if parse_name(name).display in loaded:
+                    client.post("/api/generate", {"model": name, "keep_alive": 0})
+    except (serve_mod.NoServer, serve_mod.ServerReplyError, OSError, ValueError, AttributeError) as e:
+        click.echo(f"could not ask the running server to unload: {e}", err=True)
+
+
 @click.command("rm")
 @click.argument("names", nargs=-1, required=True)
 def rm_cmd(names: tuple[str, ...]) -> None:
     """Remove models (and blobs no other model uses)."""
     store = Store.default()
+    _unload_from_server(names)
     held: set[str] = set()  # the removed models' blobs: what their removal should free
     for name in names:
         with contextlib.suppress(RegistryError):  # a damaged manifest is removed all the same

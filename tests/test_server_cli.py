@@ -92,6 +92,22 @@ def test_run_ps_stop(env: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1 and "not running" in err
 
 
+def test_rm_unloads_the_model_from_the_server_first(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ft rm` of a model the server holds frees it there too (it stayed loaded until its keep-alive,
+    forever here); the server's other models stay."""
+    assert ft(capsys, "cp", "tiny", "spare")[0] == 0
+    for name in ("spare", "tiny"):
+        assert ft(capsys, "run", name, "Hi", "--num-predict", "2")[0] == 0
+    assert "spare:latest" in ft(capsys, "ps")[1]
+    code, out, _ = ft(capsys, "rm", "spare")
+    assert code == 0 and "deleted 'spare'" in out
+    deadline = time.monotonic() + 5
+    while "spare" in ft(capsys, "ps")[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ps = ft(capsys, "ps")[1]
+    assert "spare" not in ps and "tiny:latest" in ps
+
+
 def out_of_run(capsys: pytest.CaptureFixture[str]) -> str:
     code, out, err = ft(capsys, "run", "tiny", "Hello there", "--num-predict", "8", "--seed", "3")
     assert code == 0, err
