@@ -230,7 +230,9 @@ BAD_REQUESTS = [
     ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
      400, "images"),
     ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "word " * 200}],
-                   "options": {"num_ctx": 64}}, 400, "context"),
+                   "options": {"num_ctx": 64}}, 400, "the context is 64; shorten it or raise num_ctx"),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "word " * 3000}],  # past tiny's 2048
+                   "options": {"num_ctx": 20000}}, 400, "the context is 2048, this model's most; shorten it"),
     ("/api/chat", {"model": "../../etc/passwd", "messages": []}, 400, "name"),
     ("/api/generate", {"model": "tiny", "prompt": 7}, 400, "prompt"),
     ("/api/generate", {"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "suffix"),

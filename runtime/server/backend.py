@@ -219,8 +219,9 @@ class ModelManager:
 
             prompt, opening, opened, context = await asyncio.to_thread(prepare)
             if len(prompt) > context:
-                raise BadRequest(f"the prompt is {len(prompt)} tokens, the context is {context}; shorten it "
-                                 "or raise num_ctx")
+                most = runner.plan.model_context_length
+                raise BadRequest(f"the prompt is {len(prompt)} tokens, the context is {context}" + (
+                    ", this model's most; shorten it" if most and context >= most else "; shorten it or raise num_ctx"))
             job = Job(asyncio.get_running_loop(), ticket, prompt=prompt, params=options.sampling, tools=recipe.tools,
                       num_ctx=context, load_seconds=load_seconds, started=started, opening=opening,
                       opening_tokens=opened, continues_text=recipe.continues_text or bool(opening))
