@@ -68,6 +68,7 @@ class GiB(click.ParamType):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ft", prog_name="ft", message="%(prog)s version %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Log what happens underneath.")
 def cli(verbose: bool) -> None:
     """ft: pull, convert and run Mixture-of-Experts models on one PC."""
@@ -305,18 +306,26 @@ def stop_cmd(name: str) -> None:
     client.post("/api/generate", {"model": name, "keep_alive": 0})
 
 
+def _interrupted(args: list[str] | None) -> str:
+    """What Ctrl-C leaves: a command that may download says that the download resumes."""
+    command = next((a for a in (sys.argv[1:] if args is None else args) if not a.startswith("-")), None)
+    if command in ("pull", "run", "create"):
+        return "interrupted; run the same command again: a download resumes where it stopped"
+    return "interrupted"
+
+
 def _run(args: list[str] | None = None) -> None:
     try:
         cli.main(args=args, prog_name="ft", standalone_mode=False)
     except click.exceptions.Abort as e:  # click turns Ctrl-C inside a command into Abort
         interrupted = isinstance(e.__cause__ or e.__context__, KeyboardInterrupt)
-        click.echo("interrupted; run the same command again to resume" if interrupted else "aborted", err=True)
+        click.echo(_interrupted(args) if interrupted else "aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        click.echo("\ninterrupted; run the same command again to resume", err=True)
+        click.echo("\n" + _interrupted(args), err=True)
         sys.exit(130)
     except USER_ERRORS as e:
         click.echo(f"Error: {e}", err=True)

@@ -32,6 +32,11 @@ class ByteCounter:
         """Count `n` more bytes."""
         self.at(self.done + n)
 
+    def finish(self) -> None:
+        """The work is done: the count reaches the total (an estimate may count bytes, such as a
+        file's header, that the work never reports)."""
+        self.at(max(self.done, self.total))
+
     def at(self, done: int) -> None:
         """Set the count to `done` bytes."""
         self.done = done

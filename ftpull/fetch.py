@@ -25,7 +25,7 @@ from . import hub
 from .events import ByteCounter, PullEvent, Report
 from .modelfile import Recipe, Source
 from .preflight import Footprint, Resources, footprint, refuse_unless_fits
-from .resolve import FAMILY_FROM_CONFIG, HF_HOST, PullTarget
+from .resolve import FAMILY_FROM_CONFIG, HF_HOST, PullTarget, not_a_checkpoint
 
 SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -120,8 +120,8 @@ def _local(target: PullTarget, path: Path, store: Store, force: bool) -> Fetched
         size = sum(p.stat().st_size for p in gguf_parts(path))
         _fit(target, store, Footprint(download_bytes=0, expert_bytes=size, dense_bytes=0), force)
         return Fetched(path, "gguf")
-    if not (path / "config.json").is_file():
-        raise PullError(f"{path} is neither a Hugging Face checkpoint directory (no config.json) nor a .gguf file")
+    if not (path / "config.json").is_file():  # (gone since it was resolved)
+        raise PullError(not_a_checkpoint(path))
     config = load_config(path)
     family = check_family(target.recipe, config)
     with SafetensorsCheckpoint(path) as ckpt:

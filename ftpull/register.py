@@ -37,13 +37,16 @@ def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, wor
     out = work / "ftw"
     if fetched.format == "gguf":
         total = sum(p.stat().st_size for p in gguf_parts(fetched.path) if p.is_file())
-        index = convert_gguf(fetched.path, out, progress=ByteCounter(report, "converting to FTW", total))
+        progress = ByteCounter(report, "converting to FTW", total)  # (file sizes: metadata included)
+        index = convert_gguf(fetched.path, out, progress=progress)
+        progress.finish()
         check_family(recipe, index.source_config)  # GGUF metadata names the architecture only now
         side_files = [out / name for name in GGUF_SIDE_FILES if (out / name).is_file()]
     else:
         total = sum(p.stat().st_size for p in fetched.path.glob("*.safetensors"))
-        index = convert_checkpoint(fetched.path, out, dtype=recipe.dtype,
-                                   progress=ByteCounter(report, "converting to FTW", total))
+        progress = ByteCounter(report, "converting to FTW", total)  # (file sizes: headers included)
+        index = convert_checkpoint(fetched.path, out, dtype=recipe.dtype, progress=progress)
+        progress.finish()
         side_files = []
         for name in HF_SIDE_FILES:
             if (fetched.path / name).is_file():

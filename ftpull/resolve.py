@@ -52,6 +52,15 @@ def _looks_like_path(text: str) -> bool:
     return text.startswith(("/", "./", "../", "~")) or os.path.isdir(text) or text.lower().endswith(".gguf")
 
 
+def not_a_checkpoint(path: Path) -> str:
+    """Why a local path that is no .gguf file and holds no config.json cannot be pulled."""
+    if not path.exists():
+        return f"{path} does not exist: give a Hugging Face checkpoint directory or a .gguf file"
+    if path.is_file() and path.name == "config.json":
+        return f"{path} is a checkpoint's config file: give its directory, {path.parent}"
+    return f"{path} is neither a Hugging Face checkpoint directory (no config.json) nor a .gguf file"
+
+
 def resolve(text: str) -> PullTarget:
     """Resolve a model reference; ResolveError (with suggestions) or InvalidNameError when it cannot."""
     text = text.strip()
@@ -68,7 +77,7 @@ def resolve(text: str) -> PullTarget:
         path = Path(os.path.expanduser(text)).resolve()
         is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
         if not is_gguf and not (path / "config.json").is_file():
-            raise ResolveError(f"{path} is neither a Hugging Face checkpoint directory (no config.json) nor a .gguf file")
+            raise ResolveError(not_a_checkpoint(path))
         stem = path.stem if is_gguf else path.name
         name = _registry_name("local", _TAG_SAFE.sub("-", stem.lower()).strip("-.") or "model")
         recipe = Recipe(name=name.model, tag=name.tag, source=Source("local", path=str(path)),
