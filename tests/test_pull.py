@@ -534,3 +534,12 @@ def test_a_stored_model_with_a_missing_or_short_file_is_pulled_again(store: Stor
         pull("mine", store)
     assert pull("tiny", store).already_present is False  # the shared blob, made again
     assert pull("mine", store).already_present
+
+
+def test_the_conversion_bar_ends_at_its_total(store: Store) -> None:
+    """The total counts whole safetensors files (headers too), the converter only tensor bytes: the
+    bar used to stop at 99%."""
+    events = []
+    pull("tiny", store, report=events.append)
+    converting = [e for e in events if e.status == "converting to FTW"]
+    assert converting and converting[-1].completed == converting[-1].total
