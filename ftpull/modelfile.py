@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 from .sources import URI, Source, SourceScheme, parse_source  # noqa: F401 - Source is part of the Modelfile API
 
 FORMAT_VERSION = 1
 MAX_MODELFILE_BYTES = 1 << 20
 DEFAULT_TAG = "latest"
+FAMILY_FROM_CONFIG = "auto"  # FAMILY auto: pull reads it from the checkpoint (the default for a local FROM)
 TEMPLATE_FROM_CHECKPOINT = "checkpoint"  # TEMPLATE checkpoint: use tokenizer_config.json's chat_template
 DTYPES = ("auto", "bf16", "f16", "f32", "fp8", "q8_0", "q4_k", "q5_k", "q6_k")
 INSTRUCTIONS = ("FROM", "FAMILY", "DTYPE", "TEMPLATE", "SYSTEM", "PARAMETER", "LICENSE", "DESCRIPTION",
@@ -337,6 +339,9 @@ def _build(where: str | None, name: str, text: str, sections: list[_Section]) ->
     # overrides what it states; a PARAMETER it states replaces that key (stop: the whole list).
     base = sections[0]
     end_line = sections[1].line if len(sections) > 1 else max(1, text.count("\n") + (not text.endswith("\n")))
+    if "source" in base.fields and "family" not in base.fields \
+            and cast(Source, base.fields["source"][0]).scheme == "local":  # a directory or a stored model says it
+        base.fields["family"] = (FAMILY_FROM_CONFIG, 0)
     for key, instruction in (("source", "FROM"), ("family", "FAMILY")):
         if key not in base.fields:
             raise ModelfileError(where, end_line, f"missing {instruction} (the lines before the first TAG must state it)")

@@ -12,6 +12,7 @@ removes if the process was killed. The manifest is written last.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,8 +21,8 @@ from runtime.weights import open_model
 
 from .events import PullEvent, Report, quiet
 from .fetch import PullError, download_key, fetch, remove_downloads
-from .modelfile import load_modelfile
-from .register import convert_and_register
+from .modelfile import Recipe, load_modelfile
+from .register import convert_and_register, register_variant
 from .resolve import PullTarget, ResolveError, resolve
 
 __all__ = ["PullError", "PullEvent", "PullResult", "create", "install", "pull"]
@@ -103,11 +104,32 @@ def _present_name(text: str, store: Store) -> ModelName | None:
 
 
 def create(name: str, modelfile_path: Path, store: Store, *, tag: str | None = None, report: Report = quiet) -> PullResult:
-    """`ft create NAME -f Modelfile`: build NAME from a Modelfile (replacing an existing NAME)."""
+    """`ft create NAME -f Modelfile`: build NAME from a Modelfile (replacing an existing NAME). A
+    FROM naming a stored model, where no directory of that name exists, makes NAME a variant of it
+    (Ollama's `FROM MODEL`): its weights shared, its recipe's fields changed where stated."""
     modelfile = load_modelfile(modelfile_path)
     model_name = parse_name(name)
     recipe = replace(modelfile.recipe(tag), name=model_name.model, tag=model_name.tag)
-    return install(PullTarget(model_name, recipe), store, replace_existing=True, report=report)
+    target = PullTarget(model_name, recipe)
+    base = _stored_base(recipe, store)
+    if base is not None:
+        with store.pull_session(timeout_s=None), store.lock(model_name, timeout_s=None):
+            manifest = register_variant(target, store, base, report)
+        report(PullEvent("success"))
+        return PullResult(model_name, False, manifest.total_size)
+    return install(target, store, replace_existing=True, report=report)
+
+
+def _stored_base(recipe: Recipe, store: Store) -> ModelName | None:
+    """The stored model a recipe's FROM names, where it names no directory (None otherwise)."""
+    source = recipe.source
+    if source.scheme != "local" or source.model_name is None or os.path.exists(source.path or ""):
+        return None
+    base = parse_name(source.model_name)
+    if not store.has_model(base):
+        raise PullError(f"{recipe.ref}: FROM {source.model_name} is neither a directory ({source.path}) nor a stored "
+                        f"model; pull it first (`ft pull {source.model_name}`), or give the checkpoint's path")
+    return base
 
 
 def install(

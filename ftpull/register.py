@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -9,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ftw import GGUF_SIDE_FILES, INDEX_FILENAME, Index, convert_checkpoint, convert_gguf
-from registry import ANNOTATION_TITLE, Descriptor, Manifest, Store
+from registry import ANNOTATION_TITLE, Descriptor, Manifest, ModelName, Store
 from runtime.chat_template import ChatTemplateError
 from runtime.tokenizer import Tokenizer, TokenizerError
 from runtime.weights import (
@@ -19,12 +20,13 @@ from runtime.weights import (
     MEDIA_FTW_SHARD,
     MEDIA_MODELFILE,
     MEDIA_TEMPLATE,
+    open_model,
 )
 
 from . import hub
 from .events import ByteCounter, PullEvent, Report
 from .fetch import Fetched, PullError, check_family, gguf_parts
-from .modelfile import DEFAULT_TAG, Modelfile, Recipe
+from .modelfile import DEFAULT_TAG, FAMILY_FROM_CONFIG, Modelfile, Recipe, parse_source
 from .resolve import PullTarget
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,54 @@ def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, wor
     report(PullEvent("writing manifest"))
     store.write_manifest(target.name, manifest)
     return manifest
+
+
+def register_variant(target: PullTarget, store: Store, base: ModelName, report: Report) -> Manifest:
+    """Register `target` as a variant of the stored model `base` (Ollama's `FROM MODEL`): the base's
+    weights and files, their blobs shared (nothing converted or copied), under the base's recipe
+    with the fields `target` states replaced: SYSTEM, TEMPLATE, LICENSE, DESCRIPTION, CONTEXT, and
+    PARAMETERs key by key (a stated `stop` replaces the list). FAMILY and DTYPE may only restate
+    the base's: other weights need their source. The caller holds the name's lock."""
+    recipe = target.recipe
+    model = open_model(store, base)
+    config = dict(model.config)
+    family, dtype = config.get("family"), config.get("dtype")
+    if recipe.family not in (FAMILY_FROM_CONFIG, family, config.get("model_type")):
+        raise PullError(f"{recipe.ref}: FAMILY {recipe.family}, but {base.display} is {family}; leave FAMILY out")
+    if recipe.dtype not in ("auto", dtype):
+        raise PullError(f"{recipe.ref}: DTYPE {recipe.dtype}, but a variant of {base.display} keeps its {dtype} weights; "
+                        f"to convert again, make it FROM {base.display}'s source ({config.get('source')})")
+    report(PullEvent(f"using {base.display}'s weights"))
+    kept = [d for d in model.manifest.layers if d.media_type not in (MEDIA_MODELFILE, MEDIA_TEMPLATE)]
+    base_template = next((d for d in model.manifest.layers if d.media_type == MEDIA_TEMPLATE), None)
+    template_text = recipe.template
+    if template_text is None and base_template is not None:  # the base's own TEMPLATE goes on
+        template_text = store.blob_path(base_template.digest).read_text(encoding="utf-8")
+    parameters = dict(config.get("parameters") or {})
+    if "stop" in recipe.parameters:
+        parameters.pop("stop", None)
+    parameters.update(recipe.parameters)
+    merged = replace(recipe, family=family or recipe.family, dtype="auto", template=template_text,
+                     system=_stated(recipe.system, config.get("system")), parameters=parameters,
+                     license=_stated(recipe.license, config.get("license")),
+                     description=_stated(recipe.description, config.get("description")),
+                     context_length=recipe.context_length or config.get("context_length"))
+    with contextlib.suppress(ValueError, TypeError):  # the stored Modelfile names where the weights came from
+        merged = replace(merged, source=parse_source(str(config.get("source"))))
+    layers = kept + [_add_bytes(store, modelfile_text(merged, merged.family).encode(), MEDIA_MODELFILE, "Modelfile")]
+    if template_text and template_text != "checkpoint":
+        layers.append(_add_bytes(store, template_text.encode(), MEDIA_TEMPLATE, "template.jinja"))
+    config.update(parameters=parameters, system=merged.system, license=merged.license, description=merged.description,
+                  context_length=merged.context_length, variant_of=base.display)
+    blob = store.add_blob_bytes(json.dumps(config, indent=1, sort_keys=True).encode())
+    manifest = Manifest(config=blob.descriptor(MEDIA_CONFIG), layers=layers)
+    report(PullEvent("writing manifest"))
+    store.write_manifest(target.name, manifest)
+    return manifest
+
+
+def _stated(value: str | None, inherited: object) -> str | None:
+    return value if value is not None else inherited if isinstance(inherited, str) else None
 
 
 def check_tokenizer(recipe: Recipe, side_files: list[Path], vocab_size: object) -> None:

@@ -18,10 +18,9 @@ from pathlib import Path
 from registry import InvalidNameError, ModelName, parse_name
 from registry.names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG
 
-from .modelfile import Recipe, Source, builtin_modelfiles, load_modelfile, parse_source
+from .modelfile import FAMILY_FROM_CONFIG, Recipe, Source, builtin_modelfiles, load_modelfile, parse_source
 
 HF_HOST = "hf.co"
-FAMILY_FROM_CONFIG = "auto"
 _TAG_SAFE = re.compile(r"[^a-z0-9._-]+")
 
 

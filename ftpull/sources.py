@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from registry import InvalidNameError, parse_name
 
 SourceScheme = Literal["hf", "gguf", "builtin", "local"]
 
@@ -28,6 +30,9 @@ class Source:
     repo_id: str | None = None
     revision: str | None = None
     path: str | None = None
+    # local: the text as written where it also reads as a stored model's name (Ollama's `FROM
+    # MODEL`); `ft create` takes that model when no such directory exists (pull.create)
+    model_name: str | None = field(default=None, compare=False)
 
     def uri(self) -> str:
         """The canonical text; parse_source(uri) gives back an equal Source."""
@@ -55,7 +60,7 @@ def parse_source(text: str, base_dir: str | os.PathLike[str] | None = None) -> S
         path = os.path.expanduser(text)
         if not os.path.isabs(path):
             path = os.path.join(os.fspath(base_dir) if base_dir is not None else os.getcwd(), path)
-        return Source("local", path=os.path.normpath(path))
+        return Source("local", path=os.path.normpath(path), model_name=text if _reads_as_model_name(text) else None)
     scheme, rest = m.group(1).lower(), m.group(2)
     if scheme == "builtin":
         if not _BUILTIN.fullmatch(rest):
@@ -79,6 +84,18 @@ def parse_source(text: str, base_dir: str | os.PathLike[str] | None = None) -> S
     if not file_parts[-1].lower().endswith(".gguf"):
         raise ValueError(f"gguf source {text!r} must name a .gguf file")
     return Source("gguf", repo_id=repo_id, revision=revision or None, path="/".join(file_parts))
+
+
+def _reads_as_model_name(text: str) -> bool:
+    """Whether a FROM without a scheme may name a stored model: a valid name that does not start
+    as a path does (`./`, `../`, `/`, `~`)."""
+    if text.startswith((".", "/", "~")) or "\\" in text:
+        return False
+    try:
+        parse_name(text)
+    except InvalidNameError:
+        return False
+    return True
 
 
 def _check_repo_id(repo_id: str) -> None:

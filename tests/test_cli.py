@@ -144,6 +144,44 @@ def test_create_from_modelfile(home: Path, tmp_path: Path, capsys) -> None:
     assert "SYSTEM" in info["modelfile"]
 
 
+def test_create_a_variant_of_a_stored_model(home: Path, tmp_path: Path, capsys) -> None:
+    """Ollama's `FROM MODEL`: a variant shares the stored model's weights (no blob added but its
+    recipe's), keeps the base's recipe where it states nothing (PARAMETERs key by key, TEMPLATE),
+    and runs; FAMILY may be left out. A base with a TEMPLATE passes it on."""
+    (tmp_path / "Base").write_text('FROM builtin://tiny\nFAMILY qwen3_moe\nPARAMETER temperature 0.2\n'
+                                   'PARAMETER top_k 5\nTEMPLATE "{{ messages[-1].content }}"\nDESCRIPTION "the base"\n')
+    assert ft(capsys, "create", "base", "-f", str(tmp_path / "Base"))[0] == 0
+    store = Store(home)
+    base_blobs = {d.digest for d in store.read_manifest("base").layers}
+    (tmp_path / "Modelfile").write_text('FROM base\nSYSTEM "You are terse."\nPARAMETER temperature 0.7\n')
+    code, out, err = ft(capsys, "create", "terse", "-f", str(tmp_path / "Modelfile"))
+    assert code == 0 and out.startswith("created terse:latest"), err
+    layers = store.read_manifest("terse").layers
+    shards = [d for d in layers if d.title.endswith(".ftw") or d.title == "model.ftw.json"]
+    assert shards and all(d.digest in base_blobs for d in shards)  # the same blobs, not copies
+    info = json.loads(ft(capsys, "show", "terse", "--json")[1])
+    assert info["parameters"] == {"temperature": 0.7, "top_k": 5} and info["description"] == "the base"
+    assert 'SYSTEM "You are terse."' in info["modelfile"] and "FROM builtin://tiny" in info["modelfile"]
+    assert ft(capsys, "show", "terse", "--template")[1].strip() == "{{ messages[-1].content }}"
+    code, out, err = ft(capsys, "run", "terse", "Hello", "--num-predict", "3", "--local")
+    assert code == 0 and out.strip(), err
+    assert ft(capsys, "rm", "base")[0] == 0  # the variant keeps the weights it shares
+    assert ft(capsys, "verify", "terse")[0] == 0
+
+
+@pytest.mark.parametrize(("lines", "words"), [
+    ("FROM nothing-stored\n", "FROM nothing-stored is neither a directory"),
+    ("FROM tiny\nFAMILY mixtral\n", "FAMILY mixtral, but tiny:latest is qwen3_moe"),
+    ("FROM tiny\nDTYPE bf16\n", "DTYPE bf16, but a variant of tiny:latest keeps its f32 weights"),
+])
+def test_a_variant_that_cannot_be_made_says_why(home: Path, tmp_path: Path, capsys, lines: str, words: str) -> None:
+    assert ft(capsys, "pull", "tiny")[0] == 0
+    (tmp_path / "Modelfile").write_text(lines)
+    code, _, err = ft(capsys, "create", "v", "-f", str(tmp_path / "Modelfile"))
+    assert code == 1 and words in err, err
+    assert [str(m.name.display) for m in Store(home).list_models()] == ["tiny:latest"]
+
+
 @pytest.mark.parametrize(("lines", "license"), [
     ('LICENSE """MIT License\nCopyright (c) 2024 Someone"""', "MIT License\nCopyright (c) 2024 Someone"),
     ('LICENSE "Llama 3 \\"Community\\" License"', 'Llama 3 "Community" License'),
