@@ -59,6 +59,10 @@ class Chat:
     def params(self) -> SamplingParams:
         return SamplingParams.from_options(self.options)
 
+    def shown_parameters(self) -> dict[str, Any]:
+        """What /show parameters prints: the model's defaults with this chat's settings over them."""
+        return dict(self.options)
+
     def set_vram(self, gib: float) -> str:
         """A new VRAM budget for the loaded model (applied before the next token). Raises
         ValueError with the numbers when it cannot hold one token's experts."""
@@ -214,7 +218,7 @@ def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
         except ValueError as e:
             say(f"Error: {e}")
     elif command == "/show" and len(parts) >= 2 and parts[1] == "parameters":
-        say("\n".join(f"{k:<16}{v}" for k, v in sorted(chat.options.items())) or "(defaults)")
+        say("\n".join(f"{k:<16}{v}" for k, v in sorted(chat.shown_parameters().items())) or "(defaults)")
     else:
         say(f"Unknown command '{text}'. Type /? for help")
     return True

@@ -216,6 +216,22 @@ class RemoteChat:
     def params(self) -> SamplingParams:
         return SamplingParams.from_options(self.options)
 
+    def shown_parameters(self) -> dict[str, Any]:
+        """What /show parameters prints: the model's defaults, as the server applies them (its
+        /api/show lines), with this chat's settings over them; as a local chat shows them."""
+        defaults: dict[str, Any] = {}
+        for line in (self.client.post("/api/show", {"model": self.model}) or {}).get("parameters", "").splitlines():
+            key, _, text = line.strip().partition(" ")
+            try:
+                value = json.loads(text.strip())
+            except ValueError:
+                value = text.strip()
+            if key == "stop":
+                defaults["stop"] = (*defaults.get("stop", ()), value)
+            elif key:
+                defaults[key] = value
+        return {**defaults, **self.options}
+
     def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
         history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
         body = {"model": self.model, "messages": [*history, {"role": "user", "content": text}],

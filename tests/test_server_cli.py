@@ -127,6 +127,25 @@ def test_repl_through_the_server(env: str, capsys: pytest.CaptureFixture[str], m
     assert err.count("eval count:           5 token(s)") == 2 and chat.messages == []
 
 
+def test_show_parameters_through_the_server_is_what_a_local_chat_shows(env: str, capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's defaults with the chat's settings over them, either way (through the server it
+    showed only the settings)."""
+    from ftpull.run import handle_command
+    from ftpull.serve import Client, RemoteChat
+    from registry import Store
+    from runtime.weights import open_model
+
+    defaults = {k: v for k, v in open_model(Store.default(), "tiny").config["parameters"].items() if k != "num_ctx"}
+    assert defaults  # (tiny's recipe has some)
+    chat = RemoteChat(Client(), "tiny", {"num_predict": 5, "temperature": 0})
+    shown = chat.shown_parameters()
+    assert {k: v for k, v in shown.items() if k != "num_ctx"} == {**defaults, "num_predict": 5, "temperature": 0}
+    said: list[str] = []
+    handle_command(chat, "/show parameters", said.append)  # type: ignore[arg-type]
+    assert "num_predict     5" in said[0] and all(k in said[0] for k in defaults)
+
+
 def test_no_server(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")
     for command in (["ps"], ["stop", "tiny"], ["vram", "tiny", "6"]):
