@@ -67,8 +67,18 @@ class GiB(click.ParamType):
         return gib
 
 
+def _version() -> str:
+    """The installed package's version; a checkout run without installing has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ft")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ft", prog_name="ft", message="%(prog)s version %(version)s")
+@click.version_option(version=_version(), prog_name="ft", message="%(prog)s version %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Log what happens underneath.")
 def cli(verbose: bool) -> None:
     """ft: pull, convert and run Mixture-of-Experts models on one PC."""
@@ -309,7 +319,7 @@ def stop_cmd(name: str) -> None:
 def _interrupted(args: list[str] | None) -> str:
     """What Ctrl-C leaves: a command that may download says that the download resumes."""
     command = next((a for a in (sys.argv[1:] if args is None else args) if not a.startswith("-")), None)
-    if command in ("pull", "run", "create"):
+    if command in ("pull", "run"):
         return "interrupted; run the same command again: a download resumes where it stopped"
     return "interrupted"
 

@@ -12,7 +12,7 @@ import sys
 import click
 
 from ftw import FTWError
-from registry import InvalidNameError, RegistryError, Store
+from registry import InvalidNameError, RegistryError, Store, parse_name
 from runtime.weights import open_model
 
 from . import show as show_mod
@@ -65,23 +65,27 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
 
 def _unload_from_server(names: tuple[str, ...]) -> None:
     """A running `ft serve` lets go of the models it holds among `names` before they are removed,
-    as `ollama rm` frees them (its memory was otherwise held until the keep-alive ran out); best
-    effort: the removal goes on whatever the server answers."""
-    from registry import parse_name
+    as `ollama rm` frees them (its memory was otherwise held until the keep-alive ran out). Best
+    effort, in a few seconds: the removal goes on whatever the server, or FT_HOST, says."""
+    import http.client
 
     from . import serve as serve_mod
 
-    client = serve_mod.Client()
-    if not client.running():
-        return
     try:
+        client = serve_mod.Client(timeout_s=UNLOAD_TIMEOUT_S)
+        if not client.running():
+            return
         loaded = {m.get("name") for m in client.get("/api/ps").get("models", [])}
         for name in names:
             with contextlib.suppress(InvalidNameError):
                 if parse_name(name).display in loaded:
                     client.post("/api/generate", {"model": name, "keep_alive": 0})
-    except (serve_mod.NoServer, serve_mod.ServerReplyError, OSError, ValueError, AttributeError) as e:
+    except (serve_mod.NoServer, serve_mod.ServerReplyError, serve_mod.ServerAddressError, http.client.HTTPException,
+            OSError, ValueError, AttributeError) as e:
         click.echo(f"could not ask the running server to unload: {e}", err=True)
+
+
+UNLOAD_TIMEOUT_S = 10.0  # (a server that hangs does not hold up ft rm for long)
 
 
 @click.command("rm")

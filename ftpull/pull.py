@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from runtime.weights import open_model
 from .events import PullEvent, Report, quiet
 from .fetch import PullError, download_key, fetch, remove_downloads
 from .modelfile import Recipe, load_modelfile
-from .register import convert_and_register, register_variant
+from .register import convert_and_register, modelfile_text, register_variant
 from .resolve import PullTarget, ResolveError, resolve
 
 __all__ = ["PullError", "PullEvent", "PullResult", "create", "install", "pull"]
@@ -37,28 +38,62 @@ class PullResult:
 
 def pull(text: str, store: Store, *, force: bool = False, report: Report = quiet) -> PullResult:
     """Make the model `text` present in `store` (a fast no-op if it already is). A stored model
-    whose files are missing or of the wrong size is made again where a recipe makes it."""
+    whose files are missing or of the wrong size is made again where the recipe `text` names made
+    it; otherwise the error says how to repair it."""
     present = _present_name(text, store)
     if present is not None:  # any stored name, also ones no recipe makes (ft create, ft cp, local/...)
-        damaged = _damaged_files(store, present)
-        if not damaged:
-            report(PullEvent(f"{present.display} is up to date"))
-            return PullResult(present, True, store.read_manifest(present).total_size)
-        try:
-            target = resolve(text)
-        except ResolveError:
-            target = None
-        if target is None or target.name != present:
-            raise PullError(f"{present.display}: {_listed(damaged)} missing or damaged, and no recipe makes "
-                            f"this name again; `ft rm {present.display}`, then create or copy it again")
-        report(PullEvent(f"{present.display}: {_listed(damaged)} missing or damaged; pulling it again"))
-        return install(target, store, force=force, replace_existing=True, report=report)
+        return _kept_or_healed(store, present, lambda: _recipe_target(text), force, report)
     target = resolve(text)
     if store.has_model(target.name):
         _check_same_local_source(target, store)
-        report(PullEvent(f"{target.name.display} is up to date"))
-        return PullResult(target.name, True, store.read_manifest(target.name).total_size)
+        return _kept_or_healed(store, target.name, lambda: target, force, report)
     return install(target, store, force=force, report=report)
+
+
+def _recipe_target(text: str) -> PullTarget | None:
+    """What `text` resolves to, None where no recipe makes it (a copy's or a created model's name)."""
+    try:
+        return resolve(text)
+    except (ResolveError, KeyError):
+        return None
+
+
+def _kept_or_healed(store: Store, name: ModelName, recipe_target: Callable[[], PullTarget | None], force: bool,
+                    report: Report) -> PullResult:
+    """The stored model `name`, up to date; or, with damaged files, pulled again where the recipe
+    `text` resolves to is the one it was made from (never a same-named recipe's other model over it)."""
+    damaged = _damaged_files(store, name)
+    if not damaged:
+        report(PullEvent(f"{name.display} is up to date"))
+        return PullResult(name, True, store.read_manifest(name).total_size)
+    target = recipe_target()
+    if target is None or target.name != name or not _made_from(store, name, target):
+        raise PullError(_repair_advice(store, name, damaged))
+    report(PullEvent(f"{name.display}: {_listed(damaged)} missing or damaged; pulling it again"))
+    return install(target, store, force=force, heal=True, report=report)
+
+
+def _made_from(store: Store, name: ModelName, target: PullTarget) -> bool:
+    """Whether the stored model was made from `target`'s recipe as it is now (its stored Modelfile
+    is the one that recipe writes), and is no variant: only then may a pull make it again."""
+    model = open_model(store, name)
+    family = model.config.get("family")
+    return "variant_of" not in model.config and isinstance(family, str) \
+        and model.text("Modelfile") == modelfile_text(target.recipe, family)
+
+
+def _repair_advice(store: Store, name: ModelName, damaged: list[str]) -> str:
+    """What to do about a damaged model no pull can make again: its files are shared with the
+    model they came from, so repairing that one repairs this one."""
+    config = open_model(store, name).config
+    head = f"{name.display}: {_listed(damaged)} missing or damaged"
+    base = config.get("variant_of")
+    if isinstance(base, str):
+        return (f"{head}; it is a variant of {base} and shares its files: `ft pull {base}` (or create {base} "
+                f"again) repairs both; `ft verify {name.display}` checks")
+    return (f"{head}, and no recipe makes this name again. Its files came from {config.get('source')}: pull or "
+            "create the model made from that again (models share files: that repairs this one too), or "
+            f"`ft rm {name.display}`")
 
 
 def _damaged_files(store: Store, name: ModelName) -> list[str]:
@@ -112,12 +147,19 @@ def create(name: str, modelfile_path: Path, store: Store, *, tag: str | None = N
     recipe = replace(modelfile.recipe(tag), name=model_name.model, tag=model_name.tag)
     target = PullTarget(model_name, recipe)
     base = _stored_base(recipe, store)
-    if base is not None:
+    if base is None:
+        return install(target, store, replace_existing=True, report=report)
+    damaged = _damaged_files(store, base)
+    if damaged:
+        raise PullError(f"{recipe.ref}: FROM {base.display}, whose {_listed(damaged)} missing or damaged; "
+                        f"`ft pull {base.display}` first (`ft verify {base.display}` checks)")
+    try:
         with store.pull_session(timeout_s=None), store.lock(model_name, timeout_s=None):
             manifest = register_variant(target, store, base, report)
-        report(PullEvent("success"))
-        return PullResult(model_name, False, manifest.total_size)
-    return install(target, store, replace_existing=True, report=report)
+    finally:
+        store.gc(wait=False)  # the weights of a model NAME held before, if no other model names them
+    report(PullEvent("success"))
+    return PullResult(model_name, False, manifest.total_size)
 
 
 def _stored_base(recipe: Recipe, store: Store) -> ModelName | None:
@@ -133,9 +175,11 @@ def _stored_base(recipe: Recipe, store: Store) -> ModelName | None:
 
 
 def install(
-    target: PullTarget, store: Store, *, force: bool = False, replace_existing: bool = False, report: Report = quiet
+    target: PullTarget, store: Store, *, force: bool = False, replace_existing: bool = False, heal: bool = False,
+    report: Report = quiet
 ) -> PullResult:
-    """Fetch, convert and register `target` under the store's locks (see the module docstring)."""
+    """Fetch, convert and register `target` under the store's locks (see the module docstring).
+    `heal`: the stored model has damaged files; made again unless another pull did it meanwhile."""
     store.cleanup_stale()
     # blobs no model names: of a pull killed while it registered, or of models removed while
     # another pull ran (their gc was skipped then); before the fit check counts them as used
@@ -145,7 +189,8 @@ def install(
         with store.pull_session(timeout_s=None), store.lock(target.name, timeout_s=None), \
                 store.temp_dir("pull") as work, \
                 store.download_lock(download_key(repo)) if repo else contextlib.nullcontext():  # (its files: from download to delete)
-            if store.has_model(target.name) and not replace_existing:  # another process pulled it while we waited
+            if store.has_model(target.name) and not replace_existing \
+                    and not (heal and _damaged_files(store, target.name)):  # another process pulled it while we waited
                 report(PullEvent(f"{target.name.display} is up to date"))
                 return PullResult(target.name, True, store.read_manifest(target.name).total_size)
             fetched = fetch(target, store, work, force, report)

@@ -12,6 +12,7 @@ and the clients send).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -155,7 +156,7 @@ class Client:
         try:
             with self._open("GET", "/", timeout_s=PROBE_TIMEOUT_S) as response:
                 return b"Ollama is running" in response.read(64)
-        except (NoServer, ServerReplyError, OSError):
+        except (NoServer, ServerReplyError, OSError, http.client.HTTPException):  # (something else on the port)
             return False
 
     def get(self, path: str) -> Any:
@@ -220,7 +221,11 @@ class RemoteChat:
         """What /show parameters prints: the model's defaults, as the server applies them (its
         /api/show lines), with this chat's settings over them; as a local chat shows them."""
         defaults: dict[str, Any] = {}
-        for line in (self.client.post("/api/show", {"model": self.model}) or {}).get("parameters", "").splitlines():
+        try:
+            shown = (self.client.post("/api/show", {"model": self.model}) or {}).get("parameters", "")
+        except (NoServer, ServerReplyError):  # the chat goes on; the next question will say what is wrong
+            shown = ""
+        for line in shown.splitlines():
             key, _, text = line.strip().partition(" ")
             try:
                 value = json.loads(text.strip())
@@ -228,7 +233,7 @@ class RemoteChat:
                 value = text.strip()
             if key == "stop":
                 defaults["stop"] = (*defaults.get("stop", ()), value)
-            elif key:
+            elif key and key != "num_ctx":  # (a load option: a local chat does not list it either)
                 defaults[key] = value
         return {**defaults, **self.options}
 

@@ -270,15 +270,23 @@ class Tokenizer:
         return tokenizer
 
     def check_fits(self, model_vocab_size: object) -> None:
-        """TokenizerError where the tokenizer has ids past the model's embedding rows
+        """TokenizerError where the tokenizer's vocabulary has ids past the model's embedding rows
         (`model_vocab_size`; unchecked where the model does not say): its files are not this
-        model's, and the first such id would index past the embedding."""
-        if isinstance(model_vocab_size, int) and not isinstance(model_vocab_size, bool) \
-                and 0 < model_vocab_size < self.vocab_size:
+        model's, and the first such id would index past the embedding. Added tokens past it (a
+        tokenizer_config listing more than the model was trained with) are only logged: prompts
+        that never use them run."""
+        if not isinstance(model_vocab_size, int) or isinstance(model_vocab_size, bool) or model_vocab_size <= 0:
+            return
+        base = self.backend.get_vocab(with_added_tokens=False)
+        base_size = max(base.values()) + 1 if base else 0
+        if base_size > model_vocab_size:
             raise TokenizerError(
-                f"{self.origin}: the tokenizer has {self.vocab_size} token ids, the model's embedding only "
+                f"{self.origin}: the tokenizer has {base_size} token ids, the model's embedding only "
                 f"{model_vocab_size}: its tokenizer files belong to another model; use the checkpoint's own "
                 "tokenizer.json and tokenizer_config.json")
+        if self.vocab_size > model_vocab_size:
+            log.warning("%s: added tokens reach id %d, past the model's %d embedding rows; a prompt that uses them "
+                        "fails", self.origin, self.vocab_size - 1, model_vocab_size)
 
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. a special token), None if there is none."""

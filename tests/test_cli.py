@@ -256,3 +256,35 @@ def test_pull_and_run_accept_any_stored_name(home: Path, capsys) -> None:
     assert code == 0 and "up to date" in err
     code, out, _ = ft(capsys, "run", "myteam/copy:v2", "hi", "--num-predict", "4", "--local")
     assert code == 0 and out.strip()
+
+
+def test_rm_removes_whatever_the_server_address_says(home: Path, capsys, monkeypatch) -> None:
+    """`ft rm` asks a running server to unload first, best effort: an FT_HOST that is no address,
+    or something that is no ft server on it, never keeps the model from being removed."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def banner() -> None:  # an SSH-like service: not HTTP at all
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    threading.Thread(target=banner, daemon=True).start()
+    try:
+        for host in ("foo:bar", f"127.0.0.1:{listener.getsockname()[1]}"):
+            assert ft(capsys, "pull", "tiny")[0] == 0
+            monkeypatch.setenv("FT_HOST", host)
+            code, out, _ = ft(capsys, "rm", "tiny")
+            monkeypatch.delenv("FT_HOST")
+            assert code == 0 and "deleted 'tiny'" in out, host
+            assert Store(home).list_models() == []
+    finally:
+        listener.close()

@@ -502,8 +502,9 @@ def test_another_models_tokenizer_is_refused_at_pull_and_at_load(store: Store, t
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tiny / name, src / name)
     vocab = __import__("json").loads((src / "config.json").read_text())["vocab_size"]
-    assert wrong.vocab_size > vocab
-    with pytest.raises(PullError, match=rf"{wrong.vocab_size} token ids, the model's embedding only {vocab}"):
+    base_ids = max(wrong.backend.get_vocab(with_added_tokens=False).values()) + 1
+    assert base_ids > vocab
+    with pytest.raises(PullError, match=rf"{base_ids} token ids, the model's embedding only {vocab}"):
         pull(str(src), store)
     assert store.list_models() == []
     (src / "tokenizer.json").unlink()  # registered without one, then given the wrong one in the store
@@ -530,7 +531,8 @@ def test_a_stored_model_with_a_missing_or_short_file_is_pulled_again(store: Stor
     store.copy(first.name, "mine")
     store.blob_path(shard.digest).unlink()
     with pytest.raises(PullError, match=r"mine:latest: .*\.ftw is missing or damaged, and no recipe makes this name "
-                                        r"again; `ft rm mine:latest`"):
+                                        r"again\. Its files came from builtin://tiny: pull or create the model made "
+                                        r"from that again \(models share files: that repairs this one too\)"):
         pull("mine", store)
     assert pull("tiny", store).already_present is False  # the shared blob, made again
     assert pull("mine", store).already_present
@@ -543,3 +545,39 @@ def test_the_conversion_bar_ends_at_its_total(store: Store) -> None:
     pull("tiny", store, report=events.append)
     converting = [e for e in events if e.status == "converting to FTW"]
     assert converting and converting[-1].completed == converting[-1].total
+
+
+def test_a_damaged_model_is_only_made_again_by_the_recipe_that_made_it(store: Store, tmp_path: Path) -> None:
+    """A model created under a shipped recipe's name (olmoe, from the built-in model) is never
+    replaced by that recipe's download; a variant's advice names its base; a heal that finds the
+    model whole under the lock (another pull made it meanwhile) does nothing."""
+    from ftpull.pull import create, install
+    from ftpull.resolve import resolve
+
+    (tmp_path / "Mine").write_text('FROM builtin://tiny\nFAMILY qwen3_moe\nSYSTEM "Mine."\n')
+    created = create("olmoe", tmp_path / "Mine", store)
+    (tmp_path / "Variant").write_text("FROM olmoe\nPARAMETER temperature 0\n")
+    create("v", tmp_path / "Variant", store)
+    shard = next(d for d in store.read_manifest(created.name).layers if d.title.endswith(".ftw"))
+    with open(store.blob_path(shard.digest), "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(PullError, match=r"olmoe:latest: .* missing or damaged, and no recipe makes this name again"):
+        pull("olmoe", store)
+    with pytest.raises(PullError, match=r"v:latest: .* it is a variant of olmoe:latest and shares its files: "
+                                        r"`ft pull olmoe:latest`"):
+        pull("v", store)
+    with pytest.raises(PullError, match=r"FROM olmoe:latest, whose .* missing or damaged; `ft pull olmoe:latest` first"):
+        create("w", tmp_path / "Variant", store)
+    tiny = pull("tiny", store)
+    assert install(resolve("tiny"), store, heal=True).already_present  # whole: nothing made again
+    assert store.read_manifest(tiny.name) == store.read_manifest("tiny")
+
+
+def test_a_damaged_model_pulled_from_a_path_is_made_again_from_it(store: Store, tmp_path: Path) -> None:
+    src = save_checkpoint("mixtral", tmp_path / "ckpt")
+    first = pull(str(src), store)
+    shard = next(d for d in store.read_manifest(first.name).layers if d.title.endswith(".ftw"))
+    store.blob_path(shard.digest).unlink()
+    again = pull(str(src), store)
+    assert again.name == first.name and not again.already_present and store.verify(first.name) == []
+    assert pull(str(src), store).already_present

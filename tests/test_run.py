@@ -378,3 +378,17 @@ def test_gpu_queued_decode_gives_the_cpu_backends_answers(home: Path, tiny) -> N
     steps = loaded.experts.steps
     assert steps.replays > 20 and steps.doorbell is not None and steps.doorbell.count > 20, (steps.replays,)
     loaded.experts.close()
+
+
+def test_show_parameters_through_a_server_that_went_away_leaves_the_chat_going() -> None:
+    from ftpull.run import handle_command
+    from ftpull.serve import NoServer, RemoteChat
+
+    class Gone:
+        def post(self, path, body):
+            raise NoServer("no ft server is running")
+
+    chat = RemoteChat(Gone(), "tiny", {"temperature": 0})
+    said: list[str] = []
+    assert handle_command(chat, "/show parameters", said.append)  # type: ignore[arg-type]
+    assert said == ["temperature     0"]

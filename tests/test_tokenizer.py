@@ -432,3 +432,19 @@ def test_tokens_only_the_config_has_get_their_ids_in_numeric_order(tmp_path: Pat
     text = "1<x0>2<x2><x1>3<x3>"
     assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
     assert [ours.token_to_id(f"<x{k}>") for k in range(4)] == [98, 99, 100, 101]
+
+
+def test_only_the_base_vocabulary_must_fit_the_embedding(tmp_path, caplog) -> None:
+    """Added tokens past the model's embedding (a tokenizer_config listing more than the model was
+    trained with) are logged, not refused: prompts that never use them run; a base vocabulary
+    past it is another model's tokenizer."""
+    tokenizer = Tokenizer.from_files(build_tiny_checkpoint(tmp_path / "tiny"))
+    base = max(tokenizer.backend.get_vocab(with_added_tokens=False).values()) + 1
+    assert tokenizer.vocab_size > base  # tiny has added (special) tokens after its base vocabulary
+    tokenizer.check_fits(tokenizer.vocab_size)
+    tokenizer.check_fits(None)
+    with caplog.at_level("WARNING"):
+        tokenizer.check_fits(base)
+    assert "past the model's" in caplog.text
+    with pytest.raises(TokenizerError, match="belong to another model"):
+        tokenizer.check_fits(base - 1)
