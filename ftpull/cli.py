@@ -67,18 +67,23 @@ class GiB(click.ParamType):
         return gib
 
 
-def _version() -> str:
-    """The installed package's version; a checkout run without installing has none."""
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`ft --version`: the installed package's version (looked up only when asked: it costs every
+    command ~20 ms); a checkout run without installing has none."""
+    if not value or ctx.resilient_parsing:
+        return
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("ft")
+        click.echo(f"ft version {version('ft')}")
     except PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
+        click.echo("ft version unknown (not installed: pip install -e .)")
+    ctx.exit()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version=_version(), prog_name="ft", message="%(prog)s version %(version)s")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show the version and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what happens underneath.")
 def cli(verbose: bool) -> None:
     """ft: pull, convert and run Mixture-of-Experts models on one PC."""

@@ -63,6 +63,9 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
         click.echo(show_mod.format_show(info))
 
 
+UNLOAD_TIMEOUT_S = 10.0  # (a server that hangs does not hold up ft rm for long)
+
+
 def _unload_from_server(names: tuple[str, ...]) -> None:
     """A running `ft serve` lets go of the models it holds among `names` before they are removed,
     as `ollama rm` frees them (its memory was otherwise held until the keep-alive ran out). Best
@@ -83,9 +86,6 @@ def _unload_from_server(names: tuple[str, ...]) -> None:
     except (serve_mod.NoServer, serve_mod.ServerReplyError, serve_mod.ServerAddressError, http.client.HTTPException,
             OSError, ValueError, AttributeError) as e:
         click.echo(f"could not ask the running server to unload: {e}", err=True)
-
-
-UNLOAD_TIMEOUT_S = 10.0  # (a server that hangs does not hold up ft rm for long)
 
 
 @click.command("rm")

@@ -97,18 +97,10 @@ def _repair_advice(store: Store, name: ModelName, damaged: list[str]) -> str:
 
 
 def _damaged_files(store: Store, name: ModelName) -> list[str]:
-    """The titles of the model's blobs that are missing or not the size its manifest says (a
-    size check, not a hash: `ft verify` hashes)."""
-    manifest = store.read_manifest(name)
-    damaged = []
-    for descriptor in (manifest.config, *manifest.layers):
-        try:
-            size = store.blob_path(descriptor.digest).stat().st_size
-        except FileNotFoundError:
-            size = -1
-        if size != descriptor.size:
-            damaged.append("the config" if descriptor is manifest.config else descriptor.title)
-    return damaged
+    """The titles of the model's blobs that are missing or not the size its manifest says (sizes
+    only: `ft verify` hashes)."""
+    config = store.read_manifest(name).config.digest
+    return ["the config" if bad.digest == config else bad.title for bad in store.verify(name, rehash=False)]
 
 
 def _listed(titles: list[str]) -> str:

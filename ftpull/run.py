@@ -41,8 +41,9 @@ Use \"\"\" to begin and end a multi-line message."""
 
 
 class TurnRefused(ValueError):
-    """The model cannot take this message (it does not fit the context): the conversation stays
-    as it was, and the chat goes on."""
+    """A server refused this message before any output (it does not fit the context, its template
+    fails): the conversation stays as it was, and the chat goes on (serve.RemoteChat raises it;
+    a local chat's ContextOverflowError is taken the same way)."""
 
 
 @dataclass

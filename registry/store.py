@@ -279,12 +279,13 @@ class Store:
         """Remove work dirs and temp files left by processes that no longer run; returns them."""
         return tmpdirs.cleanup_stale(self.tmp_dir, [self.blobs_dir, self.manifests_dir])
 
-    def verify(self, name: ModelName | str, progress: ProgressFn | None = None) -> list[BadBlob]:
+    def verify(self, name: ModelName | str, progress: ProgressFn | None = None, *, rehash: bool = True) -> list[BadBlob]:
         """Re-hash every blob of `name`; returns the missing, truncated or corrupt ones.
 
-        `progress(bytes_done, bytes_total)` is called while hashing.
+        `progress(bytes_done, bytes_total)` is called while hashing. Without `rehash`, sizes only
+        (no blob read: what a pull can afford to check every time).
         """
-        return verify_manifest(self._blobs, self.read_manifest(name), progress)
+        return verify_manifest(self._blobs, self.read_manifest(name), progress, rehash=rehash)
 
     def disk_free_bytes(self) -> int:
         """Bytes available to this user on the store's filesystem."""

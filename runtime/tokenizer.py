@@ -277,8 +277,7 @@ class Tokenizer:
         that never use them run."""
         if not isinstance(model_vocab_size, int) or isinstance(model_vocab_size, bool) or model_vocab_size <= 0:
             return
-        base = self.backend.get_vocab(with_added_tokens=False)
-        base_size = max(base.values()) + 1 if base else 0
+        base_size = self.backend.get_vocab_size(with_added_tokens=False)
         if base_size > model_vocab_size:
             raise TokenizerError(
                 f"{self.origin}: the tokenizer has {base_size} token ids, the model's embedding only "

@@ -413,6 +413,9 @@ def test_verify_reports_missing_truncated_corrupt(tmp_path: Path) -> None:
         assert b.title in str(b) and str(b.path) in str(b)
     assert calls[-1] == (m.total_size, m.total_size)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    # sizes only: the same-size corruption goes unseen, nothing is read
+    assert {b.title: b.problem for b in store.verify("m", rehash=False)} == {"shard-0.ftw": "missing",
+                                                                          "shard-1.ftw": "truncated"}
 
     # repair: drop the bad blob and store good bytes again
     store.remove_blob(bad["shard-2.ftw"].digest)
