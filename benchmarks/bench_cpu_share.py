@@ -1,6 +1,6 @@
 """Where the CPU share of a decode layer call spends its fixed cost, layer by layer of the path.
 
-The bandwidth profile (runtime/gpu/profile.py) fits each side's time per call as fixed + rate
+The bandwidth profile (runtime/gpu/bandwidth_profile.py) fits each side's time per call as fixed + rate
 x experts. This script fits the same line (1 and N distinct experts per call, one token, top-k
 padded with the first expert at weight 0 as the CPU share pads) for ever more of the path, in
 one run, so the step that adds the fixed cost shows:

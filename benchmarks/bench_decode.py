@@ -55,7 +55,7 @@ def time_ft(store_root: Path, src: Path, prompt: list[int], steps: int, dtype: t
             prefill_reps: int) -> dict[str, float]:
     from ftpull.pull import pull
     from registry import Store
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store = Store(store_root)
     name = str(pull(str(src), store).name)

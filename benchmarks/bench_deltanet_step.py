@@ -19,7 +19,7 @@ import torch
 
 from runtime.config import ModelConfig
 from runtime.layers.gated_deltanet import GatedDeltaNet, causal_conv1d, gated_delta_rule
-from runtime.loader import ModelWeights
+from runtime.loading.read_ftw import ModelWeights
 
 HIDDEN, K_HEADS, V_HEADS, HEAD_DIM, KERNEL = 2048, 16, 32, 128, 4
 

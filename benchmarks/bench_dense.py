@@ -61,7 +61,7 @@ def main() -> None:
 
     from ftpull.pull import pull
     from registry import Store
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "hf"

@@ -1,6 +1,6 @@
 """The split's fill value, estimated two ways, replayed over the Qwen3-30B-A3B trace (CPU only).
 
-"auto" (runtime/cache_policy.py `automatic`, what the GPU executor runs) charges each CPU-served
+"auto" (runtime/policy/expert_cache.py `automatic`, what the GPU executor runs) charges each CPU-served
 miss the later miss it causes at the cache's recent hit rate. That rate counts hits on every
 cached entry; the entry a fill brings in is used again less often than that (docs/GPU_RUNTIME.md,
 "Not done yet"). This replays the same split with the value priced instead at the measured
@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.bench.moe import TRACE_DIR  # noqa: E402
-from runtime.cache_policy import GlobalLRU, Key, automatic, offload_only, replay  # noqa: E402
-from runtime.cache_policy_split import MissCost, choose_pcie_misses, fill_value_seconds  # noqa: E402
-from runtime.cache_policy_trace import load_trace  # noqa: E402
+from runtime.policy.expert_cache import GlobalLRU, Key, automatic, offload_only, replay  # noqa: E402
+from runtime.policy.miss_split import MissCost, choose_pcie_misses, fill_value_seconds  # noqa: E402
+from runtime.policy.trace import load_trace  # noqa: E402
 
 EXPERT_BYTES = 3 * 2048 * 768 * 2  # Qwen3-30B-A3B, bf16
 EVICTION_DECAY = 0.99  # the reuse share looks back ~100 evictions

@@ -12,8 +12,8 @@ process on the same weights and prompt:
 `ft bench` times the expert path alone; this is what a user of `ft run` gets. Random routers
 spread tokens nearly uniformly over the experts, so the default cache holds every expert
 (`--slots` smaller makes misses). Every way picks its greedy token with `ft run`'s sampler
-(runtime/sampling.py): from the best logits taken on the device (top_logits.py), or with
---whole-rows from the whole row moved to the host (as `ft run` did before top_logits.py).
+(runtime/text/sampling.py): from the best logits taken on the device (runtime/text/top_logits.py), or with
+--whole-rows from the whole row moved to the host (as `ft run` did before runtime/text/top_logits.py).
 Prints tok/s per way and how many greedy tokens each shares with the first way run (the slot
 kernel sums experts with atomics, so bf16 runs may part after a while on random weights); for
 steps queued also where the host's time went per step.
@@ -35,10 +35,10 @@ from runtime.experts.synthetic import random_bank
 from runtime.gpu import build_hybrid
 from runtime.gpu.device_model import DeviceModel
 from runtime.gpu.host_memory import HostPinner
-from runtime.loader import ModelWeights
+from runtime.loading.read_ftw import ModelWeights
 from runtime.models import build_model
-from runtime.sampling import Sampler, SamplingParams
-from runtime.top_logits import TopLogits
+from runtime.text.sampling import Sampler, SamplingParams
+from runtime.text.top_logits import TopLogits
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MOE_INTER, TOP_K, VOCAB = 2048, 32, 4, 128, 768, 8, 151936  # Qwen3-30B-A3B
 

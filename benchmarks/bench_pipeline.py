@@ -6,7 +6,7 @@ half), one layer of Qwen3-30B-A3B-sized experts (9.4 MB), 8 calls queued as deco
 - plain: the batch timed between two device events, the host launching as it goes (what
   profile version 4 measured: an uncaptured call's ~0.3-0.5 ms of launches bound it);
 - sleep: the device first spins 15 ms, so the whole batch is queued before it starts (what
-  runtime/gpu/profile.py's `_HeadStart` does since version 5): the pipeline of device and CPU
+  runtime/gpu/measure_bandwidth.py's `_HeadStart` does since version 5): the pipeline of device and CPU
   worker alone. "host" is the queueing time: below 15 ms, the launches were hidden;
 - held batch: the stream held on a host flag while the batch is queued, with torch's sync
   debug mode on and a watchdog that dumps every thread's stack if the queueing waits on the

@@ -42,7 +42,7 @@ def measure(side: str, length: int, reps: int, threads: int, src: Path, store: P
     else:
         from registry import Store
         from runtime.engine import GenerationStats, Session
-        from runtime.load import load
+        from runtime.loading.runnable import load
 
         loaded = load(Store(store), name, torch.bfloat16)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.cache_policy_trace import load_trace
+from runtime.policy.trace import load_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

@@ -71,7 +71,7 @@ def through_api(port: int, model: str, prompt: str, tokens: int, threads: int | 
 
 
 def in_process(chat, prompt: str, tokens: int) -> tuple[float, float, int]:
-    from runtime.sampling import SamplingParams
+    from runtime.text.sampling import SamplingParams
 
     marks: list[float] = []
     chat.session.reset()

@@ -4,9 +4,9 @@
     python benchmarks/bench_traces.py --traces DIR --synthetic-requests 6
     python benchmarks/bench_traces.py --profile REPORT.json   # the rates a GPU host measured
 
-CPU only (plain Python/numpy simulators from runtime/cache_policy.py). For the Qwen3-30B-A3B and
+CPU only (plain Python/numpy simulators from runtime/policy/expert_cache.py). For the Qwen3-30B-A3B and
 Gemma-4-26B-A4B traces (shared/traces/bigmoeonedge, one request each: ~28 prompt + 128 decode
-tokens, top-6), and for synthetic requests from runtime/routing_synth.py calibrated to them, it prints:
+tokens, top-6), and for synthetic requests from runtime/bench/routing_synth.py calibrated to them, it prints:
 
 1. the measured routing statistics (next-token reuse, top-10% share, experts used per request),
    and the long-run top-10% share of the heat aggregates;
@@ -20,7 +20,7 @@ tokens, top-6), and for synthetic requests from runtime/routing_synth.py calibra
 
 Capacities are fixed slots. Every policy starts from the prompt passed through the cache as one
 batch per layer (as llama.cpp prefills and as the trace repository replays); misses are counted
-over the decode tokens only. The miss-time model (runtime/cache_policy_split.py) uses the rates
+over the decode tokens only. The miss-time model (runtime/policy/miss_split.py) uses the rates
 given on the command line: they are assumptions about a consumer PC, not measurements.
 """
 
@@ -37,7 +37,18 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.cache_policy import (
+from runtime.bench.routing_synth import (
+    RoutingTargets,
+    SyntheticRouter,
+    calibrate,
+    distinct_share,
+    popularity_from_heat,
+    reuse_rate,
+    top_share,
+)
+from runtime.planner.plan import KVLayout, ModelFootprint, PlanOverrides, plan
+from runtime.planner.resources import GPU, Machine
+from runtime.policy.expert_cache import (
     CachePolicy,
     GlobalLRU,
     PrefillPlacement,
@@ -50,20 +61,9 @@ from runtime.cache_policy import (
     per_step_split,
     replay,
 )
-from runtime.cache_policy_reference import LFU, Belady
-from runtime.cache_policy_split import MissCost, closed_form_fraction
-from runtime.cache_policy_trace import RoutingTrace, load_trace
-from runtime.plan import KVLayout, ModelFootprint, PlanOverrides, plan
-from runtime.resources import GPU, Machine
-from runtime.routing_synth import (
-    RoutingTargets,
-    SyntheticRouter,
-    calibrate,
-    distinct_share,
-    popularity_from_heat,
-    reuse_rate,
-    top_share,
-)
+from runtime.policy.miss_split import MissCost, closed_form_fraction
+from runtime.policy.reference import LFU, Belady
+from runtime.policy.trace import RoutingTrace, load_trace
 
 GiB, MiB = 1 << 30, 1 << 20
 TRACES = {"qwen3-30b-a3b": "qwen", "gemma-4-26b-a4b": "gemma"}  # npz stem -> replay_curve_<name>.csv
@@ -354,7 +354,7 @@ def prefill_warm(trace: RoutingTrace, caps: list[tuple[str, int, int | None]], c
 def measured_cost(path: Path) -> MissCost:
     """The GPU executor's cost model for a measured profile (runtime/gpu/split.py): its rates with
     both sides busy and alone, its fixed costs composed as the executor composes them."""
-    from runtime.gpu.profile import BandwidthProfile
+    from runtime.gpu.bandwidth_profile import BandwidthProfile
     from runtime.gpu.split import miss_cost
 
     data = json.loads(path.read_text(encoding="utf-8"))

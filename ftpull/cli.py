@@ -19,12 +19,12 @@ import click
 
 from ftw import FTWError
 from registry import RegistryError, Store
-from runtime.chat_template import ChatTemplateError
 from runtime.models import ContextOverflowError, UnsupportedFamilyError
-from runtime.plan import PlanOverrides
-from runtime.resources import gib_to_bytes
-from runtime.sampling import InvalidParameterError
-from runtime.tokenizer import TokenizerError
+from runtime.planner.plan import PlanOverrides
+from runtime.planner.resources import gib_to_bytes
+from runtime.text.chat_template import ChatTemplateError
+from runtime.text.sampling import InvalidParameterError
+from runtime.text.tokenizer import TokenizerError
 
 from . import cli_store
 from . import fit as fit_mod
@@ -258,7 +258,7 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
 
     Models load on first use and unload after FT_KEEP_ALIVE (default 5m) idle; at most
     FT_MAX_QUEUE requests wait (default 16), more get 503."""
-    from runtime.resources import probe_gpu
+    from runtime.planner.resources import probe_gpu
 
     from . import serve as serve_mod
 

@@ -13,7 +13,7 @@ import click
 
 from ftw import FTWError
 from registry import InvalidNameError, RegistryError, Store, parse_name
-from runtime.weights import open_model
+from runtime.loading.registered import open_model
 
 from . import show as show_mod
 from .modelfile import ModelfileError

@@ -3,7 +3,7 @@
 A model in the store is planned from its FTW index (exact sizes). Any other name is resolved as
 `ft pull` would and planned from metadata only: config.json and the safetensors headers from the
 Hub (small requests, never a weight byte), a local checkpoint's headers, or a GGUF file's size.
-The planner is `runtime.plan.plan`, the same function a pull and a load use.
+The planner is `runtime.planner.plan.plan`, the same function a pull and a load use.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 from ftw import load_config
 from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import InvalidNameError, ModelNotFoundError, Store
-from runtime.plan import ModelFootprint, Plan, PlanOverrides, plan, size
-from runtime.resources import Machine
-from runtime.weights import RegisteredModel, open_model
+from runtime.loading.registered import RegisteredModel, open_model
+from runtime.planner.plan import ModelFootprint, Plan, PlanOverrides, plan, size
+from runtime.planner.resources import Machine
 
 from . import hub
 from .fetch import check_family, gguf_parts

@@ -455,7 +455,7 @@ def _recipe_lines(recipe: Recipe, base: Recipe | None) -> list[str]:
 
 def _check_template(template: str) -> None:
     """A TEMPLATE must compile here, not fail at every `ft run` later."""
-    from runtime.chat_template import ChatTemplateError, compile_template
+    from runtime.text.chat_template import ChatTemplateError, compile_template
 
     try:
         compile_template(template)

@@ -1,7 +1,7 @@
 """Will it fit? Disk and host RAM checks made from the config and safetensors headers alone.
 
 Runs before a single weight byte is downloaded. The disk check is here; RAM (and, on a probed
-machine, VRAM and context) is the fit planner's (`runtime.plan`), the same function `ft fit`
+machine, VRAM and context) is the fit planner's (`runtime.planner.plan`), the same function `ft fit`
 and loading use, so pull and run agree. A refusal says what is needed, what the machine has, and
 what to change.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ftw.families import Family, parse_expert_name
-from runtime.plan import (
+from runtime.planner.plan import (
     CAST_BYTES,
     FLOAT_BYTES,
     RAM_RESERVE_BYTES,
@@ -21,7 +21,7 @@ from runtime.plan import (
     PlanOverrides,
     plan,
 )
-from runtime.resources import GPU, Machine
+from runtime.planner.resources import GPU, Machine
 
 __all__ = ["RAM_RESERVE_BYTES", "FitError", "Footprint", "Resources", "check_fit", "footprint", "refuse_unless_fits"]
 

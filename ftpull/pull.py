@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from registry import InvalidNameError, ModelName, Store, parse_name
-from runtime.weights import open_model
+from runtime.loading.registered import open_model
 
 from .events import PullEvent, Report, quiet
 from .fetch import PullError, download_key, fetch, remove_downloads

@@ -11,9 +11,7 @@ from pathlib import Path
 
 from ftw import GGUF_SIDE_FILES, INDEX_FILENAME, Index, convert_checkpoint, convert_gguf
 from registry import ANNOTATION_TITLE, Descriptor, Manifest, ModelName, Store
-from runtime.chat_template import ChatTemplateError
-from runtime.tokenizer import Tokenizer, TokenizerError
-from runtime.weights import (
+from runtime.loading.registered import (
     MEDIA_CONFIG,
     MEDIA_FILE,
     MEDIA_FTW_INDEX,
@@ -22,6 +20,8 @@ from runtime.weights import (
     MEDIA_TEMPLATE,
     open_model,
 )
+from runtime.text.chat_template import ChatTemplateError
+from runtime.text.tokenizer import Tokenizer, TokenizerError
 
 from . import hub
 from .events import ByteCounter, PullEvent, Report

@@ -16,13 +16,13 @@ import torch
 
 from registry import Store
 from runtime.engine import Generation, Session
-from runtime.load import LoadedModel, load_registered
+from runtime.loading.registered import open_model
+from runtime.loading.runnable import LoadedModel, load_registered
 from runtime.models import ContextOverflowError
-from runtime.plan import ModelFootprint, PlanOverrides, plan
-from runtime.resources import Machine, gib_to_bytes
-from runtime.sampling import SamplingParams
-from runtime.tokenizer import Tokenizer
-from runtime.weights import open_model
+from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+from runtime.planner.resources import Machine, gib_to_bytes
+from runtime.text.sampling import SamplingParams
+from runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 from registry import InvalidNameError, RegistryError, Store
 from runtime.engine import Generation, GenerationStats
-from runtime.sampling import SamplingParams
 from runtime.server.backend import ModelManager, ModelTooLarge
 from runtime.server.protocol import BadRequest, ModelNotFound, ServerError
+from runtime.text.sampling import SamplingParams
 
 from .events import PullEvent
 from .fetch import PullError

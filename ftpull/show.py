@@ -7,7 +7,7 @@ from typing import Any
 
 from registry import Store
 from registry.listing import ModelEntry
-from runtime.weights import MEDIA_FTW_SHARD, MEDIA_TEMPLATE, open_model
+from runtime.loading.registered import MEDIA_FTW_SHARD, MEDIA_TEMPLATE, open_model
 
 from .modelfile import parse_modelfile
 

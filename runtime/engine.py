@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .detokenize import IncrementalDetokenizer, StopStringMatcher
 from .models import ContextOverflowError, DecoderModel
-from .sampling import Sampler, SamplingParams
-from .tokenizer import Tokenizer
+from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
+from .text.sampling import Sampler, SamplingParams
+from .text.tokenizer import Tokenizer
 
 OnText = Callable[[str], None]
 

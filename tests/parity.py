@@ -8,7 +8,7 @@ import torch
 
 from ftpull.pull import pull
 from registry import Store
-from runtime.load import LoadedModel, load
+from runtime.loading.runnable import LoadedModel, load
 
 
 def convert_and_load(src: Path, store_root: Path) -> LoadedModel:

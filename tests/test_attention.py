@@ -35,7 +35,7 @@ def test_prefill_logits_of_the_last_token_only(tmp_path) -> None:
     """forward(last_only=True): the last row of the full logits, without the [T, V] matrix."""
     from ftpull.pull import pull
     from registry import Store
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store = Store(tmp_path)
     pull("tiny", store)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.cache_policy import (
+from runtime.policy.expert_cache import (
     GlobalLRU,
     PrefillPlacement,
     StaticLayerSplit,
@@ -23,8 +23,7 @@ from runtime.cache_policy import (
     preload_steps,
     replay,
 )
-from runtime.cache_policy_reference import LFU, Belady
-from runtime.cache_policy_split import (
+from runtime.policy.miss_split import (
     MissCost,
     choose_pcie_misses,
     closed_form_fraction,
@@ -33,7 +32,8 @@ from runtime.cache_policy_split import (
     finish_seconds,
     naive_pcie_misses,
 )
-from runtime.cache_policy_trace import RoutingTrace, Schedule, TraceError, load_trace
+from runtime.policy.reference import LFU, Belady
+from runtime.policy.trace import RoutingTrace, Schedule, TraceError, load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = next((p for p in (REPO / "shared" / "traces", REPO.parent / "shared" / "traces") if p.is_dir()), None)

@@ -1,4 +1,4 @@
-"""runtime.chat_template renders exactly what transformers' apply_chat_template renders.
+"""runtime.text.chat_template renders exactly what transformers' apply_chat_template renders.
 
 The oracle is transformers' own renderer (`render_jinja_template`, after the message
 normalization `apply_chat_template` does first), run on real model templates vendored under
@@ -26,7 +26,7 @@ except ImportError:  # earlier 5.x (the GPU machine's) rendered them as given
         return messages
 
 from ftpull.tiny import CHAT_TEMPLATE as TINY_TEMPLATE
-from runtime.chat_template import ChatTemplateError, compile_template, plain_data, render_chat
+from runtime.text.chat_template import ChatTemplateError, compile_template, plain_data, render_chat
 
 TEMPLATE_DIR = Path(__file__).parent / "data" / "chat_templates"
 QWEN_TOKENS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}

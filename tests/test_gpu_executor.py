@@ -18,7 +18,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from runtime.cache_policy import automatic
 from runtime.experts.cpu_kernels import native_kernel
 from runtime.experts.executor import CPUExpertExecutor
 from runtime.experts.synthetic import random_bank
@@ -38,6 +37,7 @@ from runtime.gpu import (
 from runtime.gpu.auto_guard import PCIE_ONLY, AutoGuard
 from runtime.gpu.prefill import BankStreamer, CachePrefill, StreamingPrefill
 from runtime.gpu.split import SplitTables, layer_ms, miss_cost
+from runtime.policy.expert_cache import automatic
 
 E, H, INTER, K = 16, 80, 40, 4  # H, INTER off the SIMD width and the 128-wide FP8 block
 LAYERS = (1, 2, 3)  # MoE layers need not start at 0
@@ -891,7 +891,7 @@ def greedy(loaded, steps: int, between=None) -> tuple[list[int], list[torch.Tens
 
 
 def test_gpu_backend_matches_cpu_backend_and_survives_resizes(tiny_store) -> None:
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store, name = tiny_store
     reference = load(store, name, torch.float32)
@@ -920,10 +920,10 @@ def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) ->
     """The fit plan counts the prefill buffers the runtime holds: where VRAM is tight they give
     way to one token's experts in the cache (one buffer, then none), and the load follows the
     plan, answering as the CPU backend does, a long prompt with no buffer included."""
-    from runtime.load import load
-    from runtime.plan import ModelFootprint, PlanOverrides, plan
-    from runtime.resources import GPU, Machine
-    from runtime.weights import open_model
+    from runtime.loading.registered import open_model
+    from runtime.loading.runnable import load
+    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.planner.resources import GPU, Machine
 
     store, name = tiny_store
     with open_model(store, name).open_ftw() as reader:
@@ -950,7 +950,7 @@ def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) ->
 
 
 def test_gpu_backend_refuses_a_cache_below_one_token(tiny_store) -> None:
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store, name = tiny_store
     with pytest.raises(CacheTooSmallError, match="2 MoE layers x top-2 = 4 slots"):
@@ -963,7 +963,7 @@ def test_gpu_backend_refuses_a_cache_below_one_token(tiny_store) -> None:
 def test_ft_cuda_graphs_0_loads_a_model_whose_decode_runs_uncaptured(tiny_store, monkeypatch, env, graphs) -> None:
     """FT_CUDA_GRAPHS=0 (as vLLM's --enforce-eager) reaches the executor ft run and ft serve build."""
     from runtime.gpu import build as build_mod
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     seen = {}
     real = build_mod.build_hybrid
@@ -992,16 +992,16 @@ def test_profile_measures_saves_and_reloads(tmp_path, monkeypatch) -> None:
     first = load_or_measure(bank, executor, "cpu", cpu_threads=1, num_experts=4, seconds=0.05)
     saved = list((tmp_path / "profiles").glob("*.json"))
     assert len(saved) == 1 and "1t-f32" in saved[0].name
-    monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr("runtime.gpu.measure_bandwidth.measure", lambda *a, **k: pytest.fail("measured again"))
     assert load_or_measure(bank, executor, "cpu", cpu_threads=1) == first
     # a profile kept by an older runtime measured something else: it is measured again
     stale = json.loads(saved[0].read_text())
     saved[0].write_text(json.dumps({**stale, "version": 1}))
-    monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: replace(first, measured_at="again"))
+    monkeypatch.setattr("runtime.gpu.measure_bandwidth.measure", lambda *a, **k: replace(first, measured_at="again"))
     assert load_or_measure(bank, executor, "cpu", cpu_threads=1).measured_at == "again"
     # a model of another expert size on the same machine: its own profile
     bigger = random_bank("f32", 8, 512, 128, layer=0)
-    monkeypatch.setattr("runtime.gpu.profile.measure", lambda *a, **k: replace(first, measured_at="bigger"))
+    monkeypatch.setattr("runtime.gpu.measure_bandwidth.measure", lambda *a, **k: replace(first, measured_at="bigger"))
     assert load_or_measure(bigger, executor, "cpu", cpu_threads=1).measured_at == "bigger"
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 2
     assert load_or_measure(bank, executor, "cpu", cpu_threads=1).measured_at == "again"  # the first still kept
@@ -1153,7 +1153,7 @@ def test_cuda_double_buffered_prefill_beats_single() -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_backend_greedy_matches_cpu_backend(tiny_store) -> None:
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store, name = tiny_store
     ref_tokens, _ = greedy(load(store, name, torch.float32), 16)
@@ -1169,7 +1169,7 @@ def test_elastic_vram_follows_free_memory_and_new_budgets_with_the_same_output(t
     """The governor load_gpu attaches resizes the cache at step boundaries (another program takes
     VRAM and gives it back; the user sets a new budget); no weight is reloaded and greedy output
     stays the reference's."""
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store, name = tiny_store
     reference = greedy(load(store, name, torch.float32), 16)[0]
@@ -1206,7 +1206,7 @@ def test_elastic_vram_follows_free_memory_and_new_budgets_with_the_same_output(t
 
 def test_set_vram_in_ft_run_resizes_before_the_next_token(tiny_store) -> None:
     from ftpull.run import Chat, handle_command
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store, name = tiny_store  # (a checkpoint without a tokenizer: the steps run on token ids)
     loaded = load(store, name, torch.float32, cache_slots=6, backend="gpu", device="cpu", mode="offload",
@@ -1352,7 +1352,7 @@ def test_an_emulated_slower_link_copies_every_fill_again_and_changes_nothing_els
     """pcie_repeat=2 (benchmarks: a link half as fast): each PCIe fill and prefill stream is made
     twice; outputs and cache statistics are those of one copy."""
     from runtime.gpu import executor as executor_mod
-    from runtime.gpu.profile import machine_key
+    from runtime.gpu.bandwidth_profile import machine_key
 
     fills = []
     real_fill = executor_mod.expert_fill_ref

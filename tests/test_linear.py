@@ -62,7 +62,7 @@ def test_a_model_decodes_the_same_through_the_kernel(monkeypatch, tmp_path) -> N
     """The tiny model (f32) greedy-decodes the same tokens with every projection on the kernel."""
     from ftpull.pull import pull
     from registry import Store
-    from runtime.load import load
+    from runtime.loading.runnable import load
 
     store = Store(tmp_path)
     pull("tiny", store)

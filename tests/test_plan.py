@@ -16,9 +16,10 @@ from ftpull.preflight import Footprint, Resources, check_fit
 from ftw import convert_checkpoint
 from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import Store
-from runtime import resources
-from runtime.footprint import held_dense_bytes
-from runtime.plan import (
+from runtime.loading.registered import open_model
+from runtime.planner import resources
+from runtime.planner.footprint import held_dense_bytes
+from runtime.planner.plan import (
     DEFAULT_NUM_CTX,
     GPU_RESERVE_BYTES,
     MIN_CONTEXT_TOKENS,
@@ -31,8 +32,7 @@ from runtime.plan import (
     kv_layout,
     plan,
 )
-from runtime.resources import GPU, Machine
-from runtime.weights import open_model
+from runtime.planner.resources import GPU, Machine
 from tests.checkpoints import save_checkpoint, to_fp8
 from tests.clirun import ft
 
@@ -430,7 +430,7 @@ def test_the_dense_bytes_planned_are_those_the_runtime_holds(tmp_path: Path) -> 
     import torch
 
     from ftw.reader import FTWReader
-    from runtime.loader import load_weights
+    from runtime.loading.read_ftw import load_weights
     from runtime.models import keep_float32
 
     src = to_fp8(save_checkpoint("deepseek_v3", tmp_path / "hf"), tmp_path / "fp8")

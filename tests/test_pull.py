@@ -24,7 +24,7 @@ from ftpull.pull import pull
 from ftw import UnsupportedArchitectureError
 from ftw.sink import DiskFullError
 from registry import Store
-from runtime.weights import open_model
+from runtime.loading.registered import open_model
 from tests.checkpoints import load_all, save_checkpoint, to_fp8
 from tests.fakehub import skip_client_backoff
 
@@ -494,7 +494,7 @@ def test_another_models_tokenizer_is_refused_at_pull_and_at_load(store: Store, t
     refused with the reason and nothing registered; one registered before that check fails at
     load with the same reason, not with an IndexError mid-run."""
     from ftpull.tiny import build_tiny_checkpoint
-    from runtime.tokenizer import Tokenizer, TokenizerError
+    from runtime.text.tokenizer import Tokenizer, TokenizerError
 
     src = save_checkpoint("mixtral", tmp_path / "hf")  # a vocabulary of a few hundred ids
     tiny = build_tiny_checkpoint(tmp_path / "tiny")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.routing_synth import (
+from runtime.bench.routing_synth import (
     QWEN3_30B_REUSE,
     QWEN3_30B_TOP_SHARE,
     QWEN3_30B_WINDOW_DISTINCT,

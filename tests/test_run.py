@@ -13,11 +13,11 @@ import torch
 from ftpull.cli import _run
 from registry import Store
 from runtime.engine import EmptyPromptError, Session
-from runtime.load import load
+from runtime.loading.registered import open_model
+from runtime.loading.runnable import load
 from runtime.models import ContextOverflowError
-from runtime.sampling import SamplingParams
-from runtime.tokenizer import Tokenizer
-from runtime.weights import open_model
+from runtime.text.sampling import SamplingParams
+from runtime.text.tokenizer import Tokenizer
 from tests.clirun import ft
 
 
@@ -305,7 +305,7 @@ def test_device_auto_takes_the_cpu_when_the_gpu_cannot_hold_the_plan(home: Path,
     """`ft run` (device auto, the default) on a machine whose GPU is too small for the model's dense
     weights and KV: the CPU runtime, with the planner's reason in a warning."""
     from ftpull import run as run_mod
-    from runtime.resources import GPU, Machine
+    from runtime.planner.resources import GPU, Machine
 
     small_gpu = Machine(ram_total_bytes=16 << 30, ram_available_bytes=16 << 30, num_physical_cores=2,
                         gpu=GPU("tiny card", 1 << 20, 1 << 20))

@@ -1,4 +1,4 @@
-"""runtime.sampling: parameter validation, option names, and each filter's effect on crafted logits."""
+"""runtime.text.sampling: parameter validation, option names, and each filter's effect on crafted logits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from runtime.sampling import (
+from runtime.text.sampling import (
     InvalidParameterError,
     Sampler,
     SamplingParams,
@@ -234,7 +234,7 @@ def test_sampler_input_checks() -> None:
     assert {Sampler(SamplingParams(seed=s)).sample(masked) for s in range(20)} == {1}
 
 
-# --- the best logits only (runtime/top_logits.py) ---------------------------------------------
+# --- the best logits only (runtime/text/top_logits.py) ---------------------------------------------
 
 def test_candidates_needed_counts_the_tokens_the_penalties_touch() -> None:
     def needed(history: list[int] | None = None, **kw) -> int | None:
@@ -271,7 +271,7 @@ def test_the_best_logits_give_the_whole_rows_tokens(params: SamplingParams) -> N
     step from the same seed, as one given the whole rows: with penalties over the history, and
     with logits on a coarse grid, so ties at the candidates' boundary are common (those steps
     read the whole row; some must, and some must not)."""
-    from runtime.top_logits import candidates_to_take, top_logits
+    from runtime.text.top_logits import candidates_to_take, top_logits
 
     gen = torch.Generator().manual_seed(7)
     vocab, steps = 300, 60
@@ -293,7 +293,7 @@ def test_the_best_logits_give_the_whole_rows_tokens(params: SamplingParams) -> N
 
 def test_the_best_logits_of_a_small_vocabulary_are_all_of_it() -> None:
     """Fewer tokens than candidates: all of them, sampled as the whole row."""
-    from runtime.top_logits import top_logits
+    from runtime.text.top_logits import top_logits
 
     row = torch.tensor([1.0, 3.0, 3.0, -1.0])
     top = top_logits(row, 64)
@@ -302,7 +302,7 @@ def test_the_best_logits_of_a_small_vocabulary_are_all_of_it() -> None:
 
 
 def test_the_best_logits_refuse_a_row_with_nan() -> None:
-    from runtime.top_logits import top_logits
+    from runtime.text.top_logits import top_logits
 
     row = torch.zeros(200)
     row[150] = float("nan")

@@ -234,8 +234,8 @@ def test_tiny_end_to_end(live_tiny):  # noqa: F811
 def test_a_final_assistant_message_is_continued(live_tiny, tmp_path):  # noqa: F811
     """Anthropic's prefill: the reply continues the final assistant message. The prompt is the
     new turn's with the message's text after it: no end of turn, no second assistant header."""
-    from runtime.tokenizer import Tokenizer
-    from runtime.weights import open_model
+    from runtime.loading.registered import open_model
+    from runtime.text.tokenizer import Tokenizer
     from tests.test_server_util import pulled_home
 
     tokenizer = Tokenizer.from_model(open_model(pulled_home(tmp_path), "tiny"))

@@ -134,7 +134,7 @@ def test_show_parameters_through_the_server_is_what_a_local_chat_shows(env: str,
     from ftpull.run import handle_command
     from ftpull.serve import Client, RemoteChat
     from registry import Store
-    from runtime.weights import open_model
+    from runtime.loading.registered import open_model
 
     defaults = {k: v for k, v in open_model(Store.default(), "tiny").config["parameters"].items() if k != "num_ctx"}
     assert defaults  # (tiny's recipe has some)
@@ -158,6 +158,6 @@ def test_no_server(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monke
 
 def test_serve_on_the_gpu_without_one_is_refused(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("runtime.resources.probe_gpu", lambda: None)
+    monkeypatch.setattr("runtime.planner.resources.probe_gpu", lambda: None)
     code, _, err = ft(capsys, "serve", "--device", "gpu")
     assert code == 1 and "--device gpu needs a CUDA GPU" in err and "--device cpu" in err

@@ -18,7 +18,7 @@ import pytest
 
 from ftpull.pull import pull
 from registry import Store
-from runtime.resources import GPU, Machine
+from runtime.planner.resources import GPU, Machine
 from tests.test_server_util import LiveServer
 
 GiB = 1 << 30

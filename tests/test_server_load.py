@@ -18,11 +18,11 @@ import ollama
 import pytest
 
 from registry import Store
-from runtime.plan import RAM_RESERVE_BYTES
+from runtime.loading.registered import open_model
+from runtime.planner.plan import RAM_RESERVE_BYTES
 from runtime.server import room
 from runtime.server.backend import ModelManager
 from runtime.server.protocol import Busy, ChatRequest, Done
-from runtime.weights import open_model
 from tests.test_server_util import LiveServer, pulled_home
 
 TINY = "ft.local/library/tiny:latest"

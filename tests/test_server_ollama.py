@@ -11,8 +11,8 @@ import ollama
 import pytest
 
 from registry import Store
-from runtime.tokenizer import Tokenizer
-from runtime.weights import open_model
+from runtime.loading.registered import open_model
+from runtime.text.tokenizer import Tokenizer
 from tests.test_server_util import LiveServer, free_port
 
 FEW = {"num_predict": 6}

@@ -315,7 +315,7 @@ def test_messages_render_with_real_templates(client, backend):
     """What the flavour hands the backend renders with the vendored chat templates."""
     from pathlib import Path
 
-    from runtime.chat_template import render_chat
+    from runtime.text.chat_template import render_chat
 
     client.chat.completions.create(model=MODEL, tools=[WEATHER_TOOL], messages=[
         {"role": "system", "content": "You help."}, {"role": "user", "content": "Weather?"},

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.chat_template import render_chat
 from runtime.server.parsers import FORMATS, PlainParser, make_parser, opens_reasoning, syntax_for
 from runtime.server.parsers_deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 from runtime.server.protocol import ReasoningDelta, TextDelta, ToolCallEvent
+from runtime.text.chat_template import render_chat
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 EOS_DS = "<\uff5cend\u2581of\u2581sentence\uff5c>"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from runtime.engine import Session
-from runtime.sampling import SamplingParams
 from runtime.server.parsers import ToolCallEvent, make_parser, syntax_for
-from runtime.tokenizer import Tokenizer
+from runtime.text.sampling import SamplingParams
+from runtime.text.tokenizer import Tokenizer
 from tests.test_tokenizer import make_model_dir
 
 CALLS = {

@@ -14,12 +14,12 @@ import pytest
 from ftpull.cli import _run
 from ftpull.serve import format_ps, parse_host, pull_for_server, server_url
 from registry import Store
+from runtime.loading.registered import open_model
 from runtime.server.app import create_app, validation_message
 from runtime.server.backend import ModelManager
 from runtime.server.models import request_options
 from runtime.server.protocol import BadRequest, Busy
 from runtime.server.scheduler import Admission, parse_keep_alive
-from runtime.weights import open_model
 
 
 def free_port() -> int:

@@ -278,7 +278,7 @@ def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_p
     pytest.importorskip("transformers")
     from ftpull.pull import pull
     from registry import Store
-    from runtime.load import load
+    from runtime.loading.runnable import load
     from tests.checkpoints import save_checkpoint
 
     store = Store(tmp_path / "store")

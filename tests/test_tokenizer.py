@@ -1,4 +1,4 @@
-"""runtime.tokenizer against transformers' AutoTokenizer on the same files.
+"""runtime.text.tokenizer against transformers' AutoTokenizer on the same files.
 
 Tiny tokenizer directories in the layout of each family (the built-in tiny Qwen3-MoE; Qwen3.5
 with chat_template.jinja; DeepSeek-V3 with AddedToken dicts and a BOS post-processor; GLM with a
@@ -20,10 +20,10 @@ from transformers import AutoTokenizer
 
 from ftpull.tiny import IM_END_ID, build_tiny_checkpoint, build_tiny_tokenizer
 from registry import ANNOTATION_TITLE, Manifest, Store
-from runtime.chat_template import ChatTemplateError
-from runtime.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer, StopStringMatcher
-from runtime.tokenizer import Tokenizer, TokenizerError
-from runtime.weights import MEDIA_CONFIG, MEDIA_FILE, MEDIA_TEMPLATE, open_model
+from runtime.loading.registered import MEDIA_CONFIG, MEDIA_FILE, MEDIA_TEMPLATE, open_model
+from runtime.text.chat_template import ChatTemplateError
+from runtime.text.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer, StopStringMatcher
+from runtime.text.tokenizer import Tokenizer, TokenizerError
 from tests.test_chat_template import CASES, TEMPLATE_DIR, WEATHER_TOOL
 
 DEEPSEEK_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",

@@ -9,7 +9,7 @@ For one shape (shapes.py: a built-in table of real models' MoE geometry, or `tin
   when `layers` reduces the run. The prefill buffer a policy warms with is transient (released
   before decode) and not charged to the budget; the numbers are in the report;
 - one routing sequence, generated once and fed identically to every policy: the calibrated
-  synthetic router (runtime.routing_synth), or a replay of the real Qwen3-30B-A3B trace
+  synthetic router (runtime.bench.routing_synth), or a replay of the real Qwen3-30B-A3B trace
   (shared/traces/bigmoeonedge, 48 layers x 128 experts, top-6 as recorded: 28 prompt tokens,
   128 decode tokens);
 - per policy (executor mode; the runs themselves are runs.py): the prompt through the executor's
@@ -48,12 +48,12 @@ from ..experts import CPUExpertExecutor, HostExpertBank
 from ..experts.synthetic import random_bank
 from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
 from ..gpu.host_memory import HostPinner
-from ..plan import ModelFootprint, PlanOverrides, kv_layout, plan
-from ..resources import GPU, Machine
-from ..routing_synth import calibrated_router, routing_stats
+from ..planner.plan import ModelFootprint, PlanOverrides, kv_layout, plan
+from ..planner.resources import GPU, Machine
 from .ceilings import ceiling_profile, host_read_gbps, link_gbps
 from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
 from .roofline import roofline
+from .routing_synth import calibrated_router, routing_stats
 from .runs import DecodeSteps, decode_run, prefill_run, profile_decode, sync, warm_up
 from .shapes import SHAPES, BenchShape
 
@@ -156,7 +156,7 @@ def make_banks(shape: BenchShape, layers: list[int], seed: int, distinct: int | 
 def make_routing(shape: BenchShape, cfg: BenchConfig, num_layers: int) -> tuple[np.ndarray, np.ndarray, int, str]:
     """(prompt [P, L, K], decode [T, L, K], top_k, what it is); ids -1 = absent (trace prompts)."""
     if cfg.routing == "trace":
-        from ..cache_policy_trace import load_trace
+        from ..policy.trace import load_trace
 
         if shape.name != "qwen3-30b-a3b":
             raise ValueError("--routing trace replays the Qwen3-30B-A3B trace: only with --shape qwen3-30b-a3b")

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from ..plan import size
+from ..planner.plan import size
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -5,11 +5,12 @@ Device-agnostic: on CUDA it uses a copy stream, events and pinned banks; on the 
 same code runs with synchronous copies, so the logic is tested without a GPU.
 """
 
+from .bandwidth_profile import BandwidthProfile
 from .build import CacheTooSmallError, build_hybrid, check_cache_capacity, load_gpu
 from .device_model import DeviceModel
 from .executor import MODES, ExpertStats, HybridExpertExecutor
 from .expert_cache import ExpertCache
-from .profile import BandwidthProfile, load_or_measure, measure
+from .measure_bandwidth import load_or_measure, measure
 from .records import UnsupportedOnDevice
 from .split import choose_pcie_count, q_star
 

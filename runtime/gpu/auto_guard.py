@@ -1,6 +1,6 @@
 """The end-to-end check behind "auto never loses to plain offload".
 
-The cost model's split (cache_policy_split.py) is only as right as its profile: a CPU hand-off
+The cost model's split (policy/miss_split.py) is only as right as its profile: a CPU hand-off
 costs latency the model may misjudge on a given machine and load. So "auto" runs two arms and
 measures them where it matters, whole decode steps: "model" (the model's split, the CPU share
 on) and "pcie" (every miss over PCIe, no CPU share). A step is the time between two decode

@@ -9,17 +9,18 @@ import os
 import torch
 
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
-from ..loader import ModelWeights, load_weights
+from ..loading.read_ftw import ModelWeights, load_weights
+from ..loading.registered import RegisteredModel
 from ..models import build_model, keep_float32
-from ..plan import PREFILL_BUFFERS, ModelFootprint, Plan, PlanOverrides, plan, size
-from ..resources import Machine
-from ..weights import RegisteredModel
+from ..planner.plan import PREFILL_BUFFERS, ModelFootprint, Plan, PlanOverrides, plan, size
+from ..planner.resources import Machine
+from .bandwidth_profile import BandwidthProfile
 from .device_model import DeviceModel, move_dense
 from .elastic import VramGovernor, cuda_probe
 from .executor import HybridExpertExecutor
 from .expert_cache import ExpertCache
 from .host_memory import HostPinner
-from .profile import BandwidthProfile, load_or_measure
+from .measure_bandwidth import load_or_measure
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ import torch
 from ..layers import mlp, rope
 from ..layers.attention import DevicePosition
 from ..layers.norm import use_device_kernel
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from ..models import DecoderModel, DecodeState
-from ..top_logits import TopLogits, candidates_to_take, take_top
+from ..text.top_logits import TopLogits, candidates_to_take, take_top
 from .step_graphs import QueuedStep, StepGraphs
 
 SPAN_MIN = 256  # the shortest KV span a captured step attends over
@@ -162,7 +162,7 @@ class QueuedDecode:
     def start(self, token: int, needed: int | None = None) -> None:
         """Write the token where the step reads it and release the step (or run it now).
         `needed`: the sampler needs only that many of the best logits (Sampler.candidates_needed):
-        they are taken on the device and only they come back (top_logits.py); None: the row."""
+        they are taken on the device and only they come back (text/top_logits.py); None: the row."""
         owner = self._owner
         owner._token_host[0] = token
         cuda = owner.device.type == "cuda"

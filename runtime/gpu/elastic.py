@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..footprint import size
+from ..planner.footprint import size
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ executor's side of step_graphs.py.
 
 Modes (how many misses cross PCIe): "offload" all; "cpu" none; "static" none, with whole layers
 resident from the start (llama.cpp's static split); "prefill_placement" none, the cache placed
-by each prefill's routing counts; "auto" the count the one cost model (cache_policy_split.py,
+by each prefill's routing counts; "auto" the count the one cost model (policy/miss_split.py,
 through split.py) gives for the measured BandwidthProfile, each CPU-served miss charged the later
 miss it causes at the cache's recent hit rate, as the trace simulator's `automatic` policy does.
 "auto" hands the plan a table of that count for every possible number of misses, so the choice
@@ -33,6 +33,7 @@ import torch
 
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from .auto_guard import PCIE_ONLY, AutoGuard
+from .bandwidth_profile import BandwidthProfile
 from .cpu_share import CPUShare, Job
 from .decode_graphs import DecodeGraphs
 from .elastic import VramGovernor
@@ -42,7 +43,6 @@ from .expert_cache import ExpertCache, place_whole_layers, whole_layers_that_fit
 from .kernels import MAX_KERNEL_PAIRS, RoutePlan, route_plan_ref
 from .kernels.expert_fill_ref import expert_fill_ref
 from .prefill import CachePrefill, StreamingPrefill
-from .profile import BandwidthProfile
 from .records import check_device_layout
 from .slot_compute import add_slot_experts, fills_in_launch
 from .split import Split, SplitTables
@@ -105,7 +105,7 @@ class HybridExpertExecutor(WholeStepCalls):
             raise ValueError(f"pcie_repeat is a whole number of copies, at least 1, not {pcie_repeat}")
         self.pcie_repeat = pcie_repeat
         if mode == "auto" and split is None and profile is None:
-            raise ValueError("mode 'auto' needs a BandwidthProfile (runtime.gpu.profile.load_or_measure) or a split")
+            raise ValueError("mode 'auto' needs a BandwidthProfile (runtime.gpu.measure_bandwidth.load_or_measure) or a split")
         self.banks, self.device, self.cache, self.mode = banks, torch.device(device), cache, mode
         for bank in banks.values():
             if mode != "cpu":

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..cache_policy import HIT_RATE_DECAY
+from ..policy.expert_cache import HIT_RATE_DECAY
 from .kernels import HIT, NUM_UNIQUE
 
 

@@ -1,9 +1,9 @@
 """The executor's side of the q* split: a measured BandwidthProfile as the one cost model's MissCost.
 
 The policy itself (how many of a layer's misses cross PCIe, the rest running on the CPU) is
-runtime/cache_policy_split.py, shared with the trace simulator. What is particular to the GPU
+runtime/policy/miss_split.py, shared with the trace simulator. What is particular to the GPU
 path is only how its profile reads: rates in GB/s while both sides run and each side alone (0:
-not measured), and fixed costs in ms measured on the device through the executor (profile.py),
+not measured), and fixed costs in ms measured on the device through the executor (measure_bandwidth.py),
 without the launching thread's time: the plan and fill's latency on the PCIe side, the hand-off
 to the CPU worker and back on the other. The two run beside each other (the fills go on while
 the worker computes), so they compose as the simulator's: `fixed_costs="overlap"`.
@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from ..cache_policy_split import (
+from ..policy.miss_split import (
     MissCost,
     choose_pcie_misses,
     closed_form_fraction,

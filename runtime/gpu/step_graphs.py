@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -42,7 +43,9 @@ from .decode_graphs import collector_off
 from .kernels.dependent_launch import for_step_graph
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .executor import HybridExpertExecutor
+    from .cpu_share import CPUShare
+    from .decode_graphs import DecodeGraphs
+    from .expert_cache import ExpertCache
     from .host_signal import Doorbell
 
 log = logging.getLogger(__name__)
@@ -97,10 +100,28 @@ class QueuedStep(Generic[Out]):
             self._cancel()
 
 
+class StepExecutor(Protocol):
+    """What StepGraphs needs of the expert executor whose layer calls a step makes (the
+    HybridExpertExecutor, through executor_steps.WholeStepCalls): its host part of a step before
+    and after each replay, and where its state lives. A protocol, so that this module does not
+    import the executor that owns it."""
+
+    device: torch.device
+    cache: ExpertCache
+    cpu_share: CPUShare
+    graphs: DecodeGraphs | None  # per-layer-call graphs; None where CUDA graphs are off
+    step_graphs: bool  # whole-step capture asked for
+
+    def begin_step(self, queued: bool = False) -> Hashable | None: ...
+    def abandon_step(self) -> None: ...
+    def capturing_step(self) -> AbstractContextManager[StepCapture]: ...
+    def end_step(self, calls: int) -> None: ...
+
+
 class StepGraphs:
     """Decode steps by key, replayed from their graph where the executor's calls allow it."""
 
-    def __init__(self, executor: HybridExpertExecutor) -> None:
+    def __init__(self, executor: StepExecutor) -> None:
         self.executor = executor
         self._graphs: dict[Hashable, _Captured] = {}
         self._warm: set[Hashable] = set()  # keys that ran once uncaptured

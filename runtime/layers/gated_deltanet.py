@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .linear import linear
 from .norm import rms_norm

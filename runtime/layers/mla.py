@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .attention import Start, causal_attention, store
 from .linear import linear
 from .norm import rms_norm

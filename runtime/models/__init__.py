@@ -11,7 +11,7 @@ import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import ContextOverflowError, DecoderModel, DecodeState
 
 FAMILY_MODULES = {

@@ -18,7 +18,7 @@ from ..layers.attention import DevicePosition, Start
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import forward_begins
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 
 
 class ContextOverflowError(ValueError):

@@ -15,7 +15,7 @@ from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.mla import MLAttention
 from ..layers.mlp import softmax_group_topk
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import FFN, DecoderModel
 from .deepseek_v3 import block, rotary
 from .qwen3_moe import dense_mlp

@@ -14,7 +14,7 @@ from ..experts import ExpertExecutor
 from ..layers.mla import MLAttention
 from ..layers.mlp import sigmoid_group_topk
 from ..layers.rope import RotaryEmbedding
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel, Mixer
 from .qwen3_moe import dense_mlp
 

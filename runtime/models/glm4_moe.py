@@ -11,7 +11,7 @@ import torch
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.rope import partial_rotary
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel
 from .deepseek_v3 import block, ffn
 from .qwen3_moe import GQAAttention

@@ -18,7 +18,7 @@ from ..layers.attention import Start, store
 from ..layers.linear import linear
 from ..layers.mla import MLACache, MLAttention
 from ..layers.rope import apply_rotary_interleaved
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel, DecodeState
 from .deepseek_v3 import block, ffn, rotary
 

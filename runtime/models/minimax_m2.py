@@ -12,7 +12,7 @@ from ..experts import ExpertExecutor
 from ..layers.linear import linear
 from ..layers.mlp import sigmoid_group_topk
 from ..layers.rope import RotaryEmbedding
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel, Mixer
 from .olmoe import WholeProjectionNormAttention
 from .qwen3_moe import GQAAttention

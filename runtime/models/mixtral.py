@@ -8,7 +8,7 @@ import torch
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..layers.rope import RotaryEmbedding
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
 from .qwen3_moe import GQAAttention, SoftmaxMoE
 

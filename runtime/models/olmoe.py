@@ -12,7 +12,7 @@ from ..layers.attention import KVCache, Start, causal_attention
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
 from .qwen3_moe import GQAAttention, SoftmaxMoE
 

@@ -8,7 +8,7 @@ import torch
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel
 from .qwen3_moe import gqa_moe_model
 from .qwen3_next import NormalizedSharedExpertMoE

@@ -20,7 +20,7 @@ from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary, partial_rotary
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel, Mixer
 from .qwen3_moe import GQAAttention, SoftmaxMoE, dense_mlp
 

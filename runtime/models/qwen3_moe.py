@@ -14,7 +14,7 @@ from ..layers.linear import linear
 from ..layers.mlp import softmax_topk, swiglu_mlp
 from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 
 

@@ -14,7 +14,7 @@ from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.linear import linear
-from ..loader import ModelWeights
+from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel
 from .qwen3_5_moe import SharedExpertMoE, hybrid_model
 

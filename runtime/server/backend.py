@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from registry import Store
-from runtime.load import load_registered
+from runtime.loading.registered import RegisteredModel
+from runtime.loading.runnable import load_registered
 from runtime.models import UnsupportedFamilyError
-from runtime.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
-from runtime.resources import Machine, gib_to_bytes
-from runtime.tokenizer import Tokenizer, TokenizerError
-from runtime.weights import RegisteredModel
+from runtime.planner.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
+from runtime.planner.resources import Machine, gib_to_bytes
+from runtime.text.tokenizer import Tokenizer, TokenizerError
 
 from . import models, prompts
 from .protocol import (

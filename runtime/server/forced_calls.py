@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 from .parsers import opens_reasoning, syntax_for
 from .parsers_deepseek import CALL_BEGIN, CALLS_BEGIN
 from .parsers_glm import SYNTAX as GLM_SYNTAX

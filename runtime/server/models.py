@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry import InvalidNameError, ModelNotFoundError, RegistryError, Store
-from runtime.sampling import OPTION_ALIASES, InvalidParameterError, SamplingParams
-from runtime.weights import MEDIA_TEMPLATE, RegisteredModel, open_model
+from runtime.loading.registered import MEDIA_TEMPLATE, RegisteredModel, open_model
+from runtime.text.sampling import OPTION_ALIASES, InvalidParameterError, SamplingParams
 
 from .protocol import BadRequest, ModelInfo, ModelNotFound, ServerError
 

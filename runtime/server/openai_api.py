@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 
-from ..sampling import InvalidParameterError, SamplingParams
+from ..text.sampling import InvalidParameterError, SamplingParams
 from . import streaming
 from .protocol import (
     Backend,

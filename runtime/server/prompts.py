@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.chat_template import ChatTemplateError
-from runtime.tokenizer import Tokenizer
-from runtime.weights import RegisteredModel
+from runtime.loading.registered import RegisteredModel
+from runtime.text.chat_template import ChatTemplateError
+from runtime.text.tokenizer import Tokenizer
 
 from .forced_calls import UnsupportedToolChoice, forced_name, forced_opening
 from .protocol import BadRequest, ChatRequest, GenerateRequest

@@ -12,8 +12,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from runtime.plan import Plan
-from runtime.weights import RegisteredModel
+from runtime.loading.registered import RegisteredModel
+from runtime.planner.plan import Plan
 
 from .protocol import Busy
 from .runner import Runner

@@ -19,11 +19,11 @@ from typing import Any, cast
 import torch
 
 from runtime.engine import Session
-from runtime.load import LoadedModel
+from runtime.loading.registered import RegisteredModel
+from runtime.loading.runnable import LoadedModel
 from runtime.models import ContextOverflowError, DecoderModel
-from runtime.plan import RAM_RESERVE_BYTES, Plan
-from runtime.tokenizer import Tokenizer
-from runtime.weights import RegisteredModel
+from runtime.planner.plan import RAM_RESERVE_BYTES, Plan
+from runtime.text.tokenizer import Tokenizer
 
 from . import models
 from .parsers import make_parser, opens_reasoning, syntax_for

@@ -30,7 +30,7 @@ def compute_bytes(dtype: str) -> int:
 
 
 def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compute: int) -> int:
-    """Bytes one dense tensor takes once loaded (runtime/loader.py): block quants and scaled FP8
+    """Bytes one dense tensor takes once loaded (runtime/loading/read_ftw.py): block quants and scaled FP8
     dequantized to the compute dtype, 16-bit floats cast to it, float32 kept (the routers a
     family keeps in float32 are; the rest are cast: an upper bound), anything else as stored."""
     if dtype in BLOCK_DTYPES or scaled or dtype in ("f16", "bf16"):

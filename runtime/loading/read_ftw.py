@@ -17,9 +17,9 @@ from ftw.families import weight_block_size
 from ftw.format import BLOCK_DTYPES, storage_shape
 from ftw.reader import page_aligned_empty, torch_dtype_of
 
-from .config import ModelConfig
-from .experts.bank import HostExpertBank
-from .experts.dequant import dequantize
+from ..config import ModelConfig
+from ..experts.bank import HostExpertBank
+from ..experts.dequant import dequantize
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Allocator = Callable[[int], torch.Tensor]  # nbytes -> contiguous uint8 tensor

@@ -1,6 +1,6 @@
 """What this machine has for the fit planner: host RAM, physical cores, and the GPU's VRAM.
 
-The only I/O of planning lives here (`Machine.probe`); `runtime.plan.plan` is a pure function of
+The only I/O of planning lives here (`Machine.probe`); `runtime.planner.plan.plan` is a pure function of
 a `Machine`, so tests describe machines as plain numbers. Disk is not the planner's business:
 `ft pull` checks it on its own.
 """

@@ -1,97 +1,27 @@
-"""BandwidthProfile: how fast this machine serves a cache miss over PCIe and on the CPU.
-
-Measured through the executor itself (the runtime's own fill kernel and CPU worker), with calls
-queued back to back as decode queues them: each side alone at two miss counts, so its fixed
-per-call cost comes apart from its rate, then both at once, for how much the rates drop beside
-each other (the fills and the CPU kernel share host DRAM). On CUDA each batch is timed on the
-device, behind a head start that lets the launching thread queue the whole batch first
-(`_HeadStart`): what is measured is the pipeline of device and CPU worker, not the host's
-launches. Profiles are kept as JSON under $FT_HOME/profiles/<machine-key>.json and reloaded; one
-of an older PROFILE_VERSION is measured again.
+"""Measuring a BandwidthProfile (bandwidth_profile.py) through the executor itself (the runtime's own
+fill kernel and CPU worker), with calls queued back to back as decode queues them: each side
+alone at two miss counts, so its fixed per-call cost comes apart from its rate, then both at
+once, for how much the rates drop beside each other (the fills and the CPU kernel share host
+DRAM). On CUDA each batch is timed on the device, behind a head start that lets the launching
+thread queue the whole batch first (`_HeadStart`): what is measured is the pipeline of device
+and CPU worker, not the host's launches.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import platform
-import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from ..experts import ExpertExecutor, HostExpertBank
+from .bandwidth_profile import PROFILE_VERSION, BandwidthProfile, bank_dtype, machine_key, profiles_dir
+from .executor import HybridExpertExecutor
 from .expert_cache import ExpertCache
 
 log = logging.getLogger(__name__)
-
-# Bumped when what is measured changes (3: the device-planned decode path, calls queued back to back
-# as decode queues them; 4: the CPU share selects its pairs in the kernel, a lower fixed cost; 5:
-# batches timed on the device behind a head start, without the launching thread's time; 6: its
-# executors uncaptured, see `measure`); a kept profile of another version is measured again.
-PROFILE_VERSION = 6
-
-
-@dataclass(frozen=True)
-class BandwidthProfile:
-    """Rates in GB/s of expert records while both sides run (they share host DRAM); fixed costs
-    in ms per layer call that has any work. `*_alone_gbps`: each side with the other idle (0: the
-    same as beside), which is what an all-PCIe or all-CPU layer gets."""
-
-    pcie_gbps: float
-    cpu_gbps: float
-    cpu_fixed_ms: float
-    pcie_fixed_ms: float
-    pcie_alone_gbps: float = 0.0
-    cpu_alone_gbps: float = 0.0
-    machine: str = ""
-    expert_bytes: int = 0  # the record size it was measured with
-    cpu_threads: int = 0
-    dtype: str = ""  # of the measured bank's weights
-    measured_at: str = ""
-    version: int = 0
-
-    def save(self, path: Path) -> None:
-        """Crash-safe: temp file, fsync, rename."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(asdict(self), f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-
-    @staticmethod
-    def load(path: Path) -> BandwidthProfile:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        fields = BandwidthProfile.__dataclass_fields__
-        return BandwidthProfile(**{k: v for k, v in data.items() if k in fields})
-
-
-def profiles_dir() -> Path:
-    home = os.environ.get("FT_HOME")
-    return (Path(home) if home else Path.home() / ".ft") / "profiles"
-
-
-def machine_key(device: torch.device | str, *, cpu_threads: int, dtype: str, expert_bytes: int,
-                pcie_repeat: int = 1) -> str:
-    """Host, accelerator, CPU threads, weight dtype and expert size: what the two rates and their
-    fixed costs depend on (small records stay in the CPU's caches; per-call costs weigh more on
-    them), and an emulated slower link, kept apart from the real one."""
-    device = torch.device(device)
-    accel = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    raw = (f"{platform.node() or 'host'}-{accel}-{cpu_threads}t-{dtype}-{expert_bytes / 2**20:.1f}MiB"
-           + (f"-pcie1of{pcie_repeat}" if pcie_repeat > 1 else ""))
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
-
-
-def bank_dtype(bank: HostExpertBank) -> str:
-    return "+".join(sorted({p.dtype for p in bank.layout.parts if not p.name.endswith("_scale")}))
 
 
 def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
@@ -110,8 +40,6 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
     `seconds` per point. Experts rotate through half the bank each, so every call misses and the
     CPU reads from DRAM, not from a cache warmed by the previous call. `pcie_repeat`: the
     executor's emulation of a slower link, measured as it will run."""
-    from .executor import HybridExpertExecutor  # (it imports this module)
-
     device = torch.device(device)
     n = max(2, min(num_experts, bank.num_experts // 4))
     half, stride, layer = bank.num_experts // 2, bank.layout.expert_stride, bank.layer

@@ -1,6 +1,6 @@
 """Reference policies that policies are measured against: perfect LFU, and Belady's MIN, the offline
 optimum (it reads the whole future from `prepare`, so no runtime can run it). Same interface as
-runtime/cache_policy.py; every miss they cache counts as a PCIe fill.
+runtime/policy/expert_cache.py; every miss they cache counts as a PCIe fill.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import heapq
 from bisect import bisect_right
 from collections import defaultdict
 
-from .cache_policy import CachePolicy, Key
-from .cache_policy_trace import Schedule
+from .expert_cache import CachePolicy, Key
+from .trace import Schedule
 
 
 class LFU(CachePolicy):

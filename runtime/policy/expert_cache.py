@@ -26,14 +26,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .cache_policy_split import (
+from .miss_split import (
     MissCost,
     choose_pcie_misses,
     fill_value_seconds,
     finish_seconds,
     naive_pcie_misses,
 )
-from .cache_policy_trace import RoutingTrace, Schedule
+from .trace import RoutingTrace, Schedule
 
 Key = tuple[int, int]  # (layer, expert)
 Split = Callable[[int, int, float], int]  # (layer, misses, recent hit rate) -> how many to copy into the cache

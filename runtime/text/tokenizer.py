@@ -30,7 +30,7 @@ import tokenizers
 from .chat_template import ChatTemplateError, render_chat
 
 if TYPE_CHECKING:
-    from .weights import RegisteredModel
+    from ..loading.registered import RegisteredModel
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class Tokenizer:
     @classmethod
     def from_model(cls, model: RegisteredModel) -> Tokenizer:
         """Build from a registered model's files; its Modelfile TEMPLATE, if any, is the chat template."""
-        from .weights import MEDIA_TEMPLATE
+        from ..loading.registered import MEDIA_TEMPLATE
 
         override = next((model.files[d.title] for d in model.manifest.layers if d.media_type == MEDIA_TEMPLATE), None)
         template = override.read_text(encoding="utf-8") if override is not None else None

@@ -9,14 +9,14 @@ import torch
 
 from registry import Store
 
-from .config import ModelConfig
-from .experts import CPUExpertExecutor
-from .loader import ModelWeights, load_weights
-from .models import DecoderModel, build_model, keep_float32
-from .weights import RegisteredModel, open_model
+from ..config import ModelConfig
+from ..experts import CPUExpertExecutor
+from ..models import DecoderModel, build_model, keep_float32
+from .read_ftw import ModelWeights, load_weights
+from .registered import RegisteredModel, open_model
 
 if TYPE_CHECKING:
-    from .gpu import DeviceModel, HybridExpertExecutor
+    from ..gpu import DeviceModel, HybridExpertExecutor
 
 BACKENDS = ("cpu", "gpu")
 
@@ -44,7 +44,7 @@ def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.floa
     if backend not in BACKENDS:
         raise ValueError(f"backend is one of {', '.join(BACKENDS)}, not {backend!r}")
     if backend == "gpu":
-        from .gpu import load_gpu
+        from ..gpu import load_gpu
 
         weights, device_model, executor = load_gpu(registered, dtype, **gpu_options)
         return LoadedModel(registered, weights, device_model, executor)
