@@ -1,0 +1,193 @@
+"""ft's side of the race, in its own process (its VRAM peak is its own): load a pulled model the
+way `ft run` does (the fit planner at a VRAM budget and thread count, then the hybrid runtime),
+and feed it what llama-bench feeds llama.cpp: uniformly random token ids, for prompts and for
+decode (the sampler's choice replaced, so no repetition flatters the cache).
+
+Two inputs:
+- "random": random ids, routed by the model's own router (random weights: near-uniform routing,
+  the worst case for a cache). These rows pair with llama.cpp's.
+- "trace": the same runtime and model, every decode step's expert ids replaced by a real
+  recorded trace's (../shared/traces/; its layers spread over the model's, its top-k as
+  recorded, cycled past its length): the realistic case, for which llama.cpp has no equal view.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class FtRun:
+    """What to measure in one load."""
+
+    store: Path
+    model: str
+    device: str  # "gpu" | "cpu" (CI)
+    vram_mib: int | None  # ft's budget (--vram-gib); None: the planner's own
+    threads: int
+    num_ctx: int
+    prompt_lengths: list[int]
+    decode_tokens: int
+    decode_prompt: int  # the prompt each decode repetition starts after (llama-bench's tg: none, so 1)
+    reps: int
+    mode: str = "auto"
+    trace: Path | None = None  # also decode with this trace's routing
+    seed: int = 0
+
+
+@dataclass
+class Measured:
+    kind: str  # "decode" | "prompt"
+    input: str  # "random" | "trace"
+    tokens: int
+    tok_s: float
+    samples: list[float]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class TraceRouting:
+    """An expert executor whose one-token calls take their expert ids from a trace instead of the
+    router: ids for the step at the model's device position (so captured step graphs replay the
+    trace too, with no host work per step). Everything else passes through."""
+
+    def __init__(self, inner: Any, table: torch.Tensor, layers: list[int], position: torch.Tensor) -> None:
+        self.inner, self.table, self.position = inner, table, position  # table [len(layers), trace tokens, k]
+        self.slot = {layer: i for i, layer in enumerate(layers)}  # a model layer's row of the table
+
+    def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if ids.shape[0] != 1:
+            return self.inner(layer, x, ids, weights)
+        rows = self.table.shape[1]
+        row = torch.remainder(self.position, rows)  # [1], on the device: the trace cycles
+        traced = self.table[self.slot[layer]].index_select(0, row)  # [1, k]
+        k = traced.shape[1]
+        w = weights[:, :k] / weights[:, :k].sum(dim=-1, keepdim=True)
+        return self.inner(layer, x, traced, w)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def trace_table(path: Path, moe_layers: list[int], num_experts: int, device: torch.device) -> torch.Tensor:
+    """[len(moe_layers), tokens, k] int64: the trace's layers spread evenly over the model's."""
+    data = np.load(path)
+    experts = data["experts"].astype(np.int64)  # [tokens, trace layers, k]
+    if experts.max() >= num_experts:
+        raise ValueError(f"{path.name} routes to expert {experts.max()}, the model has {num_experts}")
+    picks = np.linspace(0, experts.shape[1] - 1, len(moe_layers)).round().astype(int)
+    return torch.from_numpy(np.ascontiguousarray(experts[:, picks].transpose(1, 0, 2))).to(device)
+
+
+def _random_ids(n: int, vocab: int, gen: torch.Generator) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decode(model: Any, state: Any, tokens: list[int]) -> float:
+    """Decode `tokens` (each fed as if sampled), the way Session.generate does; seconds taken."""
+    queue = getattr(model, "can_queue", False)
+    start = time.perf_counter()
+    if not queue:
+        for token in tokens:
+            model.forward(torch.tensor([token], dtype=torch.long), state)[-1].float().argmax()
+        return time.perf_counter() - start
+    pending = None
+    for i, token in enumerate(tokens):
+        step, pending = pending or model.queue_decode(state), None
+        step.start(token, 1)  # a greedy sampler's one best logit, taken on the device
+        if i + 1 < len(tokens):
+            pending = model.queue_decode(state)
+        step.logits()
+    return time.perf_counter() - start
+
+
+def measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
+    """Load once, then: each prompt length `reps` times, decode `decode_tokens` after a
+    `decode_prompt`-token prompt `reps` times with random ids, and with the trace's routing."""
+    from ftpull.run import load_for_chat
+    from registry import Store
+
+    gib = None if run.vram_mib is None else run.vram_mib / 1024
+    loaded, chat, load_s = load_for_chat(Store(run.store), run.model, dtype=None, num_ctx=run.num_ctx, overrides={},
+                                         threads=run.threads, device=run.device, vram_gib=gib, mode=run.mode)
+    session = chat.session
+    model, device = session.model, torch.device(getattr(session.model, "device", "cpu"))
+    vocab = loaded.config.vocab_size
+    gen = torch.Generator().manual_seed(run.seed)
+    experts = loaded.experts
+    out: list[Measured] = []
+
+    def stats() -> dict[str, Any]:
+        return experts.stats().as_dict() if experts is not None else {}
+
+    def fresh_state() -> None:
+        session.reset()
+
+    # a warm-up the measurements do not count: kernels compile, graphs capture, the profile loads
+    fresh_state()
+    model.forward(torch.tensor(_random_ids(min(64, run.num_ctx - 8), vocab, gen)), session.state, last_only=True)
+    _decode(model, session.state, _random_ids(8, vocab, gen))
+    for length in run.prompt_lengths:
+        if length >= run.num_ctx:
+            continue
+        samples = []
+        for _ in range(run.reps):
+            fresh_state()
+            ids = torch.tensor(_random_ids(length, vocab, gen))
+            if experts is not None:
+                experts.reset_stats()
+            _sync(device)
+            start = time.perf_counter()
+            model.forward(ids, session.state, last_only=True)
+            _sync(device)
+            samples.append(length / (time.perf_counter() - start))
+        out.append(Measured("prompt", "random", length, statistics.median(samples), samples, stats()))
+    views = [("random", None)]
+    if run.trace is not None and experts is not None and hasattr(model, "_position"):
+        views.append(("trace", run.trace))
+    for view, trace in views:
+        wrapped = _route_by_trace(model, trace, loaded.config, device) if trace else None
+        samples = []
+        for _ in range(run.reps):
+            fresh_state()
+            model.forward(torch.tensor(_random_ids(run.decode_prompt, vocab, gen)), session.state, last_only=True)
+            if experts is not None:
+                experts.reset_stats()
+            seconds = _decode(model, session.state, _random_ids(run.decode_tokens, vocab, gen))
+            samples.append(run.decode_tokens / seconds)
+        out.append(Measured("decode", view, run.decode_tokens, statistics.median(samples), samples, stats()))
+        if wrapped is not None:
+            wrapped()
+    info = {"load_s": round(load_s, 2), "context": session.context_length, "mode": run.mode,
+            "cache_slots": experts.cache.num_slots if experts is not None else 0}
+    return out, info
+
+
+def _route_by_trace(model: Any, trace: Path, config: Any, device: torch.device):
+    """Swap every MoE block's executor for a TraceRouting one; returns the undo."""
+    blocks = [b for b in model.model.blocks if hasattr(b.ffn, "executor")]
+    layers = [b.ffn.layer for b in blocks]
+    table = trace_table(trace, layers, config.num_experts, device)
+    inner = blocks[0].ffn.executor
+    routed = TraceRouting(inner, table, layers, model._position)
+    for b in blocks:
+        b.ffn.executor = routed
+    model.steps.invalidate() if model.steps is not None else None  # graphs captured over the router's ids
+
+    def undo() -> None:
+        for b in blocks:
+            b.ffn.executor = inner
+        if model.steps is not None:
+            model.steps.invalidate()
+    return undo

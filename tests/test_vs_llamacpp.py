@@ -1,0 +1,142 @@
+"""The llama.cpp race's harness (benchmarks/vs_llamacpp.py) on the CPU: the synthetic GGUF ft pulls,
+ft's side measured on a tiny one, llama-bench's output parsed, the trace routing, and the report's
+JSON, pairing, ratios and target checks. The race itself runs only on the GPU machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.race import llama, report
+from benchmarks.race.ft_side import FtRun, TraceRouting, measure, trace_table
+from benchmarks.race.report import Row
+from benchmarks.race.synth_gguf import SHAPES, RaceShape, layers_that_fit, write_race_gguf
+from benchmarks.race.vram import VramPeak
+from ftpull.pull import pull
+from registry import Store
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "bigmoeonedge" / "qwen3-30b-a3b.npz"
+TINY = RaceShape("tiny-race", 4, 256, 4, 2, 64, 16, 4, 128, 1024, 4096)
+
+
+@pytest.fixture(scope="module")
+def pulled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("race")
+    path = write_race_gguf(root / "tiny-race-2l-bf16.gguf", TINY, 2)
+    store = Store(root / "ft")
+    result = pull(str(path), store)
+    return root / "ft", result.name.display
+
+
+def test_the_synthetic_gguf_reads_as_its_shape(tmp_path: Path) -> None:
+    import gguf
+
+    path = write_race_gguf(tmp_path / "m.gguf", TINY, 2)
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    assert tensors["blk.1.ffn_gate_exps.weight"].shape.tolist() == [TINY.hidden, TINY.moe_inter, TINY.num_experts]
+    assert tensors["blk.0.ffn_gate_exps.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
+    assert "blk.2.attn_q.weight" not in tensors
+    assert abs(path.stat().st_size - TINY.file_bytes(2)) < 0.01 * TINY.file_bytes(2)
+    tokens = [bytes(reader.fields["tokenizer.ggml.tokens"].parts[i]).decode()
+              for i in reader.fields["tokenizer.ggml.tokens"].data]
+    assert len(tokens) == TINY.vocab and tokens[-1] == "<|im_end|>"  # specials last: ids agree in both engines
+
+
+def test_layers_that_fit_keeps_two_copies_on_the_disk() -> None:
+    shape = SHAPES["qwen3-30b-a3b"]
+    layers = layers_that_fit(shape, 64 << 30)
+    assert 2 * shape.file_bytes(layers) <= 64 << 30 < 2 * shape.file_bytes(layers + 1)
+    assert layers_that_fit(shape, 1 << 50) == shape.num_layers
+
+
+def test_ft_side_measures_random_ids_on_the_cpu(pulled: tuple[Path, str]) -> None:
+    store, name = pulled
+    measured, info = measure(FtRun(store=store, model=name, device="cpu", vram_mib=None, threads=1, num_ctx=512,
+                                   prompt_lengths=[32, 128, 4096], decode_tokens=8, decode_prompt=1, reps=2))
+    kinds = [(m.kind, m.input, m.tokens) for m in measured]
+    assert kinds == [("prompt", "random", 32), ("prompt", "random", 128), ("decode", "random", 8)]  # 4096 > num_ctx
+    assert all(len(m.samples) == 2 and m.tok_s > 0 for m in measured)
+    assert info["context"] == 512
+
+
+def test_trace_routing_replays_the_trace_at_the_device_position() -> None:
+    if not TRACE.exists():
+        pytest.skip("no traces checkout beside this one")
+    table = trace_table(TRACE, [0, 1, 2], 128, torch.device("cpu"))
+    recorded = np.load(TRACE)["experts"]
+    assert table.shape == (3, recorded.shape[0], recorded.shape[2])
+    assert table[2, 5].tolist() == recorded[5, recorded.shape[1] - 1].tolist()  # layers spread to the last
+    seen = []
+
+    def inner(layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        seen.append((layer, ids.tolist(), float(weights.sum())))
+        return x
+
+    position = torch.tensor([recorded.shape[0] + 5])  # past the end: the trace cycles
+    routed = TraceRouting(inner, table, [0, 1, 2], position)
+    routed(1, torch.zeros(1, 4), torch.zeros(1, 8, dtype=torch.long), torch.full((1, 8), 0.125))
+    assert seen == [(1, [table[1, 5].tolist()], pytest.approx(1.0))]
+    routed(1, torch.zeros(3, 4), torch.zeros(3, 8, dtype=torch.long), torch.full((3, 8), 0.125))  # prefill: as routed
+    assert seen[-1][1] == [[0] * 8] * 3
+
+
+def test_llama_bench_jsonl_is_parsed() -> None:
+    lines = "\n".join([
+        "main: some log line",
+        json.dumps({"n_prompt": 512, "n_gen": 0, "avg_ts": 795.2, "samples_ts": [790.1, 800.3], "n_cpu_moe": 12}),
+        json.dumps({"n_prompt": 0, "n_gen": 256, "avg_ts": 51.0, "samples_ts": [50.5, 51.5]}),
+    ])
+    assert llama.parse_jsonl(lines) == [llama.LlamaResult("prompt", 512, 795.2, (790.1, 800.3)),
+                                        llama.LlamaResult("decode", 256, 51.0, (50.5, 51.5))]
+
+
+def test_vram_peak_without_a_gpu_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("benchmarks.race.vram.shutil.which", lambda _: None)
+    with VramPeak() as v:
+        pass
+    assert v.peak_mib is None
+
+
+def _row(engine: str, setting: int, tok_s: float, *, kind: str = "decode", tokens: int = 256, input: str = "random",
+         vram: int = 4000, samples: list[float] | None = None) -> Row:
+    return Row("qwen3-30b-a3b", "bf16", 16, 6, setting, vram, engine, kind, input, tokens, tok_s, "2026-12-01", "abc",
+               samples or [tok_s])
+
+
+def test_report_pairs_ft_with_llamacpp_and_checks_the_targets(tmp_path: Path) -> None:
+    rows = [
+        _row("llama.cpp", 16, 40.0, vram=2375), _row("ft", 16, 100.0, vram=2370, samples=[95.0, 105.0]),
+        _row("ft", 16, 150.0, input="trace", vram=2370),
+        _row("llama.cpp", 8, 60.0, vram=11589), _row("ft", 8, 90.0, vram=11500),  # slower with more VRAM, 1.5x
+        _row("llama.cpp", 8, 900.0, kind="prompt", tokens=512), _row("ft", 8, 1800.0, kind="prompt", tokens=512),
+        _row("llama.cpp", 12, 50.0),  # ft failed there: unpaired
+    ]
+    path = tmp_path / "results" / "vs.json"
+    report.save(path, report.merge([], rows))
+    back = report.load(path)
+    assert sorted(r.key() for r in back) == sorted(r.key() for r in rows)
+    ratios = {(p.llama.setting, p.llama.kind): p.ratio for p in report.pairs(back)}
+    assert ratios == {(16, "decode"): 2.5, (8, "decode"): 1.5, (8, "prompt"): 2.0, (12, "decode"): None}
+    trace = next(p.ft_trace for p in report.pairs(back) if p.llama.setting == 16)
+    assert trace is not None and trace.tok_s == 150.0
+    checks = report.summary(back)
+    assert checks["min_decode_ratio"] == 1.5 and checks["min_prompt_ratio"] == {512: 2.0}
+    assert len(checks["unsteady"]) == 1 and "ncmoe16" in checks["unsteady"][0]  # ±5% is past 5% spread
+    assert len(checks["slower_with_more_vram"]) == 1 and "11500 MiB 90.0 < 2370 MiB 100.0" in \
+        checks["slower_with_more_vram"][0]
+    text = report.table(back)
+    assert "2.50x" in text and "2,375 / 2,370" in text
+    md = report.table(back, markdown=True).splitlines()
+    assert md[0].startswith("| shape |") and len(md) == 2 + 4
+
+
+def test_merge_replaces_a_measurement_of_the_same_key() -> None:
+    first = [_row("llama.cpp", 16, 40.0), _row("ft", 16, 100.0)]
+    again = [_row("ft", 16, 120.0)]
+    merged = report.merge(first, again)
+    assert [r.tok_s for r in merged if r.engine == "ft"] == [120.0] and len(merged) == 2
