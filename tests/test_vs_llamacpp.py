@@ -140,3 +140,25 @@ def test_merge_replaces_a_measurement_of_the_same_key() -> None:
     again = [_row("ft", 16, 120.0)]
     merged = report.merge(first, again)
     assert [r.tok_s for r in merged if r.engine == "ft"] == [120.0] and len(merged) == 2
+
+
+def test_the_synthetic_weights_route_random_ids_like_a_real_model(tmp_path: Path) -> None:
+    """Plain Gaussian weights send every random id to nearly the same experts (the attention output
+    swamps the embedding), which flatters a cache; the race's file is scaled to route as the real
+    Qwen3-30B-A3B trace does (DESIGN.md §9)."""
+    from benchmarks.race.ft_side import record_routing, routing_statistics
+    from ftpull.run import load_for_chat
+
+    shape = RaceShape("calib", 16, 2048, 32, 4, 128, 128, 8, 32, 2048)  # Qwen3-30B-A3B's attention and router; small experts
+    measured = {}
+    for label, scales in {"plain": (1.0, 1.0), "race": ({}, {})}.items():
+        kwargs = {} if label == "race" else {"embedding_scale": scales[0], "attention_scale": scales[1]}
+        path = write_race_gguf(tmp_path / f"{label}.gguf", shape, 16, **kwargs)
+        store = Store(tmp_path / label)
+        name = pull(str(path), store).name.display
+        _, chat, _ = load_for_chat(store, name, dtype=None, num_ctx=512, overrides={}, threads=1, device="cpu")
+        routes = record_routing(chat.session.model, 16, 60, shape.vocab)
+        measured[label] = routing_statistics(routes, shape.num_experts)
+    real = routing_statistics(np.load(TRACE)["experts"].astype(int), 128) if TRACE.exists() else (0.37, 0.51)
+    assert measured["plain"][0] > real[0] + 0.25  # collapsed
+    assert abs(measured["race"][0] - real[0]) < 0.15 and abs(measured["race"][1] - real[1]) < 0.2, (measured, real)

@@ -78,7 +78,10 @@ class TraceRouting:
 def trace_table(path: Path, moe_layers: list[int], num_experts: int, device: torch.device) -> torch.Tensor:
     """[len(moe_layers), tokens, k] int64: the trace's layers spread evenly over the model's."""
     data = np.load(path)
-    experts = data["experts"].astype(np.int64)  # [tokens, trace layers, k]
+    experts = data["experts"].astype(np.int64)  # [tokens, trace layers, k]; -1 where the recording has no pick
+    for t in range(experts.shape[0]):  # a missing pick: the previous token's in that place (or expert 0)
+        missing = experts[t] < 0
+        experts[t][missing] = experts[t - 1][missing] if t else 0
     if experts.max() >= num_experts:
         raise ValueError(f"{path.name} routes to expert {experts.max()}, the model has {num_experts}")
     picks = np.linspace(0, experts.shape[1] - 1, len(moe_layers)).round().astype(int)
@@ -115,6 +118,11 @@ def _decode(model: Any, state: Any, tokens: list[int]) -> float:
 def measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     """Load once, then: each prompt length `reps` times, decode `decode_tokens` after a
     `decode_prompt`-token prompt `reps` times with random ids, and with the trace's routing."""
+    with torch.inference_mode():  # as ft run: the executor's counters are inference tensors
+        return _measure(run)
+
+
+def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     from ftpull.run import load_for_chat
     from registry import Store
 
@@ -134,10 +142,13 @@ def measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     def fresh_state() -> None:
         session.reset()
 
-    # a warm-up the measurements do not count: kernels compile, graphs capture, the profile loads
+    # a warm-up the measurements do not count, as llama-bench runs one: kernels compile, each
+    # context span's step graph is captured, the bandwidth profile loads
     fresh_state()
     model.forward(torch.tensor(_random_ids(min(64, run.num_ctx - 8), vocab, gen)), session.state, last_only=True)
-    _decode(model, session.state, _random_ids(8, vocab, gen))
+    fresh_state()
+    model.forward(torch.tensor(_random_ids(run.decode_prompt, vocab, gen)), session.state, last_only=True)
+    _decode(model, session.state, _random_ids(min(run.decode_tokens, run.num_ctx - run.decode_prompt - 1), vocab, gen))
     for length in run.prompt_lengths:
         if length >= run.num_ctx:
             continue
@@ -191,3 +202,47 @@ def _route_by_trace(model: Any, trace: Path, config: Any, device: torch.device):
         if model.steps is not None:
             model.steps.invalidate()
     return undo
+
+
+def routing_statistics(routes: np.ndarray, num_experts: int) -> tuple[float, float]:
+    """(next-token reuse, top-10% share) of routes [tokens, layers, k] (ids < 0: none): the share of
+    a token's experts its predecessor also used in that layer, and of all picks that a layer's
+    most-picked tenth of its experts took, both averaged over layers (DESIGN.md §9)."""
+    tokens, layers, k = routes.shape
+    reuse = [len(set(routes[t, layer]) & set(routes[t - 1, layer]) - {-1}) / k
+             for t in range(1, tokens) for layer in range(layers)]
+    shares = []
+    for layer in range(layers):
+        picks = routes[:, layer].ravel()
+        counts = np.sort(np.bincount(picks[picks >= 0], minlength=num_experts))[::-1]
+        shares.append(counts[: max(1, num_experts // 10)].sum() / max(1, counts.sum()))
+    return float(np.mean(reuse)), float(np.mean(shares))
+
+
+def record_routing(model: Any, prompt: int, steps: int, vocab: int, seed: int = 0) -> np.ndarray:
+    """Routes [steps, MoE layers, k] of `steps` random-id decode steps after a random `prompt`, on
+    an eager model (the CPU runtime): what the router picks for llama-bench's kind of input."""
+    blocks = [b for b in model.blocks if hasattr(b.ffn, "executor")]
+    picked: list[list[int]] = []
+
+    def recording(inner: Any) -> Any:
+        def call(layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            if ids.shape[0] == 1:
+                picked.append(ids[0].tolist())
+            return inner(layer, x, ids, weights)
+        return call
+
+    inner = [b.ffn.executor for b in blocks]
+    for b in blocks:
+        b.ffn.executor = recording(b.ffn.executor)
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        with torch.inference_mode():
+            state = model.new_state(prompt + steps + 1)
+            model.forward(torch.randint(0, vocab, (prompt,), generator=gen), state, last_only=True)
+            for _ in range(steps):
+                model.forward(torch.randint(0, vocab, (1,), generator=gen), state)
+    finally:
+        for b, executor in zip(blocks, inner, strict=True):
+            b.ffn.executor = executor
+    return np.array(picked).reshape(steps, len(blocks), -1)

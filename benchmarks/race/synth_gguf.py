@@ -22,6 +22,15 @@ import torch
 
 BF16, F32 = gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.F32
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Random ids through plain Gaussian weights route as no real model does: each layer's attention
+# output (the mean of the values before it, std ~1.2) swamps the token's embedding (0.02), so every
+# token's hidden state is alike and routes alike. At Qwen3-30B-A3B's attention and router, 16
+# layers, random ids: 82% of a token's experts are its predecessor's and the top 10% of experts
+# take 91% of picks (a cache of 12% of the experts hit 97% in the race's first run). A 5x embedding
+# and a 0.1x attention output bring that to 37% and 59%, against 37% and 51% in the real
+# Qwen3-30B-A3B trace (tests/test_vs_llamacpp.py measures both on the CPU).
+EMBEDDING_SCALE = 5.0  # the token embeddings' std over 0.02
+ATTENTION_SCALE = 0.1  # the attention output projection's std over 0.02
 
 
 @dataclass(frozen=True)
@@ -115,17 +124,22 @@ def _tensors(shape: RaceShape, layers: int) -> list[tuple[str, tuple[int, ...], 
 
 
 def _data(name: str, dims: tuple[int, ...], qtype: gguf.GGMLQuantizationType, gen: torch.Generator,
-          device: torch.device) -> np.ndarray:
+          device: torch.device, embedding_scale: float, attention_scale: float) -> np.ndarray:
     if name.endswith("norm.weight"):
         return np.ones(dims, dtype=np.float32)
     std = 0.02 if not name.endswith("ffn_gate_inp.weight") else 1.0 / np.sqrt(dims[-1])
+    if name == "token_embd.weight":
+        std *= embedding_scale
+    if name.endswith("attn_output.weight"):
+        std *= attention_scale
     values = torch.randn(dims, generator=gen, device=device) * std
     if qtype == F32:
         return values.cpu().numpy()
     return values.to(torch.bfloat16).view(torch.uint16).cpu().numpy()  # bf16's bits, as GGUF stores them
 
 
-def write_race_gguf(path: Path, shape: RaceShape, layers: int, *, seed: int = 0) -> Path:
+def write_race_gguf(path: Path, shape: RaceShape, layers: int, *, seed: int = 0,
+                    embedding_scale: float = EMBEDDING_SCALE, attention_scale: float = ATTENTION_SCALE) -> Path:
     """Write a `layers`-layer qwen3moe GGUF of `shape` at `path` (atomically: a temp file renamed)."""
     layers = min(layers, shape.num_layers)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -167,7 +181,7 @@ def write_race_gguf(path: Path, shape: RaceShape, layers: int, *, seed: int = 0)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, dims, qtype in specs:
-        w.write_tensor_data(_data(name, dims, qtype, gen, device))
+        w.write_tensor_data(_data(name, dims, qtype, gen, device, embedding_scale, attention_scale))
     w.close()
     tmp.replace(path)
     return path
