@@ -142,6 +142,18 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     def fresh_state() -> None:
         session.reset()
 
+    memory: dict[str, dict[str, int]] = {}  # per phase: where the process's VRAM went (CUDA)
+
+    def note_memory(phase: str) -> None:
+        if device.type != "cuda":
+            return
+        free, total = torch.cuda.mem_get_info(device)
+        memory[phase] = {"used_mib": (total - free) >> 20, "reserved_mib": torch.cuda.memory_reserved(device) >> 20,
+                         "max_reserved_mib": torch.cuda.max_memory_reserved(device) >> 20,
+                         "max_allocated_mib": torch.cuda.max_memory_allocated(device) >> 20}
+        torch.cuda.reset_peak_memory_stats(device)
+
+    note_memory("load")
     # a warm-up the measurements do not count, as llama-bench runs one: kernels compile, each
     # context span's step graph is captured, the bandwidth profile loads
     fresh_state()
@@ -149,6 +161,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     fresh_state()
     model.forward(torch.tensor(_random_ids(run.decode_prompt, vocab, gen)), session.state, last_only=True)
     _decode(model, session.state, _random_ids(min(run.decode_tokens, run.num_ctx - run.decode_prompt - 1), vocab, gen))
+    note_memory("warm-up")
     for length in run.prompt_lengths:
         if length >= run.num_ctx:
             continue
@@ -164,6 +177,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
             _sync(device)
             samples.append(length / (time.perf_counter() - start))
         out.append(Measured("prompt", "random", length, statistics.median(samples), samples, stats()))
+        note_memory(f"prompt {length}")
     views = [("random", None)]
     if run.trace is not None and experts is not None and hasattr(model, "_position"):
         views.append(("trace", run.trace))
@@ -178,10 +192,11 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
             seconds = _decode(model, session.state, _random_ids(run.decode_tokens, vocab, gen))
             samples.append(run.decode_tokens / seconds)
         out.append(Measured("decode", view, run.decode_tokens, statistics.median(samples), samples, stats()))
+        note_memory(f"decode {view}")
         if wrapped is not None:
             wrapped()
     info = {"load_s": round(load_s, 2), "context": session.context_length, "mode": run.mode,
-            "cache_slots": experts.cache.num_slots if experts is not None else 0}
+            "cache_slots": experts.cache.num_slots if experts is not None else 0, "memory": memory}
     return out, info
 
 
