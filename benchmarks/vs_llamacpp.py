@@ -150,8 +150,13 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
                             "pcie_experts": m["stats"].get("pcie_experts")}) for m in measured]
 
     long_prompts = [p for p in args.prompts if p > 512]
+    done = {(r.setting, r.threads, r.engine) for r in report.load(args.out)
+            if (r.shape, r.layers, r.kind, r.tokens) == (shape, layers, "decode", args.decode)}
     for setting in args.settings:
         for i, threads in enumerate(args.threads):
+            if {(setting, threads, "ft"), (setting, threads, "llama.cpp")} <= done:  # a resumed race
+                print(f"-ncmoe {setting}, {threads} threads: measured already ({args.out})", flush=True)
+                continue
             results, peak = llama.bench(binary, gguf, ncmoe=setting, threads=threads, prompt=[512],
                                         decode=args.decode, reps=args.reps)
             keep([Row(**base, threads=threads, setting=setting, vram_mib=peak, engine="llama.cpp", kind=r.kind,
