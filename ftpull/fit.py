@@ -41,10 +41,11 @@ class FitReport:
 
 def fit(text: str, store: Store, overrides: PlanOverrides, machine: Machine | None = None) -> FitReport:
     """Plan `text` on `machine` (probed when None). Always returns the plan; `plan.problems` says
-    whether it can run. The recipe's `num_ctx` parameter is the default context."""
+    whether it can run. The recipe's `num_ctx` parameter is the default context (lowered to fit;
+    `overrides.num_ctx`, the user's, is planned exactly or refused)."""
     name, present, fp, num_ctx = _footprint(text, store)
-    if overrides.num_ctx is None and num_ctx:
-        overrides = replace(overrides, num_ctx=num_ctx)
+    if overrides.default_num_ctx is None and num_ctx:
+        overrides = replace(overrides, default_num_ctx=num_ctx)
     machine = machine or Machine.probe()
     return FitReport(name, present, fp, machine, plan(fp, machine, replace(overrides, force=True)))
 

@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from runtime.engine import Generation, Session
 from runtime.loading.registered import open_model
 from runtime.loading.runnable import LoadedModel, load_registered
 from runtime.models import ContextOverflowError
-from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+from runtime.planner.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
 from runtime.planner.resources import Machine, gib_to_bytes
 from runtime.text.sampling import SamplingParams
 from runtime.text.tokenizer import Tokenizer
@@ -27,9 +27,11 @@ from runtime.text.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULT_NUM_CTX = 4096
+LOAD_OPTIONS = ("num_ctx", "num_thread")  # options that size the load, not the sampler (as the server's)
 HELP = """Available commands:
   /set parameter NAME VALUE   set a sampling parameter (temperature, top_k, top_p, min_p,
-                              repeat_penalty, repeat_last_n, seed, num_predict, stop)
+                              repeat_penalty, repeat_last_n, seed, num_predict, stop), or
+                              num_ctx (the context: planned as asked, or refused with the numbers)
   /set system TEXT            set the system prompt
   /set vram GIB               change the VRAM budget of a --device gpu run (the expert cache
                               grows or shrinks before the next token; nothing is reloaded)
@@ -56,13 +58,35 @@ class Chat:
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     experts: Any = None  # the GPU runtime's HybridExpertExecutor (--device gpu): its elastic VRAM budget
+    fit: Plan | None = None  # the load's plan
+    replan: Callable[[int], Plan] | None = None  # the load's plan for another num_ctx of the user's (FitError)
+    num_ctx: int | None = None  # the user's (--num-ctx, /set parameter num_ctx); None: the recipe's or the default
 
     def params(self) -> SamplingParams:
         return SamplingParams.from_options(self.options)
 
     def shown_parameters(self) -> dict[str, Any]:
         """What /show parameters prints: the model's defaults with this chat's settings over them."""
-        return dict(self.options)
+        return {**self.options, **({"num_ctx": self.num_ctx} if self.num_ctx is not None else {})}
+
+    def set_num_ctx(self, num_ctx: int) -> str:
+        """The context the user asks for, from the next message: planned exactly (lowered only to
+        the model's own maximum, which the answer says), or FitError/ValueError with the numbers.
+        On the GPU the KV cache was sized at load beside the expert cache: a context within it
+        runs there; a larger one needs a new load."""
+        if self.replan is None or self.fit is None:
+            raise ValueError("/set parameter num_ctx needs a model this process loaded (ft run --num-ctx N)")
+        fitted = self.replan(num_ctx)
+        context, loaded = fitted.context_length, self.fit.context_length
+        if self.fit.device == "gpu" and context > loaded:
+            raise ValueError(f"this model was loaded on the GPU with KV for {loaded} tokens beside its expert cache; "
+                             f"num_ctx {num_ctx} needs a new load: ft run {self.fit.model} --num-ctx {num_ctx}")
+        model = self.session.model
+        self.session = None  # type: ignore[assignment]  # its KV cache goes before the new one is made
+        self.session = Session(model, self.tokenizer, context)
+        self.num_ctx = num_ctx
+        lowered = f" (the model's most: {context} tokens)" if context < num_ctx else ""
+        return f"Set parameter 'num_ctx' to '{num_ctx}'{lowered}: the conversation is read again with the next message"
 
     def set_vram(self, gib: float) -> str:
         """A new VRAM budget for the loaded model (applied before the next token). Raises
@@ -121,9 +145,15 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     machine = Machine.probe()
     if device == "gpu" and machine.gpu is None:
         raise NoGPUError("--device gpu needs a CUDA GPU and none was found; run with --device cpu")
-    fitted = plan(footprint, machine, PlanOverrides(
-        num_ctx=num_ctx or recipe_ctx or DEFAULT_NUM_CTX, num_threads=threads, device=device,
-        vram_budget_bytes=None if vram_gib is None else gib_to_bytes(vram_gib)))
+    # the user's num_ctx is planned exactly or refused with the numbers; the recipe's or the
+    # default is lowered to fit
+    wanted = PlanOverrides(num_ctx=num_ctx, default_num_ctx=recipe_ctx or DEFAULT_NUM_CTX, num_threads=threads,
+                           device=device, vram_budget_bytes=None if vram_gib is None else gib_to_bytes(vram_gib))
+    fitted = plan(footprint, machine, wanted)
+    for warning in fitted.warnings:
+        log.warning("%s", warning)
+    for note in fitted.notes:
+        log.info("%s", note)
     torch.set_num_threads(fitted.num_threads)
     start = time.perf_counter()
     if device == "auto" and machine.gpu is not None and fitted.device == "cpu":
@@ -133,7 +163,9 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     tokenizer = Tokenizer.from_model(registered)
     load_seconds = time.perf_counter() - start
     session = Session(loaded.model, tokenizer, fitted.context_length)  # type: ignore[arg-type]
-    chat = Chat(session, tokenizer, options, registered.config.get("system"), experts=loaded.experts)
+    chat = Chat(session, tokenizer, options, registered.config.get("system"), experts=loaded.experts, fit=fitted,
+                replan=lambda n: plan(footprint, machine, replace(wanted, num_ctx=n, device=fitted.device)),
+                num_ctx=num_ctx)
     return loaded, chat, load_seconds
 
 
@@ -194,12 +226,14 @@ def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
     elif command == "/set" and len(parts) >= 3 and parts[1] == "system":
         chat.system = text.split(maxsplit=2)[2]
         say("Set system message.")
+    elif command == "/set" and len(parts) == 4 and parts[1] == "parameter" and parts[2] == "num_ctx":
+        say(_set_num_ctx(chat, parts[3]))
     elif command == "/set" and len(parts) == 4 and parts[1] == "parameter":
         key, value = parts[2], parts[3]
         candidate = dict(chat.options)
         candidate[key] = [*candidate.get("stop", []), value] if key == "stop" else _number(value)
         try:
-            SamplingParams.from_options(candidate)
+            SamplingParams.from_options({k: v for k, v in candidate.items() if k not in LOAD_OPTIONS})
         except ValueError as e:
             say(f"Error: {e}")
             return True
@@ -223,6 +257,22 @@ def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
     else:
         say(f"Unknown command '{text}'. Type /? for help")
     return True
+
+
+def _set_num_ctx(chat: Chat, value: str) -> str:
+    """/set parameter num_ctx: a local chat plans it now (Chat.set_num_ctx); a server's chat sends
+    it with the next message, and the server plans it (or refuses it, with the numbers)."""
+    num_ctx = _number(value)
+    if not isinstance(num_ctx, int) or num_ctx < 1:
+        return f"Error: num_ctx is a number of tokens, at least 1, not '{value}'"
+    set_num_ctx = getattr(chat, "set_num_ctx", None)
+    if set_num_ctx is None:
+        chat.options = {**chat.options, "num_ctx": num_ctx}
+        return f"Set parameter 'num_ctx' to '{num_ctx}'"
+    try:
+        return set_num_ctx(num_ctx)
+    except (FitError, ValueError) as e:
+        return f"Error: {e}"
 
 
 def _number(value: str) -> Any:

@@ -31,6 +31,7 @@ from runtime.planner.plan import (
     PlanOverrides,
     kv_layout,
     plan,
+    size,
 )
 from runtime.planner.resources import GPU, Machine
 from tests.checkpoints import save_checkpoint, to_fp8
@@ -73,9 +74,11 @@ def qwen3_30b_tensors(dtype: str = "bf16", itemsize: int = 2) -> dict[str, tuple
 
 # by hand: per layer q 4096x2048 + k, v 512x2048 + o 2048x4096 + norms 2x128 + 2x2048 + router 128x2048
 QWEN3_30B_DENSE = 2 * 151936 * 2048 * 2 + 2048 * 2 + 48 * (2 * 4096 * 2048 + 2 * 512 * 2048 + 256 + 4096 + 128 * 2048) * 2
+QWEN3_30B_EMBED = 151936 * 2048 * 2  # the token embeddings: in host RAM on the GPU path (the head stays on the GPU)
 QWEN3_30B_STRIDE = 3 * 768 * 2048 * 2  # w13 [1536, 2048] + w2 [2048, 768] bf16 = 9 MiB, already 4096-aligned
 QWEN3_30B_KV = 2 * 48 * 4 * 128 * 2  # GQA, bf16: 96 KiB per token
-QWEN3_30B_ACT = 4 * (4 * 2048 + (32 + 2 * 4) * 128 + 128 + 3 * 8 * 768)  # f32 activations of one token
+# a prompt chunk's token at its layer's peak (footprint._activation_bytes_per_token): attention's, the larger here
+QWEN3_30B_ACT = 4 * (max(2 * 2048 + 5 * 32 * 128 + 3 * 4 * 128, 3 * 2048 + 2 * 128 + 16 * 8 + 2 * (2 * 2048 + 4 * 768)) + 2 * 128)
 QWEN3_30B_WORKSPACE = GPU_RESERVE_BYTES + PREFILL_CHUNK_TOKENS * QWEN3_30B_ACT
 
 
@@ -89,6 +92,9 @@ def test_qwen3_30b_footprint_from_the_tensor_table(qwen3_30b: ModelFootprint) ->
     assert qwen3_30b.expert_stride_bytes == QWEN3_30B_STRIDE
     assert qwen3_30b.expert_pool_bytes == 48 * 128 * 9 * MiB == 54 * GiB
     assert qwen3_30b.dense_bytes == QWEN3_30B_DENSE == 3_082_186_752
+    assert qwen3_30b.embedding_bytes == QWEN3_30B_EMBED  # (not tied: lm_head.weight is its own)
+    tied = ModelFootprint.from_checkpoint({**QWEN3_30B, "tie_word_embeddings": True}, qwen3_30b_tensors())
+    assert tied.embedding_bytes == 0 and tied.dense_bytes == QWEN3_30B_DENSE
     assert (qwen3_30b.num_moe_layers, qwen3_30b.num_experts, qwen3_30b.num_experts_per_tok) == (48, 128, 8)
     assert qwen3_30b.min_cache_slots == 384 and qwen3_30b.num_expert_records == 6144
     assert qwen3_30b.kv.bytes_per_token == QWEN3_30B_KV == 96 * 1024 and qwen3_30b.kv.state_bytes == 0
@@ -101,44 +107,56 @@ def test_qwen3_30b_bf16_does_not_fit_a_32_gib_laptop(qwen3_30b: ModelFootprint) 
     with pytest.raises(FitError) as err:
         plan(qwen3_30b, LAPTOP_4060, PlanOverrides())
     (ram,) = err.value.problems
-    assert (ram.resource, ram.needed, ram.available) == ("RAM", 54 * GiB + RAM_RESERVE_BYTES, 32 * GiB)
+    assert (ram.resource, ram.needed, ram.available) == ("RAM", 54 * GiB + QWEN3_30B_EMBED + RAM_RESERVE_BYTES, 32 * GiB)
     message = str(err.value)
-    assert "RAM: needs 56.0 GiB (experts 54.0 GiB + 2.0 GiB reserve), the machine has 32.0 GiB" in message
+    assert ("RAM: needs 56.6 GiB (experts 54.0 GiB + token embeddings 593.5 MiB + 2.0 GiB reserve), the machine has "
+            "32.0 GiB") in message
     assert ":fp8" in message and "more RAM" in message and "--force" in message
     forced = plan(qwen3_30b, LAPTOP_4060, PlanOverrides(force=True))
-    assert not forced.fits and forced.pinned_bytes == 30 * GiB  # all the RAM but the reserve
-    assert any("30.0 GiB of the 54.0 GiB expert pool can be pinned" in w for w in forced.warnings)
+    assert not forced.fits and forced.pinned_bytes == 30 * GiB - QWEN3_30B_EMBED  # all the RAM but the reserve
+    assert any("29.4 GiB of the 54.0 GiB expert pool can be pinned" in w for w in forced.warnings)
 
 
 def test_qwen3_30b_bf16_on_a_5090(qwen3_30b: ModelFootprint) -> None:
     p = plan(qwen3_30b, DESKTOP_5090, PlanOverrides())
     vram = 32 * GiB - 512 * MiB
-    left = vram - QWEN3_30B_DENSE - QWEN3_30B_WORKSPACE
+    left = vram - (QWEN3_30B_DENSE - QWEN3_30B_EMBED) - QWEN3_30B_WORKSPACE
     assert p.device == "gpu" and p.fits and not p.warnings
-    assert p.ram_needed_bytes == 56 * GiB and p.pinned_bytes == 54 * GiB
+    assert p.ram_needed_bytes == 56 * GiB + QWEN3_30B_EMBED and p.pinned_bytes == 54 * GiB
+    assert (p.dense_bytes, p.embedding_bytes) == (QWEN3_30B_DENSE - QWEN3_30B_EMBED, QWEN3_30B_EMBED)
+    assert dict(p.describe())["dense weights"] == "2.3 GiB on the GPU, token embeddings 593.5 MiB in RAM"
     assert p.context_length == DEFAULT_NUM_CTX == 32768  # min(model 40960, default)
     assert p.kv_bytes == 32768 * QWEN3_30B_KV == 3 * GiB
     bank = 128 * 9 * MiB  # a prefill buffer holds one layer's 128 experts
     assert p.prefill_buffers == 2 and p.prefill_buffer_bytes == 2 * bank
-    assert p.cache_slots == (left - 3 * GiB - 2 * bank) // (9 * MiB) == 2596
-    assert p.vram_needed_bytes <= vram
-    assert f"{p.cache_fraction:.3f}" == f"{2596 / 6144:.3f}"  # 42.3% of the experts
-    assert p.max_kv_tokens == (left - 384 * 9 * MiB) // QWEN3_30B_KV == 269721
+    slots = (left - 3 * GiB - 2 * bank) // (9 * MiB)  # (the embeddings' 593.5 MiB buy 66 slots)
+    assert p.cache_slots == slots and p.vram_needed_bytes <= vram
+    assert f"{p.cache_fraction:.3f}" == f"{slots / 6144:.3f}"  # ~43% of the experts
+    assert p.max_kv_tokens == (left - 384 * 9 * MiB) // QWEN3_30B_KV
     assert p.num_threads == 15  # 16 physical cores, one feeds the GPU
-    assert p.vram_needed_bytes == QWEN3_30B_DENSE + QWEN3_30B_WORKSPACE + 3 * GiB + 2852 * 9 * MiB <= vram
+    assert p.vram_needed_bytes == QWEN3_30B_DENSE - QWEN3_30B_EMBED + QWEN3_30B_WORKSPACE + 3 * GiB + (slots + 256) * 9 * MiB
 
 
 def test_benchmark_cap_of_8_gib_trades_context_for_one_tokens_experts(qwen3_30b: ModelFootprint) -> None:
-    left = 8 * GiB - QWEN3_30B_DENSE - QWEN3_30B_WORKSPACE
+    """A default context gives way to one token's experts (with a note); the user's num_ctx is
+    planned as asked, the cache taking what is left, below one token's experts too."""
+    left = 8 * GiB - (QWEN3_30B_DENSE - QWEN3_30B_EMBED) - QWEN3_30B_WORKSPACE
     fits_kv = (left - 384 * 9 * MiB) // QWEN3_30B_KV  # the cache keeps one token's experts
-    assert fits_kv == 13038
+    assert 4096 < fits_kv < 32768
     p = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(vram_budget_bytes=8 * GiB))
-    assert p.vram_budget_bytes == 8 * GiB and p.context_length == 13038 and p.cache_slots == 384
-    assert any("planned 13038 tokens" in n for n in p.notes) and not p.warnings
+    assert p.vram_budget_bytes == 8 * GiB and p.context_length == fits_kv and p.cache_slots == 384
+    assert any(f"planned {fits_kv} tokens" in n for n in p.notes) and not p.warnings
+    recipe = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(vram_budget_bytes=8 * GiB, default_num_ctx=32768))
+    assert recipe.context_length == fits_kv and any("context 32768 does not fit" in n for n in recipe.notes)
     asked = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(vram_budget_bytes=8 * GiB, num_ctx=32768))
-    assert asked.context_length == 13038 and any("context 32768 does not fit" in w for w in asked.warnings)
+    slots = (left - 3 * GiB) // (9 * MiB)
+    assert asked.context_length == 32768 and asked.kv_bytes == 3 * GiB and not asked.warnings
+    assert asked.cache_slots == slots < 384 and asked.prefill_buffers == 0
+    assert any(f"holds {slots} slots, fewer than one token's experts" in n and "--n-cpu-moe" in n for n in asked.notes)
     short = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(vram_budget_bytes=8 * GiB, num_ctx=4096))
-    assert short.context_length == 4096 and short.cache_slots == (left - 4096 * QWEN3_30B_KV) // (9 * MiB) == 477
+    bank = 128 * 9 * MiB  # room for one prefill buffer beside one token's experts
+    assert short.context_length == 4096 and short.prefill_buffers == 1
+    assert short.cache_slots == (left - 4096 * QWEN3_30B_KV - bank) // (9 * MiB) >= 384
 
 
 # -- Qwen3.6-35B-A3B (qwen3_5_moe): hybrid Gated DeltaNet + full attention every 4th layer -----------
@@ -222,6 +240,7 @@ def glm5_fp8() -> ModelFootprint:
 
 
 def test_glm5_on_a_5090_cannot_hold_one_tokens_experts() -> None:
+    """Its cache below one token's experts is still a plan, on the GPU: the misses are the CPU's."""
     fp = glm5_fp8()
     with pytest.raises(FitError, match="RAM: needs"):  # 675 GiB of experts in 64 GiB
         plan(fp, DESKTOP_5090, PlanOverrides())
@@ -231,12 +250,10 @@ def test_glm5_on_a_5090_cannot_hold_one_tokens_experts() -> None:
     assert left < 600 * GLM5_STRIDE  # one token's experts (75 x top-8 = 600 slots) need 21.1 GiB
     assert p.fits and p.context_length == MIN_CONTEXT_TOKENS  # KV squeezed to the floor, cache still short
     assert p.cache_slots == (left - MIN_CONTEXT_TOKENS * GLM5_KV) // GLM5_STRIDE == 316
-    assert any("holds 316 slots, fewer than 600" in w and "thrashes" in w for w in p.warnings)
-    with pytest.raises(FitError) as err:
-        plan(fp, WORKSTATION_5090, PlanOverrides(device="gpu"))
-    (cache,) = err.value.problems
-    assert (cache.resource, cache.needed, cache.available, cache.unit) == ("expert cache", 600, 316, "slots")
-    assert "75 MoE layers x top-8" in str(cache)
+    assert any("holds 316 slots, fewer than one token's experts (75 MoE layers x top-8 = 600 slots of 36.0 MiB): "
+               "misses, and long prompts' experts, are computed on the CPU, as llama.cpp's --n-cpu-moe does" in n
+               for n in p.notes) and not p.warnings
+    assert plan(fp, WORKSTATION_5090, PlanOverrides(device="gpu")) == p
 
 
 # -- DeepSeek-V3 FP8 ---------------------------------------------------------------------------------
@@ -264,7 +281,8 @@ def test_deepseek_v3_fp8_from_its_tensor_table() -> None:
     with pytest.raises(FitError) as err:
         plan(fp, DESKTOP_5090, PlanOverrides())
     (ram,) = err.value.problems
-    assert ram.needed == 58 * 256 * DSV3_STRIDE + RAM_RESERVE_BYTES and ram.available == 64 * GiB
+    assert fp.embedding_bytes == 129280 * 7168 * 2  # in RAM beside the experts on the GPU path
+    assert ram.needed == 58 * 256 * DSV3_STRIDE + fp.embedding_bytes + RAM_RESERVE_BYTES and ram.available == 64 * GiB
     assert "609.2 GiB" in str(err.value) and err.value.plan is not None and not err.value.plan.fits
 
 
@@ -289,11 +307,17 @@ def test_cpu_only_box_holds_everything_in_ram() -> None:
     fixed = 6144 * Q4KM_STRIDE + Q4KM_DENSE + PREFILL_CHUNK_TOKENS * QWEN3_30B_ACT + RAM_RESERVE_BYTES
     assert p.device == "cpu" and p.device_reason == "no GPU found" and p.fits
     assert p.cache_slots == 0 and p.pinned_bytes == 0 and p.vram_needed_bytes == 0
-    assert p.max_kv_tokens == (24 * GiB - fixed) // QWEN3_30B_KV == 38189
+    assert p.max_kv_tokens == (24 * GiB - fixed) // QWEN3_30B_KV == 38303
     assert p.context_length == 32768 and p.ram_needed_bytes == fixed + 3 * GiB
     assert p.num_threads == 8  # no GPU to feed: every physical core
-    longer = plan(qwen3_30b_q4(), CPU_BOX, PlanOverrides(num_ctx=40960))
-    assert longer.context_length == 38189 and any("context 40960 does not fit" in w for w in longer.warnings)
+    recipe = plan(qwen3_30b_q4(), CPU_BOX, PlanOverrides(default_num_ctx=40960))  # a recipe's: lowered to fit
+    assert recipe.context_length == p.max_kv_tokens and any("context 40960 does not fit" in n for n in recipe.notes)
+    with pytest.raises(FitError) as err:  # the user's: planned exactly or refused
+        plan(qwen3_30b_q4(), CPU_BOX, PlanOverrides(num_ctx=40960))
+    (ram,) = err.value.problems
+    assert ram.needed == fixed + 40960 * QWEN3_30B_KV and "KV for 40960 tokens 3.8 GiB" in str(ram)
+    most = (24 * GiB - fixed) // QWEN3_30B_KV
+    assert f"enough for at most {most} tokens; a smaller num_ctx (at most {most})" in str(ram)
 
 
 def test_cpu_only_box_refuses_bf16_with_the_numbers(qwen3_30b: ModelFootprint) -> None:
@@ -331,8 +355,74 @@ def test_too_small_a_machine_is_refused_with_every_reason() -> None:
         plan(fp, SMALL_LAPTOP, PlanOverrides(device="gpu", vram_budget_bytes=2 * GiB))
     short = {p.resource: p for p in err.value.problems}
     assert short["VRAM"].needed == int(1.75 * GiB) + workspace + 2048 * QWEN36_KV + QWEN36_STATE
-    assert short["VRAM"].available == 2 * GiB and short["expert cache"].available == 0
-    assert set(short) == {"RAM", "VRAM", "expert cache"} and str(err.value).endswith("(--force runs it anyway)")
+    assert short["VRAM"].available == 2 * GiB and err.value.plan.cache_slots == 0
+    assert set(short) == {"RAM", "VRAM"} and str(err.value).endswith("(--force runs it anyway)")
+
+
+# -- against llama.cpp --n-cpu-moe: a Qwen3-30B-A3B-shaped qwen3moe of 16 layers, bf16 ----------------
+QWEN3_16 = {**QWEN3_30B, "num_hidden_layers": 16}
+QWEN3_16_KV = 2 * 16 * 4 * 128 * 2  # 32 KiB per token
+# on the GPU: the head, the final norm and 16 layers (as QWEN3_30B_DENSE's); the embeddings stay in RAM
+QWEN3_16_GPU_DENSE = 151936 * 2048 * 2 + 2048 * 2 + 16 * (2 * 4096 * 2048 + 2 * 512 * 2048 + 256 + 4096 + 128 * 2048) * 2
+QWEN3_16_FIXED = QWEN3_16_GPU_DENSE + QWEN3_30B_WORKSPACE  # before KV and the cache
+H200 = replace(WORKSTATION_5090, gpu=GPU("NVIDIA H200", 141 * GiB, 140 * GiB))
+
+
+@pytest.fixture(scope="module")
+def qwen3_16() -> ModelFootprint:
+    tensors = {name: t for name, t in qwen3_30b_tensors().items()
+               if not name.startswith("model.layers.") or int(name.split(".")[2]) < 16}
+    return ModelFootprint.from_checkpoint(QWEN3_16, tensors, name="qwen3-16")
+
+
+def test_at_llama_cpps_smallest_footprint_the_gpu_runs_with_every_expert_on_the_cpu(qwen3_16: ModelFootprint) -> None:
+    """llama.cpp -ngl 99 -ncmoe 16 (every expert in host RAM) peaked at 2,375 MiB for the whole
+    process; ft refused it ("2.4 GiB of dense weights, workspace and KV before one cache slot", and
+    under --device gpu the cache's floor of 128 slots). With the token embeddings in RAM, and a
+    cache below one token's experts planned (its misses the CPU's), it plans the GPU there."""
+    assert qwen3_16.dense_bytes - qwen3_16.embedding_bytes == QWEN3_16_GPU_DENSE and qwen3_16.min_cache_slots == 128
+    for device in ("auto", "gpu"):
+        p = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=2375 * MiB, num_ctx=4096, device=device))
+        assert p.device == "gpu" and p.fits and p.context_length == 4096 and p.prefill_buffers == 0
+        slots = (2375 * MiB - QWEN3_16_FIXED - 4096 * QWEN3_16_KV) // (9 * MiB)
+        assert p.cache_slots == slots and 0 < slots < 128
+        assert p.ram_needed_bytes == 16 * 128 * 9 * MiB + QWEN3_30B_EMBED + RAM_RESERVE_BYTES
+        assert any(f"holds {slots} slots, fewer than one token's experts (16 MoE layers x top-8 = 128 slots" in n
+                   and "--n-cpu-moe" in n for n in p.notes) and not p.warnings
+    bare = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=QWEN3_16_FIXED + 4096 * QWEN3_16_KV, num_ctx=4096))
+    assert bare.device == "gpu" and bare.fits and bare.cache_slots == 0  # not one slot: every expert on the CPU
+
+
+def test_an_explicit_num_ctx_is_planned_exactly_or_refused_with_the_numbers(qwen3_16: ModelFootprint) -> None:
+    """`ft run --num-ctx 4608` at 3.5 GiB became 2,767 tokens in silence, then a 4,137-token prompt
+    was refused. The user's num_ctx is planned as asked (the cache takes what is left, below one
+    token's experts too), or refused naming what it needs, what is left, the most that fits and
+    the ways out; a recipe's or the default context is still lowered to fit, with a note."""
+    room = 3000 * QWEN3_16_KV  # beside the dense weights and the workspace: 3000 tokens, no slot
+    budget = QWEN3_16_FIXED + room
+    for device in ("auto", "gpu"):
+        with pytest.raises(FitError) as err:
+            plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget, num_ctx=4608, device=device))
+        (vram,) = err.value.problems
+        assert (vram.resource, vram.needed, vram.available) == ("VRAM", 4608 * QWEN3_16_KV, room)
+        text = " ".join(str(err.value).split())
+        assert (f"VRAM: needs 144.0 MiB (KV for num_ctx 4608 tokens at 32.0 KiB/token), the VRAM budget of {size(budget)} "
+                f"less dense weights {size(QWEN3_16_GPU_DENSE)} and workspace {size(QWEN3_30B_WORKSPACE)} leaves 93.8 "
+                "MiB, enough for at most 3000 tokens with no expert cache slot (misses computed on the CPU), 0 beside "
+                "one token's experts; a smaller num_ctx (at most 3000), a larger VRAM budget (--vram-gib, 50.2 MiB "
+                "more), or --device cpu") in text
+    exact = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget, num_ctx=3000, device="gpu"))
+    assert exact.context_length == 3000 and exact.cache_slots == 0 and exact.fits
+    soft = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget, default_num_ctx=4608))
+    assert soft.context_length == MIN_CONTEXT_TOKENS and "context 4608 does not fit beside the rest of the GPU's " \
+        "contents: planned 2048 tokens" in soft.notes and not soft.warnings
+    for extra_mib in range(0, 4096, 97):  # whatever the budget: exactly 4608 tokens, or a refusal
+        try:
+            p = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget + extra_mib * MiB, num_ctx=4608))
+        except FitError:
+            assert budget + extra_mib * MiB < QWEN3_16_FIXED + 4608 * QWEN3_16_KV
+            continue
+        assert p.context_length == 4608 and p.kv_bytes == 4608 * QWEN3_16_KV and p.vram_needed_bytes <= p.vram_budget_bytes
 
 
 # -- properties --------------------------------------------------------------------------------------
@@ -367,10 +457,13 @@ def test_more_ram_never_turns_a_fit_into_a_refusal() -> None:
     assert fits == sorted(fits) and fits[0] is False and fits[-1] is True
 
 
-def test_num_ctx_above_the_models_is_clamped_with_a_note(qwen3_30b: ModelFootprint) -> None:
+def test_num_ctx_above_the_models_is_clamped_with_a_warning(qwen3_30b: ModelFootprint) -> None:
     p = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(num_ctx=1_000_000))
     assert p.context_length == 40960
-    assert "num_ctx 1000000 is above the model's context of 40960: clamped to it" in p.notes
+    assert "num_ctx 1000000 is above the model's context of 40960: clamped to it" in p.warnings
+    recipe = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(default_num_ctx=1_000_000))
+    assert recipe.context_length == 40960 and not recipe.warnings
+    assert "num_ctx 1000000 is above the model's context of 40960: clamped to it" in recipe.notes
 
 
 def test_pinning_cap(qwen3_30b: ModelFootprint) -> None:
@@ -488,7 +581,8 @@ def test_ft_fit_tiny(home: Path, capsys, monkeypatch) -> None:
         assert code == 2 and f"Invalid value for '{option}'" in err and "GiB" in err, (option, bad, err)
     code, out, _ = ft(capsys, "fit", "tiny", "--ram-gib", "1")
     text = " ".join(out.split())
-    assert code == 1 and "RAM: needs 2.0 GiB (experts 6.0 MiB + 2.0 GiB reserve), the RAM budget is 1.0 GiB" in text
+    assert code == 1 and ("RAM: needs 2.0 GiB (experts 6.0 MiB + token embeddings 640.0 KiB + 2.0 GiB reserve), the "
+                          "RAM budget is 1.0 GiB") in text
 
 
 def test_ft_fit_before_pulling_downloads_no_weights(fake_hub, home: Path, tmp_path: Path, capsys, monkeypatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -317,20 +318,22 @@ def test_device_auto_takes_the_cpu_when_the_gpu_cannot_hold_the_plan(home: Path,
     assert chat.ask("Hello", lambda s: None).tokens
 
 
-def test_queued_decode_gives_the_plain_loops_answers(tiny) -> None:
+@pytest.mark.parametrize("host_embedding", [False, True])
+def test_queued_decode_gives_the_plain_loops_answers(tiny, host_embedding: bool) -> None:
     """The engine's queued loop (each step queued before its token is known, as on the GPU),
     through DeviceModel's queue path, here on the CPU where no step is captured (each queued step
     runs when started): the plain loop's tokens and stop reasons for every way a generation ends,
     the state counting exactly the tokens it holds afterwards (a step queued for a token that did
-    not come is taken back), so a cached continuation equals a fresh one."""
+    not come is taken back), so a cached continuation equals a fresh one. With the token
+    embeddings in host memory too, as the GPU path keeps them (the host writes each step's row)."""
     from runtime.gpu.device_model import DeviceModel
     from tests.test_gpu_executor import hybrid, make_banks
 
     loaded, tokenizer = tiny
     ex = hybrid(make_banks(), "offload", slots=20)
     ex.graphs = object()  # as on CUDA: the step path is taken (begin_step answers None on the CPU)
-    queued = DeviceModel(loaded.model, "cpu", ex.steps)
-    assert queued.can_queue
+    queued = DeviceModel(loaded.model, "cpu", ex.steps, host_embedding=host_embedding)
+    assert queued.can_queue and (queued.embedding is not None) == host_embedding
     prompt = tokenizer.encode("Once upon a time")
     free = SamplingParams(temperature=0, max_tokens=24)
     plain = Session(loaded.model, tokenizer, 256).generate(prompt, free)
@@ -392,3 +395,106 @@ def test_show_parameters_through_a_server_that_went_away_leaves_the_chat_going()
     said: list[str] = []
     assert handle_command(chat, "/show parameters", said.append)  # type: ignore[arg-type]
     assert said == ["temperature     0"]
+
+
+def test_an_explicit_num_ctx_is_planned_exactly_or_refused_with_the_numbers(home: Path, capsys, monkeypatch,
+                                                                             caplog) -> None:
+    """`ft run --num-ctx N` (the user's) is the context, or the load fails naming what it needs,
+    what is left and the most that fits (it was cut to what the KV budget allowed, in silence);
+    above the model's own context it is lowered to it, with a warning."""
+    from ftpull import run as run_mod
+    from runtime.planner.plan import FitError, ModelFootprint, PlanOverrides, plan
+    from runtime.planner.resources import GPU, Machine
+
+    monkeypatch.setenv("FT_HOME", str(home))
+    store = Store(home)
+    with open_model(store, "tiny").open_ftw() as reader:
+        footprint = ModelFootprint.from_index(reader.index, name="tiny:latest")
+    roomy = Machine(ram_total_bytes=64 << 30, ram_available_bytes=64 << 30, num_physical_cores=2,
+                    gpu=GPU("emulated", 8 << 30, 8 << 30))
+    sized = plan(footprint, roomy, PlanOverrides(num_ctx=1000, device="gpu"))
+    tight = Machine(ram_total_bytes=64 << 30, ram_available_bytes=64 << 30, num_physical_cores=2,
+                    gpu=GPU("small card", 1 << 30, sized.dense_bytes + sized.workspace_bytes + sized.kv_bytes))
+    monkeypatch.setattr(run_mod.Machine, "probe", staticmethod(lambda: tight))
+    code, _, err = ft(capsys, "run", "--local", "tiny", "hi", "--num-ctx", "1500")
+    text = " ".join(err.split())
+    assert code == 1 and "KV for num_ctx 1500 tokens" in text and "enough for at most 1000 tokens" in text, err
+    assert "a smaller num_ctx (at most 1000)" in text and "--vram-gib" in text and "--device cpu" in text
+    with pytest.raises(FitError):
+        run_mod.load_for_chat(store, "tiny", dtype=None, num_ctx=1500, overrides={})
+    soft = plan(footprint, tight, PlanOverrides(default_num_ctx=1500))  # a recipe's: no refusal, the CPU's RAM holds it
+    assert soft.device == "cpu" and soft.context_length == 1500
+
+    cpu_box = Machine(ram_total_bytes=16 << 30, ram_available_bytes=16 << 30, num_physical_cores=2)
+    monkeypatch.setattr(run_mod.Machine, "probe", staticmethod(lambda: cpu_box))
+    _, chat, _ = run_mod.load_for_chat(store, "tiny", dtype=None, num_ctx=300, overrides={})
+    assert chat.session.context_length == 300 and chat.shown_parameters()["num_ctx"] == 300
+    with caplog.at_level(logging.WARNING, logger="ftpull.run"):
+        _, chat, _ = run_mod.load_for_chat(store, "tiny", dtype=None, num_ctx=99999, overrides={})
+    assert chat.session.context_length == 2048
+    assert "num_ctx 99999 is above the model's context of 2048: clamped to it" in caplog.text
+
+
+def test_set_parameter_num_ctx_plans_the_context_or_says_why_not(home: Path, monkeypatch) -> None:
+    """/set parameter num_ctx in a local chat makes the conversation's context that (the next
+    message reads it again), or says why not with the numbers; through a server, the server plans
+    it with the next message. A load option in the options never stops the sampling ones."""
+    from ftpull import run as run_mod
+    from ftpull.run import handle_command
+    from ftpull.serve import RemoteChat
+    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.planner.resources import Machine
+
+    store = Store(home)
+    with open_model(store, "tiny").open_ftw() as reader:
+        footprint = ModelFootprint.from_index(reader.index, name="tiny:latest")
+    roomy = Machine(ram_total_bytes=64 << 30, ram_available_bytes=64 << 30, num_physical_cores=2)
+    holds_1000 = plan(footprint, roomy, PlanOverrides(num_ctx=1000)).ram_needed_bytes  # RAM for 1000 tokens of KV
+    machine = Machine(ram_total_bytes=holds_1000, ram_available_bytes=holds_1000, num_physical_cores=2)
+    monkeypatch.setattr(run_mod.Machine, "probe", staticmethod(lambda: machine))
+    _, chat, _ = run_mod.load_for_chat(store, "tiny", dtype=None, num_ctx=256,
+                                       overrides={"num_predict": 2, "temperature": 0})
+    said: list[str] = []
+    handle_command(chat, "/set parameter num_ctx 512", said.append)
+    assert said[-1].startswith("Set parameter 'num_ctx' to '512'") and chat.session.context_length == 512
+    assert chat.ask("Hello", lambda s: None).tokens and chat.shown_parameters()["num_ctx"] == 512
+    handle_command(chat, "/set parameter num_ctx 2000", said.append)
+    assert said[-1].startswith("Error: tiny:latest does not fit") and "at most 1000 tokens" in said[-1], said[-1]
+    assert chat.session.context_length == 512  # as it was
+    handle_command(chat, "/set parameter num_ctx lots", said.append)
+    assert said[-1] == "Error: num_ctx is a number of tokens, at least 1, not 'lots'"
+    handle_command(chat, "/set parameter temperature 0.5", said.append)
+    assert said[-1] == "Set parameter 'temperature' to '0.5'"
+
+    remote = RemoteChat(object(), "tiny", {"num_ctx": 4096})  # (ft run --num-ctx through a server)
+    handle_command(remote, "/set parameter temperature 0", said.append)  # type: ignore[arg-type]
+    assert said[-1] == "Set parameter 'temperature' to '0'"
+    handle_command(remote, "/set parameter num_ctx 8192", said.append)  # type: ignore[arg-type]
+    assert said[-1] == "Set parameter 'num_ctx' to '8192'" and remote.options == {"num_ctx": 8192, "temperature": 0}
+
+
+def test_set_parameter_num_ctx_on_the_gpu_stays_within_the_kv_its_load_sized(tiny) -> None:
+    """On the GPU the KV cache was sized at load beside the expert cache: a smaller context runs
+    in it, a larger one (that the budget would hold with a new load) is refused with the way."""
+    from dataclasses import replace
+
+    from ftpull.run import Chat, handle_command
+    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.planner.resources import GPU, Machine
+
+    loaded, tokenizer = tiny
+    with loaded.registered.open_ftw() as reader:
+        footprint = ModelFootprint.from_index(reader.index, name="tiny:latest")
+    machine = Machine(ram_total_bytes=16 << 30, ram_available_bytes=16 << 30, num_physical_cores=2,
+                      gpu=GPU("emulated", 8 << 30, 8 << 30))
+    wanted = PlanOverrides(num_ctx=256, device="gpu")
+    fit = plan(footprint, machine, wanted)
+    chat = Chat(Session(loaded.model, tokenizer, 256), tokenizer, {"num_predict": 2}, fit=fit,
+                replan=lambda n: plan(footprint, machine, replace(wanted, num_ctx=n)), num_ctx=256)
+    said: list[str] = []
+    handle_command(chat, "/set parameter num_ctx 128", said.append)
+    assert said[-1].startswith("Set parameter 'num_ctx' to '128'") and chat.session.context_length == 128
+    handle_command(chat, "/set parameter num_ctx 1024", said.append)
+    assert said[-1] == ("Error: this model was loaded on the GPU with KV for 256 tokens beside its expert cache; "
+                        "num_ctx 1024 needs a new load: ft run tiny:latest --num-ctx 1024")
+    assert chat.session.context_length == 128 and chat.num_ctx == 128

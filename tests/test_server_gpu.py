@@ -121,6 +121,40 @@ def test_a_gpu_model_runs_a_smaller_num_ctx_in_its_kv_and_reloads_for_a_larger_o
         assert ask(1024) is grown and ask(4096) is grown  # (4096: clamped to the model's 2048, which it has)
 
 
+def test_a_requests_num_ctx_is_planned_exactly_or_refused_with_the_numbers(store: Store) -> None:
+    """A request's own num_ctx on a GPU whose VRAM holds KV for 1000 tokens beside the dense
+    weights and workspace: 1000 runs as asked (the expert cache, below one token's experts, served
+    by the CPU), 1500 is a 400 naming what it needs and the most that fits, not a context cut in
+    silence; the model loaded stays loaded for it."""
+    from runtime.loading.registered import open_model
+    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+
+    with open_model(store, "tiny").open_ftw() as reader:
+        footprint = ModelFootprint.from_index(reader.index, name="tiny:latest")
+    sized = plan(footprint, emulated_gpu_machine(), PlanOverrides(num_ctx=1000, device="gpu"))
+    vram = sized.dense_bytes + sized.workspace_bytes + sized.kv_bytes
+
+    def tight() -> Machine:
+        return Machine(ram_total_bytes=16 * GiB, ram_available_bytes=16 * GiB, num_physical_cores=2,
+                       gpu=GPU("small", 8 * GiB, vram))
+
+    with LiveServer(store, device="gpu", gpu_mode="auto", machine=tight, gpu_options={"device": "cpu"}) as server:
+        def ask(num_ctx: int) -> httpx.Response:
+            return httpx.post(server.url + "/api/chat", json={"model": "tiny", "messages": ASK, "stream": False,
+                                                               "options": {**GREEDY, "num_ctx": num_ctx}}, timeout=60)
+
+        for _ in range(2):  # not loaded, then loaded for 1000 tokens: refused before it is unloaded
+            reply = ask(1500)
+            text = " ".join(reply.text.split())
+            assert reply.status_code == 400 and "KV for num_ctx 1500 tokens" in text, reply.text
+            assert "enough for at most 1000 tokens" in text and "a smaller num_ctx (at most 1000)" in text
+            assert ask(1000).status_code == 200
+            (runner,) = server.manager.runners.values()
+            assert runner.plan.context_length == runner.session.context_length == 1000
+            assert runner.loaded.experts.mode == "cpu" and runner.plan.cache_slots == 0
+        assert ask(1500).status_code == 400 and server.manager.runners[runner.key] is runner
+
+
 def test_a_cpu_server_says_vram_needs_the_gpu_runtime(store: Store) -> None:
     with LiveServer(store) as server:
         ollama.Client(host=server.url).chat(model="tiny", messages=ASK, options={"num_predict": 1})

@@ -255,3 +255,34 @@ def test_memory_pressure_unloads_idle_models(store: Store, monkeypatch) -> None:
     asyncio.run(main())
     manager.close()
     store.remove("tiny-twin")
+
+
+def test_a_requests_num_ctx_on_the_cpu_is_planned_exactly_or_refused_with_the_numbers(store: Store) -> None:
+    """On a RAM budget that holds the model with KV for 1000 tokens: a request's own num_ctx of
+    1000 runs with exactly that context, one of 1500 is a 400 naming the most that fits (it was
+    lowered to that in silence), before and after the model is loaded."""
+    from runtime.server.protocol import BadRequest
+
+    probe = ModelManager(store)
+    base = probe._plan(open_model(store, "tiny"), 1, None).ram_needed_bytes  # the model, KV for one token
+    kv_per_token = probe._plan(open_model(store, "tiny"), 2, None).ram_needed_bytes - base
+    manager = ModelManager(store, ram_budget_bytes=base + 999 * kv_per_token, keep_alive_s=-1)
+
+    async def main() -> None:
+        def options(num_ctx: int) -> dict[str, Any]:
+            return {"num_predict": 2, "num_ctx": num_ctx}
+
+        request = ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}], options=options(1500))
+        with pytest.raises(BadRequest, match=r"KV for 1500 tokens .* at most 1000 tokens; a smaller num_ctx"):
+            [event async for event in manager.chat(request)]
+        assert not manager.runners
+        request = ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}], options=options(1000))
+        assert isinstance([event async for event in manager.chat(request)][-1], Done)
+        (runner,) = manager.runners.values()
+        assert runner.plan.context_length == runner.session.context_length == 1000
+        request = ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}], options=options(1500))
+        with pytest.raises(BadRequest, match="at most 1000 tokens"):  # loaded: planned again, refused
+            [event async for event in manager.chat(request)]
+
+    asyncio.run(main())
+    manager.close()

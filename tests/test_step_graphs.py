@@ -140,6 +140,53 @@ def test_device_model_decodes_at_device_positions_where_steps_are_on(loaded_fami
     assert DeviceModel(loaded.model, "cpu", ex.steps).steps is None  # no CUDA graphs: plain forward
 
 
+def test_move_dense_keeps_an_untied_embedding_table_on_the_host(loaded_families) -> None:
+    """The GPU path's dense weights go to the device but for the token embeddings (a lookup reads
+    a row a token); tied to the output head, which decode multiplies by every token, they go too."""
+    from dataclasses import replace
+
+    from runtime.gpu.device_model import move_dense
+    from runtime.loading.read_ftw import ModelWeights
+
+    weights, meta, name = loaded_families["qwen3_moe"].weights, torch.device("meta"), "model.embed_tokens.weight"
+    moved = move_dense(weights, meta)
+    assert moved.dense[name] is weights.dense[name]
+    assert all(t.is_meta for n, t in moved.dense.items() if n != name) and "lm_head.weight" in moved.dense
+    tied = ModelWeights(replace(weights.config, tie_word_embeddings=True), weights.dense, weights.banks)
+    assert all(t.is_meta for t in move_dense(tied, meta).dense.values())
+    assert all(t.is_meta for t in move_dense(weights, meta, host_embedding=False).dense.values())
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_a_host_embedding_table_gives_the_device_tables_logits(loaded_families, family: str) -> None:
+    """DeviceModel with the token embeddings in host memory (HostEmbedding, as on the GPU; here on
+    the CPU device): a prompt's rows gathered in one copy, each decode step's row through the
+    buffer the step reads, written by the host before a queued step starts: the logits of the
+    model's own lookup (a prompt's exactly; steps at a DevicePosition within rounding)."""
+    model = loaded_families[family].model
+    ex = hybrid(make_banks(), "offload", slots=20)
+    ex.graphs = object()  # as on CUDA: the step path is taken (begin_step answers None on the CPU)
+    on_host = DeviceModel(model, "cpu", ex.steps, host_embedding=True)
+    assert DeviceModel(model, "cpu", ex.steps).embedding is None  # on a CPU device the table is the device's
+    assert on_host.embedding is not None and on_host.embedding.table is model.embed
+    ref_state, state = model.new_state(64), on_host.new_state(64)
+    ref = model.forward(torch.tensor(PROMPT), ref_state)
+    assert torch.equal(on_host.forward(torch.tensor(PROMPT), state), ref)
+    token = int(torch.argmax(ref[-1]))
+    for step in range(6):
+        want = model.forward(torch.tensor([token]), ref_state)[-1]
+        if step % 2 and on_host.can_queue:  # queued before its token is known, then started
+            queued = on_host.queue_decode(state)
+            queued.start(token)
+            got = queued.logits()
+        else:
+            got = on_host.forward(torch.tensor([token]), state)[-1]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(on_host.embedding.row[0], model.embed[token])  # the row the step read
+        token = int(torch.argmax(want))
+    assert on_host.can_queue == (family == "qwen3_moe") and state.length == ref_state.length
+
+
 def test_a_step_run_through_step_graphs_makes_its_host_part_once() -> None:
     """begin_step makes the first call's host part (the guard's step timing, the elastic poll),
     and the step's first layer call does not make it again; off CUDA it answers None, and the

@@ -1,5 +1,9 @@
 """Putting the hybrid runtime together: cache size from a budget or a plan, the capacity check,
-pinned banks, the executor; and a whole registered model on the device (`load_gpu`)."""
+pinned banks, the executor; and a whole registered model on the device (`load_gpu`).
+
+A cache below one token's experts (MoE layers x top-k slots) runs: "auto" then computes every
+miss on the CPU (`serving_mode`), as llama.cpp's --n-cpu-moe does; only "offload", which has no
+other place for a miss, is refused."""
 
 from __future__ import annotations
 
@@ -31,11 +35,24 @@ class CacheTooSmallError(ValueError):
     """The expert cache cannot hold one token's experts, so a global LRU would thrash."""
 
 
+def serving_mode(mode: str, num_slots: int, *, num_moe_layers: int, top_k: int) -> str:
+    """The mode an executor of `num_slots` runs in: "auto" below one token's experts runs as "cpu"
+    (every miss computed on the CPU, straight from the host bank): a global LRU that small
+    thrashes to ~0% hits, and auto's PCIe-only arm (plain offload, auto_guard.py) would fill
+    slots the next layer evicts. The others run as asked."""
+    need = num_moe_layers * top_k
+    if mode != "auto" or num_slots >= need:
+        return mode
+    log.info("the expert cache holds %d slots, fewer than one token's experts (%d MoE layers x top-%d = %d): "
+             "mode auto computes every miss on the CPU", num_slots, num_moe_layers, top_k, need)
+    return "cpu"
+
+
 def check_cache_capacity(num_slots: int, *, num_moe_layers: int, top_k: int, slot_bytes: int, mode: str,
                          force: bool = False) -> str | None:
     """Below num_moe_layers x top_k slots a global LRU evicts what the next layer needs and hits
-    fall to ~0%: refused for the LRU modes (unless `force`), a warning for the others. Returns
-    the message when short."""
+    fall to ~0%: refused for the LRU modes (unless `force`; "auto" runs as "cpu" there first,
+    `serving_mode`), a warning for the others but "cpu". Returns the message when short."""
     need = num_moe_layers * top_k
     if num_slots >= need or mode == "cpu":
         return None
@@ -44,7 +61,8 @@ def check_cache_capacity(num_slots: int, *, num_moe_layers: int, top_k: int, slo
                f"LRU below that evicts what the next layer needs and hits fall to ~0%")
     if mode in LRU_MODES and not force:
         raise CacheTooSmallError(f"{message}. Give it {size((need - num_slots) * slot_bytes)} more VRAM (or a "
-                                 "smaller context), run mode='cpu', or force it")
+                                 f"smaller context), run mode 'auto' or 'cpu' (the CPU computes the misses), or force "
+                                 f"mode {mode!r}")
     log.warning("%s", message)
     return message
 
@@ -81,6 +99,7 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
         left = vram_budget_bytes - (prefill_buffer_bytes(banks, prefill_buffers) if mode != "cpu" else 0)
         cache_slots = max(0, left // slot_bytes)
     cache_slots = min(cache_slots, sum(b.num_experts for b in banks.values()))
+    mode = serving_mode(mode, cache_slots, num_moe_layers=len(banks), top_k=top_k)
     check_cache_capacity(cache_slots, num_moe_layers=len(banks), top_k=top_k, slot_bytes=slot_bytes, mode=mode,
                          force=force)
     pinner = None
@@ -149,6 +168,7 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
             prefill_buffers = fit.prefill_buffers
     if prefill_buffers is None:
         prefill_buffers = PREFILL_BUFFERS
+    mode = serving_mode(mode, cache_slots, num_moe_layers=len(weights.banks), top_k=weights.config.num_experts_per_tok)
     if mode == "cpu":  # the CPU computes every expert: no cache to fill, no bank to stream
         prefill_buffers = 0
     buffers = prefill_buffer_bytes(weights.banks, prefill_buffers)

@@ -15,11 +15,19 @@ step (step_graphs.py, through the executor): the token and its position go into 
 buffers, and attention reads a span of the KV cache, the next power of two above the position
 (at least SPAN_MIN), masked past it. One graph per span serves every position under it.
 
+The token embedding table stays in host memory (`move_dense`), as llama.cpp keeps `token_embd`:
+a lookup reads one row a token, so it costs no speed, and it frees its VRAM (622 MB for Qwen3's
+151936 x 2048 in bf16) for the expert cache. A prompt's rows are gathered on the host and copied
+in one transfer; a decode step's row is written by the host into a pinned buffer of fixed
+address, which the step (a held graph's feed included) copies to the device buffer it reads.
+Where the table is also the output head (tied embeddings) it stays on the GPU, which decode
+multiplies by every token, and lookups read it there.
+
 `queue_decode` queues a step before its token is known (Session.generate does, for the token
 after the one it is about to start): the replay is launched while the step before runs, held on
 the device until `start(token)` writes the token into pinned memory and rings, and its logits
 come back into pinned memory. The device then waits for the host's sampling only, not for its
-launches (0.18 ms a step on the H200: BENCHMARKS.md).
+launches (0.18 ms a step on the H200: docs/benchmark-history.md).
 """
 
 from __future__ import annotations
@@ -34,15 +42,52 @@ from ..layers.attention import DevicePosition
 from ..layers.norm import use_device_kernel
 from ..loading.read_ftw import ModelWeights
 from ..models import DecoderModel, DecodeState
+from ..planner.footprint import EMBEDDINGS, HEAD
+from ..planner.plan import PREFILL_CHUNK_TOKENS
 from ..text.top_logits import TopLogits, candidates_to_take, take_top
 from .step_graphs import QueuedStep, StepGraphs
 
 SPAN_MIN = 256  # the shortest KV span a captured step attends over
 
 
-def move_dense(weights: ModelWeights, device: torch.device) -> ModelWeights:
-    """The same weights with every dense tensor on `device` (experts stay in host banks)."""
-    return ModelWeights(weights.config, {name: t.to(device) for name, t in weights.dense.items()}, weights.banks)
+def move_dense(weights: ModelWeights, device: torch.device, host_embedding: bool = True) -> ModelWeights:
+    """The same weights with every dense tensor on `device` (experts stay in host banks), but for
+    the token embedding table with `host_embedding`, where it is not also the output head."""
+    tied = weights.config.tie_word_embeddings or weights.maybe(HEAD) is None  # as DecoderModel ties them
+    kept = host_embedding and not tied
+    return ModelWeights(weights.config, {name: t if kept and name.endswith(EMBEDDINGS) else t.to(device)
+                                         for name, t in weights.dense.items()}, weights.banks)
+
+
+class HostEmbedding:
+    """The token embedding table [V, H] in host memory, its rows copied to `device` as they are
+    looked up: a prompt's in one transfer (`rows`), a decode step's through `row_host`, a pinned
+    buffer of fixed address the host writes (`write`) and the step copies into `row` (`feed`)."""
+
+    def __init__(self, table: torch.Tensor, device: torch.device) -> None:
+        self.table, self.device = table, device
+        self._pinned = device.type == "cuda"
+        self.row_host = torch.zeros(1, table.shape[1], dtype=table.dtype, device="cpu", pin_memory=self._pinned)
+        self.row = torch.zeros(1, table.shape[1], dtype=table.dtype, device=device)  # what a step reads
+
+    def rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T, H] on the device: gathered on the host (into pinned memory for more than one row,
+        whose copy overlaps), then one copy. `input_ids` [T] on the host."""
+        ids = input_ids.to("cpu", torch.long)
+        if not self._pinned or ids.numel() == 1:
+            return self.table.index_select(0, ids).to(self.device, non_blocking=True)  # (pageable: copied at once)
+        staging = torch.empty((ids.numel(), self.table.shape[1]), dtype=self.table.dtype, device="cpu",
+                              pin_memory=True)  # (device: forwards run with the GPU as torch's default)
+        torch.index_select(self.table, 0, ids, out=staging)
+        return staging.to(self.device, non_blocking=True)  # (torch's pinned pool keeps it until the copy ran)
+
+    def write(self, token: int) -> None:
+        """The host's part of a queued step: its token's row into the pinned buffer."""
+        self.row_host.copy_(self.table[token : token + 1])
+
+    def feed(self) -> None:
+        """Queued on the stream before a step: the row the host wrote, into the buffer the step reads."""
+        self.row.copy_(self.row_host, non_blocking=True)
 
 
 def decode_span(position: int, max_tokens: int) -> int:
@@ -69,11 +114,20 @@ def _use_fused_kernels() -> None:
 class DeviceModel:
     """`model` with its state and every forward on `device`; logits come back on the device
     (the sampler moves the one row it needs). `steps`: the executor's StepGraphs, to run decode
-    steps as CUDA graphs (None: every forward eager)."""
+    steps as CUDA graphs (None: every forward eager). `host_embedding`: look tokens up in the
+    model's embedding table on the host (HostEmbedding); None: where `move_dense` left it there
+    (True runs that path on a CPU device too, as the tests do). A longer prompt than
+    `prefill_chunk_tokens` runs each layer in chunks of at most that many tokens (what the fit
+    plan's workspace is sized for: DecoderModel.prefill_chunk_tokens; None: all at once)."""
 
-    def __init__(self, model: DecoderModel, device: torch.device | str, steps: StepGraphs | None = None) -> None:
+    def __init__(self, model: DecoderModel, device: torch.device | str, steps: StepGraphs | None = None,
+                 host_embedding: bool | None = None, prefill_chunk_tokens: int | None = PREFILL_CHUNK_TOKENS) -> None:
         self.model = model
+        model.prefill_chunk_tokens = prefill_chunk_tokens
         self.device = torch.device(device)
+        if host_embedding is None:
+            host_embedding = model.embed.device.type == "cpu" and self.device.type != "cpu"
+        self.embedding = HostEmbedding(model.embed, self.device) if host_embedding else None
         self.steps = steps if steps is not None and steps.enabled and model.takes_device_position else None
         if self.device.type == "cuda":
             _use_fused_kernels()
@@ -99,11 +153,16 @@ class DeviceModel:
         with torch.device(self.device), torch.inference_mode():
             if self.steps is not None and input_ids.numel() == 1 and state.length < state.max_tokens:
                 return self._decode_step(input_ids, state)
+            if self.embedding is not None:
+                return self.model.forward(input_ids, state, last_only, embeds=self.embedding.rows(input_ids))
             return self.model.forward(input_ids.to(self.device), state, last_only)
 
     def _decode_step(self, input_ids: torch.Tensor, state: DecodeState) -> torch.Tensor:
         position, key, step = self._step_at(state)
         self._token.copy_(input_ids.reshape(1), non_blocking=True)
+        if self.embedding is not None:  # (from a pageable row: copied before the call returns)
+            row = self.embedding.table.index_select(0, input_ids.reshape(1).long())
+            self.embedding.row.copy_(row, non_blocking=True)
         self._position.fill_(position)
         logits = self.steps.run(key, step)
         self.model.set_length(state, position + 1)
@@ -117,7 +176,8 @@ class DeviceModel:
             self._graph_state = state
         position = state.length
         where = DevicePosition(self._position, decode_span(position, state.max_tokens))
-        return position, ("decode", where.span), lambda: self.model.decode_at(self._token, where, state)
+        embeds = self.embedding.row if self.embedding is not None else None
+        return position, ("decode", where.span), lambda: self.model.decode_at(self._token, where, state, embeds)
 
     @property
     def can_queue(self) -> bool:
@@ -135,8 +195,10 @@ class DeviceModel:
         with torch.device(self.device), torch.inference_mode():
             position, key, step = self._step_at(state)
 
-            def feed() -> None:  # queued behind the hold: reads the token the host writes before the ring
+            def feed() -> None:  # queued behind the hold: reads the token (and row) the host writes before the ring
                 self._token.copy_(self._token_host, non_blocking=True)
+                if self.embedding is not None:
+                    self.embedding.feed()
                 self._position.fill_(position)
 
             queued = self.steps.queue(key, step, feed, self.steps.doorbell)
@@ -165,6 +227,8 @@ class QueuedDecode:
         they are taken on the device and only they come back (text/top_logits.py); None: the row."""
         owner = self._owner
         owner._token_host[0] = token
+        if owner.embedding is not None:
+            owner.embedding.write(token)
         cuda = owner.device.type == "cuda"
         with torch.device(owner.device), torch.inference_mode():
             logits = self._queued.start()[-1]

@@ -9,7 +9,8 @@ misses are read from the pinned host banks over PCIe and left in their slots (on
 more, the fill kernel copies them first); the CPU share runs on a worker
 thread straight from the host bank, and the device stream waits for its result before adding
 it (cpu_share.py). The launching thread goes on to the next layer at once. A call with many
-tokens (prefill) streams the whole bank instead (prefill.py). A caller's whole decode step can
+tokens (prefill) streams the whole bank instead (prefill.py), once for all the chunks a long
+prompt's layer comes in (runtime/models/base.py `prompt_chunk`). A caller's whole decode step can
 run as one CUDA graph: `begin_step`, `capturing_step` and `end_step` (executor_steps.py) are the
 executor's side of step_graphs.py.
 
@@ -32,6 +33,7 @@ from dataclasses import replace
 import torch
 
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
+from ..models.base import prompt_chunk
 from .auto_guard import PCIE_ONLY, AutoGuard
 from .bandwidth_profile import BandwidthProfile
 from .cpu_share import CPUShare, Job
@@ -165,8 +167,11 @@ class HybridExpertExecutor(WholeStepCalls):
         # Host tensors here name device="cpu": inside DeviceModel, torch's default device is the GPU.
         if self._step_capture is not None:
             return self._decode_captured(layer, x, expert_ids, weights)
-        streamed_prefill = self.prefill is not None and x.shape[0] >= self.prefill_min_tokens and self.prefill.usable
-        if layer == self.first_layer:  # a step begins: its host part, unless begin_step made it
+        chunk = prompt_chunk()  # a chunk of a long prompt: many tokens, however few are left for the last one
+        streamed_prefill = (self.prefill is not None and (x.shape[0] >= self.prefill_min_tokens or chunk is not None)
+                            and self.prefill.usable)
+        # a step begins (a later chunk continues the one its first began): its host part, unless begin_step made it
+        if layer == self.first_layer and (chunk is None or chunk.first):
             if self._step_begun:
                 self._step_begun = False
             else:

@@ -23,6 +23,18 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # would be launch-bound on the host (~0.3 ms an expert: slower than streaming its weights).
 MAX_BATCHED_EXPERTS = 16
 CHUNK_EXPERTS = 32
+# A chunk of experts is a run of record rows read in place (a slice: rows between its experts
+# that the call does not route to are computed on zeros and dropped), so no weight is copied;
+# what it holds is bounded by the call's size, whatever the routing: at most
+# max(pairs / GROUP_PAIRS_PER_ROW, tokens) padded rows (the run's rows times its largest count,
+# each an input, gate|up, activation and output row). Before, one hot expert in a chunk of 32
+# padded all 32 to its count (a 4096-token call of a random Qwen3-30B-shaped model: ~2 GiB), and
+# experts not side by side (cache slots, a bank with experts the prompt skipped) were gathered, 32
+# records a chunk (288 MiB of Qwen3-30B-A3B's). Where the weights are made anew (FP8 dequantized,
+# a cast to the compute dtype) a run spans at most COPIED_EXPERTS rows. The fit plan's workspace
+# counts these rows per token (runtime/planner/footprint.py, `_activation_bytes_per_token`).
+GROUP_PAIRS_PER_ROW = 4
+COPIED_EXPERTS = 8
 
 
 class UnsupportedOnDevice(ValueError):
@@ -49,6 +61,10 @@ class RecordViews:
         n = data.shape[0]
         self.parts = {p.name: data[:, p.offset : p.offset + p.nbytes].view(torch_dtype_of(p.dtype)).view(n, *p.shape)
                       for p in layout.parts}
+
+    def in_place(self, dtype: torch.dtype) -> bool:
+        """Whether `weights` of a slice in `dtype` are views of the records (nothing copied)."""
+        return "w13" in self.parts and self.parts["w13"].dtype == self.parts["w2"].dtype == dtype
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H], w2 [n, H, I]) of `rows` (a 1-d index tensor on the data's device: a
@@ -107,6 +123,24 @@ class PairPlan:
     counts_host: list[int]
 
     @staticmethod
+    def of_every_expert(expert_ids: torch.Tensor, host_ids: torch.Tensor) -> PairPlan | None:
+        """`build` with every expert's row its id (a whole bank on the device), computed where
+        `expert_ids` [T, K] is: nothing is uploaded (on CUDA an upload would wait behind the bank
+        the copy stream may be streaming); the host's lists from `host_ids`, its copy there."""
+        top_k = expert_ids.shape[1]
+        flat = expert_ids.reshape(-1).to(torch.int64)
+        if flat.numel() == 0:
+            return None
+        pairs = torch.argsort(flat, stable=True)
+        rows = flat[pairs]
+        unique, counts = torch.unique_consecutive(rows, return_counts=True)
+        inverse = torch.repeat_interleave(torch.arange(unique.numel(), device=rows.device), counts,
+                                          output_size=rows.numel())
+        position = torch.arange(rows.numel(), device=rows.device) - (torch.cumsum(counts, 0) - counts)[inverse]
+        host_rows, host_counts = torch.unique(host_ids.reshape(-1).to(torch.int64), return_counts=True)
+        return PairPlan(pairs, pairs // top_k, inverse, position, unique, host_rows.tolist(), host_counts.tolist())
+
+    @staticmethod
     def build(expert_ids: torch.Tensor, row_of: torch.Tensor, upload: Callable[[torch.Tensor], torch.Tensor]) -> PairPlan | None:
         """Pairs whose expert e has row_of[e] >= 0 (a slot, or a row of a streamed bank);
         `expert_ids` [T, K] and `row_of` [E] int64 on the host. None when there are none."""
@@ -133,29 +167,52 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
     from its row of `views`; x, weights [T, K] and out on one device.
 
     Few distinct experts (decode): gather their weights, one batched matmul for all tokens.
-    Many (prefill): chunks of experts, each expert over its own tokens padded to the chunk's
-    longest group (the chunk's weights are gathered: CHUNK_EXPERTS records of temporary memory).
+    Many (prefill): runs of record rows, each expert over its own tokens padded to the run's
+    longest group, bounded as GROUP_PAIRS_PER_ROW and COPIED_EXPERTS say.
     """
     xs = x.to(dtype)
     pair_weights = weights.reshape(-1)[plan.pairs].to(dtype)  # [P]
     num = len(plan.rows_host)
-    if num <= MAX_BATCHED_EXPERTS and x.shape[0] * num <= 4 * plan.pairs.numel():
+    max_rows = max(plan.pairs.numel() // GROUP_PAIRS_PER_ROW, x.shape[0])
+    if num <= MAX_BATCHED_EXPERTS and x.shape[0] * num <= min(4 * plan.pairs.numel(), max_rows):
         w13, w2 = views.weights(plan.rows, dtype)
         y = swiglu_experts(xs, w13, w2)  # [n, T, H]
         out.index_add_(0, plan.tokens, (y[plan.inverse, plan.tokens] * pair_weights[:, None]).to(out.dtype))
         return
+    pair_rows = plan.rows[plan.inverse]  # [P]: each pair's record row
+    max_span = CHUNK_EXPERTS if views.in_place(dtype) else COPIED_EXPERTS
     start = 0
-    for first in range(0, num, CHUNK_EXPERTS):
-        last = min(first + CHUNK_EXPERTS, num)
+    for first, last in expert_chunks(plan.rows_host, plan.counts_host, max_rows, max_span):
         counts = plan.counts_host[first:last]
         end = start + sum(counts)
+        low, high = plan.rows_host[first], plan.rows_host[last - 1]
         tokens, position = plan.tokens[start:end], plan.position[start:end]
-        group = plan.inverse[start:end] - first
-        padded = torch.zeros(last - first, max(counts), x.shape[1], dtype=dtype, device=x.device)  # [n, t, H]
+        group = pair_rows[start:end] - low  # the pair's row within the run
+        padded = torch.zeros(high + 1 - low, max(counts), x.shape[1], dtype=dtype, device=x.device)  # [n, t, H]
         padded[group, position] = xs[tokens]
-        rows = plan.rows_host[first:last]
-        consecutive = rows[-1] - rows[0] == len(rows) - 1  # a streamed bank: read in place
-        w13, w2 = views.weights(slice(rows[0], rows[-1] + 1) if consecutive else plan.rows[first:last], dtype)
+        w13, w2 = views.weights(slice(low, high + 1), dtype)
         y = swiglu_experts(padded, w13, w2)  # [n, t, H]
-        out.index_add_(0, tokens, (y[group, position] * pair_weights[start:end, None]).to(out.dtype))
+        del padded, w13, w2  # (before the rows below are taken: what a run holds at once stays its rows')
+        picked = y[group, position]  # [P', H]
+        del y
+        picked *= pair_weights[start:end, None]
+        out.index_add_(0, tokens, picked.to(out.dtype))
+        del picked  # (not alive beside the next run's rows)
         start = end
+
+
+def expert_chunks(rows: list[int], counts: list[int], max_rows: int, max_span: int) -> list[tuple[int, int]]:
+    """[first, last) runs of a plan's experts (in row order; `counts[i]` pairs for the i-th, at
+    `rows[i]`) computed together: spanning at most `max_span` rows, padded to at most `max_rows`
+    rows (the rows spanned times the largest count; one expert alone may have more)."""
+    chunks, first, longest = [], 0, 0
+    for i, count in enumerate(counts):
+        wider = max(longest, count)
+        span = rows[i] - rows[first] + 1
+        if i > first and (span * wider > max_rows or span > max_span):
+            chunks.append((first, i))
+            first, wider = i, count
+        longest = wider
+    if counts:
+        chunks.append((first, len(counts)))
+    return chunks

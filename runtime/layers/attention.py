@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from ..experts.cpu_kernels import TORCH_NAMES, native_kernel
 
@@ -51,7 +52,7 @@ class KVCache:
 
 
 # Cached positions from which CPU decode attention runs on the compiled kernel: torch's small-M
-# bf16 matmuls read a long cache at 1-5 GB/s (BENCHMARKS.md, decode attention).
+# bf16 matmuls read a long cache at 1-5 GB/s (docs/benchmark-history.md, decode attention).
 DECODE_KERNEL_MIN_LENGTH = 64
 
 # Scores a masked attention call may hold at once (heads x queries x keys): the query chunk is
@@ -65,10 +66,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: S
 
     Inputs go to SDPA as 4-D [1, H, T, D]: its CPU flash kernel takes only 4-D, and 3-D falls to
     the math path, which keeps [H, T, L] scores (gigabytes for a long prompt) and runs ~4-6x
-    slower. A prompt from position 0 is SDPA's own causal case. Queries after a cached prefix see
-    all of it and the causal part of their own block, a mask SDPA's `is_causal` does not express
-    (it aligns at the top left), so they get an explicit mask, in chunks of queries whose scores
-    stay within MASKED_SCORES_PER_CALL where a backend does keep them."""
+    slower. A prompt from position 0 is SDPA's own causal case. Queries after cached keys (a
+    prompt after a cached prefix, or a later chunk of a long prompt: DecoderModel's
+    prefill_chunk_tokens) see all of them and the causal part of their own block, a mask aligned
+    at the bottom right, which SDPA's `is_causal` does not express (it aligns at the top left):
+    - where CUDA's FlashAttention takes the call, it is given the keys as they are cached (query
+      heads sharing a key head: no [Hq, L, D] copies of the whole prefix) and aligns its causal
+      mask at the bottom right itself (`causal_lower_right`): nothing beside the output grows
+      with the prefix;
+    - elsewhere an explicit mask, in chunks of queries whose scores stay within
+      MASKED_SCORES_PER_CALL where a backend keeps them (only the math one does); on the CPU the
+      keys are read as cached too (its flash kernel takes shared key heads with a mask); CUDA's
+      memory-efficient kernel does not, so there they are repeated per query head."""
     t, heads = q.shape[0], q.shape[1]
     kv_heads = k.shape[1]
     if isinstance(start, DevicePosition):
@@ -77,20 +86,49 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: S
         return _decode_attention(q, k, v, scale)
     group = heads // kv_heads
     qh = q.transpose(0, 1)[None]  # [1, Hq, T, D]
-    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)[None]  # [1, Hq, L, D], contiguous: the fast SDPA path
-    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)[None]
-    if start == 0 and k.shape[0] == t:
-        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)[0].transpose(0, 1)
+    shared = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hkv, L, D]: the cache, read in place
     length = k.shape[0]
+    if start == 0 and length == t:
+        if _flash_takes_shared_heads(qh, *shared):
+            return F.scaled_dot_product_attention(qh, *shared, is_causal=True, scale=scale,
+                                                  enable_gqa=group > 1)[0].transpose(0, 1)
+        kh = k.transpose(0, 1).repeat_interleave(group, dim=0)[None]  # [1, Hq, L, D], contiguous: the fast SDPA path
+        vh = v.transpose(0, 1).repeat_interleave(group, dim=0)[None]
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)[0].transpose(0, 1)
+    if _flash_takes_shared_heads(qh, *shared, causal=False):  # (the bias below, not is_causal, aligns its mask)
+        return F.scaled_dot_product_attention(qh, *shared, attn_mask=causal_lower_right(t, length), scale=scale,
+                                              enable_gqa=group > 1)[0].transpose(0, 1)
+    gqa = group > 1 and q.device.type == "cpu"
+    if gqa:
+        kh, vh = shared
+    else:
+        kh = k.transpose(0, 1).repeat_interleave(group, dim=0)[None]
+        vh = v.transpose(0, 1).repeat_interleave(group, dim=0)[None]
     chunk = max(1, MASKED_SCORES_PER_CALL // (heads * length))
     keys = torch.arange(length)[None, :]
     parts = []
     for first in range(0, t, chunk):
         last = min(t, first + chunk)
         mask = keys <= torch.arange(start + first, start + last)[:, None]  # [C, L]
-        parts.append(F.scaled_dot_product_attention(qh[:, :, first:last], kh, vh, attn_mask=mask, scale=scale)[0])
+        parts.append(F.scaled_dot_product_attention(qh[:, :, first:last], kh, vh, attn_mask=mask, scale=scale,
+                                                    enable_gqa=gqa)[0])
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     return out.transpose(0, 1)
+
+
+def _flash_takes_shared_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> bool:
+    """Whether CUDA's FlashAttention computes a call of q [1, Hq, T, D] over k/v [1, Hkv, L, D]
+    as they are (query heads sharing key heads: `enable_gqa`), without falling back to a kernel
+    that would repeat the keys or keep the scores (`causal`: SDPA's is_causal, which flash takes
+    only where T == L; a lower-right causal bias is asked with False, as torch's CausalBias asks)."""
+    if not q.is_cuda:
+        return False
+    try:
+        from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+        return bool(can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, causal, k.shape[1] != q.shape[1])))
+    except (ImportError, TypeError, RuntimeError):  # an older torch: no enable_gqa in SDPAParams
+        return False
 
 
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

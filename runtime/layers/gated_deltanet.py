@@ -164,6 +164,7 @@ class GatedDeltaNet:
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
     recurrent = True  # its state moves with every token and cannot be moved back (base.Mixer)
+    chunks_prompt = True  # a long prompt may come in chunks, each continuing the state (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, dtype: torch.dtype) -> None:
         self.k_heads, self.v_heads = int(config.get("linear_num_key_heads")), int(config.get("linear_num_value_heads"))

@@ -2,11 +2,21 @@
 
 A family supplies, per layer, a mixer (attention or a linear-attention variant) and an FFN
 (dense MLP or MoE), and the per-layer decode state each needs. Nothing here knows a family.
+
+A model given `prefill_chunk_tokens` (the GPU path: runtime/gpu/device_model.py) computes a
+longer prompt a layer at a time in chunks of at most that many tokens: each layer's mixer runs
+chunk after chunk (each continuing the cache the chunks before it filled) where the mixer allows
+it, then its FFN chunk after chunk, so what a layer allocates is one chunk's and only the
+residual stream ([T, H], the layer's input) spans the prompt. The layer order is kept, so an
+expert executor sees each MoE layer's chunks one after the other and streams its bank once
+(`prompt_chunk` says which chunk a call is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,14 +44,64 @@ class Mixer(Protocol):
     Its cache is positional (entries past the length never read) or has `reset()`, which
     empties it in place, so a state can be emptied and reused (`DecoderModel.reset_state`);
     a cache that counts its own `length` has it set by `DecoderModel.set_length`. A mixer whose
-    class sets `recurrent = True` keeps a state every token moves on, which cannot be rewound."""
+    class sets `recurrent = True` keeps a state every token moves on, which cannot be rewound. A
+    mixer whose class sets `chunks_prompt = True` may be given a long prompt as consecutive
+    calls of a few tokens each (DecoderModel.prefill_chunk_tokens), at little more cost than one
+    call: its cache holds what a later chunk reads of the earlier ones (attention's keys and
+    values; MLA, which re-expands its whole cached prefix each call, does not set it)."""
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: Start) -> torch.Tensor: ...
 
     def new_cache(self, max_tokens: int) -> Any: ...
 
 
-FFN = Callable[[torch.Tensor], torch.Tensor]
+FFN = Callable[[torch.Tensor], torch.Tensor]  # x [T, H] -> [T, H], each token on its own (see PromptChunk)
+
+
+@dataclass(frozen=True)
+class PromptChunk:
+    """Which chunk of a layer's tokens an FFN call computes, where DecoderModel computes a long
+    prompt in chunks (`prompt_chunk`): the `index`-th of `count`, one after the other, with no
+    other layer's call between them (the last may be short: it is still part of a long prompt).
+    An expert executor keeps the layer's bank on the device from the first to the last, and
+    makes its once-a-layer work (the cache's placement) at the last, over the whole prompt's
+    routing."""
+
+    index: int
+    count: int
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+
+_chunk = threading.local()  # `value`: the PromptChunk of the FFN call under way on this thread
+
+
+def prompt_chunk() -> PromptChunk | None:
+    """The chunk of its layer's tokens the FFN call under way on this thread computes; None for
+    a call of all of them (a short prompt, a decode step, a model without chunks)."""
+    return getattr(_chunk, "value", None)
+
+
+@contextmanager
+def _computing_chunk(chunk: PromptChunk) -> Iterator[None]:
+    _chunk.value = chunk
+    try:
+        yield
+    finally:
+        _chunk.value = None
+
+
+def chunk_bounds(num_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
+    """[first, end) of the chunks of `max_tokens` (the last one what is left) covering
+    `num_tokens`. Boundaries at multiples of the chunk keep attention bit for bit the whole
+    call's on the CPU, whose flash kernel splits keys in blocks of 512 (PREFILL_CHUNK_TOKENS)."""
+    return [(first, min(first + max_tokens, num_tokens)) for first in range(0, num_tokens, max_tokens)]
 
 
 @dataclass
@@ -63,7 +123,13 @@ class Block:
 
 
 class DecoderModel:
-    """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x))."""
+    """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x)).
+
+    `prefill_chunk_tokens` (None: every call's tokens at once): a call of more tokens runs each
+    layer in chunks of at most that many (see the module doc); set by the GPU path to the
+    chunk its fit plan sizes the workspace for."""
+
+    prefill_chunk_tokens: int | None = None
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, blocks: list[Block], dtype: torch.dtype,
                  *, prefix: str = "model.", norm_offset: float = 0.0) -> None:
@@ -119,34 +185,60 @@ class DecoderModel:
         return rms_norm(x, weight, self.eps, offset=self.norm_offset)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, state: DecodeState, last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, state: DecodeState, last_only: bool = False,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [T, V] (float32) for `input_ids` [T] following the `state.length` tokens before;
         `last_only`: [1, V], the last token's (what a prefill needs: [T, V] of a long prompt is
-        gigabytes, and the largest matmul of the pass)."""
+        gigabytes, and the largest matmul of the pass). `embeds` [T, H]: their embedding rows,
+        where the caller looked them up (a table kept in host memory: gpu/device_model.py)."""
         t, start = input_ids.shape[0], state.length
         if start + t > state.max_tokens:
             raise ContextOverflowError(
                 f"{start + t} tokens do not fit the context of {state.max_tokens}; shorten the prompt, "
                 "clear the conversation, or raise num_ctx"
             )
-        x = self._layers(F.embedding(input_ids, self.embed), torch.arange(start, start + t), state, start)
+        x = F.embedding(input_ids, self.embed) if embeds is None else embeds
+        x = self._layers(x, torch.arange(start, start + t), state, start)
         state.length = start + t
         if last_only:
             x = x[-1:]
         return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
 
     @torch.inference_mode()
-    def decode_at(self, input_ids: torch.Tensor, position: DevicePosition, state: DecodeState) -> torch.Tensor:
+    def decode_at(self, input_ids: torch.Tensor, position: DevicePosition, state: DecodeState,
+                  embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [1, V] (float32) of one token at `position`, held on the device: the same work
         as `forward` with nothing read from the host, so it can be captured as a CUDA graph
         (gpu/step_graphs.py). Needs `takes_device_position`; the caller then moves the state on
-        (`set_length`)."""
-        x = self._layers(F.embedding(input_ids, self.embed), position.index, state, position)
+        (`set_length`). `embeds` [1, H]: the token's row in a device buffer the caller fills
+        (then `input_ids` is not read)."""
+        x = F.embedding(input_ids, self.embed) if embeds is None else embeds
+        x = self._layers(x, position.index, state, position)
         return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start) -> torch.Tensor:
         forward_begins()  # the layers share one pass's rope tables
+        chunk = self.prefill_chunk_tokens
+        if chunk is not None and isinstance(start, int) and x.shape[0] > chunk:
+            return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk))
         for block, cache in zip(self.blocks, state.caches, strict=True):
             x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
             x = x + block.ffn(self.norm(x, block.post_norm))
+        return x
+
+    def _layers_in_chunks(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: int,
+                          bounds: list[tuple[int, int]]) -> torch.Tensor:
+        """`_layers` a chunk of tokens at a time within each layer, adding into x in place (the
+        embeddings: this pass's own tensor): the same sums, each token's in the same order."""
+        for block, cache in zip(self.blocks, state.caches, strict=True):
+            if getattr(block.mixer, "chunks_prompt", False):
+                for first, end in bounds:
+                    h = x[first:end]
+                    h += block.mixer(self.norm(h, block.input_norm), positions[first:end], cache, start + first)
+            else:  # the whole prompt at once (its cache cannot be continued cheaply)
+                x += block.mixer(self.norm(x, block.input_norm), positions, cache, start)
+            for index, (first, end) in enumerate(bounds):
+                h = x[first:end]
+                with _computing_chunk(PromptChunk(index, len(bounds))):
+                    h += block.ffn(self.norm(h, block.post_norm))
         return x

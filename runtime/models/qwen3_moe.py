@@ -22,6 +22,7 @@ class GQAAttention:
     """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
+    chunks_prompt = True  # a long prompt may come in chunks: later ones read the earlier ones' keys (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, qk_norm: bool) -> None:

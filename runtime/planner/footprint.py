@@ -18,6 +18,7 @@ CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Model
 FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 ELEMENT_BYTES = {**FLOAT_BYTES, "f8_e4m3": 1, "f8_e5m2": 1}  # of the dtypes a safetensors checkpoint holds
 EMBEDDINGS = "embed_tokens.weight"
+HEAD = "lm_head.weight"
 EXPERT_PARTS = {("gate_proj", "weight"): "w13", ("up_proj", "weight"): "w13", ("gate_up_proj", "weight"): "w13",
                 ("down_proj", "weight"): "w2", ("gate_proj", "weight_scale_inv"): "w1_scale",
                 ("up_proj", "weight_scale_inv"): "w3_scale", ("down_proj", "weight_scale_inv"): "w2_scale"}
@@ -47,6 +48,17 @@ def _held_dense_total(tensors: dict[str, tuple[str, int, int]], compute: int) ->
     return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute,
                                 scaled=name.endswith(".weight") and name + "_scale_inv" in tensors)
                for name, (dtype, nbytes, numel) in tensors.items() if not scale_of(name))
+
+
+def _held_embedding_bytes(tensors: dict[str, tuple[str, int, int]], compute: int, *, tied: bool) -> int:
+    """Held bytes of the token embedding table, which the GPU path keeps in host RAM (a lookup
+    reads one row a token; llama.cpp keeps `token_embd` on the host too); 0 where the table is
+    also the output head (tied, or no lm_head.weight: runtime/models/base.py), which decode
+    multiplies by every token, so it stays on the GPU."""
+    if tied or HEAD not in tensors:
+        return 0
+    return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute, scaled=name + "_scale_inv" in tensors)
+               for name, (dtype, nbytes, numel) in tensors.items() if name.endswith(EMBEDDINGS))
 
 
 def size(n: float) -> str:
@@ -159,6 +171,7 @@ class ModelFootprint:
     kv: KVLayout = UNKNOWN_KV
     context_length: int = 0  # the model's (or recipe's) maximum
     activation_bytes_per_token: int = 0
+    embedding_bytes: int = 0  # of dense_bytes, the token embedding table the GPU path keeps in host RAM
 
     @property
     def layout_known(self) -> bool:
@@ -186,8 +199,8 @@ class ModelFootprint:
         text = family.text_config(index.source_config) if family else index.source_config
         embed = [t.dtype for t in index.tensors if t.name.endswith(EMBEDDINGS)]
         dtype = embed[0] if embed else str(c.get("dtype") or "bf16")
-        dense = _held_dense_total({t.name: (t.dtype, t.nbytes, math.prod(t.shape)) for t in index.tensors},
-                                  compute_bytes(dtype))
+        held = {t.name: (t.dtype, t.nbytes, math.prod(t.shape)) for t in index.tensors}
+        dense = _held_dense_total(held, compute_bytes(dtype))
         return ModelFootprint(
             name=name or index.family, source="ftw", family=index.family, dtype=dtype,
             dense_bytes=dense,
@@ -197,7 +210,8 @@ class ModelFootprint:
             num_experts_per_tok=int(c.get("num_experts_per_tok") or 0),
             kv=kv_layout(index.family, text, kv_dtype_bytes(dtype)),
             context_length=context_length or int(c.get("context_length") or 0),
-            activation_bytes_per_token=_activation_bytes_per_token(c))
+            activation_bytes_per_token=_activation_bytes_per_token(c),
+            embedding_bytes=_held_embedding_bytes(held, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))))
 
     @staticmethod
     def from_checkpoint(config: dict[str, Any], tensors: dict[str, tuple[str, int]], *, target_dtype: str = "auto",
@@ -228,14 +242,15 @@ class ModelFootprint:
                 parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes
         strides = [align_up(sum(align_up(n, PART_ALIGNMENT) for n in p.values())) for p in parts.values()]
         dtype = embed or (max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "bf16")
-        held = _held_dense_total({t: (d, n, n // ELEMENT_BYTES.get(d, 1)) for t, (d, n) in dense.items()},
-                                 compute_bytes(dtype))
+        sized = {t: (d, n, n // ELEMENT_BYTES.get(d, 1)) for t, (d, n) in dense.items()}
+        held = _held_dense_total(sized, compute_bytes(dtype))
         return ModelFootprint(
             name=name or family.name, source="checkpoint", family=family.name, dtype=dtype, dense_bytes=held,
             expert_pool_bytes=sum(strides) * c["num_experts"], expert_stride_bytes=max(strides, default=0),
             num_moe_layers=len(strides), num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
             kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),
-            context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c))
+            context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c),
+            embedding_bytes=_held_embedding_bytes(sized, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))))
 
     @staticmethod
     def from_sizes(*, expert_bytes: int, dense_bytes: int = 0, name: str = "model", context_length: int = 0,
@@ -248,10 +263,33 @@ class ModelFootprint:
 
 
 def _activation_bytes_per_token(c: dict[str, Any]) -> int:
-    """f32 activations of one token in flight: residual, norms and attention output (4 x hidden),
-    q, k and v, router logits, and the routed experts' gate/up/act intermediates. An estimate."""
+    """What one token of a prompt chunk holds at its layer's peak on the GPU path, counted at 4
+    bytes an element (float32; a 16-bit model holds about half, its sums in float32 aside). The
+    runtime computes a longer prompt a layer at a time in chunks of the plan's
+    PREFILL_CHUNK_TOKENS (runtime/models/base.py), so the workspace is that many tokens' worth; a
+    layer's phases run one after the other, so its peak is the larger of:
+    - attention: the normed input and o_proj's output (2 x hidden); q (raw or normed, rotated, the
+      output and its reshaped copy, rotary's temporaries: 5 x heads x head_dim); k and v with a
+      normed and rotated k (3 x kv_heads x head_dim). Where a kernel needs the keys repeated per
+      query head (the CPU's causal case, CUDA without FlashAttention) those are 2 of the 5;
+    - the MoE FFN: the normed input, the float32 sum of the experts and its cast (3 x hidden);
+      router logits and their float32 softmax (2 x experts); the routing, its pair plan and
+      weights (16 x top-k); the routed experts' padded rows, max(top-k / 4, 1) a token
+      (runtime/gpu/records.py, GROUP_PAIRS_PER_ROW), each an input, gate|up, activation and its
+      SiLU, and output row (2 x hidden + 4 x moe_intermediate); shared experts beside them (their
+      gate, up, product and output: 4 x their intermediate + hidden);
+    and in both the pass's rotary tables (2 x head_dim).
+    Not counted: the residual stream, hidden x compute bytes a prompt token for the whole
+    prompt (4 KiB a token for Qwen3-30B-A3B, 4% of its KV); dense (non-MoE) layers' MLPs, whose
+    intermediate size the normalized config does not carry; MLA's re-expanded keys and values,
+    which its mixer makes for the whole prefix at once."""
+    hidden, heads = int(c.get("hidden_size") or 0), int(c.get("num_attention_heads") or 0)
     head_dim = int(c.get("head_dim") or 0)
-    width = (4 * int(c.get("hidden_size") or 0) + (int(c.get("num_attention_heads") or 0)
-             + 2 * int(c.get("num_key_value_heads") or 0)) * head_dim + int(c.get("num_experts") or 0)
-             + 3 * int(c.get("num_experts_per_tok") or 0) * int(c.get("moe_intermediate_size") or 0))
-    return 4 * width
+    q, kv = heads * head_dim, int(c.get("num_key_value_heads") or heads) * head_dim
+    experts, top_k = int(c.get("num_experts") or 0), int(c.get("num_experts_per_tok") or 0)
+    inter = int(c.get("moe_intermediate_size") or 0)
+    shared = int(c.get("num_shared_experts") or 0) * inter
+    rows = max(top_k / 4, 1.0) if top_k else 0.0
+    attention = 2 * hidden + 5 * q + 3 * kv
+    moe = 3 * hidden + 2 * experts + 16 * top_k + rows * (2 * hidden + 4 * inter) + (4 * shared + hidden if shared else 0)
+    return 4 * int(max(attention, moe) + 2 * head_dim)

@@ -5,12 +5,19 @@
        | ModelFootprint.from_sizes(expert_bytes=gguf_size) # a GGUF file's size, nothing else known
     plan(fp, Machine.probe(), PlanOverrides(num_ctx=8192)) -> Plan, or FitError with the numbers
 
-With a GPU (DESIGN.md §5) every expert lives in host RAM (pinned up to any cap); the dense weights,
-the KV cache and an activation workspace go on the GPU, and all VRAM left is one expert cache of
-fixed slots (one FTW expert record each) shared by every MoE layer. VRAM is claimed in that order:
-dense + workspace, KV for the context (never squeezed below MIN_CONTEXT_TOKENS while VRAM lasts),
-then the cache takes the rest; more cache is bought with a smaller --num-ctx. Without a GPU, or
+With a GPU (DESIGN.md §5) every expert lives in host RAM (pinned up to any cap), and so does the
+token embedding table (a lookup reads one row a token) unless it is also the output head; the other
+dense weights, the KV cache and an activation workspace go on the GPU, and all VRAM left is one
+expert cache of fixed slots (one FTW expert record each) shared by every MoE layer. VRAM is claimed
+in that order: dense + workspace, KV for the context, then the cache takes the rest; more cache is
+bought with a smaller --num-ctx. A cache below one token's experts is still a plan: its misses are
+computed on the CPU, as llama.cpp's --n-cpu-moe computes every expert there. Without a GPU, or
 when the dense weights do not fit in VRAM, everything lives in RAM and runs on the CPU.
+
+The context: a num_ctx the user gave (`PlanOverrides.num_ctx`) is planned exactly, or refused with
+the numbers (above the model's own maximum it is lowered to it, with a warning); a recipe's or a
+default one (`default_num_ctx`) is lowered to what fits beside one token's experts, with a note,
+but not below MIN_CONTEXT_TOKENS while VRAM lasts.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ class PlanOverrides:
 
     vram_budget_bytes: int | None = None  # a cap on the VRAM ft uses (benchmarks fix 8 or 32 GiB); 0: CPU only
     ram_budget_bytes: int | None = None  # a cap on host RAM
-    num_ctx: int | None = None
+    num_ctx: int | None = None  # the user's: planned exactly or refused (FitError), never lowered to fit
+    default_num_ctx: int | None = None  # a recipe's or a default (None: DEFAULT_NUM_CTX): lowered to fit
     num_threads: int | None = None
     max_pinned_bytes: int | None = None
     device: str = "auto"  # "gpu" refuses what "auto" only warns about (or moves to the CPU)
@@ -96,6 +104,7 @@ class Plan:
     expert_pool_bytes: int  # in host RAM, always
     pinned_bytes: int  # of the expert pool
     dense_bytes: int  # on the GPU, or in RAM on the CPU path
+    embedding_bytes: int  # the token embedding table, in host RAM beside dense_bytes on the GPU path (0 on the CPU's)
     workspace_bytes: int  # activations (+ GPU reserve on the GPU path)
     kv_bytes: int
     kv_bytes_per_token: int
@@ -150,6 +159,8 @@ class Plan:
         else:
             cache = (f"{self.cache_slots} slots x {size(self.slot_bytes)} = {size(self.cache_bytes)}, "
                      f"{100 * self.cache_fraction:.1f}% of {self.num_expert_records} experts")
+            if self.cache_slots < self.min_cache_slots:
+                cache += f", under one token's {self.min_cache_slots}: the CPU computes the misses"
         context = f"{self.context_length} tokens (model {self.model_context_length or '?'}"
         if self.max_kv_tokens is not None and self.context_length < self.max_kv_tokens < self.model_context_length:
             context += f", up to {self.max_kv_tokens} fit"  # how far --num-ctx can go
@@ -157,7 +168,8 @@ class Plan:
         rows = [
             ("device", f"GPU, VRAM budget {size(self.vram_budget_bytes)}" if on_gpu else f"CPU only: {self.device_reason}"),
             ("experts", f"{size(self.expert_pool_bytes)} in RAM{pinned}"),
-            ("dense weights", f"{size(self.dense_bytes)} {where}"),
+            ("dense weights", f"{size(self.dense_bytes)} {where}" + (
+                f", token embeddings {size(self.embedding_bytes)} in RAM" if self.embedding_bytes else "")),
             ("KV cache", f"{size(self.kv_bytes)} {where}, {self._per_token()}"),
             ("workspace", f"{size(self.workspace_bytes)} {where}"),
             *([("prefill buffers", self._prefill())] if on_gpu and self.slot_bytes else []),
@@ -171,6 +183,8 @@ class Plan:
         return rows
 
     def _prefill(self) -> str:
+        if not self.prefill_buffers and self.cache_slots < self.min_cache_slots:
+            return "none: the CPU computes a long prompt's experts"
         if not self.prefill_buffers:
             return "none: a long prompt's experts stream through the cache itself"
         kind = "double-buffered" if self.prefill_buffers == 2 else "single-buffered"
@@ -226,12 +240,15 @@ def plan(footprint: ModelFootprint, machine: Machine, overrides: PlanOverrides =
 
 
 def _target_context(fp: ModelFootprint, o: PlanOverrides, log: _Log) -> int:
-    if o.num_ctx is None:
-        return min(DEFAULT_NUM_CTX, fp.context_length) if fp.context_length else DEFAULT_NUM_CTX
-    if fp.context_length and o.num_ctx > fp.context_length:
-        log.notes.append(f"num_ctx {o.num_ctx} is above the model's context of {fp.context_length}: clamped to it")
-        return fp.context_length
-    return o.num_ctx
+    """The context to plan for: the user's num_ctx, else the recipe's or the default; never more
+    than the model's own (lowered to it with a warning where the user asked for more)."""
+    asked = o.num_ctx if o.num_ctx is not None else o.default_num_ctx or DEFAULT_NUM_CTX
+    if not fp.context_length or asked <= fp.context_length:
+        return asked
+    if o.num_ctx is not None or o.default_num_ctx is not None:
+        (log.warnings if o.num_ctx is not None else log.notes).append(
+            f"num_ctx {asked} is above the model's context of {fp.context_length}: clamped to it")
+    return fp.context_length
 
 
 def _vram_budget(machine: Machine, o: PlanOverrides, log: _Log) -> int | None:
@@ -273,18 +290,39 @@ def _threads(machine: Machine, o: PlanOverrides, on_gpu: bool, log: _Log) -> int
 
 
 def _clamp_context(target: int, max_kv: int | None, floor: int, what: str, o: PlanOverrides, log: _Log) -> int:
-    """The context: `target`, or what the KV budget allows but at least `floor` (the caller checks that fits)."""
-    if max_kv is None or max_kv >= target:
+    """The context: `target`, or (unless the user gave it) what the KV budget allows but at least
+    `floor` (the caller checks that fits)."""
+    if max_kv is None or max_kv >= target or o.num_ctx is not None:
         return target
     context = max(max_kv, floor)
     if context < target:
-        (log.warnings if o.num_ctx else log.notes).append(
-            f"context {target} does not fit beside the rest of {what}: planned {context} tokens")
+        log.notes.append(f"context {target} does not fit beside the rest of {what}: planned {context} tokens")
     return context
 
 
-def _ram_problem(needed: int, budget: int, detail: str, o: PlanOverrides) -> Problem:
+def _exact_context_problem(fp: ModelFootprint, context: int, left: int, vram_budget: int, dense: int,
+                           workspace: int) -> Problem | None:
+    """Where the user's context does not fit the VRAM beside the dense weights and the workspace
+    (the expert cache may go down to 0 slots, its misses computed on the CPU): the numbers."""
+    kv = fp.kv
+    if not kv.bytes_per_token or kv.bytes_for(context) <= left:
+        return None
+    most, beside = kv.max_tokens(left), kv.max_tokens(left - fp.min_cache_slots * fp.expert_stride_bytes)
+    detail = f"KV for num_ctx {context} tokens at {size(kv.bytes_per_token)}/token"
+    have = (f"the VRAM budget of {size(vram_budget)} less dense weights {size(dense)} and workspace {size(workspace)} "
+            f"leaves {size(max(left, 0))}, enough for at most {most} tokens with no expert cache slot (misses computed "
+            f"on the CPU), {beside} beside one token's experts")
+    fix = (f"a smaller num_ctx (at most {most}), a larger VRAM budget (--vram-gib, "
+           f"{size(kv.bytes_for(context) - left)} more), or --device cpu")
+    return Problem("VRAM", kv.bytes_for(context), max(left, 0), "bytes", detail, have, fix)
+
+
+def _ram_problem(needed: int, budget: int, detail: str, o: PlanOverrides, most_context: int | None = None) -> Problem:
+    """`most_context`: the most context that fits (the user's num_ctx does not, and the model does with less)."""
     have = f"{'the RAM budget is' if o.ram_budget_bytes is not None else 'the machine has'} {size(budget)}"
+    if most_context is not None:
+        return Problem("RAM", needed, budget, "bytes", detail, have + f", enough for at most {most_context} tokens",
+                       f"a smaller num_ctx (at most {most_context}), more RAM, or a more quantized variant")
     return Problem("RAM", needed, budget, "bytes", detail, have,
                    "choose a smaller or more quantized variant (e.g. an :fp8 tag), a smaller --num-ctx, or more RAM")
 
@@ -293,11 +331,15 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
               vram_budget: int) -> Plan | None:
     """Experts in RAM, the rest on the GPU. None when `auto` should fall back to the CPU."""
     kv, floor = fp.kv, min(target, MIN_CONTEXT_TOKENS)
+    dense = fp.dense_bytes - fp.embedding_bytes  # the token embeddings stay in host RAM
     workspace = GPU_RESERVE_BYTES + PREFILL_CHUNK_TOKENS * fp.activation_bytes_per_token
-    left = vram_budget - fp.dense_bytes - workspace  # for KV and the cache
-    if left < kv.bytes_for(floor):
-        needed = fp.dense_bytes + workspace + kv.bytes_for(floor)
-        detail = (f"dense weights {size(fp.dense_bytes)} + workspace {size(workspace)} + KV for {floor} tokens "
+    left = vram_budget - dense - workspace  # for KV and the cache
+    # the GPU is tried where the KV of `floor` tokens fits beside the rest; the user's context where
+    # anything does (below its KV, it is refused with the numbers: _exact_context_problem)
+    least = floor if o.num_ctx is None else 0
+    if left < kv.bytes_for(least):
+        needed = dense + workspace + kv.bytes_for(floor)
+        detail = (f"dense weights {size(dense)} + workspace {size(workspace)} + KV for {floor} tokens "
                   f"{size(kv.bytes_for(floor))}")
         if o.device == "auto":
             log.notes.append(f"VRAM: {detail} need {size(needed)}, the budget is {size(vram_budget)}: running on the CPU")
@@ -308,17 +350,21 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
     min_cache = fp.min_cache_slots * fp.expert_stride_bytes
     max_kv = kv.max_tokens(left - min_cache)
     context = _clamp_context(target, max_kv, floor, "the GPU's contents", o, log)
+    exact = _exact_context_problem(fp, context, left, vram_budget, dense, workspace) if o.num_ctx is not None else None
+    if exact is not None and left >= kv.bytes_for(least):  # (else the dense weights alone are too many, said above)
+        log.problems.append(exact)
     kv_bytes = kv.bytes_for(context)
     slots, buffers = 0, 0
     if fp.layout_known:
         buffers, slots = _prefill_buffers_and_slots(fp, left - kv_bytes, log)
-        _check_cache(fp, slots, o, log)
-    ram_needed = fp.expert_pool_bytes + RAM_RESERVE_BYTES
+        _check_cache(fp, slots, log)
+    ram_needed = fp.expert_pool_bytes + fp.embedding_bytes + RAM_RESERVE_BYTES
     if ram_needed > ram_budget:
-        log.problems.append(_ram_problem(ram_needed, ram_budget,
-                                         f"experts {size(fp.expert_pool_bytes)} + {size(RAM_RESERVE_BYTES)} reserve", o))
+        embedding = f" + token embeddings {size(fp.embedding_bytes)}" if fp.embedding_bytes else ""
+        log.problems.append(_ram_problem(ram_needed, ram_budget, f"experts {size(fp.expert_pool_bytes)}{embedding} + "
+                                         f"{size(RAM_RESERVE_BYTES)} reserve", o))
     caps = [c for c in (machine.max_pinned_bytes, o.max_pinned_bytes) if c is not None]
-    pinned = max(0, min([fp.expert_pool_bytes, ram_budget - RAM_RESERVE_BYTES, *caps]))
+    pinned = max(0, min([fp.expert_pool_bytes, ram_budget - RAM_RESERVE_BYTES - fp.embedding_bytes, *caps]))
     if pinned < fp.expert_pool_bytes:
         log.warnings.append(f"{size(pinned)} of the {size(fp.expert_pool_bytes)} expert pool can be pinned: cache "
                             f"fills from the other {size(fp.expert_pool_bytes - pinned)} run ~{PAGEABLE_SLOWDOWN}x slower")
@@ -344,7 +390,7 @@ def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tupl
         slots = max(0, room - buffers * bank) // stride
         if buffers == 0 or slots >= fp.min_cache_slots:
             break
-    if buffers < PREFILL_BUFFERS:
+    if buffers < PREFILL_BUFFERS and slots >= fp.min_cache_slots:  # (below, the CPU computes long prompts too)
         held = "one prefill buffer, not two" if buffers == 1 else "no prefill buffer"
         how = "through it" if buffers == 1 else "through the expert cache itself"
         log.notes.append(f"{held} ({size(bank)} each: more would leave the expert cache under one token's "
@@ -353,18 +399,18 @@ def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tupl
     return buffers, min(slots, fp.num_expert_records)
 
 
-def _check_cache(fp: ModelFootprint, slots: int, o: PlanOverrides, log: _Log) -> None:
+def _check_cache(fp: ModelFootprint, slots: int, log: _Log) -> None:
+    """A cache below one token's experts is a plan, not a refusal: a global LRU that small would
+    thrash to ~0% hits, so the runtime computes its misses on the CPU (mode auto runs as "cpu";
+    --mode offload refuses it), as llama.cpp's --n-cpu-moe computes every expert there."""
     if slots >= fp.min_cache_slots:
         return
-    detail = (f"one token's experts: {fp.num_moe_layers} MoE layers x top-{fp.num_experts_per_tok}, "
-              f"{size(fp.expert_stride_bytes)} each")
-    if o.device == "gpu":
-        log.problems.append(Problem("expert cache", fp.min_cache_slots, slots, "slots", detail, f"VRAM holds {slots}",
-                                    "a smaller --num-ctx, more VRAM, a quantized tag, or --device cpu"))
-    else:
-        short = (fp.min_cache_slots - slots) * fp.expert_stride_bytes
-        log.warnings.append(f"the expert cache holds {slots} slots, fewer than {fp.min_cache_slots} ({detail}): a "
-                            f"global LRU thrashes to ~0% hits; {size(short)} more VRAM or a smaller --num-ctx fixes it")
+    short = (fp.min_cache_slots - slots) * fp.expert_stride_bytes
+    log.notes.append(f"the expert cache holds {slots} slots, fewer than one token's experts ({fp.num_moe_layers} MoE "
+                     f"layers x top-{fp.num_experts_per_tok} = {fp.min_cache_slots} slots of "
+                     f"{size(fp.expert_stride_bytes)}): misses, and long prompts' experts, are computed on the CPU, "
+                     f"as llama.cpp's --n-cpu-moe does; {size(short)} more VRAM or a smaller --num-ctx gives it "
+                     "one token's experts")
 
 
 def _cpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget: int, target: int, log: _Log,
@@ -381,7 +427,8 @@ def _cpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
         parts += [f"KV for {context} tokens {size(kv.bytes_for(context))}"] if kv.bytes_per_token else []
         parts += [f"activations {size(workspace)}"] if workspace else []
         detail = " + ".join([*parts, f"{size(RAM_RESERVE_BYTES)} reserve"]) + f"; {why}"
-        log.problems.append(_ram_problem(ram_needed, ram_budget, detail, o))
+        fits_less = o.num_ctx is not None and max_kv is not None and max_kv > 0
+        log.problems.append(_ram_problem(ram_needed, ram_budget, detail, o, max_kv if fits_less else None))
     return _plan(fp, machine, o, why, ram_budget, ram_needed, 0, 0, workspace, context, max_kv, 0, log)
 
 
@@ -389,10 +436,12 @@ def _plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, cpu_reason: st
           ram_needed: int, vram_budget: int, pinned: int, workspace: int, context: int, max_kv: int | None,
           slots: int, log: _Log, prefill_buffers: int = 0) -> Plan:
     on_gpu = not cpu_reason
+    embedding = fp.embedding_bytes if on_gpu else 0
     return Plan(
         model=fp.name, source=fp.source, device="gpu" if on_gpu else "cpu", device_reason=cpu_reason, gpu_name=machine.gpu.name if on_gpu and machine.gpu else None,
         ram_budget_bytes=ram_budget, ram_needed_bytes=ram_needed, vram_budget_bytes=vram_budget,
-        expert_pool_bytes=fp.expert_pool_bytes, pinned_bytes=pinned, dense_bytes=fp.dense_bytes,
+        expert_pool_bytes=fp.expert_pool_bytes, pinned_bytes=pinned, dense_bytes=fp.dense_bytes - embedding,
+        embedding_bytes=embedding,
         workspace_bytes=workspace, kv_bytes=fp.kv.bytes_for(context), kv_bytes_per_token=fp.kv.bytes_per_token,
         kv_formula=fp.kv.formula, context_length=context, model_context_length=fp.context_length,
         max_kv_tokens=max_kv, slot_bytes=fp.expert_stride_bytes, cache_slots=slots,

@@ -6,6 +6,9 @@ Each loaded model is a `Runner` (runner.py): its session, its worker thread, its
 module decides: which models are loaded, when they go (room.py: which go to make room for a
 load), who waits, who gets 503.
 
+A request's own num_ctx is planned exactly or refused (400, with the numbers); the recipe's or
+the default is lowered to fit (fit planner, runtime/planner/plan.py).
+
 Environment: FT_KEEP_ALIVE (default "5m"; 0 unloads after each request, negative keeps models
 forever), FT_MAX_QUEUE (requests that may wait, default 16), FT_CONTEXT_LENGTH (default context
 when neither the request nor the recipe gives num_ctx).
@@ -209,13 +212,13 @@ class ModelManager:
         job: Job | None = None
         try:
             asked = self._asked_ctx(registered, options.num_ctx)  # a request without num_ctx asks the default
-            runner, load_seconds = await self._runner(registered, asked, options.num_thread)
+            runner, load_seconds = await self._runner(registered, options.num_ctx, options.num_thread)
             runner.active += 1  # from here on the model stays loaded for this request
             loaded = runner
 
             def prepare() -> tuple[list[int], str, int, int]:  # off the event loop: templates, planning
                 return (*prompts.prompt_tokens(recipe, loaded.tokenizer, loaded.family),
-                        self._context_for(loaded, asked))
+                        self._context_for(loaded, asked, exact=options.num_ctx is not None))
 
             prompt, opening, opened, context = await asyncio.to_thread(prepare)
             if len(prompt) > context:
@@ -327,44 +330,67 @@ class ModelManager:
         """The context a load plans for: the request's num_ctx, else the recipe's, else the default."""
         return num_ctx or (registered.config.get("parameters") or {}).get("num_ctx") or self.default_num_ctx
 
-    def _plan(self, registered: RegisteredModel, num_ctx: int | None, num_thread: int | None) -> Plan:
+    def _plan(self, registered: RegisteredModel, num_ctx: int | None, num_thread: int | None,
+              machine: Machine | None = None) -> Plan:
+        """The plan of a load: a request's own `num_ctx` exactly (or BadRequest with the numbers,
+        where the model fits with less; ModelTooLarge where it fits with none), else the recipe's
+        or the default context, lowered to fit."""
         with registered.open_ftw() as reader:
             footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,
                                                   context_length=registered.context_length)
-        machine = self.machine()
+        machine = machine or self.machine()
         if num_thread is None:
-            # Leave one core to the HTTP side: measured on 2 cores (BENCHMARKS.md), compute threads
+            # Leave one core to the HTTP side: measured on 2 cores (docs/benchmark-history.md), compute threads
             # spinning on every core starve the event loop and streaming lost more than compute gained.
             num_thread = max(1, machine.num_physical_cores - 1)
-        overrides = PlanOverrides(num_ctx=self._asked_ctx(registered, num_ctx), num_threads=num_thread,
-                                  device=self.device, ram_budget_bytes=self.ram_budget_bytes,
+        overrides = PlanOverrides(num_ctx=num_ctx, default_num_ctx=self._asked_ctx(registered, None),
+                                  num_threads=num_thread, device=self.device, ram_budget_bytes=self.ram_budget_bytes,
                                   vram_budget_bytes=self.vram_budget_bytes)
         try:
-            return plan(footprint, machine, overrides)
+            fitted = plan(footprint, machine, overrides)
         except FitError as e:
+            if num_ctx is not None and plan(footprint, machine, replace(overrides, num_ctx=1, force=True)).fits:
+                raise BadRequest(str(e)) from None  # this request's num_ctx, not the model, does not fit
             raise ModelTooLarge(str(e)) from None
+        for warning in fitted.warnings:
+            log.warning("%s: %s", registered.name.display, warning)
+        return fitted
 
-    def _context_for(self, runner: Runner, num_ctx: int) -> int:
-        """The context a request asking for `num_ctx` (`_asked_ctx`: its own, else the default)
-        runs with: the load's where its load asked the same, else `num_ctx` as the planner clamps
-        it, for this request only (one small num_ctx must not shrink the requests after it).
-        On the GPU the KV cache was sized at load inside the VRAM budget, beside the expert cache
-        that fills the rest: a request runs within it (a larger num_ctx reloaded the model first,
-        `_outgrown`); planning again would see that VRAM as taken, and refuse."""
-        loaded = runner.plan.context_length
-        if num_ctx in (runner.asked_ctx, loaded):
-            return loaded
+    def _context_for(self, runner: Runner, num_ctx: int, exact: bool = False) -> int:
+        """The context a request asking for `num_ctx` (`_asked_ctx`: its own, `exact`, else the
+        default) runs with, for this request only (one small num_ctx must not shrink the requests
+        after it). Its own: exactly that (lowered only to the model's most), or BadRequest with
+        the numbers. The default: the load's where its load asked the same, else as the planner
+        lowers it. On the GPU the KV cache was sized at load inside the VRAM budget, beside the
+        expert cache that fills the rest: a request runs within it (a larger num_ctx of its own
+        reloaded the model first, `_outgrown`); planning again would see that VRAM as taken."""
+        loaded, most = runner.plan.context_length, runner.plan.model_context_length or num_ctx
         if runner.plan.device == "gpu":
-            return min(num_ctx, runner.plan.model_context_length or num_ctx, loaded)
-        return self._plan(runner.registered, num_ctx, None).context_length
+            context = min(num_ctx, most, loaded)
+            if exact and context < min(num_ctx, most):  # (a reload for it is planned exactly, or refused)
+                raise BadRequest(f"num_ctx {num_ctx}: {runner.registered.name.display} is loaded with a context of "
+                                 f"{loaded} tokens; retry once its requests are done, or ask for at most {loaded}")
+            return context
+        if num_ctx == loaded or (not exact and num_ctx == runner.asked_ctx):
+            return loaded
+        return self._plan(runner.registered, num_ctx if exact else None, None).context_length
 
     @staticmethod
     def _outgrown(runner: Runner, num_ctx: int | None) -> bool:
-        """A GPU model asked for more context than its load planned, and than it got (Ollama
-        reloads a model for a new num_ctx): load it again, planned for that."""
-        if runner.plan.device != "gpu" or num_ctx is None or num_ctx <= runner.asked_ctx:
+        """A GPU model asked, by a request's own num_ctx, for more context than its load holds
+        (Ollama reloads a model for a new num_ctx): load it again, planned for exactly that."""
+        if runner.plan.device != "gpu" or num_ctx is None:
             return False
         return runner.plan.context_length < min(num_ctx, runner.plan.model_context_length or num_ctx)
+
+    def _once_unloaded(self) -> Machine:
+        """This machine as a load will see it once the GPU's model (one at a time: make_gpu_room)
+        is unloaded: what this process's allocator holds is free again."""
+        machine = self.machine()
+        if machine.gpu is None or not torch.cuda.is_available():
+            return machine
+        free = min(machine.gpu.vram_free_bytes + torch.cuda.memory_reserved(), machine.gpu.vram_total_bytes)
+        return replace(machine, gpu=replace(machine.gpu, vram_free_bytes=free))
 
     async def _runner(self, registered: RegisteredModel, num_ctx: int | None,
                       num_thread: int | None) -> tuple[Runner, float]:
@@ -382,6 +408,9 @@ class ModelManager:
             if runner is not None and runner.digest == digest and not self._outgrown(runner, num_ctx):
                 runner.draining = False  # (the load that waited for it failed, or was for another GPU)
                 return runner, 0.0
+            if runner is not None and runner.digest == digest:  # more context than its load holds: where even
+                # its VRAM cannot hold it, refused with the numbers before the model is unloaded
+                await asyncio.to_thread(lambda: self._plan(registered, num_ctx, num_thread, self._once_unloaded()))
             if runner is not None:  # the name points at another model (re-pulled, re-created), or more context
                 self._unload(runner)
             if self.device != "cpu":  # first: the plan sizes its cache from the VRAM left free

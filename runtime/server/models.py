@@ -38,7 +38,7 @@ class RequestOptions:
     """A request's `options` over the model's recipe PARAMETERs, split by what they control."""
 
     sampling: SamplingParams
-    num_ctx: int | None = None
+    num_ctx: int | None = None  # the request's own (planned exactly or refused); the recipe's is the load's default
     num_thread: int | None = None
 
 
@@ -70,7 +70,7 @@ def request_options(model: RegisteredModel, options: Mapping[str, Any] | None) -
         sampling = SamplingParams.from_options(merged)
     except InvalidParameterError as e:
         raise BadRequest(str(e)) from None
-    num_ctx = load.get("num_ctx")
+    num_ctx = load.get("num_ctx") if "num_ctx" in given else None  # (the recipe's: backend._asked_ctx)
     num_thread = load.get("num_thread")
     return RequestOptions(
         sampling,
