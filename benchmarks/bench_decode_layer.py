@@ -1,6 +1,6 @@
 """Where a decode layer call's time goes: the host's enqueue, the device's work, and the wall.
 
-At a 32 GiB budget decode reached 0.40 of the bandwidth roofline on the H200 (BENCHMARKS.md).
+At a 32 GiB budget decode reached 0.40 of the bandwidth roofline on the H200 (docs/benchmark-history.md).
 This splits a decode step over `layers` layers of Qwen3-30B-A3B-sized experts (offload mode,
 CUDA graphs on, one sync per step as decode has) into:
 

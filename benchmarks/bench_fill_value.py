@@ -12,7 +12,7 @@ on misses per token (`finish_seconds` per layer step).
     python benchmarks/bench_fill_value.py [--pcie-gbps 48.7 --cpu-gbps 59.4 --pcie-fixed-ms 0.016 --cpu-fixed-ms 0.134]
 
 The defaults are the profile `ft bench` measured on the H200 host at 8 GiB / 6 threads
-(BENCHMARKS.md, fourteenth session).
+(docs/benchmark-history.md, fourteenth session).
 """
 
 from __future__ import annotations

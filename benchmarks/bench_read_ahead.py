@@ -1,7 +1,7 @@
 """Would reading experts ahead pay at 32 GiB? Read-ahead from routing ids, replayed over a real trace.
 
 A 32 GiB decode step is bound by its misses' PCIe reads, which it cannot overlap with anything:
-a layer's misses are known only from its routing (BENCHMARKS.md). Reading the next layer's likely
+a layer's misses are known only from its routing (docs/benchmark-history.md). Reading the next layer's likely
 misses ahead, during this layer's compute, would take them off the critical path, if the guess
 is good: every wrong guess is a 9.4 MB read on the same link. This replays the trace's decode
 through a global LRU of `--slots` slots (the fit planner's 3208 for Qwen3-30B at 32 GiB; the
@@ -16,7 +16,7 @@ what a runtime would have then:
 Read-ahead experts enter the cache as most recently used. Printed per budget: misses left on the
 critical path, experts read ahead, PCIe experts per token in all, and two lower bounds on a step:
 the link's (every PCIe byte at --link-gbps) and the critical path's (the misses left at
---miss-us each, plus --layer-us for every layer), from the H200 figures in BENCHMARKS.md.
+--miss-us each, plus --layer-us for every layer), from the H200 figures in docs/benchmark-history.md.
 
 A predictor from hidden states (the next layer's router on this layer's input) cannot be
 measured here: the traces record expert ids only.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch of `ft bench` runs on the lent GPU host (../shared/device/README.md protocol: budgets
-# and threads of consumer machines), for BENCHMARKS.md. Each run is capped so the batch fits one
+# and threads of consumer machines), for docs/benchmark-history.md. Each run is capped so the batch fits one
 # device call; results go to $OUT (JSON + stderr), a summary line per run to stdout.
 #
 #   device: carry [".whl", ".traces"]; command: bash benchmarks/gpu_batch.sh [tests|quick|more|profile|pdl|queue]

@@ -1,7 +1,8 @@
 """ft against llama.cpp on the same GGUF file, the same VRAM, the same threads and the same kind of
 tokens, side by side in one call on the GPU machine (issue: beat llama.cpp at every budget).
 
-    # on the GPU machine, with .lcpp (../shared/device/llamacpp) and .whl sent along:
+    # on the GPU machine, with .lcpp (../shared/device/llamacpp) and .whl sent along, and
+    # FT_COMMIT=<this checkout's `git rev-parse --short HEAD`> set in the command:
     python3 benchmarks/vs_llamacpp.py all --work /tmp/race --settings 16,12,8 --threads 6,8 \\
         --trace .traces/qwen3-30b-a3b.npz --out $OUT/vs_llamacpp.json
     python3 benchmarks/vs_llamacpp.py report benchmarks/results/vs_llamacpp.json [--markdown]
@@ -43,6 +44,10 @@ from benchmarks.race.vram import VramPeak  # noqa: E402
 
 
 def commit() -> str:
+    """FT_COMMIT where the caller sets it (the GPU machine's copy of the tree has no history of its
+    own to ask), else this checkout's HEAD, "+" where it has changes."""
+    if os.environ.get("FT_COMMIT"):
+        return os.environ["FT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip() + ("+" if _dirty() else "")

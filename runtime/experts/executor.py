@@ -65,7 +65,7 @@ class ReferenceCPUExpertExecutor:
 # Rows per expert (tokens x top-k / experts) from which a bf16 bank runs faster as one GEMM per
 # expert (torch, oneDNN's bf16 GEMM) than through the compiled kernel, whose time grows with every
 # token. Measured on the 2-core VM, 64 experts of 1024 x 512, top-8: even at ~14 rows (110
-# tokens); 1.4x faster at 32 rows, 2.9x at 256 (BENCHMARKS.md, prefill by length). Not for f32:
+# tokens); 1.4x faster at 32 rows, 2.9x at 256 (docs/benchmark-history.md, prefill by length). Not for f32:
 # there torch's GEMM stayed slower than the kernel up to 1024 tokens (0.33-0.8x).
 GROUPED_GEMM_MIN_ROWS = 16
 # The same for banks the GEMMs need dequantized first, by the kernel's own dequantizer

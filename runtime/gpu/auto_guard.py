@@ -36,7 +36,7 @@ class AutoGuard:
     # Trials are short: a trial step of the losing arm can cost twice a step of the winner (where
     # the model arm's calls cannot replay CUDA graphs). 2 blocks of 3 steps per arm, then one block
     # per 128 steps: under 3% of steps in the slower arm once chosen (measured on the H200:
-    # BENCHMARKS.md, GPU decode). A model arm that sends nothing to the CPU is left after one
+    # docs/benchmark-history.md, GPU decode). A model arm that sends nothing to the CPU is left after one
     # block, and tried ever more rarely.
     EXPLORE = 3  # steps per trial block
     ROUNDS = 2  # blocks per arm before the first choice

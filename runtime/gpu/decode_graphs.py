@@ -18,7 +18,7 @@ What a replay needs, and how it gets it:
 
 A key's first call runs uncaptured (Triton compiles, buffers are allocated); the second captures
 and replays. On the H200 at a host-bound 32 GiB budget, offload decode went from 52 to 124 tok/s
-(BENCHMARKS.md); `ft bench --no-cuda-graphs` runs the uncaptured path.
+(docs/benchmark-history.md); `ft bench --no-cuda-graphs` runs the uncaptured path.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the worker computes), so they compose as the simulator's: `fixed_costs="overlap"
 
 Until profile version 5 the fixed costs were timed with the host's launches in them, host work
 done one side after the other, and composed "serial"; on the H200 that charged the CPU share
-0.3-0.7 ms a call where its pipeline costs ~0.09 ms (BENCHMARKS.md, fifth session). Where the
+0.3-0.7 ms a call where its pipeline costs ~0.09 ms (docs/benchmark-history.md, fifth session). Where the
 host's launches do bound a step (few misses, a large cache), auto's guard times whole steps and
 falls back to plain offload.
 """

@@ -17,7 +17,7 @@ from ..experts.cpu_kernels import DENSE_MAX_TOKENS, TORCH_NAMES, native_kernel
 
 # Weights smaller than this (bytes) stay on torch, where the kernel's call overhead would dominate.
 # Measured on the 2-core VM (bench_decode's model, bf16, decode tok/s in interleaved rounds): torch
-# only 107, kernel from 1 MiB 154, from 256 KiB 163, from 64 KiB 167 (BENCHMARKS.md).
+# only 107, kernel from 1 MiB 154, from 256 KiB 163, from 64 KiB 167 (docs/benchmark-history.md).
 DENSE_KERNEL_MIN_BYTES = 64 << 10
 
 

@@ -3,7 +3,7 @@
 On the GPU a decode step's logits are a vocabulary-long row (152k floats for Qwen3). Moving the
 row to the host and reading it there (the NaN check, the penalties, top-k or the argmax) took
 0.67-0.85 ms a token on the H200 host, time the device waits for; the candidates below take
-0.08-0.10 (BENCHMARKS.md, eleventh session). Under the usual
+0.08-0.10 (docs/benchmark-history.md, eleventh session). Under the usual
 settings the sample depends on a few of them only: with top-k (or greedy, k = 1) and penalties
 that can only lower a logit (repeat_penalty >= 1, frequency and presence penalties >= 0), the k
 best after the penalties are among the k + W best before them, W being the number of distinct

@@ -6,7 +6,7 @@ that idles between them; PDL overlaps each launch's start with the tail of the o
 
 Used only for whole decode steps captured as one graph (step_graphs.py), where it measured 1.02x
 decode side by side on the H200. With PDL everywhere, the whole-model benchmark's per-call graphs
-ran at 7.47 tok/s against 13.37 without, on another machine (not side by side, BENCHMARKS.md):
+ran at 7.47 tok/s against 13.37 without, on another machine (not side by side, docs/benchmark-history.md):
 calls outside step graphs launch as before until that is measured.
 Hopper and later only (sm_90+: H100/H200, RTX 50xx); never under triton's interpreter. `FT_PDL=0`
 turns it off (A/B benchmarks).

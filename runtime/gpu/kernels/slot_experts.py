@@ -36,7 +36,7 @@ whose PCIe experts each belong to one pair (T = 1) may fill here; others fill fi
 In a step graph's PDL chain (dependent_launch.py) the down pass launches once every gate-pass
 program has waited for the route plan, so it reads its pair's plan and its first W2 tile (a
 fill's from the bank) before its own wait, during the gate pass, and waits only for the partial
-sums: on the H200 ~2% off a layer with a PCIe miss (BENCHMARKS.md). Two more overlaps measured
+sums: on the H200 ~2% off a layer with a PCIe miss (docs/benchmark-history.md). Two more overlaps measured
 slower there and were taken out: the gate pass computing its hits from the slot the cache table
 named while the plan still ran (the plan, one program, slowed under the load), and the down
 pass's last program casting the output (a counter every program adds to).
@@ -64,7 +64,7 @@ def _read_from(slot_rows, fill, bank_addr, bank_stride, part_at, rows, ROW: tl.c
     the bank's address, row stride and part offsets. Stated to the compiler, it keeps the tile
     loads 16-byte vectors: without it a load's source, slot or bank, has unknown alignment, and
     every pair's loads (hits too) were compiled 2 bytes at a time, which made a decode call 1.4x
-    slower on the H200 (BENCHMARKS.md)."""
+    slower on the H200 (docs/benchmark-history.md)."""
     source = slot_rows
     if FILL:
         if fill >= 0:
