@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -103,8 +104,27 @@ def _local_write_error(e: BaseException) -> str | None:
     return None
 
 
-def with_retries(what: str, fn: Callable[[], T]) -> T:
+def _unresolved_host(e: BaseException) -> bool:
+    """Whether `e` (or what caused it) is a failed name lookup: this machine is offline or its DNS
+    does not answer. Not retried: a lookup that failed fails again within seconds, and five
+    attempts with backoff kept an offline user waiting 15-20 s for the same answer."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, socket.gaierror):
+            return True
+        text = str(e)
+        if any(m in text for m in ("Name or service not known", "Temporary failure in name resolution",
+                                   "nodename nor servname provided", "getaddrinfo failed", "No address associated")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def with_retries(what: str, fn: Callable[[], T], *, resumes: bool = False) -> T:
     """Run `fn`, retrying transient failures (network, 5xx, 429) with exponential backoff.
+    `resumes`: `fn` downloads a file that a later pull resumes (the message says so; a metadata
+    step has nothing to resume). A host that does not resolve is not retried.
 
     `FT_PULL_RETRIES` (default 5 attempts) and `FT_PULL_RETRY_DELAY_S` (first backoff, default 1 s)
     tune it.
@@ -136,10 +156,17 @@ def with_retries(what: str, fn: Callable[[], T]) -> T:
             local = _local_write_error(e)
             if local is not None:  # the disk, not the network: retrying downloads it all again
                 raise HubError(f"{what}: {local}; the pull resumes from what is downloaded when run again") from e
+            again = "run the pull again: it resumes" if resumes else "try again"
+            if _unresolved_host(e):
+                host = endpoint().split("://", 1)[-1].split("/", 1)[0]
+                raise HubError(
+                    f"{what}: cannot resolve {host}: this machine is offline or its DNS does not answer; connect "
+                    f"and {again} (models already pulled run offline: `ft list`; HF_ENDPOINT names another hub)"
+                ) from None
             if _permanent(e) or attempt == attempts:
                 raise HubError(
                     f"{what} failed after {attempt} attempt(s): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
-                    f"check the network (endpoint {endpoint()}) and run the pull again: it resumes"
+                    f"check the network (endpoint {endpoint()}) and {again}"
                 ) from e
             log.warning("%s: %s (attempt %d of %d), retrying in %.1fs", what, type(e).__name__, attempt, attempts, delay)
             time.sleep(delay)
@@ -220,7 +247,7 @@ def download_files(
         target = local_dir / f.name
         if not (target.is_file() and f.size and target.stat().st_size == f.size):
             tqdm_class = _forwarding_tqdm(lambda pos, base=finished: report(base + pos))
-            with_retries(f"downloading {repo_id}/{f.name}", lambda f=f, target=target, tqdm_class=tqdm_class: (
+            with_retries(f"downloading {repo_id}/{f.name}", resumes=True, fn=lambda f=f, target=target, tqdm_class=tqdm_class: (
                 _download_resumable(repo_id, revision, f, target, tqdm_class)))
             size = target.stat().st_size
             if f.size and size != f.size:

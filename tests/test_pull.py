@@ -581,3 +581,17 @@ def test_a_damaged_model_pulled_from_a_path_is_made_again_from_it(store: Store, 
     again = pull(str(src), store)
     assert again.name == first.name and not again.already_present and store.verify(first.name) == []
     assert pull(str(src), store).already_present
+
+
+def test_a_host_that_does_not_resolve_is_not_retried(store: Store, monkeypatch) -> None:
+    """Offline, every shipped model cost 18-20 s of retried DNS lookups and then said "run the
+    pull again: it resumes" (after `ft fit` too, where nothing resumes). A name that does not
+    resolve fails at once, says the machine is offline, and that pulled models still run."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://ft-test-no-such-host.invalid")  # .invalid never resolves (RFC 6761)
+    monkeypatch.setenv("FT_PULL_RETRIES", "5")
+    monkeypatch.setenv("FT_PULL_RETRY_DELAY_S", "2")
+    start = time.perf_counter()
+    with pytest.raises(HubError, match=r"cannot resolve ft-test-no-such-host\.invalid: this machine is offline") as e:
+        hub.fetch_checkpoint_info("Qwen/Qwen3-30B-A3B", None)
+    assert time.perf_counter() - start < 2.0  # one attempt, no backoff
+    assert "resumes" not in str(e.value) and "ft list" in str(e.value)
