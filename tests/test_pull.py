@@ -21,6 +21,7 @@ from ftpull.fetch import PullError
 from ftpull.hub import HubError
 from ftpull.preflight import FitError, Resources
 from ftpull.pull import pull
+from ftpull.resolve import ResolveError
 from ftw import UnsupportedArchitectureError
 from ftw.sink import DiskFullError
 from registry import Store
@@ -595,3 +596,12 @@ def test_a_host_that_does_not_resolve_is_not_retried(store: Store, monkeypatch) 
         hub.fetch_checkpoint_info("Qwen/Qwen3-30B-A3B", None)
     assert time.perf_counter() - start < 2.0  # one attempt, no backoff
     assert "resumes" not in str(e.value) and "ft list" in str(e.value)
+
+
+@pytest.mark.parametrize("model", ["deepseek-v4-flash", "kimi-k2", "gpt-oss-20b"])
+def test_a_recipe_of_a_family_not_converted_yet_is_refused_before_the_network(store: Store, monkeypatch,
+                                                                               model: str) -> None:
+    """`ft pull deepseek-v4-flash` spent 19 s on the Hub before it could say ft cannot convert it."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://ft-test-no-such-host.invalid")
+    with pytest.raises(ResolveError, match=rf"{model}: its family '\w+' cannot be converted yet.*ft converts .*qwen3_moe"):
+        pull(model, store)
