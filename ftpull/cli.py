@@ -426,3 +426,6 @@ def bench_cmd(shape: str, budget_gib: float, threads: int | None, policies: str,
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(json_ready(report), indent=2) if as_json else format_report(report))
+    check = report.get("policy_check")
+    if check and not check["ok"]:  # a failed check is a failed benchmark run (CI and scripts look at the status)
+        raise SystemExit(1)

@@ -71,7 +71,7 @@ def test_static_residency_and_the_inputs_are_reported(report: dict) -> None:
     assert streamed[0] > 0 and streamed[1] == streamed[2]  # a cold cache: every routed expert crosses once
     assert all(x["tok_s"] > 0 for x in report["prefill"])
     assert "ttft_s_estimate" in next(x for x in report["prefill"] if x["buffers"] == 2)
-    assert "ok" in report["policy_check"] and report["scope"].startswith("experts-only")
+    assert report["scope"].startswith("experts-only")  # (the policy check: only on CUDA, see below)
 
 
 def test_the_trace_needs_the_qwen3_30b_shape(capsys: pytest.CaptureFixture[str]) -> None:
@@ -267,3 +267,42 @@ def test_rounds_report_the_median_run_and_its_own_counters() -> None:
                                    policies=("offload",), threads=1, reps=2))
     r = report["policies"]["offload"]
     assert len(r["runs_s"]) == 2 and r["decode_tok_s"] == pytest.approx(6 / max(r["runs_s"]))
+
+
+def test_without_a_gpu_the_default_run_is_refused_before_anything_is_built(capsys: pytest.CaptureFixture[str],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ft bench` with no arguments built 54 GiB of host banks before it looked for the GPU: on a
+    24 GB machine without CUDA, a machine-wide out-of-memory kill after 1 min 52 s."""
+    import torch
+
+    from runtime.bench import moe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(moe, "make_banks", lambda *a, **k: pytest.fail("banks built"))
+    with pytest.raises(SystemExit) as e:
+        _run(["bench"])
+    assert e.value.code == 1 and "--device cuda needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_banks_larger_than_the_ram_are_refused_with_the_way_out(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.bench import moe
+    from runtime.planner.resources import Machine
+
+    small = Machine(ram_total_bytes=24 << 30, ram_available_bytes=22 << 30, num_physical_cores=2, gpu=None)
+    monkeypatch.setattr(moe.Machine, "probe", staticmethod(lambda: small))
+    monkeypatch.setattr(moe, "make_banks", lambda *a, **k: pytest.fail("banks built"))
+    with pytest.raises(SystemExit) as e:
+        _run(["bench", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "host banks need 54.0 GiB (48 layers of 1.1 GiB), 22.0 GiB of RAM is available" in err
+    assert "--host-banks 17" in err  # (22 GiB less the 2 GiB reserve) // 1.1 GiB
+
+
+def test_the_policy_check_is_not_judged_on_the_cpu(report: dict) -> None:
+    """On --device cpu auto's split is between two copies on one CPU: a FAIL there meant nothing,
+    and a real FAIL (on CUDA) now ends the command with status 1."""
+    from runtime.bench.report import format_report
+
+    assert "policy_check" not in report
+    assert "policy check: only with --device cuda" in format_report(report)

@@ -48,7 +48,7 @@ from ..experts import CPUExpertExecutor, HostExpertBank
 from ..experts.synthetic import random_bank
 from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
 from ..gpu.host_memory import HostPinner
-from ..planner.plan import ModelFootprint, PlanOverrides, kv_layout, plan
+from ..planner.plan import RAM_RESERVE_BYTES, ModelFootprint, PlanOverrides, kv_layout, plan, size
 from ..planner.resources import GPU, Machine
 from .ceilings import ceiling_profile, host_read_gbps, link_gbps
 from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
@@ -131,6 +131,20 @@ def cache_plan(shape: BenchShape, cfg: BenchConfig, top_k: int, built_layers: in
             "kv_bytes": p.kv_bytes, "context": p.context_length, "cache_bytes": planned * stride,
             "problems": [str(x) for x in p.problems], "min_slots": built_layers * top_k,
             "full_min_slots": moe * top_k}
+
+
+def _check_host_memory(host_bytes: int, host_banks: int, shape: BenchShape) -> None:
+    """Refuse before building banks that would not fit the RAM available now (built first, they
+    took a 24 GB machine down in a machine-wide out-of-memory kill)."""
+    available = Machine.probe().ram_available_bytes
+    room = available - RAM_RESERVE_BYTES
+    if host_bytes <= room:
+        return
+    per_bank = host_bytes // max(1, host_banks)
+    fits = max(0, room // per_bank) if per_bank else 0
+    raise ValueError(f"the {shape.name} host banks need {size(host_bytes)} ({host_banks} layers of {size(per_bank)}), "
+                     f"{size(available)} of RAM is available: build fewer with --host-banks {max(1, fits)} (the layers "
+                     f"share them, every read still made) or --layers {max(1, fits)}, or --shape tiny")
 
 
 def make_banks(shape: BenchShape, layers: list[int], seed: int, distinct: int | None = None) -> dict[int, HostExpertBank]:
@@ -216,6 +230,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown policies {unknown}: choose from {', '.join(POLICIES)}")
     shape, device = SHAPES[cfg.shape], torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA GPU and none was found: run `ft bench --device cpu --shape tiny`, "
+                         "or a real shape with --device cpu --layers 2")
     threads = cfg.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     layers = shape.moe_layers[: cfg.layers] if cfg.layers else shape.moe_layers
@@ -228,6 +245,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise ValueError(f"--pcie-repeat must be at least 1, not {cfg.pcie_repeat}")
     sizing["host_banks"] = min(cfg.host_banks or len(layers), len(layers))
     sizing["host_bytes"] = sizing["host_banks"] * shape.num_experts * sizing["slot_bytes"]
+    _check_host_memory(sizing["host_bytes"], sizing["host_banks"], shape)
     banks = make_banks(shape, layers, cfg.seed, cfg.host_banks)
     pinner = None
     if device.type == "cuda":
@@ -363,7 +381,8 @@ def _ttft_and_check(report: dict[str, Any]) -> None:
     for p in (x for x in report["prefill"] if x.get("buffers") == 2 and "error" not in x):
         ms = (ok["auto"]["ms_per_token"] if "auto" in ok else 0.0)
         p["ttft_s_estimate"] = p["seconds"] + ms / 1e3
-    if "auto" in ok and len(ok) > 1:
+    if "auto" in ok and len(ok) > 1 and report["machine"]["device"].startswith("cuda"):
+        # (on --device cpu the "device" is the CPU itself: PCIe fills are memcpys, so no split is checked)
         auto = ok["auto"]["decode_tok_s"]
         best_p, best = max(((p, r["decode_tok_s"]) for p, r in ok.items() if p != "auto"), key=lambda kv: kv[1])
         noise = 0.05
