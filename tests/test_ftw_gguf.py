@@ -419,15 +419,15 @@ def test_a_block_number_in_another_spelling_is_refused(tmp_path: Path, alias: st
         convert_gguf(write_gguf(tmp_path / "tiny.gguf", tensors), tmp_path / "ftw")
 
 
-def test_sentencepiece_tokenizer_is_refused_unless_skipped(tmp_path: Path) -> None:
+def test_unsupported_tokenizer_is_refused_unless_skipped(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen3_moe_tensors(), tokenizer=False)
     with pytest.raises(SourceError, match="tokenizer model None is not supported"):
         convert_gguf(path, tmp_path / "ftw")
     assert not (tmp_path / "ftw").exists()
     index = convert_gguf(path, tmp_path / "ftw", tokenizer=False)
     assert index.metadata["side_files"] == [] and not (tmp_path / "ftw" / "tokenizer.json").exists()
-    with pytest.raises(SourceError, match="'llama' is not supported"):
-        gguf_tokenizer_json({Keys.Tokenizer.MODEL: "llama", Keys.Tokenizer.LIST: ["<s>"]})
+    with pytest.raises(SourceError, match="'t5' is not supported"):  # SentencePiece ('llama'): test_ftw_gguf_tokenizer
+        gguf_tokenizer_json({Keys.Tokenizer.MODEL: "t5", Keys.Tokenizer.LIST: ["<s>"]})
     with pytest.raises(SourceError, match="pre-tokenizer 'chatglm-bpe'"):
         gguf_tokenizer_json({Keys.Tokenizer.MODEL: "gpt2", Keys.Tokenizer.PRE: "chatglm-bpe", Keys.Tokenizer.LIST: ["a"]})
 

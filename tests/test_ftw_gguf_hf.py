@@ -96,7 +96,7 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
 
 def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
     """A trivial byte-level BPE vocabulary (the tokenizer test uses a real one)."""
-    tokens = [f"t{i}" for i in range(vocab_size - 1)] + ["<|endoftext|>"]
+    tokens = ["t", "0"] + [f"t{i}" for i in range(vocab_size - 3)] + ["<|endoftext|>"]  # "t 0" merges to "t0"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
