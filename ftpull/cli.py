@@ -313,9 +313,10 @@ def stop_cmd(name: str) -> None:
 
     from . import serve as serve_mod
 
+    display = parse_name(name).display  # a bad name is refused before any server is asked
     client = serve_mod.Client()
     loaded = {m["name"] for m in client.get("/api/ps").get("models", [])}
-    if parse_name(name).display not in loaded:
+    if display not in loaded:
         raise click.ClickException(f"model '{name}' is not running" + (f" (running: {', '.join(sorted(loaded))})"
                                                                      if loaded else ""))
     client.post("/api/generate", {"model": name, "keep_alive": 0})

@@ -26,6 +26,7 @@ from .resolve import ResolveError, resolve
 def list_cmd(as_json: bool) -> None:
     """List local models."""
     store = Store.default()
+    store.cleanup_stale()  # what killed processes left (a half-written manifest's temp file, ...)
     entries, skipped = store.scan_models()
     rows = [show_mod.list_row(store, e) for e in entries]
     if as_json:
@@ -93,6 +94,7 @@ def _unload_from_server(names: tuple[str, ...]) -> None:
 def rm_cmd(names: tuple[str, ...]) -> None:
     """Remove models (and blobs no other model uses)."""
     store = Store.default()
+    store.cleanup_stale()  # (a dead writer's temp file would also keep the model's directory from being pruned)
     _unload_from_server(names)
     held: set[str] = set()  # the removed models' blobs: what their removal should free
     for name in names:

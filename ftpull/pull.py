@@ -6,7 +6,8 @@ Downloads go to `$FT_HOME/downloads/...` and survive an interruption (the next p
 a pull from a repository also holds that repository's download lock, so two names of one
 repository take turns with its download directory, which each deletes when done. Conversion
 happens in a per-process work dir that is removed on any failure, and that the next pull
-removes if the process was killed. The manifest is written last.
+removes if the process was killed (with any temp file a killed writer left, `Store.cleanup_stale`;
+`ft list` and `ft rm` run it too). The manifest is written last.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def pull(text: str, store: Store, *, force: bool = False, report: Report = quiet
     """Make the model `text` present in `store` (a fast no-op if it already is). A stored model
     whose files are missing or of the wrong size is made again where the recipe `text` names made
     it; otherwise the error says how to repair it."""
+    store.cleanup_stale()  # work dirs and temp files of killed processes, also when nothing is fetched
     present = _present_name(text, store)
     if present is not None:  # any stored name, also ones no recipe makes (ft create, ft cp, local/...)
         return _kept_or_healed(store, present, lambda: _recipe_target(text), force, report)
@@ -134,8 +136,9 @@ def create(name: str, modelfile_path: Path, store: Store, *, tag: str | None = N
     """`ft create NAME -f Modelfile`: build NAME from a Modelfile (replacing an existing NAME). A
     FROM naming a stored model, where no directory of that name exists, makes NAME a variant of it
     (Ollama's `FROM MODEL`): its weights shared, its recipe's fields changed where stated."""
+    model_name = parse_name(name)  # (a bad name is refused before the Modelfile is read)
     modelfile = load_modelfile(modelfile_path)
-    model_name = parse_name(name)
+    store.cleanup_stale()
     recipe = replace(modelfile.recipe(tag), name=model_name.model, tag=model_name.tag)
     target = PullTarget(model_name, recipe)
     base = _stored_base(recipe, store)
@@ -172,7 +175,7 @@ def install(
 ) -> PullResult:
     """Fetch, convert and register `target` under the store's locks (see the module docstring).
     `heal`: the stored model has damaged files; made again unless another pull did it meanwhile."""
-    store.cleanup_stale()
+    store.cleanup_stale()  # (pull and create ran it already; install is called on its own too, and it is cheap)
     # blobs no model names: of a pull killed while it registered, or of models removed while
     # another pull ran (their gc was skipped then); before the fit check counts them as used
     store.gc(wait=False)

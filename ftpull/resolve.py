@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ftw import FAMILIES
 from registry import InvalidNameError, ModelName, parse_name
-from registry.names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG
+from registry.names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG, refuse_control_characters
 
 from .modelfile import FAMILY_FROM_CONFIG, Recipe, Source, builtin_modelfiles, load_modelfile, parse_source
 
@@ -63,7 +63,8 @@ def not_a_checkpoint(path: Path) -> str:
 
 def resolve(text: str) -> PullTarget:
     """Resolve a model reference; ResolveError (with suggestions) or InvalidNameError when it cannot."""
-    text = text.strip()
+    text = text.strip(" \t\r\n")  # (not str.strip(): Unicode spaces are no blanks to drop, the name check sees them)
+    refuse_control_characters(text)  # before a NUL reaches a path: os calls raise ValueError on one
     if not text:
         raise ResolveError("no model name given (try `ft pull tiny`, or `ft list` for local models)")
     if text.startswith("hf://"):

@@ -53,7 +53,7 @@ def parse_source(text: str, base_dir: str | os.PathLike[str] | None = None) -> S
     """Parse `hf://org/repo[@rev]`, `gguf://org/repo/file.gguf[@rev]`, `builtin://name` or a local
     directory path (relative paths resolve against base_dir, else the working directory).
     Raises ValueError with the reason; the parser turns it into a ModelfileError."""
-    if not text or text != text.strip() or any(c in text for c in "\n\r\t\0"):
+    if not text or text != text.strip() or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
         raise ValueError(f"source {text!r} is empty or contains whitespace or control characters")
     m = URI.fullmatch(text)
     if not m:

@@ -1,12 +1,15 @@
 """Crash-safe file writes: temp file in the target's directory, flush, fsync, rename, fsync dir.
 
 A reader sees either the old file or the complete new one, never a partial write. If the
-process dies mid-write, only a temp file named ``.<target>.tmp-<pid>-<token>`` remains; the pid in
-its name lets `registry.tmpdirs.cleanup_stale` remove it once that process is gone.
+process dies mid-write, only a temp file named ``.<target>.tmp-<pid>-<token>`` remains. Its writer
+holds an exclusive `flock` on it from creation to rename, so `registry.tmpdirs.cleanup_stale`
+can tell a dead writer's file (no lock; the pid in its name not running) from a live one's in
+any pid namespace, and remove it at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 from pathlib import Path
@@ -19,6 +22,23 @@ TEMP_MARKER = ".tmp-"
 def temp_name_for(target: Path) -> Path:
     """A unique hidden temp path next to `target`, carrying this process's pid."""
     return target.with_name(f".{target.name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _open_locked(target: Path) -> tuple[Path, int]:
+    """Create a fresh temp file for `target`, locked as this writer's (see the module docstring)."""
+    while True:
+        path = temp_name_for(target)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (blocks only while a cleanup looks at it: a moment)
+        except OSError:  # a filesystem without flock: cleanup goes by the pid and age alone
+            return path, fd
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return path, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # a cleanup removed it between create and lock, taking it for a dead writer's
 
 
 def fsync_dir(path: Path) -> None:
@@ -42,8 +62,7 @@ class AtomicWriter:
 
     def __init__(self, target: Path) -> None:
         self.target = Path(target)
-        self.temp_path = temp_name_for(self.target)
-        fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.temp_path, fd = _open_locked(self.target)
         self.file: BinaryIO = os.fdopen(fd, "wb")
         self._done = False
 
@@ -58,12 +77,12 @@ class AtomicWriter:
         try:
             self.file.flush()
             os.fsync(self.file.fileno())
-            self.file.close()
-            os.replace(self.temp_path, self.target)
+            os.replace(self.temp_path, self.target)  # still open, so still locked until it has its name
         except BaseException:
             self.discard()
             raise
         self._done = True
+        self.file.close()
         fsync_dir(self.target.parent)
 
     def discard(self) -> None:

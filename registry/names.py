@@ -4,7 +4,10 @@ A name is ``[host/][namespace/]model[:tag]``; missing parts default to host ``ft
 namespace ``library`` and tag ``latest``. Host, namespace and model are lower-cased; the tag keeps
 its case. Every part becomes one path component under ``manifests/``, so the grammar is also the
 store's defence against path traversal: a part can never be empty, start with a dot, contain
-``..``, a slash, a backslash or a NUL byte.
+``..``, a slash, a backslash or a NUL byte. A name is ASCII, as Ollama's grammar is, and that is
+checked on the text as given, before any case folding: a look-alike such as the Kelvin sign
+(U+212A, which ``lower()`` turns into an ASCII ``k``) or a control character is refused, never
+folded into another model's name.
 
     >>> str(parse_name("qwen3:30b"))
     'ft.local/library/qwen3:30b'
@@ -15,6 +18,7 @@ store's defence against path traversal: a part can never be empty, start with a 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from .errors import InvalidNameError
@@ -46,6 +50,30 @@ def _bad(text: str, part: str, value: str, why: str) -> InvalidNameError:
         f"invalid model name {text!r}: {part} {value!r} {why} ({part}: {_RULES.get(part, '')}); "
         f"{ACCEPTED_FORM}"
     )
+
+
+def _bad_character(text: str, ascii_only: bool = True) -> str | None:
+    """What makes `text` no name before any folding: a control or (`ascii_only`) a non-ASCII
+    character; None when it has neither."""
+    for ch in text:
+        code = ord(ch)
+        if code == 0:
+            return "contains a NUL byte"
+        if code < 0x20 or 0x7F <= code < 0xA0:
+            return f"contains the control character U+{code:04X}"
+        if code > 0x7F and ascii_only:
+            what = unicodedata.name(ch, "")
+            return (f"contains the non-ASCII character {ch!r} (U+{code:04X}{' ' + what if what else ''}); names are "
+                    "ASCII only: retype it in plain ASCII")
+    return None
+
+
+def refuse_control_characters(text: str) -> None:
+    """Raise `InvalidNameError` if `text` holds a control character (NUL included): what a model
+    name, a path or an address to pull never has (a path may be non-ASCII, a name may not)."""
+    why = _bad_character(text, ascii_only=False)
+    if why:
+        raise InvalidNameError(f"invalid model name {text!r}: {why}; {ACCEPTED_FORM}")
 
 
 def _check_part(text: str, part: str, value: str) -> None:
@@ -109,9 +137,9 @@ def parse_name(text: str) -> ModelName:
         raise InvalidNameError(
             f"invalid model name {text[:40]!r}...: longer than {MAX_NAME_CHARS} characters; {ACCEPTED_FORM}"
         )
-    for bad, what in (("\x00", "a NUL byte"), ("\\", "a backslash")):
-        if bad in text:
-            raise InvalidNameError(f"invalid model name {text!r}: contains {what}; {ACCEPTED_FORM}")
+    why = _bad_character(text) or ("contains a backslash" if "\\" in text else None)
+    if why:  # on the text as given: lower() below must never fold a look-alike into ASCII
+        raise InvalidNameError(f"invalid model name {text!r}: {why}; {ACCEPTED_FORM}")
     if text.startswith("/"):
         raise InvalidNameError(f"invalid model name {text!r}: looks like an absolute path; {ACCEPTED_FORM}")
     if any(ch.isspace() for ch in text):

@@ -5,8 +5,11 @@ A work directory is named ``<prefix>-pid<pid>-<token>`` and holds an exclusive `
 is how a process killed in the middle of a conversion gets cleaned up by the next one. The lock,
 not the pid, decides: processes in other pid namespaces (containers sharing FT_HOME) see each
 other's pids as absent, and a container's pull runs as pid 1, which every other process sees as
-alive. Atomic-write temp files (``.<target>.tmp-<pid>-<token>``) are stale once their pid no
-longer runs here and they have not been written to for STALE_TEMP_FILE_S.
+alive. Atomic-write temp files (``.<target>.tmp-<pid>-<token>``) are locked the same way, by an
+exclusive `flock` their writer holds from creating them until their rename: one nobody holds is
+removed at once when its pid does not run here (a writer killed with SIGKILL mid-write), or, when
+that pid runs (reused by another process), once it has not been written to for
+STALE_TEMP_FILE_S. A held one is never removed, whatever its pid or age.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ _WORKDIR_RE = re.compile(r".+-pid([0-9]+)-[0-9a-f]+")
 _TEMPFILE_RE = re.compile(r"\..+" + re.escape(TEMP_MARKER) + r"([0-9]+)-[0-9a-f]+")
 _STAGING_RE = re.compile(r"\..+-[0-9a-f]+\.new")
 OWNER_LOCK = ".owner.lock"
-STALE_TEMP_FILE_S = 600.0  # a temp file untouched this long, of a pid not running here, is a dead writer's
+STALE_TEMP_FILE_S = 600.0  # an unlocked temp file untouched this long is a dead writer's even if its pid runs
 
 
 @contextmanager
@@ -112,10 +115,49 @@ def cleanup_stale(tmp_root: Path, temp_file_dirs: list[Path]) -> list[Path]:
             for fname in filenames:
                 m = _TEMPFILE_RE.fullmatch(fname)
                 path = Path(dirpath) / fname
-                if m and not pid_alive(int(m.group(1))) and _untouched_for(path, STALE_TEMP_FILE_S, now) \
-                        and _remove(path):
+                if m and _remove_temp_file_if_stale(path, int(m.group(1)), now):
                     removed.append(path)
+                    _prune_empty(path.parent, top)
     return removed
+
+
+def _prune_empty(directory: Path, top: Path) -> None:
+    """Remove `directory` and its parents below `top` while they are empty (a model directory a
+    killed first write left; a writer that loses its directory meanwhile makes it again,
+    Store.write_manifest)."""
+    while directory != top and top in directory.parents:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        directory = directory.parent
+
+
+def _remove_temp_file_if_stale(path: Path, pid: int, now: float) -> bool:
+    """Remove the atomic-write temp file `path` (named with its writer's `pid`) if its writer is
+    gone: nobody holds its lock, and the pid does not run here or the file is STALE_TEMP_FILE_S
+    old (pid reuse). The lock is held while it is unlinked, so a writer that opened the file just
+    now sees it gone and takes a new one (registry.atomic)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError:  # unreadable (another user's): the pid and age rules alone decide
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # its writer is alive, in this pid namespace or another
+            except OSError:  # a filesystem without flock
+                pass
+        if pid_alive(pid) and not _untouched_for(path, STALE_TEMP_FILE_S, now):
+            return False
+        return _remove(path)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _untouched_for(path: Path, seconds: float, now: float) -> bool:

@@ -61,6 +61,9 @@ def test_parse_name_defaults_and_forms(text: str, canonical: str, display: str) 
         "model:", "a:b:c", ".hidden", "ns/.hidden", "m:.tag", "m:..", "m:a..b", "a..b",
         "host/ns/m/extra", "a/b/c/d:e", "m" * 129, "m:" + "t" * 129, "x" * 600, "has space",
         "-lead", "ns/-m", "ho_st/ns/m", "host:port/ns/m", "m:t/x", "m:ta@g", "~/m", "$HOME",
+        # look-alikes that lower() or NFKC would fold into ASCII, and control characters
+        "\u212aelvin", "m:\u212a", "\uff54\uff49\uff4e\uff59", "t\u0131ny", "\u0130/m", "tiny\u200b", "a\x01b",
+        "a\x7fb", "a\x85b", "m:t\x1b",
     ],
 )
 def test_parse_name_rejects_traversal_and_junk(text: str) -> None:
@@ -80,6 +83,18 @@ def test_invalid_name_message_names_the_part() -> None:
         parse_name("a\x00b")
     with pytest.raises(InvalidNameError, match="absolute"):
         parse_name("/etc/passwd")
+    with pytest.raises(InvalidNameError, match=r"non-ASCII character .* \(U\+212A KELVIN SIGN\); names are ASCII only"):
+        parse_name("\u212aelvin")  # ("kelvin" once it is lower-cased: checked before)
+    with pytest.raises(InvalidNameError, match=r"control character U\+0001"):
+        parse_name("a\x01b")
+
+
+def test_control_characters_are_refused_in_paths_too() -> None:
+    from registry.names import refuse_control_characters
+
+    refuse_control_characters("./mod\u00e8le")  # a path may be non-ASCII
+    with pytest.raises(InvalidNameError, match="NUL"):
+        refuse_control_characters("../\x00x")
 
 
 def test_model_name_constructor_validates() -> None:

@@ -152,10 +152,10 @@ def test_cleanup_stale_removes_dead_pids_only(tmp_path: Path) -> None:
     dead_manifest_tmp.write_bytes(b"{")
     live_blob_tmp = store.blobs_dir / f".sha256-{'1' * 64}.tmp-{os.getpid()}-abcd1234"
     live_blob_tmp.write_bytes(b"in progress")
-    young_tmp = store.blobs_dir / f".sha256-{'2' * 64}.tmp-{dead}-abcd1234"  # a writer in another pid namespace
-    young_tmp.write_bytes(b"being written")
+    young_tmp = store.blobs_dir / f".sha256-{'2' * 64}.tmp-{dead}-abcd1234"  # a dead pid's: no age needed
+    young_tmp.write_bytes(b"half written")
     old = time.time() - 2 * STALE_TEMP_FILE_S
-    for path in (dead_blob_tmp, dead_manifest_tmp, live_blob_tmp):
+    for path in (dead_blob_tmp, dead_manifest_tmp):
         os.utime(path, (old, old))
     unrelated = store.tmp_dir / "notes"
     unrelated.mkdir()
@@ -163,11 +163,80 @@ def test_cleanup_stale_removes_dead_pids_only(tmp_path: Path) -> None:
     with store.temp_dir("convert") as live_dir:
         (live_dir / "f").write_bytes(b"busy")
         removed = store.cleanup_stale()
-        assert sorted(removed) == sorted([dead_dir, dead_blob_tmp, dead_manifest_tmp])
+        assert sorted(removed) == sorted([dead_dir, dead_blob_tmp, dead_manifest_tmp, young_tmp])
         assert live_dir.is_dir() and (live_dir / "f").exists()
         assert f"pid{os.getpid()}" in live_dir.name
     assert not live_dir.exists()
-    assert live_blob_tmp.exists() and young_tmp.exists() and unrelated.exists()
+    assert live_blob_tmp.exists() and unrelated.exists()  # a live pid's (young: not a reused pid's)
+    os.utime(live_blob_tmp, (old, old))  # a live pid's file untouched for long and unlocked: the pid was reused
+    assert store.cleanup_stale() == [live_blob_tmp]
+
+
+def _write_manifest_and_die(root: str, held) -> None:  # type: ignore[no-untyped-def]
+    """Start writing a manifest the way Store.write_manifest does, then die by SIGKILL mid-write."""
+    import signal
+
+    from registry import AtomicWriter
+
+    path = Store(Path(root)).manifest_path("victim")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = AtomicWriter(path)
+    writer.write(b'{"schemaVersion": 2, "half')
+    writer.file.flush()
+    held.put(str(writer.temp_path))
+    held.close()
+    held.join_thread()  # (the queue's feeder thread has sent it: SIGKILL spares nothing)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_manifest_writer_killed_mid_write_is_cleaned_up_at_once(tmp_path: Path) -> None:
+    """kill -9 while a manifest is written leaves `.latest.tmp-<pid>-<token>`; its pid is gone, so
+    the next cleanup removes it at once (no 600 s wait), and the model's directory can go too."""
+    store = Store(tmp_path)
+    held = CTX.Queue()
+    proc = CTX.Process(target=_write_manifest_and_die, args=(str(tmp_path), held))
+    proc.start()
+    temp = Path(held.get(timeout=CHILD_START_S))
+    proc.join(30)
+    assert proc.exitcode == -9  # SIGKILL
+    assert temp.exists() and temp.parent == store.manifest_path("victim").parent
+    assert temp.name.startswith(".latest.tmp-") and f"-{proc.pid}-" in temp.name
+    assert store.cleanup_stale() == [temp]
+    assert not temp.exists() and store.list_models() == []
+    assert list(store.manifests_dir.iterdir()) == []  # the directories its first write made, pruned
+
+
+def _hold_temp_file(root: str, made, release) -> None:  # type: ignore[no-untyped-def]
+    from registry import AtomicWriter
+
+    with AtomicWriter(Store(Path(root)).manifest_path("busy")) as f:
+        f.write(b"{")
+        f.flush()
+        made.put(str(next(Store(Path(root)).manifest_path("busy").parent.glob(".latest.tmp-*"))))
+        release.wait(30)
+
+
+def test_a_temp_file_being_written_is_never_removed(tmp_path: Path) -> None:
+    """A writer holds its temp file's lock: even named with a pid that does not run here (a writer
+    in another pid namespace sharing FT_HOME) and old, its file is kept until it is renamed."""
+    store = Store(tmp_path)
+    store.manifest_path("busy").parent.mkdir(parents=True)
+    made, release = CTX.Queue(), CTX.Event()
+    proc = CTX.Process(target=_hold_temp_file, args=(str(tmp_path), made, release))
+    proc.start()
+    try:
+        temp = Path(made.get(timeout=CHILD_START_S))
+        elsewhere = temp.with_name(".latest.tmp-999999999-0badf00d")  # as another namespace's pid reads here
+        temp.rename(elsewhere)
+        old = time.time() - 2 * STALE_TEMP_FILE_S
+        os.utime(elsewhere, (old, old))
+        assert store.cleanup_stale() == []
+        assert elsewhere.exists()
+    finally:
+        release.set()
+        proc.join(30)
+    assert proc.exitcode != 0  # (its rename found the temp file under another name: the write failed, loudly)
+    assert store.cleanup_stale() == [elsewhere]  # its writer is gone now
 
 
 def _hold_work_dir(root: str, made, release) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """The HTTP app of `ft serve`: the Ollama API, and the OpenAI and Anthropic flavours when their
-modules are present, over one backend; an optional API key; every error a JSON body in the
-flavour's own shape with a 4xx status for anything the client got wrong (never a 500 for bad input).
+modules are present, over one backend; an optional API key; request bodies within the limits of
+limits.py (size, JSON nesting); every error a JSON body in the flavour's own shape with a 4xx
+status for anything the client got wrong (never a 500 for bad input).
 
 runtime must not import ftpull, so pulling is injected: `create_app(backend, pull=fn)` where
 `fn(name, report)` pulls `name` and calls `report(event)` with objects carrying status / total /
@@ -9,6 +10,7 @@ completed (ftpull.serve.build_app passes ft's pull).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib
 import logging
@@ -26,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import Store
 
-from . import ollama_api
+from . import limits, ollama_api
 from .protocol import Backend, ServerError
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,56 @@ class JSONBodies:
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
+
+
+class BodyLimits:
+    """Every request body is read here first and refused if larger than MAX_BODY_BYTES (413) or
+    nested deeper than MAX_JSON_DEPTH (400), before any JSON parser recurses into it; the app
+    then receives the same bytes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limits.MAX_BODY_BYTES:
+            await self._refuse(scope, receive, send, 413, limits.too_large(int(declared)))
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: nobody to answer
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limits.MAX_BODY_BYTES:
+                await self._refuse(scope, receive, send, 413, limits.too_large())
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        # (a large body is scanned off the event loop, so other requests' tokens keep flowing)
+        problem = limits.too_deep(body) if size < 1 << 20 else await asyncio.to_thread(limits.too_deep, body)
+        if problem:
+            await self._refuse(scope, receive, send, 400, problem)
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # (http.disconnect, when the client leaves)
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Any, send: Any, status: int, message: str) -> None:
+        await JSONResponse(error_body(scope["path"], status, message), status_code=status)(scope, receive, send)
 
 
 class APIKey:
@@ -188,6 +240,7 @@ def create_app(backend: Any = None, *, store: Store | None = None, pull: ollama_
         return error_response(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     app.add_middleware(JSONBodies)
+    app.add_middleware(BodyLimits)  # (inside the key check: a client without the key is not read)
     if api_key:
         app.add_middleware(APIKey, key=api_key)
     # outermost: a browser's preflight is answered before the key is asked for

@@ -86,12 +86,18 @@ def sets_max_tokens(model: RegisteredModel, options: Mapping[str, Any] | None) -
     return any(OPTION_ALIASES.get(k, k) == "max_tokens" for k in given if isinstance(k, str))
 
 
+def _trimmed(name: str) -> str:
+    """`name` without surrounding ASCII blanks (a pasted newline); str.strip() would also drop
+    Unicode spaces and separators, and a name is checked as the client typed it (registry.names)."""
+    return name.strip(" \t\r\n")
+
+
 def lookup(store: Store, name: str) -> RegisteredModel:
     """The registered model `name`; ModelNotFound (404) or BadRequest (an invalid name)."""
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str) or not _trimmed(name):
         raise BadRequest("model is required: give the name of a model (see /api/tags)")
     try:
-        return open_model(store, name.strip())
+        return open_model(store, _trimmed(name))
     except InvalidNameError as e:
         raise BadRequest(str(e)) from None
     except ModelNotFoundError:
@@ -181,7 +187,7 @@ def show(store: Store, name: str) -> dict[str, Any]:
 def delete(store: Store, name: str) -> None:
     lookup(store, name)  # 404 / 400 with the same messages as everywhere
     try:
-        store.remove(name.strip())
+        store.remove(_trimmed(name))
     except ModelNotFoundError:
         raise ModelNotFound(f"model {name!r} not found") from None
     except RegistryError as e:
@@ -190,10 +196,10 @@ def delete(store: Store, name: str) -> None:
 
 def copy(store: Store, source: str, destination: str) -> None:
     lookup(store, source)
-    if not isinstance(destination, str) or not destination.strip():
+    if not isinstance(destination, str) or not _trimmed(destination):
         raise BadRequest("destination is required: the new model name")
     try:
-        store.copy(source.strip(), destination.strip())
+        store.copy(_trimmed(source), _trimmed(destination))
     except InvalidNameError as e:
         raise BadRequest(str(e)) from None
     except ModelNotFoundError:

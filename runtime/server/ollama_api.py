@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PullFn = Callable[[str, Callable[[Any], None]], None]  # (name, report(event with status/total/completed))
 NDJSON = "application/x-ndjson"
+PULL_FIRST_EVENT_S = 2.0  # how long a streamed pull waits for its first event before the status is sent
 UNSUPPORTED = {"/api/embed": "embeddings", "/api/embeddings": "embeddings", "/api/create": "creating models over the API "
                "(use `ft create`)", "/api/push": "pushing models"}
 
@@ -185,8 +186,20 @@ def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0
             raise NotImplementedByFt("this server cannot pull models; run `ft pull` on its machine")
         events = _pull_events(pull, name)
         if body.stream:
+            # what the pull refuses at once (a bad name, an unknown model) is the response's status,
+            # as in a non-streamed pull; a pull that reports nothing for a while still streams
+            first: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(anext(events))
+            await asyncio.wait({first}, timeout=PULL_FIRST_EVENT_S)
+            error = first.exception() if first.done() else None
+            if error is not None and not isinstance(error, StopAsyncIteration):
+                raise error
+
             async def stream() -> AsyncIterator[bytes]:
                 try:
+                    try:
+                        yield line(await first)
+                    except StopAsyncIteration:
+                        return
                     async for event in events:
                         yield line(event)
                 except ServerError as e:

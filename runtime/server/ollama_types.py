@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .limits import too_deep
 from .protocol import BadRequest, Done, Event, ReasoningDelta, TextDelta, ToolCallEvent
 from .scheduler import parse_keep_alive
 
@@ -157,6 +158,8 @@ def messages_in(messages: list[Message]) -> list[dict[str, Any]]:
 def _tool_call_in(i: int, j: int, call: ToolCall) -> dict[str, Any]:
     arguments = call.function.arguments
     if isinstance(arguments, str):
+        if problem := too_deep(arguments):  # (JSON inside a string: the body's own scan did not count it)
+            raise BadRequest(f"messages[{i}].tool_calls[{j}].function.arguments: {problem}")
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:

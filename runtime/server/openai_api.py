@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 
 from ..text.sampling import InvalidParameterError, SamplingParams
 from . import streaming
+from .limits import too_deep
 from .protocol import (
     Backend,
     BadRequest,
@@ -89,6 +90,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         body = await request.json()
     except ValueError:
         raise BadRequest("the request body is not valid JSON") from None
+    except RecursionError:  # (app.BodyLimits refuses such a body first; a router mounted without it)
+        raise BadRequest("the request body's JSON nests too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
@@ -147,6 +150,8 @@ def _text(content: Any, where: str, *, allow_none: bool = False) -> str:
 
 def _arguments(raw: Any, where: str) -> dict[str, Any]:
     if isinstance(raw, str):
+        if problem := too_deep(raw):  # (JSON inside a string: the body's own scan did not count it)
+            raise InvalidField(f"{where}: {problem}", where)
         try:
             raw = json.loads(raw) if raw.strip() else {}
         except ValueError:
