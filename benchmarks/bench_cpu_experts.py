@@ -11,10 +11,13 @@ weights come from DRAM. Printed side by side:
 - the fast executor (CPUExpertExecutor: the compiled kernel of cpu_kernels.py, on every call);
 
 as GB/s of expert weights streamed (bytes of every distinct expert record a step touches,
-scales included, over the step's time), best and median over the repetitions.
+scales included, over the step's time), best and median over the repetitions. A dtype `a/b`
+is a GGUF-style mixed expert: gate and up stored as a, down as b (Q4_K_M: q4_k/q6_k).
 
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 16
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --tokens 1,4,256 --dtypes bf16
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 1,2 --dtypes bf16,q8_0,q4_k,q6_k,q4_k/q6_k
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --build avx2 --dtypes q4_k  # another CPU's build
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.experts.cpu_kernels import native_kernel
+from runtime.experts import cpu_kernels
+from runtime.experts.cpu_kernels import Kernel, native_kernel
 from runtime.experts.executor import CPUExpertExecutor, ReferenceCPUExpertExecutor
 from runtime.experts.synthetic import random_bank
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+BUILDS = {"native": cpu_kernels.NATIVE_FLAGS, "no-vnni": cpu_kernels.NO_VNNI_FLAGS, "avx2": cpu_kernels.AVX2_FLAGS,
+          "scalar": cpu_kernels.SCALAR_FLAGS}
 
 
 def timed(fn: Callable[[int], object], reps: int, warmup: int = 2) -> list[float]:
@@ -67,10 +73,9 @@ def gbps(nbytes: float, samples: list[float]) -> tuple[float, float]:
     return nbytes / min(samples) / 1e9, nbytes / statistics.median(samples) / 1e9
 
 
-def dram_read(threads: int, mib: int, reps: int) -> dict[str, tuple[float, float]]:
+def dram_read(threads: int, mib: int, reps: int, kernel: Kernel | None) -> dict[str, tuple[float, float]]:
     buffer = torch.ones(mib << 20, dtype=torch.uint8)
     out = {"torch sum": gbps(buffer.numel(), timed(lambda i: buffer.view(torch.float32).sum(), reps))}
-    kernel = native_kernel()
     if kernel is not None:
         out["kernel reader"] = gbps(buffer.numel(), timed(lambda i: kernel.read_bytes(buffer, threads), reps))
     return out
@@ -84,8 +89,12 @@ def expert_ids(step: int, num_tokens: int, top_k: int, num_experts: int) -> torc
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads (default: torch's)")
-    parser.add_argument("--dtypes", default="bf16,f8_e4m3,q8_0", help="expert dtypes (f32,f16,bf16,f8_e4m3,f8_e5m2,q8_0)")
+    parser.add_argument("--threads", default=str(torch.get_num_threads()),
+                        help="CPU threads, comma separated (default: torch's)")
+    parser.add_argument("--dtypes", default="bf16,f8_e4m3,q8_0",
+                        help="expert dtypes (f32,f16,bf16,f8_e4m3,f8_e5m2,q8_0,q4_k,q5_k,q6_k; gate-up/down: q4_k/q6_k)")
+    parser.add_argument("--build", default="native", choices=sorted(BUILDS),
+                        help="the kernel build: this CPU's (native), or what a CPU without VNNI, AVX-512 or AVX2 gets")
     parser.add_argument("--tokens", default="1", help="tokens per step, comma separated (decode: 1)")
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=2048)
@@ -104,26 +113,37 @@ def main(argv: list[str] | None = None) -> None:
                              "prefill-sized calls): 'runtime ms' and its speedup over the kernel")
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
     compute = COMPUTE_DTYPES[args.compute_dtype]
-    kernel = native_kernel()
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.threads} threads, torch "
-          f"{torch.__version__}; kernel: {kernel.path.name + f' ({kernel.simd_width * 32}-bit SIMD)' if kernel else 'UNAVAILABLE'}")
+    kernel = native_kernel() if args.build == "native" else Kernel(cpu_kernels.build(BUILDS[args.build]))
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; kernel: "
+          f"{kernel.path.name + f' ({args.build}, {kernel.simd_width * 32}-bit SIMD)' if kernel else 'UNAVAILABLE'}")
     print(f"# experts H={args.hidden} I={args.inter}, K={args.top_k}, banks of >= {args.bank_mib} MiB, "
           f"activations {args.compute_dtype}; GB/s = distinct expert bytes per step / step time (best, median)")
-    for name, (best, median) in dram_read(args.threads, args.dram_mib, args.reps).items():
-        print(f"DRAM read ({name}, {args.dram_mib} MiB): {best:6.1f} GB/s best, {median:6.1f} median")
-
-    print(f"{'dtype':8} {'T':>4} {'MB/step':>8} | {'reference ms':>12} {'GB/s':>6} | {'fast ms':>8} {'GB/s':>6} "
-          f"{'(median)':>8} | {'speedup':>7}")
+    banks = {}
     for dtype in args.dtypes.split(","):
-        record_bytes = random_bank(dtype, 1, args.hidden, args.inter).layout.expert_stride
+        gate_up, _, down = dtype.partition("/")
+        record_bytes = random_bank(gate_up, 1, args.hidden, args.inter, down_dtype=down or None).layout.expert_stride
         num_experts = max(args.experts, -(-(args.bank_mib << 20) // record_bytes))
-        bank = random_bank(dtype, num_experts, args.hidden, args.inter, num_distinct=4)
+        banks[dtype] = random_bank(gate_up, num_experts, args.hidden, args.inter, num_distinct=4,
+                                   down_dtype=down or None)
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        print(f"## {threads} thread(s)")
+        for name, (best, median) in dram_read(threads, args.dram_mib, args.reps, kernel).items():
+            print(f"DRAM read ({name}, {args.dram_mib} MiB): {best:6.1f} GB/s best, {median:6.1f} median")
+        run_dtypes(args, banks, compute, kernel, threads)
+
+
+def run_dtypes(args: argparse.Namespace, banks: dict, compute: torch.dtype, kernel: Kernel | None, threads: int) -> None:
+    print(f"{'dtype':9} {'T':>4} {'MB/step':>8} | {'reference ms':>12} {'GB/s':>6} | {'fast ms':>8} {'GB/s':>6} "
+          f"{'(median)':>8} | {'speedup':>7}")
+    for dtype, bank in banks.items():
+        num_experts = bank.num_experts
         record_bytes = sum(p.nbytes for p in bank.layout.parts)
-        fast = CPUExpertExecutor({0: bank}, compute, threads=args.threads, grouped_gemm_min_rows=None)  # the kernel alone
+        fast = CPUExpertExecutor({0: bank}, compute, threads=threads, kernel=kernel,
+                                 grouped_gemm_min_rows=None)  # the kernel alone
         reference = ReferenceCPUExpertExecutor({0: bank}, compute)
-        runtime = CPUExpertExecutor({0: bank}, compute, threads=args.threads)  # as the model runs it
+        runtime = CPUExpertExecutor({0: bank}, compute, threads=threads, kernel=kernel)  # as the model runs it
         for num_tokens in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(num_tokens, args.hidden).to(compute)
             weights = torch.rand(num_tokens, args.top_k).to(compute)
@@ -142,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                 run_s = timed_steps(runtime, x, steps, weights, args.ref_reps, budget_s=30, warmup=1)
                 runtime_text = (f" | runtime {statistics.median(run_s) * 1e3:8.2f} ms, "
                                 f"{statistics.median(fast_s) / statistics.median(run_s):4.2f}x the kernel")
-            print(f"{dtype:8} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
+            print(f"{dtype:9} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
                   f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}{runtime_text}")
 
 

@@ -1,8 +1,9 @@
-"""The compiled CPU expert kernel (csrc/moe_cpu.cpp): built at first use, cached, called with ctypes.
+"""The compiled CPU expert kernel (csrc/moe_cpu.cpp, and csrc/kquants.cpp for the GGML K-quants):
+built at first use, cached, called with ctypes.
 
 Why not torch: its bf16 CPU matmul streams expert weights at a fraction of DRAM bandwidth, and
 fp8 / GGML weights would need a dequantized copy per use. Why not a torch extension: the kernel
-needs no torch headers, so plain `g++ -O3 -march=native` builds it in 2-4 s on two cores, with
+needs no torch headers, so plain `g++ -O3 -march=native` builds it in 3-5 s on two cores, with
 no ninja and no Python headers (a trivial torch extension took 17 s there), and ctypes
 releases the GIL during the call (the hybrid runtime runs the CPU misses beside the GPU work).
 Its OpenMP threads are torch's own (libgomp.so.1 is loaded once per process). Without a
@@ -22,18 +23,29 @@ from pathlib import Path
 
 import torch
 
+from ftw.format import BLOCK_DTYPES
+
 from .bank import HostExpertBank
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "moe_cpu.cpp"
-NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC")
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "moe_cpu.cpp"
+SOURCES = (SOURCE, CSRC / "kquants.cpp")  # compiled together into one library
+# -ffp-contract=off: every product and sum rounded as written, never fused, so the dequantizers
+# give the reference's values bit for bit (gguf-py's numpy rounds each operation).
+NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off")
 # What a CPU without AVX-512 (AVX2 path) or without AVX2 (scalar path) would build: for tests.
 AVX2_FLAGS = (*NATIVE_FLAGS, "-mno-avx512f")
+NO_VNNI_FLAGS = (*NATIVE_FLAGS, "-mno-avx512vnni")  # AVX-512 without VNNI (Skylake-X): the K-quants' madd path
 SCALAR_FLAGS = (*NATIVE_FLAGS, "-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c", "-mno-avx")
 
 # FTW dtype -> the kernel's dtype code (enum Dtype in moe_cpu.cpp)
-DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "f8_e4m3": 3, "f8_e5m2": 4, "q8_0": 5}
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "f8_e4m3": 3, "f8_e5m2": 4, "q8_0": 5, "q4_k": 6, "q5_k": 7, "q6_k": 8}
+# GGML K-quants (csrc/kquants.cpp): the kernel multiplies them with activations quantized to
+# Q8_K (int8 per 256 values), as llama.cpp does, so their results are not the reference's to
+# the last bits but within the activation rounding (tests/test_kquant_kernel.py bounds it).
+KQUANT_DTYPES = ("q4_k", "q5_k", "q6_k")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
@@ -78,9 +90,11 @@ def cache_dir() -> Path:
 def build(flags: tuple[str, ...] = NATIVE_FLAGS, *, compiler: str | None = None, cache: Path | None = None) -> Path:
     """The kernel's shared library for `flags`, compiled once per (source, flags, compiler, CPU)."""
     cxx = compiler or os.environ.get("CXX") or "g++"
-    source = SOURCE.read_bytes() if SOURCE.exists() else None
-    if source is None:
-        raise KernelBuildError(f"kernel source {SOURCE} is missing from this installation")
+    missing = [p for p in SOURCES if not p.exists()]
+    if missing:
+        raise KernelBuildError(f"kernel source {missing[0]} is missing from this installation")
+    source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in sorted(CSRC.iterdir())
+                         if p.suffix in (".cpp", ".h"))
     try:
         version = subprocess.run([cxx, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
                                  timeout=30).stdout
@@ -94,7 +108,8 @@ def build(flags: tuple[str, ...] = NATIVE_FLAGS, *, compiler: str | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        done = subprocess.run([cxx, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([cxx, *flags, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
             raise KernelBuildError(f"{cxx} failed to build {SOURCE.name}:\n{done.stderr[-2000:]}")
         os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
@@ -146,6 +161,9 @@ class Kernel:
         self._dense.restype = ctypes.c_int
         self._dense.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._dequant_rows = lib.ft_dequant_rows
+        self._dequant_rows.restype = ctypes.c_int
+        self._dequant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         self._wait = lib.ft_wait_u32
         self._wait.restype = ctypes.c_int
         self._wait.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64]
@@ -197,6 +215,32 @@ class Kernel:
                              f"not {weight.dtype} and {x.shape[0]}")
         return out
 
+    def dense_blocks(self, x: torch.Tensor, rows: torch.Tensor, dtype: str, threads: int) -> torch.Tensor:
+        """x [T, C] @ W^T in float32 for K-quant rows (`rows`: uint8 [R, C / 256 x block bytes], as
+        stored), T <= DENSE_MAX_TOKENS, x quantized to Q8_K first: the expert kernel's products."""
+        cols = rows.shape[1] // _kquant_block_bytes(dtype) * 256
+        x = x.to(torch.float32).contiguous()
+        rows = rows.contiguous()
+        out = torch.empty(x.shape[0], rows.shape[0], dtype=torch.float32, device="cpu")
+        if x.shape[1] != cols:
+            raise ValueError(f"x has {x.shape[1]} columns, the {dtype} rows {cols}")
+        rc = self._dense(rows.data_ptr(), DTYPE_CODES[dtype], rows.shape[0], cols, x.shape[0], x.data_ptr(),
+                         out.data_ptr(), threads)
+        if rc != 0:
+            raise ValueError(f"dense_blocks takes {', '.join(KQUANT_DTYPES)} rows and 1-{DENSE_MAX_TOKENS} tokens, "
+                             f"not {dtype} and {x.shape[0]}")
+        return out
+
+    def dequant_rows(self, rows: torch.Tensor, dtype: str) -> torch.Tensor:
+        """K-quant rows (uint8 [R, row bytes], as stored) as float32 [R, C]: the values the kernel's
+        integer products stand for, bit for bit gguf-py's dequantize."""
+        rows = rows.contiguous()
+        cols = rows.shape[1] // _kquant_block_bytes(dtype) * 256
+        out = torch.empty(rows.shape[0], cols, dtype=torch.float32, device="cpu")
+        if self._dequant_rows(rows.data_ptr(), DTYPE_CODES[dtype], rows.shape[0], cols, out.data_ptr()) != 0:
+            raise ValueError(f"dequant_rows takes {', '.join(KQUANT_DTYPES)} rows, not {dtype}")
+        return out
+
     def wait_u32(self, address: int, value: int, timeout_s: float) -> bool:
         """Wait, without the GIL, until the uint32 at `address` equals `value`; False on timeout."""
         return self._wait(address, value, int(timeout_s * 1e6)) == 0
@@ -204,6 +248,12 @@ class Kernel:
     def read_bytes(self, data: torch.Tensor, threads: int) -> int:
         """Read every byte of contiguous `data` once (a checksum, so nothing is optimized away)."""
         return int(self._read(data.data_ptr(), data.numel() * data.element_size(), threads))
+
+
+def _kquant_block_bytes(dtype: str) -> int:
+    if dtype not in KQUANT_DTYPES:
+        raise ValueError(f"not a K-quant the kernel reads: {dtype} (it reads {', '.join(KQUANT_DTYPES)})")
+    return BLOCK_DTYPES[dtype][1]
 
 
 @functools.cache
@@ -310,10 +360,8 @@ def bank_layout(bank: HostExpertBank) -> _Layout:
         row_bytes = w13.nbytes // w13.shape[0]
         gate = _mat(bank, w13.offset, w13.dtype, inter, hidden, row_bytes, "w1_scale", block)
         up = _mat(bank, w13.offset + inter * row_bytes, w13.dtype, inter, hidden, row_bytes, "w3_scale", block)
-    else:
+    else:  # GGUF experts whose gate and up differ in dtype (the kernel pairs each one's rows apart)
         w1, w3 = bank.layout.part("w1"), bank.layout.part("w3")
-        if w1.dtype != w3.dtype:
-            raise UnsupportedBank(f"gate and up differ in dtype ({w1.dtype}, {w3.dtype})")
         gate = _mat(bank, w1.offset, w1.dtype, *w1.shape, w1.nbytes // w1.shape[0], None, block)
         up = _mat(bank, w3.offset, w3.dtype, *w3.shape, w3.nbytes // w3.shape[0], None, block)
     w2 = bank.layout.part("w2")
@@ -327,6 +375,8 @@ def _mat(bank: HostExpertBank, offset: int, dtype: str, rows: int, cols: int, ro
          scale: str | None, block: tuple[int, ...]) -> _Mat:
     if dtype not in DTYPE_CODES:
         raise UnsupportedBank(f"no kernel for dtype {dtype}")
+    if dtype in KQUANT_DTYPES and cols % 256:
+        raise UnsupportedBank(f"{dtype} rows of {cols} values are not whole 256-value super-blocks")
     scale_offset, scale_stride = -1, 0
     # as in the reference (dequant.py): block scales apply to FP8 weights only
     if scale is not None and dtype in FP8_DTYPES and bank.has_part(scale):

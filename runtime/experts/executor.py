@@ -71,8 +71,11 @@ GROUPED_GEMM_MIN_ROWS = 16
 # The same for banks the GEMMs need dequantized first, by the kernel's own dequantizer
 # (ft_dequant_expert: q8_0 at ~9 G weights/s, fp8 and f16 at ~2). Same VM and shape, kernel time
 # over dequantize + GEMM time: fp8 0.51 at 32 rows, 0.90 at 64, 1.44 at 128, 2.44 at 256; q8_0
-# 0.78 at 16 rows, 1.46 at 32, 2.2-3.0 at 64-256.
-DEQUANT_GEMM_MIN_ROWS = {"q8_0": 24, "other": 80}
+# 0.78 at 16 rows, 1.46 at 32, 2.2-3.0 at 64-256. K-quants (int8 products against Q8_K
+# activations in the kernel; dequantized at 2-4 G weights/s): q4_k 0.90 at 32 rows, 1.03 at 48,
+# 1.12 at 64, 1.6 at 128; q5_k 0.96, 1.15, 1.23, 1.56; q4_k gate/up with a q6_k down as q4_k;
+# q6_k 0.59 at 32, 0.83 at 64, 1.12 at 96, 1.25 at 128. Keyed by the gate's dtype.
+DEQUANT_GEMM_MIN_ROWS = {"q8_0": 24, "q4_k": 48, "q5_k": 48, "q6_k": 96, "other": 80}
 
 
 class CPUExpertExecutor(ReferenceCPUExpertExecutor):
@@ -84,8 +87,11 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
 
     Layers the kernel cannot run (a dtype it lacks, no compiler) take the reference path; both
     give sum_k w * expert(x) in x's dtype. The kernel accumulates in fp32 whatever `dtype` is
-    (the reference rounds to `dtype` between the two projections). `threads`: OpenMP threads per
-    call, default torch's. `grouped_gemm_min_rows`: None keeps every call on the kernel.
+    (the reference rounds to `dtype` between the two projections). Its K-quant matrices (q4_k,
+    q5_k, q6_k) take their activations rounded to Q8_K, int8 per 256 values as in llama.cpp: an
+    expert's output is then ~1-2% (RMS) off the reference's (tests/test_kquant_kernel.py bounds
+    each element). `threads`: OpenMP threads per call, default torch's. `grouped_gemm_min_rows`:
+    None keeps every call on the kernel.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], dtype: torch.dtype, *, threads: int | None = None,
@@ -154,7 +160,9 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
             return math.inf  # torch's f32 GEMM lost to the kernel (above)
         if bank.stored_as(torch.bfloat16):
             return self.grouped_gemm_min_rows * bank.num_experts
-        return self.dequant_gemm_min_rows.get(stored, self.dequant_gemm_min_rows["other"]) * bank.num_experts
+        # by gate's dtype: two thirds of the weights (a Q4_K_M bank's Q4_K gate and up, not its Q6_K down)
+        gate = bank.layout.part("w13" if bank.has_part("w13") else "w1").dtype
+        return self.dequant_gemm_min_rows.get(gate, self.dequant_gemm_min_rows["other"]) * bank.num_experts
 
     def _expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         fast = self._layers.get(layer)

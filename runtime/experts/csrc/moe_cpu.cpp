@@ -6,7 +6,9 @@
 // in bank order, every thread takes contiguous runs of them (long sequential streams, prefetched
 // in software), converts each weight vector to fp32 once and uses it for every token routed to
 // that expert (up to 4 at a time, in registers). Products equal the reference's (dequantized
-// weight x activation in fp32) bit for bit; only the summation order differs.
+// weight x activation in fp32) bit for bit; only the summation order differs. GGML K-quant rows
+// (Q4_K, Q5_K, Q6_K) are the exception: kquants.cpp multiplies them in integers against
+// activations quantized to Q8_K once per call, as llama.cpp does (kquants.h).
 //
 // Plain C ABI, no torch headers: builds in a few seconds with g++ alone, loaded with ctypes.
 // Threads come from OpenMP (libgomp.so.1: the same runtime torch has already loaded).
@@ -30,6 +32,9 @@
 #include <immintrin.h>
 #endif
 
+#include "fp16.h"
+#include "kquants.h"  // Q4_K, Q5_K, Q6_K: kquants.cpp, built with this file
+
 // Software prefetch distance in bytes along each weight row (0: off). The hardware prefetchers
 // alone leave a core's stream well under its share of DRAM bandwidth: on a 16-core Sapphire
 // Rapids, 4 KiB ahead took 16-thread bf16 decode from ~90-100 to ~115-140 GB/s, and one thread
@@ -43,7 +48,9 @@
 
 namespace {
 
-enum Dtype : int64_t { F32 = 0, F16 = 1, BF16 = 2, E4M3 = 3, E5M2 = 4, Q8_0 = 5 };
+enum Dtype : int64_t { F32 = 0, F16 = 1, BF16 = 2, E4M3 = 3, E5M2 = 4, Q8_0 = 5, Q4_K = 6, Q5_K = 7, Q6_K = 8 };
+static_assert(int64_t(Q4_K) == kq::Q4_K && int64_t(Q5_K) == kq::Q5_K && int64_t(Q6_K) == kq::Q6_K,
+              "kquants.h numbers them alike");
 
 // One weight matrix of an expert record, as stored. Mirrored by cpu_kernels._Mat (all int64).
 struct Mat {
@@ -63,21 +70,7 @@ struct Layout {  // Mirrored by cpu_kernels._Layout.
 };
 
 // ---- scalar conversions (tails, and the whole job on CPUs without AVX2) ----
-
-inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-
-inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#endif
-  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  if (exp == 0) {
-    float v = float(man) * 5.9604644775390625e-8f;  // subnormal: man x 2^-24
-    return sign ? -v : v;
-  }
-  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (man << 13));
-  return bits_to_float(sign | ((exp + 112) << 23) | (man << 13));
-}
+// (bits_to_float, half_to_float: fp16.h)
 
 // FP8 e4m3 -> the fp16 with the same sign, exponent and mantissa bits: exactly value / 256,
 // subnormals included (fp16 has a wider exponent). The x256 is folded into the multiplier.
@@ -332,6 +325,28 @@ bool dot2_table(int64_t dtype, Dot2* fns) {
   }
 }
 
+static_assert(kq::MAX_NT == MAX_NT, "both tables serve 1..MAX_NT tokens");
+
+// The row products of one matrix, whatever it is stored as: fp32 activations for the float,
+// FP8 and q8_0 rows (dot2), their Q8_K blocks for the K-quants (kquants.cpp, whose activations
+// the caller quantized once with kq::quantize_q8k).
+struct RowDots {
+  Dot2 f[MAX_NT] = {};
+  kq::Dot2 k[MAX_NT] = {};
+  bool q8k = false;  // takes Q8_K activations
+
+  bool bind(const Mat& m) {  // false: a dtype without a kernel, or K-quant rows of partial super-blocks
+    q8k = kq::is_kquant(m.dtype);
+    return q8k ? m.cols % kq::QK_K == 0 && kq::dot2_table(m.dtype, k) : dot2_table(m.dtype, f);
+  }
+  // rows a and b of m against nt activation rows: fp32 xs[t], or their Q8_K blocks xq[t]
+  void operator()(int nt, const uint8_t* a, const uint8_t* b, const float* sa, const float* sb, const Mat& m,
+                  const float* const* xs, const kq::Q8K* const* xq, float* out_a, float* out_b) const {
+    if (q8k) k[nt - 1](a, b, m.cols / kq::QK_K, xq, out_a, out_b);
+    else f[nt - 1](a, b, sa, sb, m, xs, out_a, out_b);
+  }
+};
+
 inline const float* scale_row(const uint8_t* record, const Mat& m, int64_t row) {
   if (m.scale_offset < 0) return nullptr;
   return reinterpret_cast<const float*>(record + m.scale_offset) + (row / m.block_rows) * m.scale_stride;
@@ -379,7 +394,27 @@ template <int D> void dequant_rows(const uint8_t* record, const Mat& m, int64_t 
   }
 }
 
+// K-quant rows the same way: each super-block as fp32 (kq::dequant_row: gguf-py's values), then
+// rounded once.
+void dequant_rows_kquant(int64_t dtype, const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
+  const int64_t bytes = kq::block_bytes(dtype);
+  float block[kq::QK_K];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = record + m.offset + r * m.row_bytes;
+    uint16_t* o = out + r * m.cols;
+    for (int64_t c = 0; c < m.cols; c += kq::QK_K) {
+      kq::dequant_row(dtype, row + c / kq::QK_K * bytes, kq::QK_K, block);
+      for (int64_t i = 0; i < kq::QK_K; ++i) o[c + i] = float_to_bf16(block[i]);
+    }
+  }
+}
+
 bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
+  if (kq::is_kquant(dtype)) {
+    if (m.cols % kq::QK_K != 0) return false;
+    dequant_rows_kquant(dtype, record, m, r0, r1, out);
+    return true;
+  }
   switch (dtype) {
     case F32: dequant_rows<F32>(record, m, r0, r1, out); return true;
     case F16: dequant_rows<F16>(record, m, r0, r1, out); return true;
@@ -469,11 +504,15 @@ bool to_floats(int64_t dtype, const void* in, int64_t n, float* out) {
 // The pairs [num_pairs] of a call, grouped by token in ascending order (token t owns pairs
 // token_start[t] .. token_start[t + 1] - 1): out[t] = sum of weight[p] * expert_{expert[p]}(x[t])
 // over t's pairs, in pair order (deterministic); a token without pairs gets zeros. fp32 x, out.
+// K-quant matrices read Q8_K activations instead: x quantized once per token, h once per pair.
 int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t num_pairs, const int64_t* ids,
               const int64_t* pair_token, const int64_t* token_start, const float* weights, const float* x, float* out,
               int64_t num_threads) {
-  Dot2 gate_up[MAX_NT], down[MAX_NT];
-  if (L.gate.dtype != L.up.dtype || !dot2_table(L.gate.dtype, gate_up) || !dot2_table(L.down.dtype, down)) return -2;
+  RowDots gate_dots, up_dots, down_dots;
+  if (!gate_dots.bind(L.gate) || !up_dots.bind(L.up) || !down_dots.bind(L.down)) return -2;
+  // gate and up of one dtype go row by row, gate row r with up row r; otherwise (GGUF mixes that
+  // store them apart) rows r and r + 1 of each
+  const bool fused = L.gate.dtype == L.up.dtype;
   const int64_t hidden = L.gate.cols, inter = L.gate.rows;
   for (int64_t p = 0; p < num_pairs; ++p)
     if (ids[p] < 0 || ids[p] >= L.num_experts) return -1;
@@ -500,6 +539,13 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
   scratch.resize(size_t(std::max<int64_t>(num_pairs, 1) * (inter + hidden)));
   float* const h = scratch.data();
   float* const y = h + num_pairs * inter;
+  // Q8_K copies for the K-quants: xq [token][hidden / 256], hq [pair in `order`][inter / 256]
+  const int64_t x_blocks = gate_dots.q8k || up_dots.q8k ? hidden / kq::QK_K : 0;
+  const int64_t h_blocks = down_dots.q8k ? inter / kq::QK_K : 0;
+  thread_local std::vector<kq::Q8K> q8k_scratch;
+  q8k_scratch.resize(size_t(num_tokens * x_blocks + num_pairs * h_blocks));
+  kq::Q8K* const xq = q8k_scratch.data();
+  kq::Q8K* const hq = xq + num_tokens * x_blocks;
   const int64_t gate_items = num_runs * ((inter + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM);
   const int64_t down_items = num_runs * ((hidden + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM);
   const int64_t sum_items = num_tokens * ((hidden + SUM_ROWS - 1) / SUM_ROWS);
@@ -522,23 +568,43 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
 #pragma omp parallel num_threads(threads)
   {
     const float* xs[MAX_NT];
-    float ra[MAX_NT], rb[MAX_NT];
+    const kq::Q8K* xk[MAX_NT];
+    float ra[MAX_NT], rb[MAX_NT], rc[MAX_NT], rd[MAX_NT];
+    // 0. the tokens as Q8_K (K-quant gate or up only)
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < num_tokens * x_blocks; ++b) kq::quantize_q8k(x + b * kq::QK_K, kq::QK_K, xq + b);
     // 1. h[pair, r] = silu(gate_r . x) * (up_r . x); items: (expert, 16 rows of gate and of up)
 #pragma omp for schedule(dynamic, gate_chunk)
     for (int64_t item = 0; item < gate_items; ++item) {
       const int64_t per_run = gate_items / num_runs, run = item / per_run, r0 = item % per_run * ROWS_PER_ITEM;
+      const int64_t r1 = std::min(r0 + ROWS_PER_ITEM, inter);
       const uint8_t* record = bank + ids[order[run_start[run]]] * L.record_stride;
-      for (int64_t r = r0; r < std::min(r0 + ROWS_PER_ITEM, inter); ++r) {
+      for (int64_t r = r0; r < r1; r += fused ? 1 : 2) {
+        const int64_t r2 = std::min(r + 1, r1 - 1);  // unfused: an odd last row is paired with itself
         const uint8_t* g = record + L.gate.offset + r * L.gate.row_bytes;
         const uint8_t* u = record + L.up.offset + r * L.up.row_bytes;
         for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
           const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
-          for (int t = 0; t < nt; ++t) xs[t] = x + pair_token[order[i + t]] * hidden;
-          gate_up[nt - 1](g, u, scale_row(record, L.gate, r), scale_row(record, L.up, r), L.gate, xs, ra, rb);
+          for (int t = 0; t < nt; ++t) {
+            xs[t] = x + pair_token[order[i + t]] * hidden;
+            xk[t] = xq + pair_token[order[i + t]] * x_blocks;
+          }
+          if (fused) {
+            gate_dots(nt, g, u, scale_row(record, L.gate, r), scale_row(record, L.up, r), L.gate, xs, xk, ra, rb);
+          } else {  // ra, rc: gate rows r, r2; rb, rd: up rows r, r2
+            gate_dots(nt, g, record + L.gate.offset + r2 * L.gate.row_bytes, scale_row(record, L.gate, r),
+                      scale_row(record, L.gate, r2), L.gate, xs, xk, ra, rc);
+            up_dots(nt, u, record + L.up.offset + r2 * L.up.row_bytes, scale_row(record, L.up, r),
+                    scale_row(record, L.up, r2), L.up, xs, xk, rb, rd);
+            for (int t = 0; t < nt; ++t) h[(i + t) * inter + r2] = rc[t] / (1.f + std::exp(-rc[t])) * rd[t];
+          }
           for (int t = 0; t < nt; ++t) h[(i + t) * inter + r] = ra[t] / (1.f + std::exp(-ra[t])) * rb[t];
         }
       }
     }
+    // 1b. h as Q8_K (a K-quant down only), each pair's row once
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < num_pairs * h_blocks; ++b) kq::quantize_q8k(h + b * kq::QK_K, kq::QK_K, hq + b);
     // 2. y[pair, r] = down_r . h[pair]; items: (expert, 16 rows of down), two rows per pass
 #pragma omp for schedule(dynamic, down_chunk)
     for (int64_t item = 0; item < down_items; ++item) {
@@ -551,8 +617,11 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
         const uint8_t* b = record + L.down.offset + r2 * L.down.row_bytes;
         for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
           const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
-          for (int t = 0; t < nt; ++t) xs[t] = h + (i + t) * inter;
-          down[nt - 1](a, b, scale_row(record, L.down, r), scale_row(record, L.down, r2), L.down, xs, ra, rb);
+          for (int t = 0; t < nt; ++t) {
+            xs[t] = h + (i + t) * inter;
+            xk[t] = hq + (i + t) * h_blocks;
+          }
+          down_dots(nt, a, b, scale_row(record, L.down, r), scale_row(record, L.down, r2), L.down, xs, xk, ra, rb);
           for (int t = 0; t < nt; ++t) {
             y[(i + t) * hidden + r] = ra[t];
             y[(i + t) * hidden + r2] = rb[t];
@@ -581,7 +650,7 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
 
 extern "C" {
 
-int ft_moe_version() { return 7; }
+int ft_moe_version() { return 8; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -630,17 +699,26 @@ int ft_moe_forward_selected(const uint8_t* bank, const Layout* layout, int64_t n
 
 // out[T, rows] = x[T, cols] . w[rows, cols]^T for a dense weight matrix (f32, f16 or bf16, no
 // scales), T <= 4: decode's projections and the LM head, streamed once at DRAM speed (torch's
-// GEMV reads a large bf16 matrix at about half of it). fp32 x and out, contiguous. Returns 0, -2
-// for an unsupported dtype or T.
+// GEMV reads a large bf16 matrix at about half of it). Also K-quant rows (Q4_K, Q5_K, Q6_K,
+// cols a multiple of 256) against x as Q8_K, as the expert kernel computes them. fp32 x and
+// out, contiguous. Returns 0, -2 for an unsupported dtype or T.
 int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols, int64_t num_tokens,
                      const float* x, float* out, int64_t num_threads) {
-  Dot2 fns[MAX_NT];
-  if (num_tokens < 1 || num_tokens > MAX_NT || dtype == E4M3 || dtype == E5M2 || dtype == Q8_0 ||
-      !dot2_table(dtype, fns))
-    return -2;
-  Mat m{0, cols * elem_bytes(dtype), dtype, rows, cols, -1, 0, 1, 1};
+  if (num_tokens < 1 || num_tokens > MAX_NT || dtype == E4M3 || dtype == E5M2 || dtype == Q8_0) return -2;
+  const bool kquant = kq::is_kquant(dtype);
+  const int64_t row_bytes = kquant ? cols / kq::QK_K * kq::block_bytes(dtype) : cols * elem_bytes(dtype);
+  Mat m{0, row_bytes, dtype, rows, cols, -1, 0, 1, 1};
+  RowDots dots;
+  if (!dots.bind(m)) return -2;
+  const int64_t x_blocks = kquant ? cols / kq::QK_K : 0;
+  std::vector<kq::Q8K> xq(size_t(num_tokens * x_blocks));
+  if (kquant) kq::quantize_q8k(x, num_tokens * cols, xq.data());
   const float* xs[MAX_NT];
-  for (int t = 0; t < num_tokens; ++t) xs[t] = x + t * cols;
+  const kq::Q8K* xk[MAX_NT];
+  for (int t = 0; t < num_tokens; ++t) {
+    xs[t] = x + t * cols;
+    xk[t] = xq.data() + t * x_blocks;
+  }
   const int64_t items = (rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
   const int threads = int(std::clamp<int64_t>((rows * m.row_bytes) >> 16, 1, std::max<int64_t>(1, num_threads)));
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -649,7 +727,7 @@ int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols
     float ra[MAX_NT], rb[MAX_NT];
     for (int64_t r = r0; r < r1; r += 2) {
       const int64_t r2 = std::min(r + 1, r1 - 1);  // an odd last row is paired with itself
-      fns[num_tokens - 1](w + r * m.row_bytes, w + r2 * m.row_bytes, nullptr, nullptr, m, xs, ra, rb);
+      dots(int(num_tokens), w + r * m.row_bytes, w + r2 * m.row_bytes, nullptr, nullptr, m, xs, xk, ra, rb);
       for (int t = 0; t < num_tokens; ++t) {
         out[t * rows + r] = ra[t];
         out[t * rows + r2] = rb[t];
@@ -666,9 +744,8 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
                       int64_t num_threads) {
   const Layout& L = *layout;
   if (expert < 0 || expert >= L.num_experts) return -1;
-  if (L.gate.dtype != L.up.dtype || L.gate.dtype > Q8_0 || L.down.dtype > Q8_0 || L.gate.dtype < 0 ||
-      L.down.dtype < 0)
-    return -2;
+  RowDots supported;  // the dtypes the kernel reads are the ones it dequantizes
+  if (!supported.bind(L.gate) || !supported.bind(L.up) || !supported.bind(L.down)) return -2;
   const uint8_t* record = bank + expert * L.record_stride;
   const Mat* mats[3] = {&L.gate, &L.up, &L.down};
   uint16_t* outs[3] = {w13, w13 + L.gate.rows * L.gate.cols, w2};
@@ -683,6 +760,16 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
     const int64_t r0 = (item - first_item[k]) * ROWS_PER_ITEM;
     dequant_rows_of(m.dtype, record, m, r0, std::min(r0 + ROWS_PER_ITEM, m.rows), outs[k]);
   }
+  return 0;
+}
+
+// Rows of a K-quant matrix as fp32, bit for bit gguf-py's gguf.quants.dequantize (the values the
+// kernel's integer products stand for; the tests hold it to that oracle). Returns 0, -2 for
+// another dtype or rows of partial super-blocks.
+int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_t cols, float* out) {
+  if (!kq::is_kquant(dtype) || cols % kq::QK_K != 0) return -2;
+  const int64_t row_bytes = cols / kq::QK_K * kq::block_bytes(dtype);
+  for (int64_t r = 0; r < num_rows; ++r) kq::dequant_row(dtype, rows + r * row_bytes, cols, out + r * cols);
   return 0;
 }
 
