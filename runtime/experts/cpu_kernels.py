@@ -106,6 +106,7 @@ def build(flags: tuple[str, ...] = NATIVE_FLAGS, *, compiler: str | None = None,
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the CPU expert kernel for this CPU (once; kept in %s)", out.parent)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         done = subprocess.run([cxx, *flags, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True,
