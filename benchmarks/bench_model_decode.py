@@ -30,39 +30,17 @@ import time
 
 import torch
 
-from runtime.config import ModelConfig
 from runtime.experts.synthetic import random_bank
 from runtime.gpu import build_hybrid
 from runtime.gpu.device_model import DeviceModel
 from runtime.gpu.host_memory import HostPinner
 from runtime.loading.read_ftw import ModelWeights
 from runtime.models import build_model
+from runtime.models.synthetic import Qwen3MoeShape, qwen3_moe_config, random_dense
 from runtime.text.sampling import Sampler, SamplingParams
 from runtime.text.top_logits import TopLogits
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MOE_INTER, TOP_K, VOCAB = 2048, 32, 4, 128, 768, 8, 151936  # Qwen3-30B-A3B
-
-
-def dense_weights(layers: int, experts: int, device: str, dtype: torch.dtype,
-                  gen: torch.Generator) -> dict[str, torch.Tensor]:
-    def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * scale).to(device, dtype)
-
-    def ones(n: int) -> torch.Tensor:
-        return torch.ones(n, dtype=dtype, device=device)
-
-    dense = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN), "lm_head.weight": rand(VOCAB, HIDDEN),
-             "model.norm.weight": ones(HIDDEN)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        dense |= {p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
-                  p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-                  p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-                  p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-                  p + "self_attn.q_norm.weight": ones(HEAD_DIM), p + "self_attn.k_norm.weight": ones(HEAD_DIM),
-                  p + "input_layernorm.weight": ones(HIDDEN), p + "post_attention_layernorm.weight": ones(HIDDEN),
-                  p + "mlp.gate.weight": rand(experts, HIDDEN, scale=1.0)}
-    return dense
 
 
 def sync(device: str) -> None:
@@ -188,18 +166,15 @@ def main() -> None:
     device = args.device
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
     gen = torch.Generator().manual_seed(0)
-    config = ModelConfig(family="qwen3_moe", num_layers=args.layers, hidden_size=HIDDEN, vocab_size=VOCAB,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                         num_experts=args.experts, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
-                         moe_layers=tuple(range(args.layers)), context_length=args.ctx, tie_word_embeddings=False,
-                         source={"rope_theta": 1e6, "rms_norm_eps": 1e-6, "norm_topk_prob": True})
+    shape = Qwen3MoeShape(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, args.experts, TOP_K, MOE_INTER, VOCAB, args.layers)
+    config = qwen3_moe_config(shape, args.ctx)
     t0 = time.perf_counter()
     banks = {i: random_bank(args.dtype, args.experts, HIDDEN, MOE_INTER, layer=i, seed=i, num_distinct=4)
              for i in range(args.layers)}
     pinner = HostPinner()
     if device == "cuda":
         pinner.pin_banks(banks)
-    weights = ModelWeights(config, dense_weights(args.layers, args.experts, device, dtype, gen), banks)
+    weights = ModelWeights(config, random_dense(shape, dtype, gen, device=device, embed_std=0.02), banks)
     slots = args.slots or args.layers * args.experts
     print(f"Qwen3-30B-A3B shape, {args.dtype}, {args.mode}: {args.layers} layers x {args.experts} experts, top-{TOP_K}, {slots} cache slots, "
           f"ctx {args.ctx}; {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; built in {time.perf_counter() - t0:.0f} s")

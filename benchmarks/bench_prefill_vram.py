@@ -29,13 +29,12 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from runtime.config import ModelConfig
-from runtime.experts.synthetic import random_bank
 from runtime.gpu import build_hybrid
 from runtime.gpu.device_model import DeviceModel, move_dense
 from runtime.gpu.host_memory import HostPinner
 from runtime.loading.read_ftw import ModelWeights
 from runtime.models import build_model
+from runtime.models.synthetic import Qwen3MoeShape, random_qwen3_moe
 from runtime.planner.plan import GPU_RESERVE_BYTES, ModelFootprint, PlanOverrides, plan, size
 from runtime.planner.resources import GPU, Machine
 
@@ -75,33 +74,8 @@ def tensor_table(shape: tuple[int, ...], itemsize: int, dtype: str) -> dict[str,
 
 def random_model(shape: tuple[int, ...], dtype: str, context: int) -> ModelWeights:
     hidden, heads, kv_heads, head_dim, experts, inter, top_k, vocab, layers = shape
-    dt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype]
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*dims: int, scale: float = 0.02) -> torch.Tensor:
-        return (torch.randn(*dims, generator=gen) * scale).to(dt)
-
-    def ones(n: int) -> torch.Tensor:
-        return torch.ones(n, dtype=dt)
-
-    dense = {"model.embed_tokens.weight": rand(vocab, hidden, scale=1.0), "lm_head.weight": rand(vocab, hidden),
-             "model.norm.weight": ones(hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        dense |= {p + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
-                  p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
-                  p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
-                  p + "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
-                  p + "self_attn.q_norm.weight": ones(head_dim), p + "self_attn.k_norm.weight": ones(head_dim),
-                  p + "input_layernorm.weight": ones(hidden), p + "post_attention_layernorm.weight": ones(hidden),
-                  p + "mlp.gate.weight": rand(experts, hidden, scale=1.0)}
-    config = ModelConfig(family="qwen3_moe", num_layers=layers, hidden_size=hidden, vocab_size=vocab,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, num_experts=experts,
-                         num_experts_per_tok=top_k, moe_intermediate_size=inter, moe_layers=tuple(range(layers)),
-                         context_length=context, tie_word_embeddings=False,
-                         source={"rope_theta": 1e6, "rms_norm_eps": 1e-6, "norm_topk_prob": True})
-    banks = {i: random_bank(dtype, experts, hidden, inter, layer=i, seed=i, num_distinct=4) for i in range(layers)}
-    return ModelWeights(config, dense, banks)
+    return random_qwen3_moe(Qwen3MoeShape(hidden, heads, kv_heads, head_dim, experts, top_k, inter, vocab, layers),
+                            dtype, context_length=context, num_distinct=4)
 
 
 def cpu_peak(run) -> int:

@@ -16,15 +16,14 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from runtime.config import ModelConfig
 from runtime.experts.executor import CPUExpertExecutor
-from runtime.experts.synthetic import random_bank
 from runtime.gpu import build_hybrid
 from runtime.gpu.device_model import DeviceModel
 from runtime.layers.attention import causal_attention
 from runtime.loading.read_ftw import ModelWeights
 from runtime.models import build_model
 from runtime.models.base import chunk_bounds
+from runtime.models.synthetic import Qwen3MoeShape, random_qwen3_moe
 from runtime.planner.footprint import _activation_bytes_per_token
 from runtime.planner.plan import PREFILL_CHUNK_TOKENS
 
@@ -35,32 +34,8 @@ MASK_BYTES_PER_SCORE = 1 + 4  # the CPU's causal mask of a later chunk: bool, th
 
 def tiny_model(dtype: str) -> ModelWeights:
     """A random Qwen3-MoE with the shape of the big ones in miniature (GQA, q/k norms, top-8 of 32)."""
-    gen = torch.Generator().manual_seed(0)
-    dt = DTYPES[dtype]
-
-    def rand(*shape: int, scale: float = 0.05) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * scale).to(dt)
-
-    dense = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN, scale=1.0), "lm_head.weight": rand(VOCAB, HIDDEN),
-             "model.norm.weight": torch.ones(HIDDEN, dtype=dt)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        dense |= {p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
-                  p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-                  p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-                  p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-                  p + "self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=dt),
-                  p + "self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=dt),
-                  p + "input_layernorm.weight": torch.ones(HIDDEN, dtype=dt),
-                  p + "post_attention_layernorm.weight": torch.ones(HIDDEN, dtype=dt),
-                  p + "mlp.gate.weight": rand(EXPERTS, HIDDEN, scale=1.0)}
-    config = ModelConfig(family="qwen3_moe", num_layers=LAYERS, hidden_size=HIDDEN, vocab_size=VOCAB,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                         num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=INTER,
-                         moe_layers=tuple(range(LAYERS)), context_length=8192, tie_word_embeddings=False,
-                         source={"rope_theta": 1e6, "rms_norm_eps": 1e-6, "norm_topk_prob": True})
-    banks = {i: random_bank(dtype, EXPERTS, HIDDEN, INTER, layer=i, seed=i) for i in range(LAYERS)}
-    return ModelWeights(config, dense, banks)
+    return random_qwen3_moe(Qwen3MoeShape(HIDDEN, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, INTER, VOCAB, LAYERS),
+                            dtype, std=0.05)
 
 
 def planned_bytes_per_token() -> int:
