@@ -139,9 +139,6 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     def stats() -> dict[str, Any]:
         return experts.stats().as_dict() if experts is not None else {}
 
-    def fresh_state() -> None:
-        session.reset()
-
     memory: dict[str, dict[str, int]] = {}  # per phase: where the process's VRAM went (CUDA)
 
     def note_memory(phase: str) -> None:
@@ -156,9 +153,9 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     note_memory("load")
     # a warm-up the measurements do not count, as llama-bench runs one: kernels compile, each
     # context span's step graph is captured, the bandwidth profile loads
-    fresh_state()
+    session.reset()
     model.forward(torch.tensor(_random_ids(min(64, run.num_ctx - 8), vocab, gen)), session.state, last_only=True)
-    fresh_state()
+    session.reset()
     model.forward(torch.tensor(_random_ids(run.decode_prompt, vocab, gen)), session.state, last_only=True)
     _decode(model, session.state, _random_ids(min(run.decode_tokens, run.num_ctx - run.decode_prompt - 1), vocab, gen))
     note_memory("warm-up")
@@ -167,7 +164,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
             continue
         samples = []
         for _ in range(run.reps):
-            fresh_state()
+            session.reset()
             ids = torch.tensor(_random_ids(length, vocab, gen))
             if experts is not None:
                 experts.reset_stats()
@@ -185,7 +182,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
         wrapped = _route_by_trace(model, trace, loaded.config, device) if trace else None
         samples = []
         for _ in range(run.reps):
-            fresh_state()
+            session.reset()
             model.forward(torch.tensor(_random_ids(run.decode_prompt, vocab, gen)), session.state, last_only=True)
             if experts is not None:
                 experts.reset_stats()
@@ -209,7 +206,8 @@ def _route_by_trace(model: Any, trace: Path, config: Any, device: torch.device):
     routed = TraceRouting(inner, table, layers, model._position)
     for b in blocks:
         b.ffn.executor = routed
-    model.steps.invalidate() if model.steps is not None else None  # graphs captured over the router's ids
+    if model.steps is not None:  # graphs captured over the router's ids
+        model.steps.invalidate()
 
     def undo() -> None:
         for b in blocks:
