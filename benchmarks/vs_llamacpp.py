@@ -120,6 +120,10 @@ def run_ft(args: argparse.Namespace, name: str, *, vram_mib: int | None, threads
         print(f"ft failed at {vram_mib} MiB, {threads} threads:\n{done.stderr[-3000:]}", flush=True)
         return [], {"error": done.stderr[-600:]}, v.peak_mib
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    # what ft warned of (a step refused its graph, a plan short of VRAM) stays with its figures
+    said = [line for line in done.stderr.splitlines() if line.strip() and "%|" not in line]
+    if said:
+        result["info"]["stderr_tail"] = said[-12:]
     return result["measured"], result["info"], v.peak_mib
 
 
@@ -217,6 +221,10 @@ def main() -> None:
     args.settings = [int(s) for s in args.settings.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
     args.prompts = [int(p) for p in args.prompts.split(",")]
+    if args.trace is not None:  # ft's side runs in a child process: hand it a path that cannot depend on the cwd
+        if not args.trace.is_file():
+            parser.error(f"--trace {args.trace}: no such file (on the GPU machine, carry the traces along)")
+        args.trace = args.trace.resolve()
     gguf = step_gguf(args)
     if args.step == "gguf":
         return

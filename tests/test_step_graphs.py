@@ -431,3 +431,77 @@ def test_a_doorbell_holds_each_step_until_its_ring() -> None:
     bell.ring(second)
     assert bell.flag.read() == 2 and not bell.holding
     bell.check_released("a capture")
+
+
+def test_a_capture_put_off_again_and_again_is_tried_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key whose capture keeps being put off (CaptureLater) runs uncaptured each step, its
+    capture tried at the next step, then after 2, 4, 8 ... steps (a try costs a partial
+    capture): on the H200 a race model whose tries came every step decoded at 30 tok/s, not 220.
+    Each try counts as one-time work (the guard does not time that step), and a capture that
+    succeeds resets the gap."""
+    from runtime.gpu.step_graphs import CaptureLater, StepGraphs
+
+    class Cache:
+        generation = 0
+
+    class Executor:  # begin_step: a key every step (what a CUDA executor answers)
+        device, graphs, step_graphs, cpu_share, cache = torch.device("cpu"), None, True, None, Cache()
+
+        def begin_step(self, queued: bool = False) -> str:
+            return "arm"
+
+    steps = StepGraphs(Executor())  # type: ignore[arg-type]
+    tries: list[int] = []
+    succeed = {"now": False}
+
+    def capture(step):
+        tries.append(n)
+        if not succeed["now"]:
+            raise CaptureLater("a split table changed")
+        return type("Captured", (), {"out": step(), "graph": None, "capture": None})()
+
+    monkeypatch.setattr(steps, "_capture", capture)
+    monkeypatch.setattr(steps, "_replay", lambda captured, held=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # invalidate's wait for replays
+    ran = []
+    for n in range(40):
+        assert steps.run("decode", lambda n=n: ran.append(n) or n) == n
+    assert ran == list(range(40))  # every step ran, uncaptured
+    assert steps.first_calls == 1 and tries == [1, 2, 4, 8, 16, 32]  # gaps 1, 2, 4, 8, 16
+    assert steps.counters()["put_off"] == 6 and steps.one_time_work == 7
+    succeed["now"] = True
+    for n in range(40, 100):
+        steps.run("decode", lambda n=n: n)
+    assert tries[-1] == 64 and steps.captures == 1  # the next try after 32 comes at 64, and holds
+    steps.invalidate()
+    succeed["now"], tries[:] = False, []
+    for n in range(100, 104):
+        steps.run("decode", lambda n=n: n)
+    assert tries == [101, 102]  # a fresh key's gaps start again at one step
+
+
+@pytest.mark.parametrize("error", ["not capturable", "runtime"])
+def test_a_refused_capture_is_tried_again_only_where_it_may_not_fail_again(monkeypatch: pytest.MonkeyPatch,
+                                                                            error: str) -> None:
+    """StepNotCapturable (a call that needs the host) refuses the key for good; any other error
+    (an op that synced this time) is tried again later, as a capture put off is."""
+    from runtime.gpu.step_graphs import StepGraphs, StepNotCapturable
+
+    class Executor:
+        device, graphs, step_graphs, cpu_share = torch.device("cpu"), None, True, None
+        cache = type("Cache", (), {"generation": 0})()
+
+        def begin_step(self, queued: bool = False) -> str:
+            return "arm"
+
+    steps = StepGraphs(Executor())  # type: ignore[arg-type]
+    tries: list[int] = []
+
+    def capture(step):
+        tries.append(len(tries))
+        raise StepNotCapturable("needs the host") if error == "not capturable" else RuntimeError("an op synced")
+
+    monkeypatch.setattr(steps, "_capture", capture)
+    for n in range(20):
+        assert steps.run("decode", lambda n=n: n) == n
+    assert len(tries) == (1 if error == "not capturable" else 5) and steps.refused == len(tries)

@@ -139,6 +139,21 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     def stats() -> dict[str, Any]:
         return experts.stats().as_dict() if experts is not None else {}
 
+    def decode_stats(steps_before: dict[str, int]) -> dict[str, Any]:
+        """The expert counts, plus what explains a decode rate: the auto guard's arms and the step
+        graphs' replays, captures and first calls over the measured decodes."""
+        out = stats()
+        guard = getattr(experts, "guard", None)
+        if guard is not None:
+            out["guard"] = guard.summary()
+        if steps_before:
+            out["step_graphs"] = {k: v - steps_before[k] for k, v in step_counts().items()}
+        return out
+
+    def step_counts() -> dict[str, int]:
+        steps = getattr(model, "steps", None)
+        return steps.counters() if steps is not None else {}
+
     memory: dict[str, dict[str, int]] = {}  # per phase: where the process's VRAM went (CUDA)
 
     def note_memory(phase: str) -> None:
@@ -181,6 +196,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
     for view, trace in views:
         wrapped = _route_by_trace(model, trace, loaded.config, device) if trace else None
         samples = []
+        steps_before = step_counts()
         for _ in range(run.reps):
             session.reset()
             model.forward(torch.tensor(_random_ids(run.decode_prompt, vocab, gen)), session.state, last_only=True)
@@ -188,7 +204,8 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
                 experts.reset_stats()
             seconds = _decode(model, session.state, _random_ids(run.decode_tokens, vocab, gen))
             samples.append(run.decode_tokens / seconds)
-        out.append(Measured("decode", view, run.decode_tokens, statistics.median(samples), samples, stats()))
+        out.append(Measured("decode", view, run.decode_tokens, statistics.median(samples), samples,
+                            decode_stats(steps_before)))
         note_memory(f"decode {view}")
         if wrapped is not None:
             wrapped()

@@ -26,7 +26,11 @@ inputs and starts it, so the launches overlap the step before instead of followi
 
 A key's first step runs uncaptured (kernels compile, buffers are allocated); the second
 captures and replays. Graphs are dropped when the cache is rebuilt (its addresses move) and
-when the caller's buffers change (`invalidate`).
+when the caller's buffers change (`invalidate`). A capture put off (CaptureLater) is tried again
+ever more rarely while it keeps being put off (`CaptureBackoff`): each failed try costs a
+partial capture on top of the uncaptured step. So is one that failed with an error other than
+StepNotCapturable (an op that synced, say: it may not do so every step); a StepNotCapturable
+key runs uncaptured for good.
 """
 
 from __future__ import annotations
@@ -100,6 +104,38 @@ class QueuedStep(Generic[Out]):
             self._cancel()
 
 
+class CaptureBackoff:
+    """When a key whose capture was put off is tried again: at its next step, then after 2, 4, ...
+    up to MAX_GAP steps while it keeps being put off. A put-off try runs the step under capture
+    until the call that cannot be captured, then the whole step uncaptured: on the H200 a
+    16-layer race model whose captures kept being put off decoded at 30 tok/s against 220 with
+    its graphs (BENCHMARKS.md). Pure bookkeeping over step counts, so it is tested on the CPU."""
+
+    MAX_GAP = 256
+
+    def __init__(self) -> None:
+        self._step = 0
+        self._next: dict[Hashable, tuple[int, int]] = {}  # key: (the step it may be tried at, the gap after that)
+
+    def tick(self) -> None:
+        """A step ran (whichever key)."""
+        self._step += 1
+
+    def due(self, key: Hashable) -> bool:
+        at = self._next.get(key)
+        return at is None or self._step >= at[0]
+
+    def put_off(self, key: Hashable) -> None:
+        _, gap = self._next.get(key, (0, 1))
+        self._next[key] = (self._step + gap, min(2 * gap, self.MAX_GAP))
+
+    def captured(self, key: Hashable) -> None:
+        self._next.pop(key, None)
+
+    def clear(self) -> None:
+        self._next.clear()
+
+
 class StepExecutor(Protocol):
     """What StepGraphs needs of the expert executor whose layer calls a step makes (the
     HybridExpertExecutor, through executor_steps.WholeStepCalls): its host part of a step before
@@ -129,6 +165,8 @@ class StepGraphs:
         self._pool = None
         self._generation: int | None = None
         self.replays = self.captures = self.first_calls = 0
+        self.put_off = self.refused = 0  # captures put off (CaptureLater) and refused (an error), so far
+        self._backoff = CaptureBackoff()
         self._doorbell: Doorbell | None = None
 
     def run(self, key: Hashable, step: Callable[[], Out]) -> Out:
@@ -157,6 +195,7 @@ class StepGraphs:
     def _begin(self, key: Hashable, queued: bool = False) -> Hashable | None:
         """The executor's host part of the step; the step's graph key, or None where it cannot be
         captured (it runs as it is)."""
+        self._backoff.tick()
         device_key = self.executor.begin_step(queued)
         if device_key is None:
             return None
@@ -176,17 +215,28 @@ class StepGraphs:
                 return step()
         captured = self._graphs.get(key)
         if captured is None:
+            if not self._backoff.due(key):
+                return step()
             try:
                 captured = self._capture(step)
             except CaptureLater as e:
-                log.debug("decode step %s is captured later: %s", key, e)
+                log.log(logging.INFO if self.put_off == 0 else logging.DEBUG, "decode step %s is captured later: %s",
+                        key, e)
+                self.put_off += 1
+                self._backoff.put_off(key)
                 return step()
-            except RuntimeError as e:  # a call that needs the host, an op that syncs, one CUDA cannot capture
-                expected = isinstance(e, StepNotCapturable)
-                log.log(logging.INFO if expected else logging.WARNING,
-                        "decode step %s runs layer by layer: %s", key, e)
+            except StepNotCapturable as e:  # a call that needs the host: so will this key's every step
+                log.info("decode step %s runs layer by layer: %s", key, e)
+                self.refused += 1
                 self._refused.add(key)
                 return step()
+            except RuntimeError as e:  # an op that syncs, one CUDA cannot capture: maybe not every time
+                log.warning("decode step %s runs layer by layer for now (its capture is tried again later): %s",
+                            key, e)
+                self.refused += 1
+                self._backoff.put_off(key)
+                return step()
+            self._backoff.captured(key)
             self._graphs[key] = captured
             self.captures += 1
         self._replay(captured)
@@ -220,10 +270,17 @@ class StepGraphs:
         """Whether a step can be captured at all here (CUDA graphs on, with triton; step graphs on)."""
         return self.executor.graphs is not None and self.executor.step_graphs
 
+    def counters(self) -> dict[str, int]:
+        """What the steps did so far: replays, captures, first (uncaptured) calls, captures put
+        off and refused. A decode rate far below its kind's is explained here."""
+        return {"replays": self.replays, "captures": self.captures, "first_calls": self.first_calls,
+                "put_off": self.put_off, "refused": self.refused}
+
     @property
     def one_time_work(self) -> int:
-        """First steps and captures so far (a step that moved it paid costs later steps will not)."""
-        return self.first_calls + self.captures
+        """First steps and capture tries so far, made or not (a step that moved it paid costs later
+        steps will not, or not as often: the guard does not time it)."""
+        return self.first_calls + self.captures + self.put_off + self.refused
 
     def _capture(self, step: Callable[[], Out]) -> _Captured:
         if self._doorbell is not None:  # a capture waits for the device first
@@ -246,4 +303,5 @@ class StepGraphs:
         self._graphs.clear()
         self._warm.clear()
         self._refused.clear()
+        self._backoff.clear()
         self._pool = None
