@@ -632,9 +632,12 @@ def test_a_cache_below_one_tokens_experts_is_refused_with_numbers(caplog) -> Non
     assert caplog.text.count("3 MoE layers x top-4 = 12 slots") == 2
     hybrid(banks, "cpu", slots=0)  # the CPU mode never uses the cache
 
-    # a budget counts the prefill buffers: two banks of 16 experts, then 12 slots
+    # the prefill buffers are slots the cache lends while a prompt streams: a budget of two banks
+    # of 16 experts and 12 slots is a cache of 44 that lends two; of one bank and 12, one
     ex = build_hybrid(banks, device="cpu", vram_budget_bytes=(2 * E + 12) * stride, mode="offload", top_k=K)
-    assert ex.cache.num_slots == 12
+    assert ex.cache.num_slots == 2 * E + 12 and ex.prefill.streamer.num_buffers == 2
+    ex = build_hybrid(banks, device="cpu", vram_budget_bytes=(E + 12) * stride, mode="offload", top_k=K)
+    assert ex.cache.num_slots == E + 12 and ex.prefill.streamer.num_buffers == 1
 
 
 @pytest.mark.parametrize("slots", [1, 5, 11])
@@ -737,6 +740,71 @@ def test_prefill_streams_banks_and_matches(buffers: int) -> None:
     stride = banks[1].layout.expert_stride
     assert s.prefill_calls == 6 and s.prefill_experts_skipped >= cached_before
     assert s.prefill_bytes == (6 * E - s.prefill_experts_skipped) * stride
+
+
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_a_prefill_streams_through_slots_the_cache_lends_and_decode_gets_them_back(buffers: int) -> None:
+    """Where the cache keeps one token's experts (3 layers x top-4 = 12) beside them, the prefill
+    buffers are its last slots: emptied and kept from every victim while the prompt streams
+    (no buffer of their own), with the CPU executor's outputs; at the first decode step they
+    come back, empty, and decode fills them. A clear under a loan ends it; the next prompt
+    borrows again."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    slots = buffers * E + 12 + 6
+    ex = hybrid(banks, "offload", slots=slots, prefill_buffers=buffers)
+    lent = range(slots - buffers * E, slots)
+    gen = torch.Generator().manual_seed(11)
+
+    def decode(steps: int) -> None:
+        for _ in range(steps):
+            for layer in LAYERS:
+                x, (ids, weights) = torch.randn(1, H, generator=gen), routing(1, gen)
+                assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+
+    def prefill() -> None:
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(16, H, generator=gen), routing(16, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+            assert ex.cache.lent_slots == len(lent) and all(ex.cache.owner[s] == -1 for s in lent)
+            assert ex.cache.pinned[list(lent)].all() and not ex.cache.pinned[: lent[0]].any()
+
+    decode(10)
+    assert any(ex.cache.owner[s] >= 0 for s in lent)  # decode had filled the slots to be lent
+    prefill()
+    streamer = ex.prefill.streamer
+    assert streamer.lent and len(streamer.buffers) == buffers
+    assert all(b.untyped_storage().data_ptr() == ex.cache.slots.untyped_storage().data_ptr() for b in streamer.buffers)
+    decode(1)
+    assert ex.cache.lent_slots == 0 and not ex.cache.pinned.any() and not streamer.buffers and not streamer.lent
+    decode(10)
+    assert any(ex.cache.owner[s] >= 0 for s in lent)  # decode has them back
+    for layer in LAYERS[:1]:  # a clear in the middle of a prompt ends its loan
+        ex(layer, torch.randn(16, H, generator=gen), *routing(16, gen))
+    loan = ex.cache.lent_slots
+    ex.clear()
+    assert loan == len(lent) and ex.cache.lent_slots == 0 and not streamer.lent
+    assert ex.cache.lend(slots + 1) is None
+    prefill()  # borrowed anew
+    assert streamer.lent and ex.cache.lend(1) is None  # one loan at a time
+    decode(1)
+    assert ex.stats().prefill_calls == 7
+
+
+def test_a_cache_that_cannot_lend_its_last_slots_leaves_the_prefill_its_own_buffers() -> None:
+    """Static residency pins whole layers' slots: where the last slots are pinned, or the cache
+    would keep fewer than one token's experts, the buffers are allocated beside it, as asked."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    gen = torch.Generator().manual_seed(12)
+    for mode, slots in (("static", 3 * E), ("offload", E + 11)):
+        ex = hybrid(banks, mode, slots=slots, prefill_buffers=1)
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(16, H, generator=gen), routing(16, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+        streamer = ex.prefill.streamer
+        assert ex.cache.lent_slots == 0 and not streamer.lent and len(streamer.buffers) == 1, mode
+        assert streamer.buffers[0].untyped_storage().data_ptr() != ex.cache.slots.untyped_storage().data_ptr()
 
 
 def test_prefill_leaves_the_prompts_recent_experts_cached_within_each_layers_share() -> None:

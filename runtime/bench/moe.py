@@ -121,9 +121,9 @@ def cache_plan(shape: BenchShape, cfg: BenchConfig, top_k: int, built_layers: in
     machine = Machine(ram_total_bytes=fp.expert_pool_bytes + 64 * GiB, ram_available_bytes=fp.expert_pool_bytes + 64 * GiB,
                       num_physical_cores=cfg.threads or 8, gpu=GPU("emulated budget", budget, budget))
     p = plan(fp, machine, PlanOverrides(vram_budget_bytes=budget, num_ctx=cfg.num_ctx, device="gpu", force=True))
-    # the prefill buffers the runtime holds beside the cache go back to it here: the benchmark's
-    # prefill buffer is transient, released before decode (see the module doc)
-    planned = min(p.cache_slots + p.prefill_buffer_bytes // stride, fp.num_expert_records)
+    # the prefill buffers are slots the runtime's cache lends while a prompt streams (the
+    # benchmark's prefill buffer is transient too, released before decode: see the module doc)
+    planned = min(p.cache_slots, fp.num_expert_records)
     slots = planned * built_layers // moe  # a reduced run keeps the full model's share per layer
     return {**info, "cache_slots": slots, "planned_slots": planned, "source": "fit planner",
             "runtime_prefill_buffers": p.prefill_buffers, "runtime_cache_slots": p.cache_slots,

@@ -16,7 +16,15 @@ from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from ..loading.read_ftw import ModelWeights, load_weights
 from ..loading.registered import RegisteredModel
 from ..models import build_model, keep_float32
-from ..planner.plan import PREFILL_BUFFERS, ModelFootprint, Plan, PlanOverrides, plan, size
+from ..planner.plan import (
+    PREFILL_BUFFERS,
+    ModelFootprint,
+    Plan,
+    PlanOverrides,
+    lent_prefill_buffers,
+    plan,
+    size,
+)
 from ..planner.resources import Machine
 from .bandwidth_profile import BandwidthProfile
 from .device_model import DeviceModel, move_dense
@@ -25,6 +33,7 @@ from .executor import HybridExpertExecutor
 from .expert_cache import ExpertCache
 from .host_memory import HostPinner
 from .measure_bandwidth import load_or_measure
+from .prefill import StreamingPrefill
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +80,11 @@ def prefill_buffer_bytes(banks: dict[int, HostExpertBank], num_buffers: int) -> 
     return num_buffers * max((b.layout.nbytes for b in banks.values()), default=0)
 
 
+def bank_slots(banks: dict[int, HostExpertBank], slot_bytes: int) -> int:
+    """Cache slots one prefill buffer takes (the largest bank's bytes, in whole slots)."""
+    return -(-prefill_buffer_bytes(banks, 1) // slot_bytes)
+
+
 def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: torch.device | str,
                  vram_budget_bytes: int | None = None, cache_slots: int | None = None, mode: str = "auto",
                  profile: BandwidthProfile | None = None, top_k: int | None = None,
@@ -79,8 +93,10 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
                  pin: bool = True, **options) -> HybridExpertExecutor:
     """A HybridExpertExecutor over a model's banks or synthetic ones (`top_k` then required).
 
-    The cache gets `cache_slots` slots, or what `vram_budget_bytes` holds after the prefill
-    buffers (here the budget covers only the cache and those buffers). On CUDA the banks are
+    The cache gets `cache_slots` slots, or what `vram_budget_bytes` holds (here the budget covers
+    only the cache), never more than every expert and the slots it lends as `prefill_buffers`
+    (ExpertCache.lend, where it keeps one token's experts beside them; a budget that cannot
+    lend as many gets fewer, `lent_prefill_buffers`). On CUDA the banks are
     pinned in place first. "auto" without `profile` loads this machine's kept profile, or
     measures (and keeps) one. `options` go to HybridExpertExecutor (static_resident_layers,
     split, prefill_min_tokens)."""
@@ -93,12 +109,14 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
         raise ValueError("the model has no expert banks: nothing for an expert cache to hold")
     device = torch.device(device)
     slot_bytes = max(b.layout.expert_stride for b in banks.values())
+    per_buffer, min_slots = bank_slots(banks, slot_bytes), len(banks) * top_k
     if cache_slots is None:
         if vram_budget_bytes is None:
             raise ValueError("give cache_slots or vram_budget_bytes")
-        left = vram_budget_bytes - (prefill_buffer_bytes(banks, prefill_buffers) if mode != "cpu" else 0)
-        cache_slots = max(0, left // slot_bytes)
-    cache_slots = min(cache_slots, sum(b.num_experts for b in banks.values()))
+        cache_slots = max(0, vram_budget_bytes // slot_bytes)
+        prefill_buffers = min(prefill_buffers, lent_prefill_buffers(cache_slots, per_buffer, min_slots))
+    lent = prefill_buffers * per_buffer if mode != "cpu" else 0
+    cache_slots = min(cache_slots, sum(b.num_experts for b in banks.values()) + lent)
     mode = serving_mode(mode, cache_slots, num_moe_layers=len(banks), top_k=top_k)
     check_cache_capacity(cache_slots, num_moe_layers=len(banks), top_k=top_k, slot_bytes=slot_bytes, mode=mode,
                          force=force)
@@ -116,7 +134,7 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
                         num_experts=max(b.num_experts for b in banks.values()))
     executor = HybridExpertExecutor(banks, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,
                                     compute_dtype=compute_dtype, profile=profile, prefill_buffers=prefill_buffers,
-                                    **options)
+                                    prefill_lend_above=min_slots, **options)
     executor.pinner = pinner  # type: ignore[attr-defined]  # keeps the registration as long as the executor
     log.info("expert cache: %d slots x %s = %s on %s, mode %s", cache_slots, size(slot_bytes),
              size(cache_slots * slot_bytes), device, mode)
@@ -124,7 +142,7 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
 
 
 def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit: Plan | None,
-                 vram_budget_bytes: int | None, prefill_bytes: int = 0) -> VramGovernor:
+                 vram_budget_bytes: int | None) -> VramGovernor:
     """The elastic-VRAM governor of a loaded model: the budget it was planned for (or, with slots
     given outright, what those slots take), free-memory checks on CUDA."""
     cache = executor.cache
@@ -133,14 +151,18 @@ def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit:
         budget = cache.num_slots * cache.slot_bytes
     min_slots = 0 if executor.mode == "cpu" else footprint.num_moe_layers * footprint.num_experts_per_tok
     probe = cuda_probe(executor.device) if executor.device.type == "cuda" else None
-    # what the budget holds beside the cache: the plan's dense weights, KV and workspace, and the
-    # prefill buffers taken out of its slots (the plan's cache may be capped at every expert, so
-    # the budget less the cache would count unused budget as taken)
+    # what the budget holds beside the cache: the plan's dense weights, KV and workspace (the
+    # plan's cache may be capped at every expert, so the budget less the cache would count unused
+    # budget as taken); the prefill buffers are slots the cache lends
     other = None
     if fit is not None:
-        other = fit.dense_bytes + fit.kv_bytes + fit.workspace_bytes + prefill_bytes
+        other = fit.dense_bytes + fit.kv_bytes + fit.workspace_bytes
+    prefill = executor.prefill
+    lent = bank_slots(executor.banks, cache.slot_bytes) * prefill.streamer.num_buffers \
+        if isinstance(prefill, StreamingPrefill) else 0
     return VramGovernor(slot_bytes=cache.slot_bytes, budget_bytes=budget, cache_slots=cache.num_slots,
-                        min_slots=min_slots, other_bytes=other, max_slots=footprint.num_expert_records, probe=probe)
+                        min_slots=min_slots, other_bytes=other, max_slots=footprint.num_expert_records + lent,
+                        probe=probe)
 
 
 def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.device | str = "cuda",
@@ -172,7 +194,8 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     if mode == "cpu":  # the CPU computes every expert: no cache to fill, no bank to stream
         prefill_buffers = 0
     buffers = prefill_buffer_bytes(weights.banks, prefill_buffers)
-    log.info("expert cache: %d slots; %d prefill buffers (%s)", cache_slots, prefill_buffers, size(buffers))
+    log.info("expert cache: %d slots; %d prefill buffers (%s, lent by the cache while a prompt streams)",
+             cache_slots, prefill_buffers, size(buffers))
     pinner = None
     if device.type == "cuda":
         pinner = HostPinner(fit.pinned_bytes if fit is not None else None)
@@ -181,7 +204,7 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     executor = build_hybrid(weights, device=device, cache_slots=cache_slots, mode=mode, compute_dtype=dtype,
                             prefill_buffers=prefill_buffers, force=force, pin=False, **options)
     executor.pinner = pinner  # type: ignore[attr-defined]
-    executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes, buffers)
+    executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes)
     with torch.device(device):
         model = build_model(weights.config, weights, executor, dtype)
     return weights, DeviceModel(model, device, executor.steps), executor

@@ -86,7 +86,9 @@ class HybridExpertExecutor(WholeStepCalls):
     calls, both decayed by HIT_RATE_DECAY per call (an exponential moving average, 0 before any). "static" keeps
     `static_resident_layers` (default: as many whole layers as fit, first ones first) resident.
     Calls with at least `prefill_min_tokens` tokens stream whole banks through `prefill_buffers`
-    (2: double-buffered, 1: single, 0: never) bank-sized device buffers. "auto" checks its split
+    (2: double-buffered, 1: single, 0: never) bank-sized device buffers: the cache's last slots,
+    lent for the prompt, where it keeps `prefill_lend_above` slots beside them (None: never
+    lent, the buffers held for the executor's life). "auto" checks its split
     against plain offload on whole decode steps and keeps the faster (auto_guard.py), unless
     `auto_guard` is False. `cuda_graphs` (on by default; CUDA with triton only) replays decode calls
     as CUDA graphs (decode_graphs.py), those with a CPU share where the driver's stream flags can
@@ -100,7 +102,8 @@ class HybridExpertExecutor(WholeStepCalls):
                  compute_dtype: torch.dtype = torch.bfloat16, profile: BandwidthProfile | None = None,
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
                  prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
-                 cuda_graphs: bool = True, step_graphs: bool = True, pcie_repeat: int = 1) -> None:
+                 cuda_graphs: bool = True, step_graphs: bool = True, pcie_repeat: int = 1,
+                 prefill_lend_above: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if pcie_repeat < 1:
@@ -125,7 +128,7 @@ class HybridExpertExecutor(WholeStepCalls):
         self.first_layer = min(banks) if banks else 0
         self.elastic: VramGovernor | None = None  # set by load_gpu: the cache follows the VRAM budget
         self.prefill_min_tokens = prefill_min_tokens
-        self.prefill = self._prefill_path(prefill_buffers)
+        self.prefill = self._prefill_path(prefill_buffers, prefill_lend_above)
         kernels = _device_kernels(self.device)
         self._route_plan, self._expert_fill, self._cast_out = kernels or (route_plan_ref, None, _torch_cast)
         # zero-copy fills read the bank over PCIe from the device: only from page-locked memory
@@ -147,16 +150,17 @@ class HybridExpertExecutor(WholeStepCalls):
         if mode == "static":
             self._make_resident()
 
-    def _prefill_path(self, buffers: int) -> StreamingPrefill | CachePrefill | None:
-        """How calls of many tokens run: banks streamed through `buffers` device buffers; with
-        none, the LRU modes' experts streamed through the cache itself; else (the CPU modes, and
-        the placements that must not disturb the cache) as decode calls."""
+    def _prefill_path(self, buffers: int, lend_above: int | None) -> StreamingPrefill | CachePrefill | None:
+        """How calls of many tokens run: banks streamed through `buffers` device buffers (slots
+        the cache lends for the prompt, where it keeps `lend_above` beside them); with none, the
+        LRU modes' experts streamed through the cache itself; else (the CPU modes, and the
+        placements that must not disturb the cache) as decode calls."""
         placement = PLACEMENT[self.mode]
         if self.mode == "cpu":
             return None
         if buffers:
             return StreamingPrefill(self.banks, self.cache, self.compute_dtype, num_buffers=buffers,
-                                    placement=placement, pcie_repeat=self.pcie_repeat)
+                                    placement=placement, pcie_repeat=self.pcie_repeat, lend_above=lend_above)
         if placement == "lru":
             return CachePrefill(self.banks, self.cache, self.compute_dtype, pcie_repeat=self.pcie_repeat)
         return None

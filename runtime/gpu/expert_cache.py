@@ -10,6 +10,12 @@ plan downloads (one sync, at a point that syncs anyway: prefill, resize, stats).
 
 A slot holds one FTW record byte for byte (`slot_bytes` >= every bank's stride), so a fill is
 one copy and `views` reads the parts in place.
+
+A long prompt's bank buffers are slots too (`lend`): the last slots are emptied and kept from
+every victim choice while the prompt streams its banks through them, and given back, empty, for
+decode (`take_back`). So VRAM the prefill needs only while it runs does not come out of the
+cache for the model's life: at llama.cpp's -ncmoe 12 VRAM on Qwen3-30B-A3B's shapes, two
+1.2 GB buffers held beside the cache had left it 253 slots of its 509.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class ExpertCache:
         self.clock = 0
         self.generation = -1  # bumped whenever the tensors are made anew (captured CUDA graphs hold their addresses)
         self._table = np.full(num_layers * num_experts, EMPTY, dtype=np.int32)
+        self._loans = 0  # loans made so far (`lend`), the last one's id
         self._allocate(num_slots)
 
     def _allocate(self, num_slots: int) -> None:
@@ -75,6 +82,8 @@ class ExpertCache:
         self._owner = np.full(num_slots, EMPTY, dtype=np.int64)
         self._last_used = np.full(num_slots, EMPTY, dtype=np.int64)
         self._pinned = np.zeros(num_slots, dtype=bool)
+        self.lent_slots = 0  # the last slots, lent out as buffers (`lend`)
+        self._loans += 1  # a reset of any kind ends the loan out (`holds_loan`)
         self._device_fresh = False  # the device tensors equal the host arrays
         self._host_fresh = True  # no device plan ran since the host arrays were last right
 
@@ -254,6 +263,43 @@ class ExpertCache:
         self.streams.synchronize()
         self._table.fill(EMPTY)
         self._allocate(0)
+
+    # -- slots lent as buffers -----------------------------------------------------------------------
+
+    def lend(self, count: int) -> tuple[torch.Tensor, int] | None:
+        """The last `count` slots as one flat uint8 buffer, and the loan's id (`holds_loan`): what
+        they held is evicted, and they are kept from every victim choice, on the host and in
+        device plans (a pinned slot's recency), until `take_back`. None where one of them is
+        pinned (static residency), a loan is out already, or the cache has fewer slots."""
+        if count <= 0 or count > self.num_slots or self.lent_slots:
+            return None
+        self._host()
+        first = self.num_slots - count
+        if self._pinned[first:].any():
+            return None
+        held = self._owner[first:]
+        self._table[held[held >= 0]] = EMPTY
+        self._owner[first:], self._last_used[first:], self._pinned[first:] = EMPTY, EMPTY, True
+        self.lent_slots = count
+        self._loans += 1
+        self._changed_on_host()
+        return self.slots[first:].view(-1), self._loans
+
+    def holds_loan(self, loan: int) -> bool:
+        """Whether the loan `loan` is still out (a clear, resize or release ends every loan)."""
+        return self.lent_slots > 0 and loan == self._loans
+
+    def take_back(self) -> None:
+        """The lent slots are the cache's again, empty (the first victims). The caller has made
+        sure nothing still reads them as a buffer: work queued after this point on the compute
+        stream, or on the copy stream (which waits for the compute queued before its copies),
+        runs after the reads queued before it."""
+        if not self.lent_slots:
+            return
+        self._host()
+        self._pinned[self.num_slots - self.lent_slots:] = False
+        self.lent_slots = 0
+        self._changed_on_host()
 
     # -- views ---------------------------------------------------------------------------------------
 

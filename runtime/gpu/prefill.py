@@ -57,10 +57,15 @@ class LoadedBank:
 
 
 class BankStreamer:
-    """Copies whole banks into `num_buffers` (1 or 2) bank-sized device buffers on the copy stream."""
+    """Copies whole banks into `num_buffers` (1 or 2) bank-sized device buffers on the copy stream.
+
+    The buffers are the cache's last slots, lent for the prompt (ExpertCache.lend), where the
+    cache keeps at least `lend_above` slots beside them; else (None, or a cache too small or
+    pinned there) they are allocated, and held until `release`. A loan goes back at
+    `return_loan`, before decode: the slots return empty."""
 
     def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, *, num_buffers: int = 2,
-                 pcie_repeat: int = 1) -> None:
+                 pcie_repeat: int = 1, lend_above: int | None = None) -> None:
         self.pcie_repeat = pcie_repeat  # copies per transfer: >1 emulates a slower link (benchmarks)
         if num_buffers not in (1, 2):
             raise ValueError(f"num_buffers is 1 (single-buffered) or 2 (double-buffered), not {num_buffers}")
@@ -70,6 +75,8 @@ class BankStreamer:
         self.next_layer = dict(zip(layers, layers[1:], strict=False))
         self.buffer_bytes = max((b.layout.nbytes for b in banks.values()), default=0)
         self.buffers: list[torch.Tensor] = []
+        self.lend_above = lend_above
+        self._loan: int | None = None  # the cache's loan the buffers are (None: their own memory, or none)
         self._pending: dict[int, LoadedBank] = {}
         self._current: LoadedBank | None = None  # the bank taken last (a prompt's later chunks read it)
         self._turn = 0
@@ -79,7 +86,23 @@ class BankStreamer:
     def release(self) -> None:
         """Free the buffers (VRAM back to the cache or other programs); they come back on use."""
         self.streams.synchronize()
-        self.buffers, self._pending, self._current = [], {}, None
+        self._drop_buffers()
+
+    @property
+    def lent(self) -> bool:
+        """Whether the buffers are slots the cache lent (and still lends)."""
+        return self._loan is not None and self.cache.holds_loan(self._loan)
+
+    def return_loan(self) -> None:
+        """Give lent buffers back to the cache (no wait: see ExpertCache.take_back; the caller
+        has made the compute stream wait for this streamer's copies). Own buffers are kept."""
+        if self._loan is not None:
+            self._drop_buffers()
+
+    def _drop_buffers(self) -> None:
+        if self.lent:
+            self.cache.take_back()
+        self.buffers, self._pending, self._current, self._loan = [], {}, None, None
 
     def take(self, layer: int, keep: bool = False) -> LoadedBank:
         """`layer`'s bank on the device (prefetched, or copied now); the compute stream waits for it.
@@ -111,12 +134,27 @@ class BankStreamer:
         return [self.cache.key(p.layer, e) for p in self._pending.values() for e in p.skipped]
 
     def _free_buffer(self, busy: int | None) -> int:
+        if self._loan is not None and not self.lent:  # the cache was cleared or rebuilt under the loan
+            self._drop_buffers()
         if not self.buffers:
-            self.buffers = [torch.empty(self.buffer_bytes, dtype=torch.uint8, device=self.cache.device)
-                            for _ in range(self.num_buffers)]
+            self.buffers = self._borrow() or [torch.empty(self.buffer_bytes, dtype=torch.uint8, device=self.cache.device)
+                                              for _ in range(self.num_buffers)]
         index = self._turn if busy is None or self._turn != busy else (self._turn + 1) % self.num_buffers
         self._turn = (index + 1) % self.num_buffers
         return index
+
+    def _borrow(self) -> list[torch.Tensor]:
+        """The buffers as slots the cache lends ([] where it does not)."""
+        per_buffer = -(-self.buffer_bytes // self.cache.slot_bytes)
+        count = self.num_buffers * per_buffer
+        if self.lend_above is None or self.cache.num_slots - count < self.lend_above:
+            return []
+        loan = self.cache.lend(count)
+        if loan is None:
+            return []
+        flat, self._loan = loan
+        size = per_buffer * self.cache.slot_bytes
+        return [flat[i * size: (i + 1) * size] for i in range(self.num_buffers)]
 
     def _load(self, layer: int, buffer: int) -> LoadedBank:
         bank = self.banks[layer]
@@ -156,11 +194,13 @@ class StreamingPrefill:
     usable = True  # (CachePrefill's needs a slot)
 
     def __init__(self, banks: dict[int, HostExpertBank], cache: ExpertCache, compute_dtype: torch.dtype, *,
-                 num_buffers: int = 2, placement: str = "lru", pcie_repeat: int = 1) -> None:
+                 num_buffers: int = 2, placement: str = "lru", pcie_repeat: int = 1,
+                 lend_above: int | None = None) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}, not {placement!r}")
         self.banks, self.cache, self.dtype, self.placement = banks, cache, compute_dtype, placement
-        self.streamer = BankStreamer(banks, cache, num_buffers=num_buffers, pcie_repeat=pcie_repeat)
+        self.streamer = BankStreamer(banks, cache, num_buffers=num_buffers, pcie_repeat=pcie_repeat,
+                                     lend_above=lend_above)
         self.layer_index = {layer: i for i, layer in enumerate(sorted(banks))}
         self._fills_unsettled = False  # cache fills queued on the copy stream that no compute waited for
         self._routed: list[torch.Tensor] = []  # the layer's routing so far, chunk by chunk (host)
@@ -170,10 +210,12 @@ class StreamingPrefill:
         fills the prefill queued on the copy stream. A prefill layer does not wait for its own
         fills (the copy stream may be streaming the next bank ahead of them, and the next layer's
         bank event covers them); the last layers' fills are covered by nothing else, and decode
-        reads those slots, or refills them, on the compute stream."""
-        if self._fills_unsettled:
+        reads those slots, or refills them, on the compute stream. Buffers the cache lent go
+        back to it here: decode fills them from now on."""
+        if self._fills_unsettled or self.streamer.lent:
             self.streams.wait_for_copies()
             self._fills_unsettled = False
+            self.streamer.return_loan()  # the buffers' slots, for decode to fill
 
     @property
     def streams(self) -> DeviceStreams:
@@ -226,7 +268,7 @@ class StreamingPrefill:
         Qwen3-30B trace missed 7.6% of decode reads at 32 GiB instead of 3.4%: bench_traces.py);
         the share on a long one, which routes to nearly every expert of every layer and would
         otherwise leave only its last layers cached."""
-        share = max(ids.shape[1], self.cache.num_slots // len(self.layer_index))
+        share = max(ids.shape[1], (self.cache.num_slots - self.cache.lent_slots) // len(self.layer_index))
         routed = ids.flip(0).reshape(-1).numpy()  # the last token's pairs first
         seen = 4 * share  # a long prompt's last few tokens hold the share: not a pass over all of it
         while True:

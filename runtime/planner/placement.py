@@ -74,9 +74,9 @@ class Plan:
     model_context_length: int
     max_kv_tokens: int | None  # the most context the KV budget allows (None: KV size unknown)
     slot_bytes: int
-    cache_slots: int
-    prefill_buffers: int  # bank-sized VRAM buffers a long prompt streams each layer's experts through
-    prefill_buffer_bytes: int  # all of them
+    cache_slots: int  # where every expert fits, also the slots lent as prefill buffers
+    prefill_buffers: int  # bank-sized buffers a long prompt streams each layer's experts through
+    prefill_buffer_bytes: int  # all of them: cache slots, lent while a prompt streams (not beside the cache)
     min_cache_slots: int
     num_expert_records: int
     num_threads: int
@@ -95,13 +95,13 @@ class Plan:
 
     @property
     def cache_fraction(self) -> float:
-        return self.cache_slots / self.num_expert_records if self.num_expert_records else 0.0
+        return min(self.cache_slots, self.num_expert_records) / self.num_expert_records if self.num_expert_records else 0.0
 
     @property
     def vram_needed_bytes(self) -> int:
         if self.device != "gpu":
             return 0
-        return self.dense_bytes + self.workspace_bytes + self.kv_bytes + self.prefill_buffer_bytes + self.cache_bytes
+        return self.dense_bytes + self.workspace_bytes + self.kv_bytes + self.cache_bytes
 
     def describe(self) -> list[tuple[str, str]]:
         """(label, value) rows for a terminal table."""
@@ -120,6 +120,8 @@ class Plan:
         else:
             cache = (f"{self.cache_slots} slots x {size(self.slot_bytes)} = {size(self.cache_bytes)}, "
                      f"{100 * self.cache_fraction:.1f}% of {self.num_expert_records} experts")
+            if self.cache_slots > self.num_expert_records:
+                cache += f" and {self.cache_slots - self.num_expert_records} slots to lend to a prompt's banks"
             if self.cache_slots < self.min_cache_slots:
                 cache += f", under one token's {self.min_cache_slots}: the CPU computes the misses"
         context = f"{self.context_length} tokens (model {self.model_context_length or '?'}"
@@ -149,7 +151,8 @@ class Plan:
         if not self.prefill_buffers:
             return "none: a long prompt's experts stream through the cache itself"
         kind = "double-buffered" if self.prefill_buffers == 2 else "single-buffered"
-        return f"{self.prefill_buffers} x {size(self.prefill_buffer_bytes // self.prefill_buffers)}, {kind}"
+        return (f"{self.prefill_buffers} x {size(self.prefill_buffer_bytes // self.prefill_buffers)}, {kind}, "
+                "lent by the expert cache while a prompt streams")
 
     def _per_token(self) -> str:
         return f"{size(self.kv_bytes_per_token)}/token" if self.kv_bytes_per_token else "size per token unknown"

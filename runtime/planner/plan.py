@@ -40,7 +40,7 @@ from .resources import Machine
 RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activations of the GPU path
 GPU_RESERVE_BYTES = 512 << 20  # cuBLAS/Triton workspaces, CUDA-graph pools, allocator slack
 PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
-PREFILL_BUFFERS = 2  # bank-sized VRAM buffers a prefill streams through (2: double-buffered)
+PREFILL_BUFFERS = 2  # bank-sized buffers a prefill streams through (2: double-buffered), lent by the cache
 DEFAULT_NUM_CTX = 32768  # when neither the user nor the recipe says; agents need long contexts
 MIN_CONTEXT_TOKENS = 2048  # below this a chat template and one answer do not fit: refuse instead
 FEEDER_THREADS = 1  # a core that launches GPU work and copies expert misses, kept off the CPU kernels
@@ -217,8 +217,8 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
     if pinned < fp.expert_pool_bytes:
         log.warnings.append(f"{size(pinned)} of the {size(fp.expert_pool_bytes)} expert pool can be pinned: cache "
                             f"fills from the other {size(fp.expert_pool_bytes - pinned)} run ~{PAGEABLE_SLOWDOWN}x slower")
-    if fp.layout_known and slots == fp.num_expert_records:
-        log.notes.append(f"all {slots} experts fit in VRAM: after warm-up nothing crosses PCIe")
+    if fp.layout_known and slots >= fp.num_expert_records:
+        log.notes.append(f"all {fp.num_expert_records} experts fit in VRAM: after warm-up nothing crosses PCIe")
     elif fp.layout_known and kv_bytes > slots * fp.expert_stride_bytes and context > floor:
         per_1k = 1024 * kv.bytes_per_token / fp.expert_stride_bytes
         log.notes.append(f"the KV cache ({size(kv_bytes)}) is larger than the expert cache: every 1024 tokens "
@@ -229,23 +229,32 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
 
 def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tuple[int, int]:
     """(prefill buffers, cache slots) in `room` bytes of VRAM. The buffers (one bank each) are
-    held for the model's life, so they come out of the cache: two (double-buffered) where the
-    cache keeps at least one token's experts beside them (below that a global LRU thrashes),
-    else one, else none (a long prompt's experts then stream through the cache itself).
-    So where the VRAM first holds a buffer beside that floor, the cache gives up to a bank's
-    slots for it. Never more slots than experts."""
-    stride, bank = fp.expert_stride_bytes, fp.bank_bytes
-    for buffers in range(PREFILL_BUFFERS, -1, -1):
-        slots = max(0, room - buffers * bank) // stride
-        if buffers == 0 or slots >= fp.min_cache_slots:
-            break
+    slots the cache lends while a long prompt streams (ExpertCache.lend), so all of the room is
+    cache: `lent_prefill_buffers` says how many it can lend, and where every expert fits, the
+    cache gets the buffers' slots beside them (a prompt then evicts nothing)."""
+    stride = fp.expert_stride_bytes
+    bank_slots = -(-fp.bank_bytes // stride)
+    slots = max(0, room) // stride
+    buffers = lent_prefill_buffers(slots, bank_slots, fp.min_cache_slots)
+    slots = min(slots, fp.num_expert_records + buffers * bank_slots)
     if buffers < PREFILL_BUFFERS and slots >= fp.min_cache_slots:  # (below, the CPU computes long prompts too)
         held = "one prefill buffer, not two" if buffers == 1 else "no prefill buffer"
         how = "through it" if buffers == 1 else "through the expert cache itself"
-        log.notes.append(f"{held} ({size(bank)} each: more would leave the expert cache under one token's "
-                         f"experts): a long prompt's experts stream {how}, without overlap; more VRAM or a "
-                         "smaller --num-ctx buys a faster prefill")
-    return buffers, min(slots, fp.num_expert_records)
+        log.notes.append(f"{held} ({size(fp.bank_bytes)} each, lent by the expert cache during a prompt: more would "
+                         f"leave it under one token's experts): a long prompt's experts stream {how}, without "
+                         "overlap; more VRAM or a smaller --num-ctx buys a faster prefill")
+    return buffers, slots
+
+
+def lent_prefill_buffers(slots: int, bank_slots: int, min_cache_slots: int) -> int:
+    """How many prefill buffers of `bank_slots` slots each a cache of `slots` lends while a long
+    prompt streams: two (double-buffered) where it keeps at least one token's experts
+    (`min_cache_slots`) beside them, else one, else none. Decode has every slot back: the
+    buffers cost a prompt the experts cached where they were, not the cache its size."""
+    for buffers in range(PREFILL_BUFFERS, 0, -1):
+        if slots - buffers * bank_slots >= min_cache_slots:
+            return buffers
+    return 0
 
 
 def _check_cache(fp: ModelFootprint, slots: int, log: _Log) -> None:
