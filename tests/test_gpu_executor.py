@@ -1009,12 +1009,12 @@ def test_gpu_backend_matches_cpu_backend_and_survives_resizes(tiny_store) -> Non
 
 
 def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) -> None:
-    """The fit plan counts the prefill buffers the runtime holds: where VRAM is tight they give
+    """The fit plan's prefill buffers are slots the cache lends: where VRAM is tight they give
     way to one token's experts in the cache (one buffer, then none), and the load follows the
-    plan, answering as the CPU backend does, a long prompt with no buffer included."""
+    plan, answering as the CPU backend does, long prompts through lent buffers or none."""
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
-    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.planner.plan import GPU_RESERVE_BYTES, ModelFootprint, PlanOverrides, plan
     from runtime.planner.resources import GPU, Machine
 
     store, name = tiny_store
@@ -1023,7 +1023,7 @@ def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) ->
     machine = Machine(ram_total_bytes=64 << 30, ram_available_bytes=64 << 30, num_physical_cores=4,
                       gpu=GPU("emulated", 80 << 30, 80 << 30))
     plans = {}
-    for budget in range(1 << 29, 1 << 30, footprint.expert_stride_bytes):
+    for budget in range(GPU_RESERVE_BYTES, 1 << 30, footprint.expert_stride_bytes):
         p = plan(footprint, machine, PlanOverrides(vram_budget_bytes=budget, num_ctx=64, device="gpu", force=True))
         if p.fits and p.cache_slots >= footprint.min_cache_slots:  # (below, the CPU computes every expert)
             plans.setdefault(p.prefill_buffers, p)
@@ -1047,7 +1047,7 @@ def test_a_plan_below_one_tokens_experts_loads_and_answers_as_the_cpu_backend(ti
     as "cpu" (no profile measured, no elastic floor), and answers as the CPU backend does."""
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
-    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.planner.plan import GPU_RESERVE_BYTES, ModelFootprint, PlanOverrides, plan
     from runtime.planner.resources import GPU, Machine
 
     store, name = tiny_store

@@ -208,7 +208,7 @@ def test_qwen36_q4_on_the_4060_laptop() -> None:
     assert p.device == "gpu" and p.fits and p.context_length == 32768 and p.kv_bytes == kv
     bank = 256 * QWEN36_Q4_STRIDE  # a prefill buffer holds one layer's 256 experts
     assert p.prefill_buffers == 2 and p.prefill_buffer_bytes == 2 * bank
-    assert p.cache_slots == (left - kv) // QWEN36_Q4_STRIDE == 2806 and p.num_expert_records == 10240  # buffers lent
+    assert p.cache_slots == (left - kv) // QWEN36_Q4_STRIDE == 2920 and p.num_expert_records == 10240  # buffers lent
     assert p.min_cache_slots == 320 and p.ram_needed_bytes == 40 * 256 * QWEN36_Q4_STRIDE + RAM_RESERVE_BYTES
     assert p.num_threads == 5  # 6 cores, one feeds the GPU
     assert plan(fp, LAPTOP_4060, PlanOverrides(num_threads=6)).num_threads == 6
@@ -250,8 +250,8 @@ def test_glm5_on_a_5090_cannot_hold_one_tokens_experts() -> None:
     left = 32 * GiB - 512 * MiB - int(19.5 * GiB) - workspace
     assert left < 600 * GLM5_STRIDE  # one token's experts (75 x top-8 = 600 slots) need 21.1 GiB
     assert p.fits and p.context_length == MIN_CONTEXT_TOKENS  # KV squeezed to the floor, cache still short
-    assert p.cache_slots == (left - MIN_CONTEXT_TOKENS * GLM5_KV) // GLM5_STRIDE == 316
-    assert any("holds 316 slots, fewer than one token's experts (75 MoE layers x top-8 = 600 slots of 36.0 MiB): "
+    assert p.cache_slots == (left - MIN_CONTEXT_TOKENS * GLM5_KV) // GLM5_STRIDE == 321
+    assert any("holds 321 slots, fewer than one token's experts (75 MoE layers x top-8 = 600 slots of 36.0 MiB): "
                "misses, and long prompts' experts, are computed on the CPU, as llama.cpp's --n-cpu-moe does" in n
                for n in p.notes) and not p.warnings
     assert plan(fp, WORKSTATION_5090, PlanOverrides(device="gpu")) == p
@@ -351,7 +351,7 @@ def test_too_small_a_machine_is_refused_with_every_reason() -> None:
     assert ram.needed == 40 * 256 * QWEN36_Q4_STRIDE + RAM_RESERVE_BYTES and ram.available == 16 * GiB  # 18.9 of 16
     workspace = GPU_RESERVE_BYTES + PREFILL_CHUNK_TOKENS * QWEN36_ACT
     left = 4 * GiB - 300 * MiB - int(1.75 * GiB) - workspace - (32768 * QWEN36_KV + QWEN36_STATE)
-    assert err.value.plan is not None and err.value.plan.cache_slots == left // QWEN36_Q4_STRIDE == 438
+    assert err.value.plan is not None and err.value.plan.cache_slots == left // QWEN36_Q4_STRIDE == 552
     with pytest.raises(FitError) as err:
         plan(fp, SMALL_LAPTOP, PlanOverrides(device="gpu", vram_budget_bytes=2 * GiB))
     short = {p.resource: p for p in err.value.problems}

@@ -38,7 +38,11 @@ from .placement import FitError, Plan, PlanOverrides, Problem  # noqa: F401 - re
 from .resources import Machine
 
 RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activations of the GPU path
-GPU_RESERVE_BYTES = 512 << 20  # cuBLAS/Triton workspaces, CUDA-graph pools, allocator slack
+# cuBLAS/Triton workspaces, CUDA-graph pools, allocator slack. Measured on the H200 in the race of
+# 2026-12-02 (BENCHMARKS.md): with 512 MiB planned, the whole process peaked 278 MiB under its
+# budget plus CUDA context at both settings (6,713 of 6,370 + 621 MiB, 11,321 of 10,976 + 621),
+# decode and 512-token prompts, step graphs captured; 320 keeps ~86 MiB of that margin.
+GPU_RESERVE_BYTES = 320 << 20
 PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
 PREFILL_BUFFERS = 2  # bank-sized buffers a prefill streams through (2: double-buffered), lent by the cache
 DEFAULT_NUM_CTX = 32768  # when neither the user nor the recipe says; agents need long contexts
