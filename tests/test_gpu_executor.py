@@ -302,13 +302,45 @@ def test_bf16_output_dtype() -> None:
     assert_close(out, ref, rel=2**-7)
 
 
-def test_block_quants_are_refused_on_the_device() -> None:
-    banks = {1: random_bank("q8_0", E, 64, 32, layer=1)}
-    with pytest.raises(UnsupportedOnDevice, match="q8_0.*GGML block quants.*mode='cpu'"):
+def test_block_quants_without_a_device_path_are_refused_on_the_device() -> None:
+    """Q4_0 has no device dequantizer: the hybrid modes refuse it with the fix, mode cpu runs it."""
+    banks = {1: random_bank("q4_0", E, 64, 32, layer=1)}
+    with pytest.raises(UnsupportedOnDevice, match=r"q4_0.*GPU cannot read yet.*q4_k.*mode='cpu'.*Q4_K_M"):
         build_hybrid(banks, device="cpu", cache_slots=8, mode="offload", top_k=K)
     ex = build_hybrid(banks, device="cpu", cache_slots=8, mode="cpu", top_k=K, compute_dtype=torch.float32)
     x, (ids, weights) = torch.randn(1, 64), routing(1, torch.Generator().manual_seed(0))
     assert_close(ex(1, x, ids, weights), CPUExpertExecutor(banks, torch.float32)(1, x, ids, weights))
+
+
+GGUF_H, GGUF_I = 256, 256  # K-quant rows are whole 256-value blocks
+
+
+@pytest.mark.parametrize("quant", [("q8_0", None), ("q4_k", "q6_k"), ("q5_k", "q6_k"), ("q6_k", None),
+                                   ("q4_k", "q4_k")])
+@pytest.mark.parametrize("mode", ["auto", "offload", "static", "prefill_placement"])
+def test_gguf_experts_run_on_the_device_with_the_cpu_executors_outputs(mode: str, quant: tuple) -> None:
+    """A GGUF model's experts (Q8_0, Q4_K_M's Q4_K gate/up with Q6_K down, Q5_K_M's, Q6_K) in
+    every hybrid mode: cache slots and streamed banks hold the blocks as stored, dequantized as
+    they are read (bit-exact with gguf-py: test_ggml_blocks.py); decode, small batches and
+    prefill give the outputs of the reference executor, which dequantizes with gguf-py; it
+    serves the CPU's share too (the CPU kernel quantizes activations to Q8_K as llama.cpp does,
+    ~1% off: test_kquant_kernel.py holds it to its own tolerance)."""
+    from runtime.experts.executor import ReferenceCPUExpertExecutor
+
+    gate_up, down = quant
+    banks = {layer: random_bank(gate_up, E, GGUF_H, GGUF_I, layer=layer, seed=layer, down_dtype=down)
+             for layer in LAYERS}
+    reference = ReferenceCPUExpertExecutor(banks, torch.float32)
+    ex = build_hybrid(banks, device="cpu", cache_slots=20, mode=mode, profile=PROFILE, top_k=K,
+                      compute_dtype=torch.float32, auto_guard=False, prefill_min_tokens=8, cpu_executor=reference)
+    gen = torch.Generator().manual_seed(3)
+    for num_tokens in (1, 1, 3, 12, 1):
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(num_tokens, GGUF_H, generator=gen), routing(num_tokens, gen)
+            assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
+    s = ex.stats()
+    assert s.prefill_calls and (s.pcie_experts == 0) == (mode in ("static", "prefill_placement"))
+    ex.close()
 
 
 @pytest.mark.parametrize("mode", ["auto", "cpu", "offload"])
@@ -1047,7 +1079,7 @@ def test_a_plan_below_one_tokens_experts_loads_and_answers_as_the_cpu_backend(ti
     as "cpu" (no profile measured, no elastic floor), and answers as the CPU backend does."""
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
-    from runtime.planner.plan import GPU_RESERVE_BYTES, ModelFootprint, PlanOverrides, plan
+    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
     from runtime.planner.resources import GPU, Machine
 
     store, name = tiny_store

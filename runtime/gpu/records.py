@@ -16,6 +16,8 @@ from ftw import ExpertBank
 from ftw.format import BLOCK_DTYPES
 from ftw.reader import torch_dtype_of
 
+from ..experts.ggml_blocks import DEVICE_BLOCK_DTYPES, dequantize_blocks
+
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Up to this many distinct experts (decode) a call gathers their weights and runs every token
 # through each in one batched matmul. More (prefill) go in chunks of CHUNK_EXPERTS: each expert's
@@ -38,33 +40,43 @@ COPIED_EXPERTS = 8
 
 
 class UnsupportedOnDevice(ValueError):
-    """The device cannot compute this bank's experts (GGML block quants have no device kernel yet)."""
+    """The device cannot compute this bank's experts (a GGML block quant with no device path)."""
 
 
 def check_device_layout(layout: ExpertBank) -> None:
     """Raise UnsupportedOnDevice when a part of `layout` has no device path."""
-    quantized = [f"{p.name} ({p.dtype})" for p in layout.parts if p.dtype in BLOCK_DTYPES]
+    quantized = [f"{p.name} ({p.dtype})" for p in layout.parts
+                 if p.dtype in BLOCK_DTYPES and p.dtype not in DEVICE_BLOCK_DTYPES]
     if quantized:
         raise UnsupportedOnDevice(
-            f"layer {layout.layer}: expert parts {', '.join(quantized)} are GGML block quants, which have no GPU "
-            "kernel yet; run this model with mode='cpu' (experts on the CPU) or convert it to bf16/fp8")
+            f"layer {layout.layer}: expert parts {', '.join(quantized)} are GGML block quants the GPU cannot read "
+            f"yet (it reads {', '.join(sorted(DEVICE_BLOCK_DTYPES))}); run this model with mode='cpu' (experts on "
+            "the CPU), or pull a Q4_K_M, Q5_K_M, Q6_K or Q8_0 file")
 
 
 class RecordViews:
     """Typed views of the parts of expert records stored one per row of a uint8 [N, >= stride]
-    tensor, laid out as `layout` says: `parts[name]` is [N, *shape] in the part's dtype."""
+    tensor, laid out as `layout` says: `parts[name]` is [N, *shape] in the part's dtype, or for
+    a GGML block quant its bytes [N, nbytes] (`blocks[name]` says the dtype and shape),
+    dequantized as it is read (runtime/experts/ggml_blocks.py)."""
 
     def __init__(self, data: torch.Tensor, layout: ExpertBank) -> None:
         check_device_layout(layout)
         self.layout = layout
         self.block = tuple(layout.quant.get("fp8_block", (128, 128)))
         n = data.shape[0]
-        self.parts = {p.name: data[:, p.offset : p.offset + p.nbytes].view(torch_dtype_of(p.dtype)).view(n, *p.shape)
-                      for p in layout.parts}
+        self.parts: dict[str, torch.Tensor] = {}
+        self.blocks: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for p in layout.parts:
+            raw = data[:, p.offset : p.offset + p.nbytes]
+            if p.dtype in BLOCK_DTYPES:
+                self.parts[p.name], self.blocks[p.name] = raw, (p.dtype, tuple(p.shape))
+            else:
+                self.parts[p.name] = raw.view(torch_dtype_of(p.dtype)).view(n, *p.shape)
 
     def in_place(self, dtype: torch.dtype) -> bool:
         """Whether `weights` of a slice in `dtype` are views of the records (nothing copied)."""
-        return "w13" in self.parts and self.parts["w13"].dtype == self.parts["w2"].dtype == dtype
+        return "w13" in self.parts and not self.blocks and self.parts["w13"].dtype == self.parts["w2"].dtype == dtype
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H], w2 [n, H, I]) of `rows` (a 1-d index tensor on the data's device: a
@@ -79,7 +91,9 @@ class RecordViews:
 
     def _weight(self, index: torch.Tensor | slice, name: str, scale_names: tuple[str, ...],
                 dtype: torch.dtype) -> torch.Tensor:
-        w = self.parts[name][index]  # [n, R, C]
+        w = self.parts[name][index]  # [n, R, C]; a block quant's bytes [n, nbytes]
+        if name in self.blocks:
+            return dequantize_blocks(w, *self.blocks[name]).to(dtype)
         scales = [self.parts[s][index] for s in scale_names if s in self.parts]
         if w.dtype in FP8 and scales:
             return dequantize_fp8(w, scales, self.block).to(dtype)
