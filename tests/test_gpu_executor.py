@@ -303,12 +303,13 @@ def test_bf16_output_dtype() -> None:
 
 
 def test_block_quants_without_a_device_path_are_refused_on_the_device() -> None:
-    """Q4_0 has no device dequantizer: the hybrid modes refuse it with the fix, mode cpu runs it."""
-    banks = {1: random_bank("q4_0", E, 64, 32, layer=1)}
-    with pytest.raises(UnsupportedOnDevice, match=r"q4_0.*GPU cannot read yet.*q4_k.*mode='cpu'.*Q4_K_M"):
+    """TQ1_0 (ternary) has no device dequantizer: the hybrid modes refuse it with the fix, mode
+    cpu runs it."""
+    banks = {1: random_bank("tq1_0", E, 256, 256, layer=1)}
+    with pytest.raises(UnsupportedOnDevice, match=r"tq1_0.*GPU cannot read yet.*q4_k.*mode='cpu'.*Q4_K_M"):
         build_hybrid(banks, device="cpu", cache_slots=8, mode="offload", top_k=K)
     ex = build_hybrid(banks, device="cpu", cache_slots=8, mode="cpu", top_k=K, compute_dtype=torch.float32)
-    x, (ids, weights) = torch.randn(1, 64), routing(1, torch.Generator().manual_seed(0))
+    x, (ids, weights) = torch.randn(1, 256), routing(1, torch.Generator().manual_seed(0))
     assert_close(ex(1, x, ids, weights), CPUExpertExecutor(banks, torch.float32)(1, x, ids, weights))
 
 
@@ -316,11 +317,11 @@ GGUF_H, GGUF_I = 256, 256  # K-quant rows are whole 256-value blocks
 
 
 @pytest.mark.parametrize("quant", [("q8_0", None), ("q4_k", "q6_k"), ("q5_k", "q6_k"), ("q6_k", None),
-                                   ("q4_k", "q4_k")])
+                                   ("q4_0", "q8_0"), ("mxfp4", None)])
 @pytest.mark.parametrize("mode", ["auto", "offload", "static", "prefill_placement"])
 def test_gguf_experts_run_on_the_device_with_the_cpu_executors_outputs(mode: str, quant: tuple) -> None:
-    """A GGUF model's experts (Q8_0, Q4_K_M's Q4_K gate/up with Q6_K down, Q5_K_M's, Q6_K) in
-    every hybrid mode: cache slots and streamed banks hold the blocks as stored, dequantized as
+    """A GGUF model's experts (Q8_0, Q4_K_M's Q4_K gate/up with Q6_K down, Q5_K_M's, Q6_K, Q4_0
+    with a Q8_0 down, gpt-oss's MXFP4) in every hybrid mode: cache slots and streamed banks hold the blocks as stored, dequantized as
     they are read (bit-exact with gguf-py: test_ggml_blocks.py); decode, small batches and
     prefill give the outputs of the reference executor, which dequantizes with gguf-py; it
     serves the CPU's share too (the CPU kernel quantizes activations to Q8_K as llama.cpp does,
