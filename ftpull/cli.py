@@ -202,7 +202,7 @@ def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) ->
         piped = _piped_stdin()
         text = f"{piped} {text}" if piped.strip() else text  # as Ollama: what was piped, then the prompt
     if not text:
-        run_mod.repl(chat, verbose, load_seconds)
+        run_mod.repl(chat, verbose, load_seconds, history=_store().root / "history")
         return
     if not text.strip():
         raise click.UsageError("the prompt is empty")

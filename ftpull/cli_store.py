@@ -43,8 +43,10 @@ def list_cmd(as_json: bool) -> None:
 @click.option("--parameters", is_flag=True, help="Print the default parameters.")
 @click.option("--template", is_flag=True, help="Print the chat template.")
 @click.option("--license", "license_", is_flag=True, help="Print the license.")
+@click.option("--system", is_flag=True, help="Print the system message.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, license_: bool, as_json: bool) -> None:
+def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, license_: bool, system: bool,
+             as_json: bool) -> None:
     """Show a model's architecture, size, template and recipe."""
     info = show_mod.describe(Store.default(), name)
     if as_json:
@@ -60,6 +62,8 @@ def show_cmd(name: str, modelfile: bool, parameters: bool, template: bool, licen
         click.echo(info["template"] or "(no chat template)")
     elif license_:
         click.echo(info["license"] or "(no license recorded)")
+    elif system:
+        click.echo(info["system"] or "(no system message)")
     else:
         click.echo(show_mod.format_show(info))
 

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,8 @@ from runtime.planner.resources import Machine, gib_to_bytes
 from runtime.text.sampling import SamplingParams
 from runtime.text.tokenizer import Tokenizer
 
+from . import line_input
+
 log = logging.getLogger(__name__)
 
 DEFAULT_NUM_CTX = 4096
@@ -35,7 +38,13 @@ HELP = """Available commands:
   /set system TEXT            set the system prompt
   /set vram GIB               change the VRAM budget of a --device gpu run (the expert cache
                               grows or shrinks before the next token; nothing is reloaded)
+  /set verbose, /set quiet    show (or stop showing) each answer's timings
+  /show info                  show the model's details
+  /show modelfile             show the Modelfile it was made from
   /show parameters            show the current parameters
+  /show system                show the system message
+  /show template              show the chat template
+  /show license               show the license
   /clear                      forget the conversation
   /bye                        exit
   /?, /help                   this help
@@ -61,13 +70,24 @@ class Chat:
     fit: Plan | None = None  # the load's plan
     replan: Callable[[int], Plan] | None = None  # the load's plan for another num_ctx of the user's (FitError)
     num_ctx: int | None = None  # the user's (--num-ctx, /set parameter num_ctx); None: the recipe's or the default
+    about: Callable[[], dict[str, Any]] | None = None  # the model as `ft show` describes it (ftpull/show.py)
 
     def params(self) -> SamplingParams:
         return SamplingParams.from_options(self.options)
 
     def shown_parameters(self) -> dict[str, Any]:
-        """What /show parameters prints: the model's defaults with this chat's settings over them."""
-        return {**self.options, **({"num_ctx": self.num_ctx} if self.num_ctx is not None else {})}
+        """What /show parameters prints: the model's defaults with this chat's settings over them,
+        and the context it runs with (asked for, or planned)."""
+        return {**self.options, "num_ctx": self.num_ctx if self.num_ctx is not None else self.session.context_length}
+
+    def model_sections(self) -> dict[str, str]:
+        """What /show info, modelfile, template, license and system print (empty: none)."""
+        from .show import format_show
+
+        info = self.about() if self.about is not None else {}
+        return {"info": format_show(info) if info else "", "modelfile": info.get("modelfile") or "",
+                "template": info.get("template") or "", "license": info.get("license") or "",
+                "system": self.system or ""}
 
     def set_num_ctx(self, num_ctx: int) -> str:
         """The context the user asks for, from the next message: planned exactly (lowered only to
@@ -165,8 +185,14 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     session = Session(loaded.model, tokenizer, fitted.context_length)  # type: ignore[arg-type]
     chat = Chat(session, tokenizer, options, registered.config.get("system"), experts=loaded.experts, fit=fitted,
                 replan=lambda n: plan(footprint, machine, replace(wanted, num_ctx=n, device=fitted.device)),
-                num_ctx=num_ctx)
+                num_ctx=num_ctx, about=lambda: _describe(store, name))
     return loaded, chat, load_seconds
+
+
+def _describe(store: Store, name: str) -> dict[str, Any]:
+    from .show import describe
+
+    return describe(store, name)
 
 
 def stats_lines(result: Generation, load_seconds: float | None) -> list[str]:
@@ -212,7 +238,22 @@ def read_message(lines: Iterable[str], prompt: Callable[[str], None]) -> str | N
     return None
 
 
-def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
+@dataclass
+class ReplSettings:
+    """What the REPL's own /set commands change (the chat's are its options and system)."""
+
+    verbose: bool = False
+
+
+SHOWN_SECTIONS = ("info", "modelfile", "system", "template", "license")
+NOTHING_TO_SHOW = {"info": "No details were found for this model.",
+                   "modelfile": "No Modelfile was kept with this model.",
+                   "system": "No system message was specified for this model.",
+                   "template": "No prompt template was specified for this model.",
+                   "license": "No license was specified for this model."}
+
+
+def handle_command(chat: Chat, text: str, say: Callable[[str], None], settings: ReplSettings | None = None) -> bool:
     """Run a /command; False when the user wants to leave."""
     parts = text.split(maxsplit=3)
     command = parts[0].lower()
@@ -220,6 +261,16 @@ def handle_command(chat: Chat, text: str, say: Callable[[str], None]) -> bool:
         return False
     if command in ("/?", "/help"):
         say(HELP)
+    elif command == "/set" and len(parts) == 2 and parts[1] in ("verbose", "quiet") and settings is not None:
+        settings.verbose = parts[1] == "verbose"
+        say("Set 'verbose' mode." if settings.verbose else "Set 'quiet' mode.")
+    elif command == "/show" and len(parts) == 2 and parts[1] in SHOWN_SECTIONS:
+        try:
+            shown = chat.model_sections()[parts[1]]
+        except (ValueError, OSError) as e:  # a server that went away, a model removed meanwhile
+            say(f"Error: {e}")
+            return True
+        say(shown.rstrip("\n") or NOTHING_TO_SHOW[parts[1]])
     elif command == "/clear":
         chat.clear()
         say("Cleared session context")
@@ -284,16 +335,19 @@ def _number(value: str) -> Any:
     return value
 
 
-def repl(chat: Chat, verbose: bool, load_seconds: float) -> None:
+def repl(chat: Chat, verbose: bool, load_seconds: float, history: Path | None = None) -> None:
+    """The chat REPL: line editing and `history` (a file kept across runs) on a terminal
+    (line_input.py), /commands, \"\"\" blocks."""
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    lines = iter(sys.stdin.readline, "")
+    lines = line_input.reader(history)
+    settings = ReplSettings(verbose)
     show_load: float | None = load_seconds
     while True:
         try:
-            message = read_message(lines, write)
+            message = read_message(lines, lines.prompt)
         except KeyboardInterrupt:  # Ctrl-C at the prompt: a new prompt, as Ollama does
             write("\nUse Ctrl-D or /bye to exit.\n")
             continue
@@ -303,7 +357,7 @@ def repl(chat: Chat, verbose: bool, load_seconds: float) -> None:
         if not message.strip():
             continue
         if isinstance(message, Command):
-            if not handle_command(chat, message.strip(), lambda s: write(s + "\n")):
+            if not handle_command(chat, message.strip(), lambda s: write(s + "\n"), settings):
                 return
             continue
         try:
@@ -318,6 +372,6 @@ def repl(chat: Chat, verbose: bool, load_seconds: float) -> None:
         write("\n\n")
         if result.stop_reason == "context":
             write("(the context is full: /clear to start over, or run with a larger --num-ctx)\n\n")
-        if verbose:
+        if settings.verbose:
             sys.stderr.write("\n".join(stats_lines(result, show_load)) + "\n\n")
             show_load = None

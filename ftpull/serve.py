@@ -237,6 +237,24 @@ class RemoteChat:
                 defaults[key] = value
         return {**defaults, **self.options}
 
+    def model_sections(self) -> dict[str, str]:
+        """What /show info, modelfile, template, license and system print, from the server's
+        /api/show (the system message: this chat's, where /set system gave one). ValueError
+        where the server cannot say."""
+        try:
+            shown = self.client.post("/api/show", {"model": self.model}) or {}
+        except (NoServer, ServerReplyError) as e:
+            raise ValueError(f"the server could not show {self.model}: {e}") from None
+        details, about = shown.get("details") or {}, shown.get("model_info") or {}
+        arch = about.get("general.architecture", "")
+        rows = [("architecture", arch), ("parameters", details.get("parameter_size")),
+                *((key.replace("_", " "), about.get(f"{arch}.{key}")) for key in
+                  ("context_length", "embedding_length", "block_count", "expert_count", "expert_used_count")),
+                ("dtype", details.get("quantization_level"))]
+        info = "\n".join(["  Model", *(f"    {k:<20}{v}" for k, v in rows if v not in (None, ""))])
+        return {"info": info, "modelfile": shown.get("modelfile") or "", "template": shown.get("template") or "",
+                "license": shown.get("license") or "", "system": self.system or shown.get("system") or ""}
+
     def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
         history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
         body = {"model": self.model, "messages": [*history, {"role": "user", "content": text}],

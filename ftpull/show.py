@@ -98,6 +98,7 @@ def describe(store: Store, name: str) -> dict[str, Any]:
         "custom_template": any(d.media_type == MEDIA_TEMPLATE for d in model.manifest.layers),
         "template": template,
         "parameters": c.get("parameters") or {},
+        "system": c.get("system"),
         "license": c.get("license") or model.text("LICENSE") or _license_from_modelfile(model.text("Modelfile") or ""),
         "modelfile": model.text("Modelfile") or "",
     }
@@ -134,6 +135,8 @@ def format_show(info: dict[str, Any]) -> str:
         for k, v in info["parameters"].items():
             for value in v if isinstance(v, list) else [v]:
                 out.append(f"    {k:<20}{value!r}" if isinstance(value, str) else f"    {k:<20}{value}")
+    if info.get("system"):
+        out += ["", "  System"] + [f"    {line}" for line in info["system"].strip().splitlines()]
     template = info["template"]
     out += ["", "  Template", "    " + ("custom (ft show --template)" if info["custom_template"]
                                      else "from the checkpoint's tokenizer_config.json" if template else "none")]

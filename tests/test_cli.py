@@ -197,6 +197,19 @@ def test_show_license_is_the_modelfiles(home: Path, tmp_path: Path, capsys, line
     assert code == 0 and out.strip() == license
 
 
+def test_show_has_a_system_section_and_prints_the_system_message(home: Path, tmp_path: Path, capsys) -> None:
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text('FROM builtin://tiny\nFAMILY qwen3_moe\nSYSTEM """You are terse.\nAnswer in one line."""\n')
+    assert ft(capsys, "create", "terse", "-f", str(modelfile))[0] == 0
+    code, out, _ = ft(capsys, "show", "terse")
+    assert code == 0 and "  System\n    You are terse.\n    Answer in one line.\n" in out
+    code, out, _ = ft(capsys, "show", "terse", "--system")
+    assert code == 0 and out.strip() == "You are terse.\nAnswer in one line."
+    assert ft(capsys, "pull", "tiny")[0] == 0
+    code, out, _ = ft(capsys, "show", "tiny", "--system")
+    assert code == 0 and out.strip() == "(no system message)" and "  System" not in ft(capsys, "show", "tiny")[1]
+
+
 def test_show_parameters_prints_a_line_a_value(home: Path, tmp_path: Path, capsys) -> None:
     """As Ollama: a list parameter (stop) is a line a value, strings quoted (it printed a Python list)."""
     modelfile = tmp_path / "Modelfile"

@@ -510,3 +510,90 @@ def test_the_cpu_kernel_is_made_at_load_not_in_the_first_prompt(home: Path, monk
     monkeypatch.setattr(runnable, "native_kernel", lambda: made.append("load") or real())
     runnable.load(Store(home), "tiny")
     assert made == ["load"]
+
+
+def test_repl_shows_the_models_sections_and_sets_verbose_as_ollama_does(home: Path, monkeypatch, capsys) -> None:
+    """/show info, modelfile, system, template, license and parameters (the context it runs with
+    among them), /set verbose and /set quiet, through a chat `ft run` loaded."""
+    from ftpull.run import load_for_chat, repl
+
+    _, chat, _ = load_for_chat(Store(home), "tiny", dtype=None, num_ctx=None, overrides={"num_predict": 3, "seed": 0},
+                               device="cpu")
+    script = "\n".join(["/show info", "/show modelfile", "/show template", "/show license", "/show system",
+                        "/set system You answer in rhymes.", "/show system", "/show parameters", "/set verbose",
+                        "hello", "/set quiet", "hello again", "/bye"]) + "\n"
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(script))
+    repl(chat, verbose=False, load_seconds=0.0)
+    out, err = capsys.readouterr()
+    assert "architecture" in out and "qwen3_moe" in out and "FROM " in out  # info, then the Modelfile
+    assert "No system message was specified for this model." in out and "You answer in rhymes." in out
+    assert "{%" in out or "{{" in out  # the chat template
+    assert f"num_ctx         {chat.session.context_length}" in out
+    assert "Set 'verbose' mode." in out and "Set 'quiet' mode." in out
+    assert err.count("eval rate:") == 2  # prompt and eval rate of the one answer asked in verbose mode
+
+
+def test_repl_shows_a_servers_sections_and_says_when_it_cannot() -> None:
+    from ftpull.run import handle_command
+    from ftpull.serve import NoServer, RemoteChat
+
+    class Server:
+        gone = False
+
+        def post(self, path, body):
+            if self.gone:
+                raise NoServer("no ft server is running")
+            return {"modelfile": "FROM tiny\n", "template": "{{ messages }}", "license": "MIT", "system": "Be brief.",
+                    "details": {"parameter_size": "1.2M", "quantization_level": "F32"},
+                    "model_info": {"general.architecture": "qwen3_moe", "qwen3_moe.context_length": 2048}}
+
+    server = Server()
+    chat = RemoteChat(server, "tiny", {})
+    said: list[str] = []
+    for section in ("info", "modelfile", "template", "license", "system"):
+        assert handle_command(chat, f"/show {section}", said.append)  # type: ignore[arg-type]
+    assert "qwen3_moe" in said[0] and "context length      2048" in said[0]
+    assert said[1:] == ["FROM tiny", "{{ messages }}", "MIT", "Be brief."]
+    server.gone = True
+    assert handle_command(chat, "/show license", said.append)  # type: ignore[arg-type]
+    assert said[-1].startswith("Error: the server could not show tiny")
+
+
+def test_the_terminal_repl_edits_lines_and_keeps_a_history(home: Path, tmp_path: Path) -> None:
+    """On a terminal (a pty here) the arrow keys move in the line and through the history, as in
+    Ollama's REPL, instead of reaching the model as escape codes; the history is kept in
+    $FT_HOME/history for the next run."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: ft run on the terminal
+        os.environ["FT_HOME"] = str(home)
+        os.execv(sys.executable, [sys.executable, "-m", "ftpull", "run", "tiny", "--local", "--num-predict", "2"])
+    seen = b""
+
+    def until(marker: bytes, timeout: float = 120.0) -> None:
+        nonlocal seen
+        while marker not in seen:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            assert ready, f"no {marker!r} after {timeout} s; the terminal showed {seen[-500:]!r}"
+            seen += os.read(fd, 4096)
+
+    try:
+        until(b">>> ")
+        os.write(fd, b"/set system xyz\r")
+        until(b"Set system message.")
+        # a line edited: typed "/show systm", Left once, "e" inserted -> "/show system"
+        os.write(fd, b"/show systm\x1b[De\r")
+        until(b"\r\nxyz\r\n")  # its answer, a line of its own (the echo of the /set line ends in "system xyz")
+        os.write(fd, b"/set system abc\r")
+        until(b"Set system message.\r\n>>> ")
+        os.write(fd, b"\x1b[A\x1b[A\r")  # Up twice: "/show system" again, from the history
+        until(b"\r\nabc\r\n")
+        os.write(fd, b"/bye\r")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        os.close(fd)
+    history = (home / "history").read_text()
+    assert "/show system" in history and "/set system abc" in history

@@ -149,6 +149,7 @@ def test_list_show_copy_delete(client: ollama.Client) -> None:
     assert "FROM builtin://tiny" in shown.modelfile and "<|im_start|>" in shown.template
     assert "temperature" in shown.parameters and shown.modelinfo["qwen3_moe.context_length"] == 2048
     assert shown.capabilities == ["completion", "tools", "thinking"]
+    assert shown.license == "apache-2.0"  # the recipe's, as `ft show --license` prints it (it was empty)
     assert client.copy("tiny", "tiny-copy:v1").status == "success"
     assert "tiny-copy:v1" in [m.model for m in client.list().models]
     assert client.show("tiny-copy:v1").modelfile == shown.modelfile

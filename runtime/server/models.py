@@ -179,7 +179,7 @@ def show(store: Store, name: str) -> dict[str, Any]:
         "system": c.get("system"),
         "template": template,
         "modelfile": model.text("Modelfile") or "",
-        "license": model.text("LICENSE"),
+        "license": c.get("license") or model.text("LICENSE"),  # (the recipe's LICENSE, kept in the config at pull)
         "capabilities": capabilities(template),
     }
 
