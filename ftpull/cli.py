@@ -106,7 +106,8 @@ def pull_cmd(names: tuple[str, ...], force: bool) -> None:
 @cli.command("create")
 @click.argument("name")
 @click.option("-f", "--file", "modelfile", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              required=True, help="The Modelfile to build from (its FROM may be a local checkpoint directory).")
+              default="Modelfile", show_default=True,
+              help="The Modelfile to build from (its FROM may be a local checkpoint directory).")
 @click.option("--tag", "recipe_tag", default=None, help="Which TAG section of the Modelfile to use.")
 def create_cmd(name: str, modelfile: Path, recipe_tag: str | None) -> None:
     """Create model NAME from a Modelfile."""

@@ -8,6 +8,7 @@ and line. Standard library only, so the CLI can list recipes without importing t
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -19,6 +20,8 @@ from typing import cast
 
 from .sources import URI, Source, SourceScheme, parse_source  # noqa: F401 - Source is part of the Modelfile API
 
+log = logging.getLogger(__name__)
+
 FORMAT_VERSION = 1
 MAX_MODELFILE_BYTES = 1 << 20
 DEFAULT_TAG = "latest"
@@ -28,6 +31,17 @@ DTYPES = ("auto", "bf16", "f16", "f32", "fp8", "q8_0", "q4_k", "q5_k", "q6_k")
 INSTRUCTIONS = ("FROM", "FAMILY", "DTYPE", "TEMPLATE", "SYSTEM", "PARAMETER", "LICENSE", "DESCRIPTION",
                 "CONTEXT", "TAG")
 OLLAMA_ONLY = ("ADAPTER", "MESSAGE", "REQUIRES")  # valid Ollama, meaningless for ft
+PROSE = ("SYSTEM", "LICENSE", "DESCRIPTION")  # unquoted, their value is the rest of the line
+# Ollama's PARAMETERs that ft has no use for, and why: a Modelfile written for Ollama keeps them,
+# and ft says it ignores them rather than refusing the file
+IGNORED_PARAMETERS = {
+    **dict.fromkeys(("num_gpu", "main_gpu", "low_vram", "num_batch", "use_mmap", "use_mlock", "numa"),
+                    "ft places weights itself, by its fit plan (ft fit; --device, --vram-gib)"),
+    "num_thread": "threads are `ft run --threads` or the server's, by the fit plan",
+    "num_keep": "ft keeps the conversation's prefix cached without it",
+    **dict.fromkeys(("mirostat", "mirostat_eta", "mirostat_tau", "tfs_z", "typical_p", "penalize_newline",
+                     "presence_penalty", "frequency_penalty"), "ft's sampler does not implement it"),
+}
 
 ParamValue = float | int | tuple[str, ...]
 
@@ -147,7 +161,8 @@ class _Token:
 
 
 def _tokenize(text: str, path: str | None) -> Iterable[tuple[int, str, list[_Token]]]:
-    """Yield (line number, instruction word, value tokens) per instruction."""
+    """Yield (line number, instruction word, value tokens) per instruction. An unquoted SYSTEM,
+    LICENSE or DESCRIPTION is one token: the rest of its line."""
     n, i, line = len(text), 0, 1
     while i < n:
         c = text[i]
@@ -162,6 +177,14 @@ def _tokenize(text: str, path: str | None) -> Iterable[tuple[int, str, list[_Tok
             while i < n and text[i] not in " \t\n":
                 i += 1
             word, tokens = text[start:i], []
+            while i < n and text[i] in " \t":
+                i += 1
+            if word.upper() in PROSE and i < n and text[i] not in '"\n':
+                # `SYSTEM You are a "pirate" #1`: the rest of the line as written, as Ollama reads it
+                end = _line_end(text, i)
+                yield start_line, word, [_Token(text[i:end].rstrip(), False)]
+                i = end
+                continue
             while True:
                 while i < n and text[i] in " \t":
                     i += 1
@@ -308,6 +331,9 @@ def _parameter(where: str | None, line: int, tokens: list[_Token], params: dict)
     if len(tokens) != 2:
         raise ModelfileError(where, line, f"expected PARAMETER <key> <value>, got {len(tokens)} values after PARAMETER")
     key, value = tokens[0].text.lower(), tokens[1].text
+    if key in IGNORED_PARAMETERS:
+        log.warning("%s:%d: PARAMETER %s is ignored: %s", where or "Modelfile", line, key, IGNORED_PARAMETERS[key])
+        return
     if key not in PARAMETERS:
         raise ModelfileError(where, line, f"unknown PARAMETER {_show(tokens[0].text)} (expected one of {', '.join(PARAMETERS)})")
     if key == "stop":
@@ -460,6 +486,11 @@ def _check_template(template: str) -> None:
     try:
         compile_template(template)
     except ChatTemplateError as e:
-        go = re.search(r"\{\{-?\s*\.", template) is not None  # {{ .System }}: Ollama's Go templates
-        hint = "; templates are Jinja, as a checkpoint's chat_template is, not Go templates" if go else ""
+        go = re.search(r"\{\{-?\s*(\.|\$|range |if \.)", template) is not None  # {{ .System }}: Ollama's Go templates
+        hint = ("; this is an Ollama (Go) template, and ft's templates are Jinja, as a checkpoint's chat_template is: "
+                "leave TEMPLATE out, or write `TEMPLATE checkpoint`, to use the model's own, or write it in Jinja "
+                "({{ range .Messages }} is {% for message in messages %}, {{ .Role }} and {{ .Content }} are "
+                "{{ message.role }} and {{ message.content }}, {{ if eq .Role \"user\" }} is "
+                "{% if message.role == 'user' %}, {{ end }} is {% endif %} or {% endfor %}, and the reply is "
+                "asked for under {% if add_generation_prompt %})") if go else ""
         raise ValueError(f"TEMPLATE: {e}{hint}") from None

@@ -197,6 +197,18 @@ def test_show_license_is_the_modelfiles(home: Path, tmp_path: Path, capsys, line
     assert code == 0 and out.strip() == license
 
 
+def test_create_reads_the_modelfile_here_without_f(home: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """As `ollama create NAME`: ./Modelfile, an Ollama one (unquoted SYSTEM, PARAMETER num_gpu)."""
+    (tmp_path / "Modelfile").write_text("FROM builtin://tiny\nFAMILY qwen3_moe\nSYSTEM You are a pirate.\n"
+                                        "PARAMETER num_gpu 99\n")
+    monkeypatch.chdir(tmp_path)
+    assert ft(capsys, "create", "pirate")[0] == 0
+    assert ft(capsys, "show", "pirate", "--system")[1].strip() == "You are a pirate."
+    monkeypatch.chdir(home)
+    code, _, err = ft(capsys, "create", "nothing")
+    assert code == 2 and "'Modelfile' does not exist" in err
+
+
 def test_show_has_a_system_section_and_prints_the_system_message(home: Path, tmp_path: Path, capsys) -> None:
     modelfile = tmp_path / "Modelfile"
     modelfile.write_text('FROM builtin://tiny\nFAMILY qwen3_moe\nSYSTEM """You are terse.\nAnswer in one line."""\n')

@@ -203,7 +203,7 @@ OK = "FROM hf://a/b\nFAMILY mixtral\n"
 @pytest.mark.parametrize(("text", "line", "message"), [
     (OK + "\nFORM hf://a/b\n", 4, "unknown instruction 'FORM' (expected one of FROM, FAMILY, DTYPE"),
     (OK + "ADAPTER ./lora\n", 3, "not supported by ft 'ADAPTER'"),
-    (OK + "PARAMETER presence_penalty 1.5\n", 3, "unknown PARAMETER 'presence_penalty' (expected one of temperature"),
+    (OK + "PARAMETER presence_pen 1.5\n", 3, "unknown PARAMETER 'presence_pen' (expected one of temperature"),
     ("# nothing\nFAMILY mixtral\n", 2, "missing FROM"),
     ("FROM hf://a/b\n\nTAG fp8\nFAMILY x\n", 3, "missing FAMILY"),
     (OK + "TAG fp8\nDTYPE fp8\nTAG fp8\n", 5, "TAG fp8 defined twice (first at line 3)"),
@@ -225,14 +225,14 @@ OK = "FROM hf://a/b\nFAMILY mixtral\n"
     (OK + 'PARAMETER stop ""\n', 3, "non-empty"),
     (OK + "PARAMETER seed 1\nPARAMETER seed 2\n", 4, "PARAMETER seed given twice in one section (first at line 3)"),
     (OK + "FROM hf://c/d\n", 3, "FROM given twice in one section (first at line 1)"),
-    (OK + "LICENSE apache 2.0\n", 3, "LICENSE takes one value, got 2 values"),
+    (OK + 'LICENSE "apache" 2.0\n', 3, "LICENSE takes one value, got 2 values"),
     (OK + "CONTEXT 128k\n", 3, "CONTEXT must be a positive integer"),
     (OK + "TEMPLATE chatml\n", 3, "TEMPLATE takes `checkpoint` or a quoted template"),
     (OK + 'TEMPLATE """{{ if .System }}{{ .System }}{{ end }}"""\n', 3,
      "TEMPLATE: chat template syntax error on line 1"),
-    (OK + 'TEMPLATE """{{ .Prompt }}"""\n', 3, "templates are Jinja, as a checkpoint's chat_template is, not Go"),
+    (OK + 'TEMPLATE """{{ .Prompt }}"""\n', 3, "an Ollama (Go) template, and ft's templates are Jinja"),
     (OK + 'TEMPLATE """{% for m in messages %}{{ m.content }}"""\n', 3, "TEMPLATE: chat template syntax error"),
-    (OK + 'SYSTEM ab"c\n', 3, "stray quote"),
+    (OK + 'DTYPE b"f16\n', 3, "stray quote"),
     (OK + 'SYSTEM "a"b\n', 3, "unexpected text right after a closing quote"),
     (OK + "TAG Bad/Tag\n", 3, "tag 'bad/tag' must match"),
     (OK + "FAMILY Qwen 3\n", 3, "FAMILY takes one value"),
@@ -243,6 +243,23 @@ def test_errors_name_the_line(text, line, message):
     err = error_of(text)
     assert err.line_number == line and message in err.message
     assert str(err) == f"Modelfiles/x.Modelfile:{line}: {err.message}"
+
+
+def test_ollama_modelfiles_parse_as_ollama_reads_them(caplog):
+    """Unquoted prose is the rest of the line (quotes and # included), as Ollama reads SYSTEM,
+    LICENSE and DESCRIPTION; Ollama's PARAMETERs ft has no use for are ignored with a warning
+    that says why, not refused; the others are still checked."""
+    import logging
+
+    text = OK + 'SYSTEM You are a "pirate".  #1 at sea\nLICENSE apache 2.0\nPARAMETER num_gpu 99\n' \
+                'PARAMETER num_thread 8\nPARAMETER mirostat 2\nPARAMETER temperature 0.5\n'
+    with caplog.at_level(logging.WARNING, logger="ftpull.modelfile"):
+        recipe = parse_modelfile(text, name="x").recipe()
+    assert recipe.system == 'You are a "pirate".  #1 at sea' and recipe.license == "apache 2.0"
+    assert dict(recipe.parameters) == {"temperature": 0.5}
+    assert "PARAMETER num_gpu is ignored: ft places weights itself" in caplog.text
+    assert "num_thread is ignored" in caplog.text and "mirostat is ignored" in caplog.text
+    assert parse_modelfile(recipe_text := OK + 'SYSTEM """a\nb"""\n', name="x").recipe().system == "a\nb", recipe_text
 
 
 def test_unsupported_family_names_the_supported_list():
