@@ -207,7 +207,11 @@ def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) ->
         return
     if not text.strip():
         raise click.UsageError("the prompt is empty")
-    result = chat.ask(text, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    try:
+        result = chat.ask(text, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    except KeyboardInterrupt:  # Ctrl-C during the answer: it stops (the model was pulled: nothing to resume)
+        click.echo("\n(stopped)", err=True)
+        sys.exit(130)
     sys.stdout.write("\n")
     if verbose:
         click.echo("\n".join(run_mod.stats_lines(result, load_seconds)), err=True)
@@ -280,9 +284,10 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
                                   vram_budget_bytes=None if vram_gib is None else gib_to_bytes(vram_gib))
     except ValueError as e:  # FT_KEEP_ALIVE, FT_MAX_QUEUE, ...
         raise click.UsageError(str(e)) from None
+    sock = serve_mod.bind(host, port)
     click.echo(f"ft serve: listening on {serve_mod.server_url(f'{host}:{port}')}; models run {where} (Ctrl-C stops)",
                err=True)
-    serve_mod.serve(app, host, port)
+    serve_mod.serve(app, sock)
 
 
 @cli.command("vram")

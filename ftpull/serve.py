@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -114,11 +115,33 @@ def server_url(host: str | None = None) -> str:
     return f"http://{address}:{port}"
 
 
-def serve(app: Any, host: str, port: int, *, log_level: str = "info") -> None:
-    """Run `app` (from build_app) in the foreground until interrupted."""
+class PortInUse(OSError):
+    """The address `ft serve` was to listen on is taken (or not ours to bind)."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound now, so that a taken port is said before "listening on" is."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn: a restart right after a stop)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror or e}; another server (an ft serve, an "
+                        "ollama?) may hold it: stop it, or pick another address with --port or FT_HOST=host:port") \
+            from None
+    return sock
+
+
+def serve(app: Any, sock: socket.socket, *, log_level: str = "info") -> None:
+    """Run `app` (from build_app) on the bound `sock` in the foreground until interrupted."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C, re-raised by uvicorn once it has shut down (as uvicorn.run takes it)
+        pass
 
 
 # ---- the client --------------------------------------------------------------------------------
@@ -145,7 +168,11 @@ class Client:
                 message = json.loads(raw).get("error", raw)
             except (ValueError, AttributeError):
                 message = raw
-            raise ServerReplyError(e.code, message if isinstance(message, str) else json.dumps(message)) from None
+            message = message if isinstance(message, str) else json.dumps(message)
+            if e.code == 401:  # a server started with --api-key
+                message += ("; set FT_API_KEY to the key that server was started with" if not self.api_key
+                            else "; FT_API_KEY is not the key that server was started with")
+            raise ServerReplyError(e.code, message) from None
         except (TimeoutError, urllib.error.URLError, ConnectionError) as e:
             reason = getattr(e, "reason", e)
             raise NoServer(f"no ft server is running at {self.url} ({reason}); start one with `ft serve`"

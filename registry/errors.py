@@ -23,8 +23,14 @@ class InvalidDigestError(RegistryError, ValueError):
 class ModelNotFoundError(RegistryError, LookupError):
     """No manifest is stored under the requested name."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, near: list[str] | None = None) -> None:
+        """`near`: stored names close to `name` (a misspelling is told its likely meaning, not to
+        pull the misspelling)."""
+        self.name, self.near = name, near or []
+        if self.near:
+            super().__init__(f"model {name!r} not found in the local store; did you mean "
+                             f"{' or '.join(repr(n) for n in self.near)}? (`ft list` shows the local models)")
+            return
         fetch = ("`ft pull PATH` to import its checkpoint again" if name.startswith("local/")
                  else f"`ft pull {name}` to download it")
         super().__init__(f"model {name!r} not found in the local store; run `ft list` to see local models or {fetch}")

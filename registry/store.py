@@ -41,7 +41,7 @@ from typing import BinaryIO
 from . import tmpdirs
 from .atomic import AtomicWriter, fsync_dir
 from .blobs import BlobRef, BlobStore, ProgressFn
-from .errors import CorruptManifestError, MissingBlobError, ModelNotFoundError
+from .errors import CorruptManifestError, MissingBlobError, ModelNotFoundError, RegistryError
 from .listing import ModelEntry, SkippedManifest, referenced_digests, scan_manifests
 from .locks import file_lock, holds_lock
 from .manifest import Manifest
@@ -122,7 +122,7 @@ class Store:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise ModelNotFoundError(name.display) from None
+            raise ModelNotFoundError(name.display, self.names_near(name.display)) from None
         except OSError as exc:
             raise CorruptManifestError(str(path), f"unreadable ({exc})", name.display) from None
         return Manifest.from_json(data, source=str(path), name=name.display)
@@ -162,6 +162,16 @@ class Store:
         """All readable models (sorted by name) and the manifest files that could not be read."""
         return scan_manifests(self.manifests_dir, self.read_manifest)
 
+    def names_near(self, display: str, most: int = 2) -> list[str]:
+        """Stored model names that look like `display` (difflib's ratio >= 0.75), closest first."""
+        import difflib
+
+        try:
+            stored = [e.name.display for e in self.list_models()]
+        except (OSError, RegistryError):  # a store we cannot list: no suggestion, the error stands
+            return []
+        return difflib.get_close_matches(display, stored, n=most, cutoff=0.75)
+
     def list_models(self) -> list[ModelEntry]:
         """All readable models, sorted by name; unreadable manifests are logged and skipped."""
         entries, skipped = self.scan_models()
@@ -180,7 +190,7 @@ class Store:
             try:
                 path.unlink()
             except FileNotFoundError:
-                raise ModelNotFoundError(name.display) from None
+                raise ModelNotFoundError(name.display, self.names_near(name.display)) from None
             fsync_dir(path.parent)
             self._prune_dirs(path.parent)
         return self.gc(wait=False)

@@ -313,3 +313,13 @@ def test_rm_removes_whatever_the_server_address_says(home: Path, capsys, monkeyp
             assert Store(home).list_models() == []
     finally:
         listener.close()
+
+
+def test_a_misspelled_local_name_is_told_the_name_it_likely_meant(home: Path, capsys) -> None:
+    """show, rm, cp and verify of a near miss name the stored model, not `ft pull` of the misspelling."""
+    assert ft(capsys, "pull", "tiny")[0] == 0
+    for args in (("show", "tinny"), ("rm", "tiny:latset"), ("cp", "tinyy", "copy"), ("verify", "tiy")):
+        code, _, err = ft(capsys, *args)
+        assert code == 1 and "did you mean 'tiny:latest'?" in err and "ft pull" not in err, (args, err)
+    code, _, err = ft(capsys, "show", "qwen-nothing-like-it")
+    assert code == 1 and "`ft pull qwen-nothing-like-it:latest` to download it" in err

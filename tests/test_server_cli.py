@@ -161,3 +161,32 @@ def test_serve_on_the_gpu_without_one_is_refused(capsys: pytest.CaptureFixture[s
     monkeypatch.setattr("runtime.planner.resources.probe_gpu", lambda: None)
     code, _, err = ft(capsys, "serve", "--device", "gpu")
     assert code == 1 and "--device gpu needs a CUDA GPU" in err and "--device cpu" in err
+
+
+def test_serve_on_a_taken_port_says_so_before_listening(tmp_path: Path) -> None:
+    """A busy port is an error that names it and the fix, with no "listening on" said before it."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        env = {**os.environ, "FT_HOME": str(tmp_path / "home"), "FT_HOST": f"127.0.0.1:{port}"}
+        done = subprocess.run([sys.executable, "-m", "ftpull", "serve"], env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        taken.close()
+    assert done.returncode == 1 and "listening on" not in done.stderr, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "FT_HOST=host:port" in done.stderr
+
+
+def test_a_401_says_to_set_ft_api_key(served: tuple[str, Path], monkeypatch) -> None:
+    from ftpull.serve import Client, ServerReplyError
+
+    host, _ = served
+    for key, words in ((None, "set FT_API_KEY to the key"), ("wrong", "FT_API_KEY is not the key")):
+        monkeypatch.delenv("FT_API_KEY", raising=False)
+        with pytest.raises(ServerReplyError) as e:
+            Client(f"http://{host}", api_key=key).get("/api/tags")
+        assert e.value.status == 401 and words in str(e.value), str(e.value)
