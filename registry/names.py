@@ -1,8 +1,8 @@
 """The model-name grammar.
 
 A name is ``[host/][namespace/]model[:tag]``; missing parts default to host ``ft.local``,
-namespace ``library`` and tag ``latest``. Host, namespace and model are lower-cased; the tag keeps
-its case. Every part becomes one path component under ``manifests/``, so the grammar is also the
+namespace ``library`` and tag ``latest``. Every part is lower-cased, the tag too: names are
+case-insensitive, as Ollama's are (``ft cp tiny A:TagX`` then ``ft show a:tagx`` is one model). Every part becomes one path component under ``manifests/``, so the grammar is also the
 store's defence against path traversal: a part can never be empty, start with a dot, contain
 ``..``, a slash, a backslash or a NUL byte. A name is ASCII, as Ollama's grammar is, and that is
 checked on the text as given, before any case folding: a look-alike such as the Kelvin sign
@@ -163,7 +163,7 @@ def parse_name(text: str) -> ModelName:
     host = prefix[0] if len(prefix) == 2 else DEFAULT_HOST
     namespace = prefix[-1] if prefix else DEFAULT_NAMESPACE
 
-    host, namespace, model = host.lower(), namespace.lower(), model.lower()
+    host, namespace, model, tag = host.lower(), namespace.lower(), model.lower(), tag.lower()
     for part, value in (("host", host), ("namespace", namespace), ("model", model), ("tag", tag)):
         _check_part(text, part, value)
     return ModelName(host=host, namespace=namespace, model=model, tag=tag)

@@ -108,8 +108,14 @@ class Store:
     # ---- manifests ---------------------------------------------------------------------------
 
     def manifest_path(self, name: ModelName | str) -> Path:
-        """Where the manifest of `name` lives (whether or not it exists)."""
-        return self.manifests_dir.joinpath(*as_name(name).parts)
+        """Where the manifest of `name` lives (whether or not it exists). A tag stored with capitals
+        before names were folded to lower case is found under its own case."""
+        path = self.manifests_dir.joinpath(*as_name(name).parts)
+        if not path.exists() and path.parent.is_dir():
+            legacy = [p for p in path.parent.iterdir() if p.name.lower() == path.name and p.is_file()]
+            if len(legacy) == 1:
+                return legacy[0]
+        return path
 
     def has_model(self, name: ModelName | str) -> bool:
         """Whether a manifest exists for `name`."""

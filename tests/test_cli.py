@@ -323,3 +323,20 @@ def test_a_misspelled_local_name_is_told_the_name_it_likely_meant(home: Path, ca
         assert code == 1 and "did you mean 'tiny:latest'?" in err and "ft pull" not in err, (args, err)
     code, _, err = ft(capsys, "show", "qwen-nothing-like-it")
     assert code == 1 and "`ft pull qwen-nothing-like-it:latest` to download it" in err
+
+
+def test_names_are_case_insensitive_tags_too(home: Path, capsys) -> None:
+    """As Ollama: `ft cp tiny UPPER:TagX` then `ft show upper:tagx` is one model (the tag was kept
+    as typed and then not found); a tag stored with capitals before is still found."""
+    assert ft(capsys, "pull", "tiny")[0] == 0
+    assert ft(capsys, "cp", "tiny", "UPPER:TagX")[0] == 0
+    for spelled in ("upper:tagx", "UPPER:TAGX", "Upper:TagX"):
+        assert ft(capsys, "show", spelled, "--system")[0] == 0, spelled
+    assert "upper:tagx" in ft(capsys, "list")[1]
+    store = Store(home)
+    legacy = store.manifest_path("tiny").read_bytes()
+    old = store.manifests_dir / "ft.local" / "library" / "old" / "Q4_K_M"  # as an earlier ft stored it
+    old.parent.mkdir(parents=True)
+    old.write_bytes(legacy)
+    assert ft(capsys, "show", "old:q4_k_m", "--system")[0] == 0 and ft(capsys, "rm", "old:Q4_K_M")[0] == 0
+    assert not old.exists()

@@ -37,7 +37,7 @@ from registry import (
     [
         ("qwen3", "ft.local/library/qwen3:latest", "qwen3:latest"),
         ("qwen3:30b", "ft.local/library/qwen3:30b", "qwen3:30b"),
-        ("Qwen3:30B-A3B", "ft.local/library/qwen3:30B-A3B", "qwen3:30B-A3B"),
+        ("Qwen3:30B-A3B", "ft.local/library/qwen3:30b-a3b", "qwen3:30b-a3b"),
         ("myteam/glm-5.2", "ft.local/myteam/glm-5.2:latest", "myteam/glm-5.2:latest"),
         ("hub.example.com/acme/mix_tral:v1.0", "hub.example.com/acme/mix_tral:v1.0",
          "hub.example.com/acme/mix_tral:v1.0"),
