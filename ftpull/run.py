@@ -165,6 +165,8 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     machine = Machine.probe()
     if device == "gpu" and machine.gpu is None:
         raise NoGPUError("--device gpu needs a CUDA GPU and none was found; run with --device cpu")
+    if vram_gib is not None and machine.gpu is None:
+        log.warning("--vram-gib %g has no effect: no GPU was found, so the model runs on the CPU", vram_gib)
     # the user's num_ctx is planned exactly or refused with the numbers; the recipe's or the
     # default is lowered to fit
     wanted = PlanOverrides(num_ctx=num_ctx, default_num_ctx=recipe_ctx or DEFAULT_NUM_CTX, num_threads=threads,

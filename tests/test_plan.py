@@ -622,3 +622,11 @@ def test_ft_fit_of_a_gguf_tag_reads_only_its_size(fake_hub, home: Path, tmp_path
     assert doc["footprint"]["source"] == "sizes" and doc["plan"]["expert_pool_bytes"] == 300_004
     assert doc["plan"]["context_length"] == 32768 and doc["plan"]["max_kv_tokens"] is None
     assert not any(r.path.endswith(".gguf") for r in fake_hub.log if r.method == "GET")
+
+
+def test_the_gpu_asked_for_where_there_is_none_is_told_to_run_on_the_cpu(qwen3_30b: ModelFootprint) -> None:
+    """Not "choose a quantized tag": no tag gives a machine a GPU."""
+    with pytest.raises(FitError) as err:
+        plan(qwen3_30b, CPU_BOX, PlanOverrides(device="gpu"))
+    vram = next(p for p in err.value.problems if p.resource == "VRAM")
+    assert "no GPU was found" in str(vram) and "--device cpu" in vram.fix and "quantized" not in vram.fix

@@ -597,3 +597,14 @@ def test_the_terminal_repl_edits_lines_and_keeps_a_history(home: Path, tmp_path:
         os.close(fd)
     history = (home / "history").read_text()
     assert "/show system" in history and "/set system abc" in history
+
+
+def test_a_vram_budget_without_a_gpu_is_said_to_do_nothing(home: Path, caplog) -> None:
+    from ftpull.run import load_for_chat
+    from runtime.planner.resources import Machine
+
+    if Machine.probe().gpu is not None:
+        pytest.skip("this machine has a GPU")
+    with caplog.at_level(logging.WARNING, logger="ftpull.run"):
+        load_for_chat(Store(home), "tiny", dtype=None, num_ctx=None, overrides={}, vram_gib=4.0)
+    assert "--vram-gib 4 has no effect: no GPU was found" in caplog.text

@@ -198,8 +198,9 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
             log.notes.append(f"VRAM: {detail} need {size(needed)}, the budget is {size(vram_budget)}: running on the CPU")
             return None
         have = f"the VRAM budget is {size(vram_budget)}" if machine.gpu else "no GPU was found"
-        log.problems.append(Problem("VRAM", needed, vram_budget, "bytes", detail, have,
-                                    "choose a quantized tag, a smaller --num-ctx, free VRAM, or --device cpu"))
+        fix = "choose a quantized tag, a smaller --num-ctx, free VRAM, or --device cpu" if machine.gpu else \
+            "run it on the CPU: --device cpu (or leave --device out)"
+        log.problems.append(Problem("VRAM", needed, vram_budget, "bytes", detail, have, fix))
     min_cache = fp.min_cache_slots * fp.expert_stride_bytes
     max_kv = kv.max_tokens(left - min_cache)
     context = _clamp_context(target, max_kv, floor, "the GPU's contents", o, log)
