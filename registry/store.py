@@ -298,8 +298,8 @@ class Store:
     def verify(self, name: ModelName | str, progress: ProgressFn | None = None, *, rehash: bool = True) -> list[BadBlob]:
         """Re-hash every blob of `name`; returns the missing, truncated or corrupt ones.
 
-        `progress(bytes_done, bytes_total)` is called while hashing. Without `rehash`, sizes only
-        (no blob read: what a pull can afford to check every time).
+        `progress(bytes_done, bytes_total)` is called while hashing. Without `rehash`, sizes and
+        sampled digests only (4 MiB read a blob: what a pull or a load can afford every time).
         """
         return verify_manifest(self._blobs, self.read_manifest(name), progress, rehash=rehash)
 

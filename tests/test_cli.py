@@ -340,3 +340,32 @@ def test_names_are_case_insensitive_tags_too(home: Path, capsys) -> None:
     old.write_bytes(legacy)
     assert ft(capsys, "show", "old:q4_k_m", "--system")[0] == 0 and ft(capsys, "rm", "old:Q4_K_M")[0] == 0
     assert not old.exists()
+
+
+def test_a_blob_rotted_on_the_disk_is_refused_at_load_and_healed_by_pull(home: Path, capsys) -> None:
+    """Same size, other bytes (it was loaded without a word, and `ft pull` said "up to date"): a
+    load's sampled check refuses it with the fix, and `ft pull` (or the pull `ft run` makes first)
+    fetches it again."""
+    from ftw.errors import CorruptShardError
+    from runtime.loading.registered import MEDIA_FTW_SHARD, open_model
+
+    assert ft(capsys, "pull", "tiny")[0] == 0
+    store = Store(home)
+    shard = next(d for d in store.read_manifest("tiny").layers if d.media_type == MEDIA_FTW_SHARD)
+    path = store.blob_path(shard.digest)
+    good = path.read_bytes()
+
+    def rot() -> None:
+        data = bytearray(good)
+        data[100] ^= 0xFF  # (the first bytes are always among the samples)
+        path.write_bytes(bytes(data))
+
+    rot()
+    with pytest.raises(CorruptShardError, match=r"model-00001.ftw .*a sampled check.*`ft pull tiny:latest`"):
+        open_model(store, "tiny").open_ftw()
+    code, out, err = ft(capsys, "pull", "tiny")
+    assert code == 0 and "missing or damaged; pulling it again" in out + err, out + err
+    assert path.read_bytes() == good
+    rot()
+    code, out, err = ft(capsys, "run", "tiny", "hi", "--num-predict", "1", "--local")
+    assert code == 0 and "missing or damaged; pulling it again" in out + err and path.read_bytes() == good

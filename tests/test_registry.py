@@ -250,8 +250,8 @@ def test_add_blob_file_move_verify_and_dedup(tmp_path: Path) -> None:
     assert other.read_bytes() == b"xyz" and store.has_blob(ref2.digest)
     with store.open_blob(ref2.digest) as f:
         assert f.read() == b"xyz"
-    assert sorted(p.name for p in store.blobs_dir.iterdir()) == sorted(
-        store.blob_path(d).name for d in (ref.digest, ref2.digest)
+    assert sorted(p.name for p in store.blobs_dir.iterdir()) == sorted(  # each with its sampled digest
+        store.blob_path(d).name + suffix for d in (ref.digest, ref2.digest) for suffix in ("", ".sample")
     )
 
 
@@ -270,7 +270,8 @@ def test_add_blob_file_across_filesystems_copies(tmp_path: Path, monkeypatch) ->
     ref = store.add_blob_file(src)
     assert not src.exists()
     assert store.blob_path(ref.digest).read_bytes() == b"on another disk"
-    assert [p.name for p in store.blobs_dir.iterdir()] == [store.blob_path(ref.digest).name]
+    blob = store.blob_path(ref.digest).name
+    assert sorted(p.name for p in store.blobs_dir.iterdir()) == [blob, blob + ".sample"]  # (its sampled digest)
 
 
 def test_add_blob_digest_mismatch_names_both(tmp_path: Path) -> None:
@@ -428,9 +429,10 @@ def test_verify_reports_missing_truncated_corrupt(tmp_path: Path) -> None:
         assert b.title in str(b) and str(b.path) in str(b)
     assert calls[-1] == (m.total_size, m.total_size)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
-    # sizes only: the same-size corruption goes unseen, nothing is read
+    # sizes and samples only (4 MiB a blob at most): the same-size corruption is seen where a sample holds it
     assert {b.title: b.problem for b in store.verify("m", rehash=False)} == {"shard-0.ftw": "missing",
-                                                                          "shard-1.ftw": "truncated"}
+                                                                          "shard-1.ftw": "truncated",
+                                                                          "shard-2.ftw": "corrupt"}
 
     # repair: drop the bad blob and store good bytes again
     store.remove_blob(bad["shard-2.ftw"].digest)

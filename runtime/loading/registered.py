@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ftw import FTWReader, Index
-from ftw.errors import CorruptIndexError
+from ftw.errors import CorruptIndexError, CorruptShardError
 from registry import Manifest, ModelName, Store
+from registry.verify import sampled_check
 
 MEDIA_CONFIG = "application/vnd.ft.config.v1+json"
 MEDIA_FTW_INDEX = "application/vnd.ft.ftw.index.v1+json"
@@ -47,7 +48,14 @@ class RegisteredModel:
         return path.read_text(encoding="utf-8") if path else None
 
     def open_ftw(self) -> FTWReader:
-        """The FTW reader over this model's shards (layout checked, shards not re-hashed)."""
+        """The FTW reader over this model's shards (layout checked, shards not re-hashed, but each
+        of its files checked as a load can afford: present, its size, its sampled digest, so that a
+        file rotted on the disk since it was stored is refused, not run)."""
+        for d in self.manifest.layers:
+            bad = sampled_check(self.files[d.title], d)
+            if bad is not None:
+                raise CorruptShardError(f"{self.name.display}: {bad}; run `ft pull {self.name.display}` to fetch it "
+                                        f"again (`ft verify {self.name.display}` checks every byte)")
         index_path = next((self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX), None)
         if index_path is None:
             raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")
