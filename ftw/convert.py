@@ -226,25 +226,29 @@ class _Converter:
 
     def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int):
         num_experts = self.config["num_experts"]
-        gate_up, down = src.fused.get("gate_up_proj"), src.fused.get("down_proj")
-        if gate_up is None or down is None:
-            raise SourceError(f"layer {layer}: fused experts need both gate_up_proj and down_proj")
+        # w13 from one gate_up_proj, or from a gate_proj and an up_proj apart (DBRX's w1 and v1)
+        w13 = ("gate_up_proj",) if "gate_up_proj" in src.fused else ("gate_proj", "up_proj")
+        needed = (*w13, "down_proj")
+        if set(src.fused) != set(needed):
+            raise SourceError(f"layer {layer}: fused experts need gate_up_proj (or gate_proj and up_proj) and "
+                              f"down_proj, and nothing else; the checkpoint has {', '.join(sorted(src.fused))}")
         # transformers' layout is gate_up [E, 2I, H] and down [E, H, I]; some exporters transpose.
-        gate_up_t = _orientation(gate_up, num_experts, (2 * inter, hidden), layer)
-        down_t = _orientation(down, num_experts, (hidden, inter), layer)
+        shapes = {"gate_up_proj": (2 * inter, hidden), "gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+                  "down_proj": (hidden, inter)}
+        layouts = {p: _fused_layout(src.fused[p], num_experts, shapes[p], layer, down=p == "down_proj") for p in needed}
 
-        def slice_expert(t: SourceTensor, e: int, transposed: bool) -> np.ndarray:
+        def slice_expert(proj: str, e: int) -> np.ndarray:
+            t, (rows, cols, transposed) = src.fused[proj], layouts[proj]
             per = t.nbytes // num_experts
             data = self.ckpt.read_bytes(t, e * per, per)
             if not transposed:
                 return data
-            rows, cols = t.shape[1], t.shape[2]
             m = torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).view(rows, cols)
             return m.t().contiguous().view(torch.uint8).numpy()
 
         def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:
-            return {"w13": [(slice_expert(gate_up, e, gate_up_t), gate_up.dtype)],
-                    "w2": [(slice_expert(down, e, down_t), down.dtype)]}
+            return {"w13": [(slice_expert(p, e), src.fused[p].dtype) for p in w13],
+                    "w2": [(slice_expert("down_proj", e), src.fused["down_proj"].dtype)]}
 
         return read
 
@@ -285,9 +289,24 @@ def _layer_of(name: str) -> int:
     """Sort key: -1 before the layers (embeddings), the layer number, -2 after (norm, head)."""
     parts = name.split(".")
     for i, p in enumerate(parts[:-1]):
-        if p == "layers" and parts[i + 1].isdigit():
+        if p in ("layers", "blocks") and parts[i + 1].isdigit():  # (DBRX's: transformer.blocks.N.)
             return index_in_name(parts[i + 1], name)
-    return -1 if "embed" in name else -2
+    return -1 if "embed" in name or name.endswith(".wte.weight") else -2
+
+
+def _fused_layout(t: SourceTensor, num_experts: int, expected: tuple[int, int], layer: int, *,
+                  down: bool) -> tuple[int, int, bool]:
+    """(rows, columns, transposed) of one expert's slice of the fused `t`: [E, *expected] or its
+    transpose (`_orientation`), or DBRX's flat [E * I, H] for each projection, whose slices are
+    [I, H]: the down projection's transposed, whatever I and H are."""
+    if len(t.shape) == 2:
+        inter, hidden = (expected[1], expected[0]) if down else expected
+        if tuple(t.shape) != (num_experts * inter, hidden):
+            raise SourceError(f"layer {layer}: {t.name} has shape {list(t.shape)}, expected [{num_experts * inter}, "
+                              f"{hidden}] ({num_experts} experts of {inter} rows)")
+        return inter, hidden, down
+    transposed = _orientation(t, num_experts, expected, layer)
+    return t.shape[1], t.shape[2], transposed
 
 
 def _orientation(t: SourceTensor, num_experts: int, expected: tuple[int, int], layer: int) -> bool:

@@ -25,11 +25,28 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.block_sparse_moe\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>w1|w2|w3)\.(?P<what>weight|weight_scale_inv)$"),
     # fused, transformers>=5 / Qwen3.5 names: model.layers.3.mlp.experts.gate_up_proj [E, 2I, H]
-    re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.mlp\.experts\."
+    # (Granite's as transformers>=5 names them: model.layers.3.block_sparse_moe.experts.gate_up_proj)
+    re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.(?:mlp|block_sparse_moe)\.experts\."
                r"(?P<proj>gate_up_proj|down_proj)(?:\.(?P<what>weight))?$"),
+    # fused, Granite names: model.layers.3.block_sparse_moe.input_linear.weight [E, 2I, H] (gate rows,
+    # then up: transformers renames it gate_up_proj as it is), output_linear.weight [E, H, I] (down)
+    # (JetMoE's MLP experts: model.layers.3.mlp.input_linear.weight, the same layout)
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.(?:block_sparse_moe|mlp)\."
+               r"(?P<proj>input_linear|output_linear)\.(?P<what>weight)$"),
+    # fused, Llama 4 names: language_model.model.layers.3.feed_forward.experts.gate_up_proj [E, H, 2I] (gate
+    # columns, then up) and down_proj [E, I, H], both the transpose of transformers>=5's usual layout
+    re.compile(r"^language_model\.model\.layers\.(?P<layer>[0-9]+)\.feed_forward\.experts\."
+               r"(?P<proj>gate_up_proj|down_proj)$"),
+    # fused and flat, DBRX names: transformer.blocks.3.ffn.experts.mlp.w1 [E * I, H] (gate), v1 (up)
+    # and w2 (down, each expert's [I, H]: the transpose), all three the same shape (convert.py)
+    re.compile(r"^transformer\.blocks\.(?P<layer>[0-9]+)\.ffn\.experts\.mlp\.(?P<proj>w1|v1|w2)$"),
 )
-PROJ_ALIASES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+PROJ_ALIASES = {"v1": "up_proj", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "input_linear": "gate_up_proj",
+                "output_linear": "down_proj"}
 EXPERTS_MARKER = re.compile(r"\.experts\.")
+# experts that are dense weights, not banks: shared experts; JetMoE's attention experts (each a
+# query and an output projection, run inside attention: runtime/models/jetmoe.py)
+DENSE_EXPERTS = ("shared_expert", ".self_attention.experts.")
 LAYER_NUMBER = re.compile(r"^model\.(?:language_model\.)?layers\.([0-9]+)\.")
 
 
@@ -64,7 +81,7 @@ def parse_expert_name(name: str) -> ExpertTensorName | None:
                 proj=PROJ_ALIASES.get(proj, proj),
                 what=m.groupdict().get("what") or "weight",
             )
-    if EXPERTS_MARKER.search(name) and "shared_expert" not in name:
+    if EXPERTS_MARKER.search(name) and not any(marker in name for marker in DENSE_EXPERTS):
         raise SourceError(f"tensor {name!r} looks like a routed expert but matches no known layout")
     return None
 
@@ -82,10 +99,18 @@ class Family:
     drop_layers_from_num_layers: bool = False  # DeepSeek/GLM ship MTP layers numbered >= num_layers
     num_shared_experts: Callable[[dict[str, Any]], int] = lambda c: 0
     intermediate_key: str = "moe_intermediate_size"
+    top_k_keys: tuple[str, ...] = ("num_experts_per_tok",)  # aliases, first present wins (ERNIE's moe_k)
+    per_layer_keys: tuple[str, ...] = ()  # sizes config.json may list once per layer (Hunyuan's moe_topk): all alike
+    head_dim_key: str = "head_dim"  # (JetMoE's kv_channels; hidden_size / heads where absent)
+    # the usual keys (num_hidden_layers, hidden_size, ...) for a config that names them its own way
+    # (DBRX's d_model, n_layers, attn_config, ffn_config), laid over it
+    config_view: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         if self.text_config_key and isinstance(config.get(self.text_config_key), dict):
             return config[self.text_config_key]
+        if self.config_view is not None:
+            return {**config, **self.config_view(config)}
         return config
 
     def keeps(self, name: str, num_layers: int) -> bool:
@@ -116,6 +141,60 @@ def _all_layers(c: dict[str, Any]) -> list[int]:
     return list(range(c["num_hidden_layers"]))
 
 
+def _dbrx_view(c: dict[str, Any]) -> dict[str, Any]:
+    """DBRX's config under the usual names: d_model, n_heads, n_layers and max_seq_len at the top,
+    kv_n_heads and rope_theta in attn_config, the MoE sizes in ffn_config (those left out take
+    DbrxAttentionConfig's and DbrxFFNConfig's defaults, as transformers fills them in). The rope
+    base is attn_config's, where the released configs set it (transformers 5 reads only a
+    top-level one: runtime/models/dbrx.py)."""
+    attn, ffn = c.get("attn_config", {}), c.get("ffn_config", {})
+    for key, sub in (("attn_config", attn), ("ffn_config", ffn)):
+        if not isinstance(sub, dict):
+            raise SourceError(f"config.json: {key} is {sub!r}, not an object; the checkpoint's config is damaged")
+    missing = [key for key in ("n_layers", "d_model", "n_heads") if c.get(key) is None]
+    if missing:
+        raise SourceError(f"config.json of this dbrx model lacks {', '.join(map(repr, missing))}")
+    view = {"num_hidden_layers": c.get("n_layers"), "hidden_size": c.get("d_model"), "num_attention_heads": c.get("n_heads"),
+            "max_position_embeddings": c.get("max_seq_len"), "num_key_value_heads": attn.get("kv_n_heads", 1),
+            "num_local_experts": ffn.get("moe_num_experts", 4), "num_experts_per_tok": ffn.get("moe_top_k", 1),
+            "intermediate_size": ffn.get("ffn_hidden_size", 3584)}
+    if attn.get("rope_theta") is not None:
+        view["rope_parameters"] = {"rope_type": "default", "rope_theta": attn["rope_theta"]}
+    return view
+
+
+def _ernie_moe_layers(c: dict[str, Any]) -> list[int]:
+    """Every `moe_layer_interval`-th layer from `moe_layer_start_index` to `moe_layer_end_index`
+    (-1: the last), as Ernie4_5_MoeConfig's defaults (1, -1, 1) fill them in."""
+    n = c["num_hidden_layers"]
+    start, end = int(c.get("moe_layer_start_index", 1)), int(c.get("moe_layer_end_index", -1))
+    interval = int(c.get("moe_layer_interval", 1))
+    if interval < 1:
+        raise ValueError("moe_layer_interval below 1")  # (normalized_config names the config damaged)
+    end = n - 1 if end == -1 else end
+    return [i for i in range(n) if (i + 1) % interval == 0 and start <= i <= end]
+
+
+def _llama4_moe_layers(c: dict[str, Any]) -> list[int]:
+    """`moe_layers`, else Llama4TextConfig's default: every `interleave_moe_layer_step`-th layer."""
+    if isinstance(c.get("moe_layers"), list):
+        return sorted({int(i) for i in c["moe_layers"]})
+    step = int(c.get("interleave_moe_layer_step", 1) or 1)
+    return list(range(step - 1, c["num_hidden_layers"], step))
+
+
+def _glm4_moe_lite_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else Glm4MoeLiteConfig's default: the first layer dense, the rest MoE
+    (transformers reads no first_k_dense_replace or moe_layer_freq for this family)."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": 1, "moe_layer_freq": 1})
+
+
+def _exaone_moe_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (ExaoneMoeConfig's
+    default 1, not DeepSeek's 0), the rest MoE."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -137,6 +216,18 @@ FAMILIES: dict[str, Family] = {
         Family("minimax_m2", ("minimax_m2",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size", drop_layers_from_num_layers=True, drop_prefixes=("mtp.",)),
         Family("mixtral", ("mixtral",), ("num_local_experts", "num_experts"), _all_layers, intermediate_key="intermediate_size"),
+        Family("phimoe", ("phimoe",), ("num_local_experts", "num_experts"), _all_layers, intermediate_key="intermediate_size"),
+        Family("dbrx", ("dbrx",), ("num_local_experts",), _all_layers, intermediate_key="intermediate_size",
+               config_view=_dbrx_view),
+        Family("flex_olmo", ("flex_olmo",), ("num_experts", "num_local_experts"), _all_layers,
+               intermediate_key="intermediate_size"),
+        Family("granitemoe", ("granitemoe",), ("num_local_experts", "num_experts"), _all_layers,
+               intermediate_key="intermediate_size"),
+        Family("granitemoeshared", ("granitemoeshared",), ("num_local_experts", "num_experts"), _all_layers,
+               intermediate_key="intermediate_size",
+               num_shared_experts=lambda c: 1 if c.get("shared_intermediate_size") else 0),
+        Family("jetmoe", ("jetmoe",), ("num_local_experts", "num_experts"), _all_layers,
+               intermediate_key="intermediate_size", head_dim_key="kv_channels"),
         Family(
             "deepseek_v3", ("deepseek_v3",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
@@ -150,8 +241,35 @@ FAMILIES: dict[str, Family] = {
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),
         Family(
+            "glm4_moe_lite", ("glm4_moe_lite",), ("n_routed_experts", "num_local_experts"), _glm4_moe_lite_layers,
+            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
+        ),
+        Family(
+            "dots1", ("dots1",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
+        ),
+        Family(  # Llama4ForConditionalGeneration: the text model under language_model., the vision tower dropped
+            "llama4", ("llama4",), ("num_local_experts",), _llama4_moe_layers, text_config_key="text_config",
+            drop_prefixes=("vision_model.", "multi_modal_projector."), num_shared_experts=lambda c: 1,
+            intermediate_key="intermediate_size",
+        ),
+        Family(
             "glm_moe_dsa", ("glm_moe_dsa",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
+        ),
+        Family(
+            "ernie4_5_moe", ("ernie4_5_moe",), ("moe_num_experts", "num_experts"), _ernie_moe_layers,
+            top_k_keys=("moe_k", "num_experts_per_tok"), drop_prefixes=("model.mtp_",),
+            num_shared_experts=lambda c: int(c.get("moe_num_shared_experts", 2)),  # (Ernie4_5_MoeConfig's default)
+        ),
+        Family(  # (experts and the one shared MLP are `intermediate_size` wide, as transformers builds them)
+            "hunyuan_v1_moe", ("hunyuan_v1_moe",), ("num_experts", "num_local_experts"), _all_layers,
+            top_k_keys=("moe_topk", "num_experts_per_tok"), per_layer_keys=("moe_topk",),
+            intermediate_key="intermediate_size", num_shared_experts=lambda c: 1,
+        ),
+        Family(
+            "exaone_moe", ("exaone_moe",), ("num_experts", "num_local_experts"), _exaone_moe_layers,
+            drop_prefixes=("mtp.",), num_shared_experts=lambda c: int(c.get("num_shared_experts", 1)),
         ),
     )
 }
@@ -208,10 +326,19 @@ def weight_block_size(quant: Any) -> list[int]:
     return [config_int("weight_block_size", b, high=1 << 16) for b in block]
 
 
+def one_per_layer(key: str, values: list[Any], where: str = "config.json") -> Any:
+    """The value of a size config.json lists once per layer (Hunyuan's moe_topk), where every layer
+    has the same; SourceError where they differ (the runtime sizes all layers alike) or none is given."""
+    if not values or any(v != values[0] for v in values):
+        raise SourceError(f"{where}: {key} is {values!r}; ft runs models whose layers all have the same {key}")
+    return values[0]
+
+
 def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
     """The sizes every consumer of an FTW model needs, under one set of names (docs/FTW.md), each
     checked (`config_int`): a config is untrusted input."""
     c = family.text_config(config)
+    c = {**c, **{key: one_per_layer(key, c[key]) for key in family.per_layer_keys if isinstance(c.get(key), list)}}
 
     def need(*keys: str, high: int | None = None) -> int:
         for key in keys:
@@ -255,9 +382,9 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
         "vocab_size": need("vocab_size"),
         "num_attention_heads": heads,
         "num_key_value_heads": optional("num_key_value_heads", heads, high=heads),
-        "head_dim": optional("head_dim", hidden // heads),
+        "head_dim": optional(family.head_dim_key, hidden // heads),
         "num_experts": num_experts,
-        "num_experts_per_tok": need("num_experts_per_tok", high=num_experts),
+        "num_experts_per_tok": need(*family.top_k_keys, high=num_experts),
         "moe_intermediate_size": need(family.intermediate_key),
         "num_shared_experts": config_int("n_shared_experts", shared, low=0, high=1 << 10),
         "moe_layers": moe_layers,
@@ -267,10 +394,16 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight")
-_FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight")
-_ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight")
-_EMBEDDINGS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight")
+_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".norm_attn_norm.norm_1.weight",
+          ".norm_attn_norm.norm_2.weight")
+_FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
+                "transformer.norm_f.weight")
+_ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".block_sparse_moe.router.layer.weight",
+            ".block_sparse_moe.router.weight", ".mlp.router.layer.weight", ".self_attention.experts.router.layer.weight",
+            ".mlp.router.weight", ".mlp.gate.wg.weight",
+            ".feed_forward.router.weight", ".ffn.router.layer.weight")
+_EMBEDDINGS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight",
+               "language_model.model.embed_tokens.weight", "language_model.lm_head.weight", "transformer.wte.weight")
 
 
 def check_dense_shape(name: str, shape: tuple[int, ...], config: dict[str, Any]) -> None:

@@ -30,6 +30,48 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "minimax_m2": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, head_dim=16,
                        num_local_experts=4, rotary_dim=8),
     "mixtral": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, num_local_experts=4),
+    # LayerNorms, attention and head biases (drawn at random: RANDOMIZED), LongRoPE with factors
+    # and scales of its own (the parity run stays within the original 48 positions: test_parity
+    # has a run past them), a sliding window as long as the context (the released layout), and a
+    # sparsemixer eps wide enough that some experts stay in each softmax and some are masked
+    "phimoe": dict(
+        SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, num_local_experts=4,
+        attention_bias=True, lm_head_bias=True, max_position_embeddings=64, sliding_window=64,
+        router_jitter_noise=0.3, initializer_range=0.1,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=48,
+                             short_factor=[1.0, 1.2, 1.5, 1.1, 2.0, 1.3, 3.0, 1.7],
+                             long_factor=[1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 20.0, 31.0], short_mscale=1.1,
+                             long_mscale=1.25),
+    ),
+    # DBRX's own names; a clip that cuts a fifth of Wqkv's outputs (wider weights, so attention
+    # matters); experts as wide as the model (a flat w2 [E * I, H] is then the same shape either way
+    # round: only the layout tells); the rope base where both transformers (top level) and the
+    # released model (attn_config) read it (test_parity pins a released config, which sets only
+    # attn_config's); LayerNorm weights random (RANDOMIZED)
+    "dbrx": dict(
+        vocab_size=256, d_model=64, n_heads=4, n_layers=2, max_seq_len=128, initializer_range=0.1,
+        attn_config=dict(kv_n_heads=2, clip_qkv=1.0, rope_theta=5000.0),
+        ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2),
+        rope_parameters=dict(rope_type="default", rope_theta=5000.0),
+    ),
+    # OLMo 2's post-norms (their weights random: RANDOMIZED) around OLMoE's whole-projection q/k
+    # norms; pad and eos ids inside the tiny vocabulary (FlexOlmoConfig's are 100277 and 100257)
+    "flex_olmo": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, num_experts=4,
+                      pad_token_id=1, eos_token_id=2),
+    # Granite's multipliers as the released 3.x models set them (none 1; an attention scale other than
+    # 1/sqrt(head_dim)) and its tied head; granitemoeshared's shared MLP wider than an expert; wider
+    # weights, so that attention scores are not ~0 and a wrong scale moves the logits
+    "granitemoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, num_local_experts=4,
+                       embedding_multiplier=12.0, attention_multiplier=0.125, residual_multiplier=0.22,
+                       logits_scaling=6.0, tie_word_embeddings=True, initializer_range=0.1),
+    "granitemoeshared": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2,
+                             num_local_experts=4, shared_intermediate_size=48, embedding_multiplier=12.0,
+                             attention_multiplier=0.0625, residual_multiplier=0.5, logits_scaling=4.0,
+                             initializer_range=0.1),
+    # JetMoE's attention experts over kv heads of kv_channels (24, not hidden_size / heads; C = 48);
+    # an rms_norm_eps only its final norm reads (transformers' layer norms keep 1e-6)
+    "jetmoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, kv_channels=24,
+                   num_local_experts=4, rms_norm_eps=1e-2, initializer_range=0.1),
     "deepseek_v3": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
         n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -51,6 +93,40 @@ FAMILY_CONFIGS: dict[str, dict] = {
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, index_topk=8, index_head_dim=16,
         index_n_heads=2, n_group=1, topk_group=1,
     ),
+    # Qwen3's attention with DeepSeek-V3's MoE: a leading dense layer, two groups keeping one,
+    # renormalized and scaled top-k weights, two shared experts, attention biases
+    "dots1": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, n_routed_experts=8, n_shared_experts=2, first_k_dense_replace=1, n_group=2, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=2.5, attention_bias=True,
+    ),
+    # MLA with the low-rank query, GLM's MoE from `mlp_layer_types` (dense layers between MoE ones),
+    # two expert groups keeping one; wider weights so a wrong rotation or scale moves the logits
+    "glm4_moe_lite": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
+        n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+        initializer_range=0.1,
+    ),
+    # dense layers 0, 2 and 4 (before moe_layer_start_index, off moe_layer_interval, after
+    # moe_layer_end_index); two shared experts, one SwiGLU twice moe_intermediate_size wide
+    "ernie4_5_moe": dict(
+        SMALL, num_hidden_layers=5, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        moe_num_experts=4, moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=3,
+        moe_layer_interval=2,
+    ),
+    # NTK-alpha RoPE ("dynamic" with a fixed alpha, as the release has it); q/k norms after RoPE
+    "hunyuan_v1_moe": dict(
+        SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, head_dim=16, num_experts=4,
+        rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0},
+    ),
+    # local layers 0-2 (RoPE, a window of 5 positions: the 12-token prompt and the decoded tokens slide
+    # past it), layer 3 global (NoPE), as "LLLG" has it; layer 0 dense; two groups of four experts, one kept
+    "exaone_moe": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, num_experts=8, num_shared_experts=1, n_group=2, topk_group=1, sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    ),
 }
 QWEN3_5_TEXT = dict(
     SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
@@ -65,8 +141,35 @@ QWEN3_NEXT = dict(
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
 )
 QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+# Llama 4's text model: RoPE layers 0-2 attend within chunks of 8 positions (the 12-token prompt and
+# 32 decoded tokens cross five boundaries), layer 3 is NoPE with a query temperature that moves every 4
+# positions; MoE on layers 1 and 3 (interleaved with dense ones), top-1 as released; Llama 3 rope
+# scaling with frequencies in all three bands; experts 48 wide, so their [E, H, 2I] layout is unambiguous
+LLAMA4_TEXT = dict(
+    SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, intermediate_size=48, intermediate_size_mlp=96,
+    num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4,
+    attn_scale=0.5, initializer_range=0.1,
+    rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                         original_max_position_embeddings=64),
+)
+LLAMA4_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vision_output_dim=32,
+                     image_size=28, patch_size=14, projector_input_dim=32, projector_output_dim=32)
+# parameters transformers initializes to constants, drawn at random (norm weights around 1, biases
+# around 0) in a family's tiny model: the parts of its names to match
+RANDOMIZED: dict[str, tuple[str, ...]] = {
+    "phimoe": ("layernorm.", "model.norm.", "_proj.bias", "lm_head.bias"),
+    "dbrx": ("norm_1.", "norm_2.", "norm_f."),
+    "flex_olmo": ("layernorm.", "q_norm.", "k_norm.", "model.norm."),
+    "ernie4_5_moe": ("e_score_correction_bias",),  # (around 1: only the 0.2 spread moves the choice)
+    # unit q/k norm weights commute with RoPE's rotation: random ones show which comes first
+    "hunyuan_v1_moe": ("layernorm.",),
+    "exaone_moe": ("e_score_correction_bias", "q_norm.", "k_norm."),
+    "llama4": ("layernorm.", "language_model.model.norm."),
+    "dots1": ("norm.weight", "_proj.bias"),  # (q/k norms before RoPE; attention biases)
+}
 
-FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa")
+FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
+            "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe")
 
 
 def build_model(family: str, seed: int = 0):
@@ -77,8 +180,18 @@ def build_model(family: str, seed: int = 0):
         from transformers.models.qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
         return Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION))
-    config = QWEN3_NEXT if family == "qwen3_next" else FAMILY_CONFIGS[family]
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))
+    if family == "llama4":  # (the released checkpoints' class: the text model beside a vision tower)
+        from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+        model = Llama4ForConditionalGeneration(Llama4Config(text_config=LLAMA4_TEXT, vision_config=LLAMA4_VISION))
+    else:
+        config = QWEN3_NEXT if family == "qwen3_next" else FAMILY_CONFIGS[family]
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))
+    with torch.no_grad():  # (transformers' constants, LayerNorm's 1 and 0 and biases' 0, would hide a missing one)
+        for name, p in model.named_parameters():
+            if any(part in name for part in RANDOMIZED.get(family, ())):
+                p.normal_(0.0 if name.endswith(".bias") else 1.0, 0.2)
+    return model
 
 
 def save_checkpoint(family: str, out: Path, *, fused: bool = False, max_shard_size: str | None = None, seed: int = 0) -> Path:

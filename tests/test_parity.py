@@ -23,12 +23,29 @@ FAMILIES = [
     pytest.param("qwen3_moe", False, id="qwen3_moe"),
     pytest.param("qwen3_moe", True, id="qwen3_moe-fused"),
     pytest.param("mixtral", False, id="mixtral"),
+    pytest.param("granitemoe", False, id="granitemoe"),
+    pytest.param("granitemoe", True, id="granitemoe-fused"),
+    pytest.param("granitemoeshared", False, id="granitemoeshared"),
+    pytest.param("jetmoe", False, id="jetmoe"),
     pytest.param("glm4_moe", False, id="glm4_moe"),
     pytest.param("qwen3_next", False, id="qwen3_next"),
     pytest.param("deepseek_v2", False, id="deepseek_v2"),
     pytest.param("qwen2_moe", False, id="qwen2_moe"),
     pytest.param("olmoe", False, id="olmoe"),
     pytest.param("minimax_m2", False, id="minimax_m2"),
+    pytest.param("ernie4_5_moe", False, id="ernie4_5_moe"),
+    pytest.param("hunyuan_v1_moe", False, id="hunyuan_v1_moe"),
+    pytest.param("exaone_moe", False, id="exaone_moe"),
+    # (transformers' own layout moves the correction bias under the router)
+    pytest.param("ernie4_5_moe", True, id="ernie4_5_moe-fused"),
+    pytest.param("exaone_moe", True, id="exaone_moe-fused"),
+    pytest.param("glm4_moe_lite", False, id="glm4_moe_lite"),
+    pytest.param("llama4", False, id="llama4"),
+    pytest.param("dots1", False, id="dots1"),
+    pytest.param("phimoe", False, id="phimoe"),
+    pytest.param("phimoe", True, id="phimoe-fused"),
+    pytest.param("dbrx", False, id="dbrx"),
+    pytest.param("flex_olmo", False, id="flex_olmo"),
 ]
 
 
@@ -170,3 +187,201 @@ def test_qwen2_moe_without_norm_topk_prob_in_its_config_renormalizes_nothing(tmp
     (src / "config.json").write_text(json.dumps(config))
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_ernie4_5_moe_with_a_correction_bias_and_its_released_layout_matches_transformers(tmp_path: Path) -> None:
+    """A nonzero `moe_statics.e_score_correction_bias` changes which experts are chosen, not how
+    they are weighed; the released config keeps `rope_theta` at the top level, and the released
+    checkpoints carry multi-token-prediction weights (`model.mtp_*`), which are dropped."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("ernie4_5_moe", tmp_path / "hf", seed=8)
+    config = json.loads((src / "config.json").read_text())
+    config["rope_theta"] = 10000.0  # (not the default 500000, so which one is read shows)
+    config.pop("rope_parameters")
+    (src / "config.json").write_text(json.dumps(config))
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    gen = torch.Generator().manual_seed(8)
+    biases = [n for n in tensors if n.endswith("moe_statics.e_score_correction_bias")]
+    assert len(biases) == 2
+    for name in biases:
+        tensors[name] = torch.randn(tensors[name].shape, generator=gen)
+    tensors["model.mtp_emb_norm.0.weight"] = torch.ones(config["hidden_size"])
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ref = hf_model(src)
+    assert float(ref.model.rotary_emb.inv_freq[1]) == pytest.approx(10000 ** (-2 / 16))  # it read rope_theta too
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_hunyuan_v1_moe_with_its_released_config_layout_matches_transformers(tmp_path: Path) -> None:
+    """Hunyuan-A13B's config.json lists `moe_topk` (and sizes transformers does not read) once per
+    layer, and keeps its NTK-alpha RoPE in `rope_scaling` beside `rope_theta`; a top-k that differs
+    between layers is refused at conversion, not run with one layer's."""
+    import json
+
+    from ftw import SourceError
+
+    src = save_checkpoint("hunyuan_v1_moe", tmp_path / "hf", seed=9)
+    config = json.loads((src / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config.update(rope_theta=config.pop("rope_parameters")["rope_theta"], moe_topk=[3] * layers,
+                  moe_intermediate_size=[config["intermediate_size"]] * layers, num_shared_expert=[1] * layers,
+                  rope_scaling={"alpha": 50.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0,
+                                "mscale_all_dim": 1.0, "type": "dynamic"})
+    (src / "config.json").write_text(json.dumps(config))
+    ref = hf_model(src)
+    assert ref.model.rotary_emb.rope_type == "ntk_alpha" and ref.model.layers[1].mlp.gate.top_k == 3
+    ours = convert_and_load(src, tmp_path / "store")
+    assert ours.model.config.num_experts_per_tok == 3
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+    (src / "config.json").write_text(json.dumps({**config, "moe_topk": [2] + [3] * (layers - 1)}))
+    with pytest.raises(SourceError, match=r"moe_topk is \[2, 3\]"):
+        convert_and_load(src, tmp_path / "store-mixed")
+
+
+def test_exaone_moe_with_its_released_config_layout_matches_transformers(tmp_path: Path) -> None:
+    """K-EXAONE's config.json names its local/global schedule as a string ("LLLG") beside an
+    explicit `layer_types` (the one read), keeps `rope_theta` at the top level, and the checkpoint
+    carries multi-token-prediction weights (`mtp.`), which are dropped. A window of 3 positions
+    here: every prefill block and decode step reaches past it."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("exaone_moe", tmp_path / "hf", seed=10)
+    config = json.loads((src / "config.json").read_text())
+    config.update(rope_theta=config.pop("rope_parameters")["rope_theta"], rope_scaling=None, sliding_window=3,
+                  sliding_window_pattern="LLLG")
+    (src / "config.json").write_text(json.dumps(config))
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    tensors["mtp.norm.weight"] = torch.ones(config["hidden_size"])
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ours = convert_and_load(src, tmp_path / "store")
+    assert [b.mixer.window for b in ours.model.blocks] == [3, 3, 3, None]
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_phimoe_past_its_original_context_takes_the_long_rope_factors(tmp_path: Path) -> None:
+    """A call past `original_max_position_embeddings` rotates with LongRoPE's `long_factor` and
+    `long_mscale`, as Phi-3.5-MoE's released code and transformers 4 chose them (by the length so
+    far). transformers 5.24's Phimoe switches the scale there but keeps `short_factor` (it computes
+    the frequencies without the length), so the reference is transformers with the long factors
+    given as its short ones: past the original context it then rotates as the released model does."""
+    import json
+    import shutil
+
+    from tests.parity import hf_logits, our_logits, rel_error
+
+    src = save_checkpoint("phimoe", tmp_path / "hf", seed=2)
+    config = json.loads((src / "config.json").read_text())
+    rope = config["rope_parameters"]
+    prompt = (PROMPT * 5)[: rope["original_max_position_embeddings"] + 4]
+    released = shutil.copytree(src, tmp_path / "released")
+    (released / "config.json").write_text(json.dumps({**config, "rope_parameters": {**rope,
+                                                                                    "short_factor": rope["long_factor"]}}))
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, hf_model(released), prompt, 8)
+    # (transformers 5.24 on the checkpoint itself rotates otherwise there: where this fails, it no
+    # longer does, and the reference above can be the checkpoint)
+    assert rel_error(our_logits(ours, prompt), hf_logits(hf_model(src), prompt)) > 1e-2
+
+
+def test_phimoe_with_a_sliding_window_shorter_than_its_context_is_refused(tmp_path: Path) -> None:
+    """The released config's window (131072) spans its whole context and masks nothing; a
+    shorter one would, and is refused rather than run with full attention."""
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("phimoe", tmp_path / "hf", seed=1)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "sliding_window": 16}))
+    with pytest.raises(UnsupportedFamilyError, match="sliding attention window of 16 tokens"):
+        convert_and_load(src, tmp_path / "store")
+
+
+def test_jetmoe_with_nonzero_biases_matches_transformers(tmp_path: Path) -> None:
+    """JetMoE's attention and MLP mixtures each add a bias after their experts, which transformers
+    initializes to zero (a missing one would not show)."""
+    from tests.checkpoints import build_model
+
+    model = build_model("jetmoe", seed=8)
+    with torch.no_grad():
+        biases = [p for name, p in model.named_parameters() if name.endswith(".bias")]
+        assert len(biases) == 2 * model.config.num_hidden_layers
+        for p in biases:
+            p.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "hf")
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert_parity(ours, model.eval(), PROMPT, STEPS)
+
+
+def test_llama4_with_its_released_config_layout_and_two_experts_per_token_matches_transformers(tmp_path: Path) -> None:
+    """The released config.json names no layer_types, no_rope_layers or moe_layers (both sides derive
+    them from no_rope_layer_interval and interleave_moe_layer_step) and writes the Llama 3 scaling as
+    `rope_scaling` beside `rope_theta`. Two experts a token: each reads the token scaled by its own
+    sigmoid score, and their outputs add up."""
+    import json
+
+    src = save_checkpoint("llama4", tmp_path / "hf", seed=9)
+    config = json.loads((src / "config.json").read_text())
+    text = config["text_config"]
+    for key in ("layer_types", "no_rope_layers", "moe_layers"):
+        text.pop(key)
+    rope = text.pop("rope_parameters")
+    text.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, num_experts_per_tok=2)
+    (src / "config.json").write_text(json.dumps(config))
+    ref = hf_model(src)
+    assert ref.config.layer_types[-1] == "full_attention" and ref.config.num_experts_per_tok == 2
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_dbrx_with_its_released_config_takes_the_rope_base_from_attn_config(tmp_path: Path) -> None:
+    """DBRX's released config.json sets rope_theta only in attn_config (500000), has no top-level
+    rope_parameters, and leaves moe_normalize_expert_weights (1) and ffn_act_fn (silu) out.
+    transformers 5 reads no attn_config.rope_theta and rotates at its default base, 10000; DBRX's
+    own code and transformers 4 rotate at attn_config's, as ft does. The reference is transformers
+    given that base at the top level."""
+    import json
+    import shutil
+
+    from tests.parity import hf_logits, our_logits, rel_error
+
+    src = save_checkpoint("dbrx", tmp_path / "hf", seed=2)
+    config = json.loads((src / "config.json").read_text())
+    for key in ("rope_parameters", "num_key_value_heads"):  # (transformers 5 writes them; the release has neither)
+        config.pop(key)
+    config["attn_config"] = {"clip_qkv": 1.0, "kv_n_heads": 2, "model_type": "", "rope_theta": 500000}
+    config["ffn_config"] = {"ffn_hidden_size": 64, "model_type": "", "moe_jitter_eps": 0.01, "moe_loss_weight": 0.05,
+                            "moe_num_experts": 4, "moe_top_k": 2}
+    (src / "config.json").write_text(json.dumps(config))
+    told = shutil.copytree(src, tmp_path / "told")
+    (told / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_type": "default",
+                                                                                 "rope_theta": 500000.0}}))
+    ours = convert_and_load(src, tmp_path / "store")
+    assert float(ours.model.blocks[0].mixer.rope.inv_freq[1]) == pytest.approx(500000 ** (-2 / 16))
+    assert ours.registered.open_ftw().index.config["rope_theta"] == 500000  # (the normalized config's too)
+    assert_parity(ours, hf_model(told), PROMPT, STEPS)
+    as_released = hf_model(src)
+    assert float(as_released.transformer.rotary_emb.inv_freq[1]) == pytest.approx(10000 ** (-2 / 16))
+    assert rel_error(our_logits(ours, PROMPT), hf_logits(as_released, PROMPT)) > 1e-2
+
+
+def test_dots1_with_sliding_window_layers_is_refused_not_run_with_full_attention(tmp_path: Path) -> None:
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("dots1", tmp_path / "hf", seed=10)
+    config = json.loads((src / "config.json").read_text())
+    config.update(layer_types=["full_attention", "sliding_attention", "sliding_attention"], sliding_window=8)
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedFamilyError, match=r"sliding-window attention layers \(\[1, 2\]"):
+        convert_and_load(src, tmp_path / "store")

@@ -187,8 +187,10 @@ def families(tmp_path_factory):
 
 
 # GQA attention (with q/k norms, without, gated), Gated DeltaNet, MLA and GLM-5's DSA (whose
-# mixers take the whole prompt at once: they do not set chunks_prompt), shared experts
-CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa")
+# mixers take the whole prompt at once: they do not set chunks_prompt), shared experts, Granite's
+# residual multiplier (added in place chunk by chunk), JetMoE's mixture of attention heads
+CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
+                    "jetmoe")
 
 
 @pytest.mark.parametrize("family", CHUNKED_FAMILIES)

@@ -116,6 +116,54 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: S
     return out.transpose(0, 1)
 
 
+def chunked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: Start, scale: float,
+                             chunk_size: int) -> torch.Tensor:
+    """`causal_attention` within fixed chunks of `chunk_size` positions (Llama 4's local layers): a
+    query at position p sees the keys from p - p % chunk_size to p. The queries are cut at chunk
+    boundaries and each piece is plain causal attention over its own chunk's keys (k/v [L, Hkv, D]
+    hold positions from 0, as the cache returns them), so nothing grows with the keys before the
+    chunk. With a DevicePosition, the keys before its chunk are masked as well as those after it."""
+    if isinstance(start, DevicePosition):
+        return _decode_attention(q, k, v, scale, visible=start.index, chunk_size=chunk_size)
+    end, first, parts = start + q.shape[0], start, []
+    while first < end:
+        chunk_start = first - first % chunk_size
+        last = min(chunk_start + chunk_size, end)
+        parts.append(causal_attention(q[first - start:last - start], k[chunk_start:last], v[chunk_start:last],
+                                      first - chunk_start, scale))
+        first = last
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def sliding_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: Start, scale: float,
+                             window: int) -> torch.Tensor:
+    """`causal_attention` within a sliding window of `window` positions (transformers'
+    `sliding_window`, EXAONE's local layers): a query at position p sees the keys from
+    p - window + 1 to p. k/v [L, Hkv, D] hold positions from 0, as the cache returns them; each
+    block of queries reads only the keys its windows reach, under a banded mask, in blocks whose
+    scores stay within MASKED_SCORES_PER_CALL, so nothing grows with the keys before them. With a
+    DevicePosition, the keys before its window are masked as well as those after it."""
+    if isinstance(start, DevicePosition):
+        return _decode_attention(q, k, v, scale, visible=start.index, window=window)
+    t, heads = q.shape[0], q.shape[1]
+    end, group = start + t, heads // k.shape[1]
+    if t == 1:
+        first_key = max(0, start - window + 1)
+        return _decode_attention(q, k[first_key:end], v[first_key:end], scale)
+    block = max(1, min(window, MASKED_SCORES_PER_CALL // (heads * 2 * window)))
+    parts = []
+    for first in range(start, end, block):
+        last, first_key = min(first + block, end), max(0, first - window + 1)
+        keys = torch.arange(first_key, last, device=q.device)[None, :]
+        queries = torch.arange(first, last, device=q.device)[:, None]
+        mask = (keys <= queries) & (keys > queries - window)  # [C, K]
+        qh = q[first - start:last - start].transpose(0, 1)[None]  # [1, Hq, C, D]
+        kh = k[first_key:last].transpose(0, 1).repeat_interleave(group, dim=0)[None]  # [1, Hq, K, D]
+        vh = v[first_key:last].transpose(0, 1).repeat_interleave(group, dim=0)[None]
+        parts.append(F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)[0].transpose(0, 1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _flash_takes_shared_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> bool:
     """Whether CUDA's FlashAttention computes a call of q [1, Hq, T, D] over k/v [1, Hkv, L, D]
     as they are (query heads sharing key heads: `enable_gqa`), without falling back to a kernel
@@ -132,7 +180,8 @@ def _flash_takes_shared_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      visible: torch.Tensor | None = None) -> torch.Tensor:
+                      visible: torch.Tensor | None = None, chunk_size: int | None = None,
+                      window: int | None = None) -> torch.Tensor:
     """One query token over all cached keys, softmax in float32 (no mask needed; `visible`, an
     int64 [1] on the device: keys after that position are masked). On the CPU from
     DECODE_KERNEL_MIN_LENGTH positions, the compiled kernel reads the cache once at DRAM speed;
@@ -147,7 +196,13 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     qg = q[0].view(kv_heads, heads // kv_heads, dim)  # [Hkv, G, D]
     scores = torch.matmul(qg, k.permute(1, 2, 0)).to(torch.float32) * scale  # [Hkv, G, L]
     if visible is not None:
-        scores = scores.masked_fill(torch.arange(k.shape[0], device=k.device) > visible, float("-inf"))
+        keys = torch.arange(k.shape[0], device=k.device)
+        hidden = keys > visible
+        if chunk_size is not None:  # (and those before the position's chunk: chunked_causal_attention)
+            hidden |= keys < visible - visible % chunk_size
+        if window is not None:  # (and those before the position's window: sliding_causal_attention)
+            hidden |= keys <= visible - window
+        scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.matmul(probs, v.transpose(0, 1))  # [Hkv, G, Dv]
     return out.reshape(1, heads, v.shape[-1])

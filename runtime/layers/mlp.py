@@ -54,6 +54,17 @@ def softmax_group_topk(logits: torch.Tensor, k: int, num_groups: int, topk_group
     return ids, weights * scaling
 
 
+def softmax_biased_topk(logits: torch.Tensor, bias: torch.Tensor, k: int,
+                        min_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ERNIE 4.5 routing: softmax scores (float32); the top k chosen by score + `bias` (the
+    correction bias steers the choice only); weighed by their unbiased scores over the sum of
+    those, the sum clamped at `min_norm`."""
+    scores = torch.softmax(logits.to(torch.float32), dim=-1)
+    ids = torch.topk(scores + bias.to(torch.float32), k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    return ids, weights / weights.sum(dim=-1, keepdim=True).clamp(min=min_norm)
+
+
 def sigmoid_group_topk(
     logits: torch.Tensor,
     bias: torch.Tensor,
@@ -82,3 +93,51 @@ def sigmoid_group_topk(
     if normalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return ids, weights * scaling
+
+
+def sigmoid_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 4 routing: the k largest logits, each weighed by its sigmoid (float32), never
+    renormalized. Returns (ids [T, k], weights [T, k] float32); Llama 4 applies the weights to the
+    experts' input (`input_scaled_experts`), not their output."""
+    top, ids = torch.topk(logits, k, dim=-1)
+    return ids, torch.sigmoid(top.to(torch.float32))
+
+
+def input_scaled_experts(experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                         x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum over k of expert_{ids[t, k]}(weights[t, k] * x[t]), as Llama 4 routes: each of a token's
+    k experts reads the token scaled by its weight (in x's dtype, as transformers scales it).
+    `experts(x, ids, weights)` is an expert executor's sum of weight * expert(x) over one layer;
+    it gets one row per (token, expert), each with weight 1."""
+    t, k = ids.shape
+    rows = (x[:, None, :] * weights.to(x.dtype)[:, :, None]).reshape(t * k, x.shape[-1])  # [T*k, H]
+    ones = torch.ones(t * k, 1, dtype=x.dtype, device=x.device)
+    out = experts(rows, ids.reshape(t * k, 1), ones)
+    return out if k == 1 else out.view(t, k, -1).sum(dim=1)
+
+
+def softmax_topk_pnorm(logits: torch.Tensor, k: int, p: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DBRX routing: softmax top-k, the k weights divided by their p-norm (`moe_normalize_expert_weights`:
+    1 renormalizes them to sum 1; None leaves them as they are)."""
+    ids, weights = softmax_topk(logits, k, normalize=False)
+    if p is not None:
+        weights = weights / torch.norm(weights, p=p, dim=-1, keepdim=True)
+    return ids, weights
+
+
+def sparsemixer_top2(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE routing (sparsemixer as it runs at inference), always two experts: the best
+    one, weighed by its softmax over the experts whose logits lie within a relative `2 * jitter_eps`
+    of it (the others masked); then the best of the rest, weighed the same way among the rest.
+    In float32. Returns (ids [T, 2], weights [T, 2] float32)."""
+    scores = logits.to(torch.float32)
+    rest, ids, weights = scores, [], []
+    for _ in range(2):
+        top, index = rest.max(dim=-1, keepdim=True)  # [T, 1]
+        # (the distance is relative to the larger of |logit| and the top, as transformers' sparsemixer has it)
+        far = (top - scores) / scores.abs().clamp(min=top) > 2 * jitter_eps
+        gates = torch.softmax(rest.masked_fill(far, float("-inf")), dim=-1)
+        ids.append(index)
+        weights.append(gates.gather(-1, index))
+        rest = rest.scatter(-1, index, float("-inf"))
+    return torch.cat(ids, dim=-1), torch.cat(weights, dim=-1)

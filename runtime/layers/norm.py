@@ -1,4 +1,5 @@
-"""RMSNorm as Hugging Face computes it: in float32, cast back before the weight multiply.
+"""RMSNorm as Hugging Face computes it: in float32, cast back before the weight multiply; and
+LayerNorm (torch's, as nn.LayerNorm runs it) for the families that use one.
 
 On a GPU the GPU runtime hands in a fused kernel of the same computation (one launch for
 torch's eight: runtime/gpu/kernels/rms_norm.py) through `use_device_kernel`; this module
@@ -8,8 +9,10 @@ imports nothing of the GPU runtime, and calls the kernel declines run here as wr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)
 _device_kernel: tuple[Callable[..., bool], Callable[..., torch.Tensor]] | None = None
@@ -32,3 +35,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float
     if offset:
         return (h * (offset + weight.to(torch.float32))).to(dtype)
     return weight * h.to(dtype)
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight, in float32 and cast back (Llama 4's q/k norm, `Llama4TextL2Norm`)."""
+    h = x.to(torch.float32)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    """nn.LayerNorm's weights, called on x [..., H]: mean and variance removed, then `weight`,
+    then `bias` where there is one (Phi-3.5-MoE has them, DBRX does not). A block's norm is
+    this or an RMSNorm weight tensor (models/base.py)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)

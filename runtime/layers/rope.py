@@ -1,6 +1,6 @@
 """Rotary position embeddings: inverse frequencies per rope type, and their application.
 
-Frequencies follow transformers' `modeling_rope_utils` (default, linear, yarn); `apply_rotary`
+Frequencies follow transformers' `modeling_rope_utils` (default, linear, yarn, longrope); `apply_rotary`
 is the rotate-half form most families use, on the first `rotary_dim` channels;
 `apply_rotary_interleaved` is DeepSeek's pairwise form (MLA, the DSA indexer).
 
@@ -41,7 +41,52 @@ def inverse_frequencies(rotary_dim: int, params: dict[str, Any], max_positions: 
         return inv_freq / float(params["factor"]), 1.0
     if kind == "yarn":
         return _yarn(rotary_dim, base, params, max_positions)
-    raise UnsupportedFamilyError(f"rope type {kind!r} is not supported yet (default, linear and yarn are)")
+    if kind == "llama3":
+        return _llama3(inv_freq, params), 1.0
+    if kind == "dynamic" and params.get("alpha"):
+        # Hunyuan's NTK-alpha, labelled "dynamic" in its checkpoints: a fixed `alpha` stretches the base
+        # alone, so the frequencies do not move with the length (transformers' HunYuan "ntk_alpha")
+        base *= float(params["alpha"]) ** (rotary_dim / (rotary_dim - 2))
+        return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim)), 1.0
+    if kind == "longrope":  # (the short frequencies: RotaryEmbedding switches to the long ones past the original context)
+        return _longrope(rotary_dim, base, params, max_positions, long=False)
+    raise UnsupportedFamilyError(f"rope type {kind!r} is not supported yet (default, linear, yarn, longrope and llama3 are)")
+
+
+def _longrope(dim: int, base: float, params: dict[str, Any], max_positions: int, *,
+              long: bool) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3, Phi-3.5-MoE): each frequency divided by its own factor, `short_factor`'s
+    within `original_max_position_embeddings` and `long_factor`'s past it; cos/sin scaled by
+    `short_mscale`/`long_mscale` where the config has them (Phi-3.5-MoE's), else by transformers'
+    attention factor."""
+    which = "long" if long else "short"
+    original = int(params["original_max_position_embeddings"])
+    factors = torch.tensor([float(f) for f in params[f"{which}_factor"]], dtype=torch.float32)
+    if factors.numel() != dim // 2:
+        raise ValueError(f"rope_scaling {which}_factor has {factors.numel()} factors, not one per frequency "
+                         f"({dim // 2}); the config is damaged")
+    inv_freq = 1.0 / (factors * base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    mscale = params.get(f"{which}_mscale")
+    if mscale is not None:
+        return inv_freq, float(mscale)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        factor = float(params.get("factor") or max_positions / original)
+        attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return inv_freq, float(attention_factor)
+
+
+def _llama3(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's (and Llama 4's) scaling: wavelengths beyond `original / low_freq_factor` divided
+    by `factor`, those under `original / high_freq_factor` kept, the ones between interpolated
+    (transformers' `_compute_llama3_parameters`; where the two bounds meet, nothing is between)."""
+    factor, low, high = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    original = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low) if high != low else torch.zeros_like(wavelen)
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def _yarn(dim: int, base: float, params: dict[str, Any], max_positions: int) -> tuple[torch.Tensor, float]:
@@ -81,11 +126,23 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 class RotaryEmbedding:
-    """cos/sin tables for positions, computed on demand (float32, as transformers does)."""
+    """cos/sin tables for positions, computed on demand (float32, as transformers does).
+
+    LongRoPE has a second set of frequencies: a call whose last position is past the original
+    context (max(positions) + 1 > original_max_position_embeddings) takes the long ones for all
+    its positions, as Phi-3.5-MoE's released code and transformers 4 chose them (by the sequence
+    length so far: keys cached before the switch keep their short rotation). transformers 5.24's
+    Phimoe switches only the scale, never the frequencies. The choice is made on the device
+    (`torch.where`), so a decode step stays capturable."""
 
     def __init__(self, rotary_dim: int, params: dict[str, Any], max_positions: int) -> None:
         self.rotary_dim = rotary_dim
         self.inv_freq, self.scaling = inverse_frequencies(rotary_dim, params, max_positions)
+        self.long: tuple[torch.Tensor, float] | None = None  # (inv_freq, scaling) past `original` (LongRoPE)
+        self.original = 0
+        if params.get("rope_type") == "longrope":
+            self.long = _longrope(rotary_dim, float(params.get("rope_theta", 10000.0)), params, max_positions, long=True)
+            self.original = int(params["original_max_position_embeddings"])
         self._last = threading.local()  # `tables`: (pass, positions, dtype, (cos, sin)) of this thread's last call
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,11 +150,20 @@ class RotaryEmbedding:
         last = getattr(self._last, "tables", None)
         if number is not None and last is not None and last[0] == number and last[1] is positions and last[2] == dtype:
             return last[3]
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, rotary_dim/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        tables = (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+        tables = self._tables(positions, self.inv_freq, self.scaling, dtype)
+        if self.long is not None:
+            long = self._tables(positions, *self.long, dtype)
+            past = positions.max() >= self.original  # [] on the positions' device: no host sync
+            tables = torch.where(past, long[0], tables[0]), torch.where(past, long[1], tables[1])
         self._last.tables = (number, positions, dtype, tables) if number is not None else None
         return tables
+
+    @staticmethod
+    def _tables(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rotary_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

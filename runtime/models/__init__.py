@@ -21,11 +21,23 @@ FAMILY_MODULES = {
     "deepseek_v2": "deepseek_v2",
     "glm_moe_dsa": "glm_moe_dsa",
     "glm4_moe": "glm4_moe",
+    "glm4_moe_lite": "glm4_moe_lite",
+    "llama4": "llama4",
+    "dots1": "dots1",
     "qwen3_5_moe": "qwen3_5_moe",
     "qwen3_next": "qwen3_next",
     "qwen2_moe": "qwen2_moe",
     "olmoe": "olmoe",
     "minimax_m2": "minimax_m2",
+    "phimoe": "phimoe",
+    "dbrx": "dbrx",
+    "flex_olmo": "flex_olmo",
+    "ernie4_5_moe": "ernie4_5_moe",
+    "hunyuan_v1_moe": "hunyuan_v1_moe",
+    "exaone_moe": "exaone_moe",
+    "granitemoe": "granitemoe",
+    "granitemoeshared": "granitemoe",  # (the same block with a shared MLP: granitemoe.py)
+    "jetmoe": "jetmoe",
 }
 
 

@@ -114,16 +114,24 @@ class DecodeState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# an RMSNorm's weight, or a norm of its own: a LayerNorm (Phi-3.5-MoE, DBRX), none (FlexOlmo's post-norm block)
+Norm = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass
 class Block:
-    input_norm: torch.Tensor
+    input_norm: Norm
     mixer: Mixer
-    post_norm: torch.Tensor
+    post_norm: Norm
     ffn: FFN
 
 
 class DecoderModel:
     """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x)).
+
+    Granite's multipliers (its config's names; 1 elsewhere): the embeddings are multiplied by
+    `embedding_multiplier`, each mixer's and FFN's output by `residual_multiplier` before it is
+    added, and the logits divided by `logits_scaling`.
 
     `prefill_chunk_tokens` (None: every call's tokens at once): a call of more tokens runs each
     layer in chunks of at most that many (see the module doc); set by the GPU path to the
@@ -132,15 +140,22 @@ class DecoderModel:
     prefill_chunk_tokens: int | None = None
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, blocks: list[Block], dtype: torch.dtype,
-                 *, prefix: str = "model.", norm_offset: float = 0.0) -> None:
+                 *, prefix: str = "model.", norm_offset: float = 0.0, embedding_multiplier: float = 1.0,
+                 residual_multiplier: float = 1.0, logits_scaling: float = 1.0,
+                 embed_name: str = "embed_tokens.weight", final_norm: Norm | None = None,
+                 head_name: str = "lm_head.weight") -> None:
         self.config = config
         self.dtype = dtype
         self.blocks = blocks
         self.norm_offset = norm_offset
-        self.embed = weights.get(prefix + "embed_tokens.weight")
-        self.final_norm = weights.get(prefix + "norm.weight")
-        head = weights.maybe("lm_head.weight")
+        self.embedding_multiplier, self.residual_multiplier = embedding_multiplier, residual_multiplier
+        self.logits_scaling = logits_scaling
+        self.embed = weights.get(prefix + embed_name)  # (DBRX's: transformer.wte.weight)
+        self.final_norm = weights.get(prefix + "norm.weight") if final_norm is None else final_norm
+        head = weights.maybe(head_name)  # (Llama 4's: language_model.lm_head.weight)
         self.lm_head = self.embed if head is None or config.tie_word_embeddings else head
+        head_bias = head_name.removesuffix("weight") + "bias"  # (Phi-3.5-MoE's lm_head.bias)
+        self.lm_head_bias = None if self.lm_head is self.embed else weights.maybe(head_bias)
         self.eps = config.rms_norm_eps
 
     def new_state(self, max_tokens: int) -> DecodeState:
@@ -181,7 +196,9 @@ class DecoderModel:
             if hasattr(cache, "length"):
                 cache.length = length
 
-    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def norm(self, x: torch.Tensor, weight: Norm) -> torch.Tensor:
+        if not isinstance(weight, torch.Tensor):
+            return weight(x)
         return rms_norm(x, weight, self.eps, offset=self.norm_offset)
 
     @torch.inference_mode()
@@ -197,12 +214,12 @@ class DecoderModel:
                 f"{start + t} tokens do not fit the context of {state.max_tokens}; shorten the prompt, "
                 "clear the conversation, or raise num_ctx"
             )
-        x = F.embedding(input_ids, self.embed) if embeds is None else embeds
+        x = self._embed(input_ids, embeds)
         x = self._layers(x, torch.arange(start, start + t), state, start)
         state.length = start + t
         if last_only:
             x = x[-1:]
-        return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
+        return self._logits(x)
 
     @torch.inference_mode()
     def decode_at(self, input_ids: torch.Tensor, position: DevicePosition, state: DecodeState,
@@ -212,33 +229,44 @@ class DecoderModel:
         (gpu/step_graphs.py). Needs `takes_device_position`; the caller then moves the state on
         (`set_length`). `embeds` [1, H]: the token's row in a device buffer the caller fills
         (then `input_ids` is not read)."""
-        x = F.embedding(input_ids, self.embed) if embeds is None else embeds
+        x = self._embed(input_ids, embeds)
         x = self._layers(x, position.index, state, position)
-        return linear(self.norm(x, self.final_norm), self.lm_head).to(torch.float32)
+        return self._logits(x)
+
+    def _embed(self, input_ids: torch.Tensor, embeds: torch.Tensor | None) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed) if embeds is None else embeds
+        return x if self.embedding_multiplier == 1.0 else x * self.embedding_multiplier
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = linear(self.norm(x, self.final_norm), self.lm_head, self.lm_head_bias).to(torch.float32)
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start) -> torch.Tensor:
         forward_begins()  # the layers share one pass's rope tables
         chunk = self.prefill_chunk_tokens
         if chunk is not None and isinstance(start, int) and x.shape[0] > chunk:
             return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk))
+        r = self.residual_multiplier  # (alpha 1 adds exactly as `+` does)
         for block, cache in zip(self.blocks, state.caches, strict=True):
-            x = x + block.mixer(self.norm(x, block.input_norm), positions, cache, start)
-            x = x + block.ffn(self.norm(x, block.post_norm))
+            x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
+            x = x.add(block.ffn(self.norm(x, block.post_norm)), alpha=r)
         return x
 
     def _layers_in_chunks(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: int,
                           bounds: list[tuple[int, int]]) -> torch.Tensor:
         """`_layers` a chunk of tokens at a time within each layer, adding into x in place (the
         embeddings: this pass's own tensor): the same sums, each token's in the same order."""
+        r = self.residual_multiplier
         for block, cache in zip(self.blocks, state.caches, strict=True):
             if getattr(block.mixer, "chunks_prompt", False):
                 for first, end in bounds:
                     h = x[first:end]
-                    h += block.mixer(self.norm(h, block.input_norm), positions[first:end], cache, start + first)
+                    h.add_(block.mixer(self.norm(h, block.input_norm), positions[first:end], cache, start + first),
+                           alpha=r)
             else:  # the whole prompt at once (its cache cannot be continued cheaply)
-                x += block.mixer(self.norm(x, block.input_norm), positions, cache, start)
+                x.add_(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
             for index, (first, end) in enumerate(bounds):
                 h = x[first:end]
                 with _computing_chunk(PromptChunk(index, len(bounds))):
-                    h += block.ffn(self.norm(h, block.post_norm))
+                    h.add_(block.ffn(self.norm(h, block.post_norm)), alpha=r)
         return x

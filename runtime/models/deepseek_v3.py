@@ -28,15 +28,17 @@ KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
 
 class SigmoidMoE:
     """Router (sigmoid scores, `e_score_correction_bias`, group-limited top-k) + routed experts
-    through the executor + shared experts (a dense SwiGLU) added to the routed output."""
+    through the executor + shared experts (a dense SwiGLU) added to the routed output. `bias`: the
+    correction bias's name under the MLP's prefix (EXAONE keeps it beside the router, not in it)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
-                 executor: ExpertExecutor, defaults: dict[str, Any]) -> None:
+                 executor: ExpertExecutor, defaults: dict[str, Any], *,
+                 bias: str = "gate.e_score_correction_bias") -> None:
         def get(key: str) -> Any:
             return config.get(key, defaults[key])
 
         self.router = weights.get(prefix + "gate.weight")
-        self.bias = weights.get(prefix + "gate.e_score_correction_bias")
+        self.bias = weights.get(prefix + bias)
         self.shared = dense_mlp(weights, prefix + "shared_experts.") if get("n_shared_experts") else None
         self.layer, self.executor, self.k = layer, executor, config.num_experts_per_tok
         self.num_groups, self.topk_groups = int(get("n_group")), int(get("topk_group"))

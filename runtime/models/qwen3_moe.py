@@ -19,13 +19,14 @@ from .base import FFN, Block, DecoderModel
 
 
 class GQAAttention:
-    """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache."""
+    """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache;
+    scores scaled by `scale` (1/sqrt(head_dim) where None)."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
     chunks_prompt = True  # a long prompt may come in chunks: later ones read the earlier ones' keys (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
-                 dtype: torch.dtype, *, qk_norm: bool) -> None:
+                 dtype: torch.dtype, *, qk_norm: bool, scale: float | None = None) -> None:
         self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkvo")
         # attention_bias: q, k, v and o each have one (transformers' Qwen3MoeAttention)
         self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkvo")
@@ -33,7 +34,7 @@ class GQAAttention:
         self.k_norm = weights.get(prefix + "k_norm.weight") if qk_norm else None
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.eps, self.rope, self.dtype = config.rms_norm_eps, rope, dtype
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim ** -0.5 if scale is None else scale  # (Granite's attention_multiplier)
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)

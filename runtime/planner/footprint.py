@@ -17,7 +17,7 @@ from ftw.format import BLOCK_DTYPES, PART_ALIGNMENT, Index, align_up
 CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
 FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 ELEMENT_BYTES = {**FLOAT_BYTES, "f8_e4m3": 1, "f8_e5m2": 1}  # of the dtypes a safetensors checkpoint holds
-EMBEDDINGS = "embed_tokens.weight"
+EMBEDDINGS = ("embed_tokens.weight", "transformer.wte.weight")  # name endings (DBRX's the second)
 HEAD = "lm_head.weight"
 EXPERT_PARTS = {("gate_proj", "weight"): "w13", ("up_proj", "weight"): "w13", ("gate_up_proj", "weight"): "w13",
                 ("down_proj", "weight"): "w2", ("gate_proj", "weight_scale_inv"): "w1_scale",
@@ -137,8 +137,13 @@ def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
                     f"{size(recurrent + conv)} state")
 
 
-KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
-              "deepseek_v2": _mla, "glm_moe_dsa": _mla}
+KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
+              "deepseek_v2": _mla, "glm_moe_dsa": _mla,
+              "glm4_moe_lite": _mla,
+              "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
+              "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
+              "dots1": _gqa,
+              "phimoe": _gqa, "dbrx": _gqa, "flex_olmo": _gqa}
 
 
 def kv_layout(family: str, text_config: dict[str, Any], dtype_bytes: int) -> KVLayout:
@@ -237,7 +242,8 @@ class ModelFootprint:
             if expert is None:
                 dense[tensor_name] = (dtype, nbytes)
             elif expert.expert is None:  # fused: [E, ...] holds every expert of the layer
-                parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] = nbytes // c["num_experts"]
+                # (+=: DBRX's gate and up come apart, each half of w13)
+                parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes // c["num_experts"]
             elif expert.expert == 0:
                 parts[expert.layer][EXPERT_PARTS[expert.proj, expert.what]] += nbytes
         strides = [align_up(sum(align_up(n, PART_ALIGNMENT) for n in p.values())) for p in parts.values()]
