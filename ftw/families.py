@@ -229,7 +229,7 @@ FAMILIES: dict[str, Family] = {
         Family("jetmoe", ("jetmoe",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size", head_dim_key="kv_channels"),
         Family(
-            "deepseek_v3", ("deepseek_v3",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
+            "deepseek_v3", ("deepseek_v3", "kimi_k2"), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),
         Family(

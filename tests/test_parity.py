@@ -385,3 +385,19 @@ def test_dots1_with_sliding_window_layers_is_refused_not_run_with_full_attention
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedFamilyError, match=r"sliding-window attention layers \(\[1, 2\]"):
         convert_and_load(src, tmp_path / "store")
+
+
+def test_kimi_k2_is_deepseek_v3_under_its_own_model_type(tmp_path: Path) -> None:
+    """Kimi K2's config.json says model_type kimi_k2 (its architecture DeepseekV3ForCausalLM): the
+    same model as DeepSeek-V3, converted as it (an alias, not new code) and matching transformers'
+    DeepSeek-V3 on the same weights."""
+    import json
+
+    src = save_checkpoint("deepseek_v3", tmp_path / "hf", seed=6)
+    ref = hf_model(src)  # (transformers has no kimi_k2 type of its own)
+    config = json.loads((src / "config.json").read_text())
+    config.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"])
+    (src / "config.json").write_text(json.dumps(config))
+    ours = convert_and_load(src, tmp_path / "store")
+    assert ours.weights.config.family == "deepseek_v3"
+    assert_parity(ours, ref, PROMPT, STEPS)

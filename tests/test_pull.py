@@ -598,7 +598,7 @@ def test_a_host_that_does_not_resolve_is_not_retried(store: Store, monkeypatch) 
     assert "resumes" not in str(e.value) and "ft list" in str(e.value)
 
 
-@pytest.mark.parametrize("model", ["deepseek-v4-flash", "kimi-k2", "gpt-oss-20b"])
+@pytest.mark.parametrize("model", ["deepseek-v4-flash", "gpt-oss-20b"])
 def test_a_recipe_of_a_family_not_converted_yet_is_refused_before_the_network(store: Store, monkeypatch,
                                                                                model: str) -> None:
     """`ft pull deepseek-v4-flash` spent 19 s on the Hub before it could say ft cannot convert it."""
