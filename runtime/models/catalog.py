@@ -1,0 +1,68 @@
+"""The family table of docs/FAMILIES.md, made from the registries: the runtime's families
+(`FAMILY_MODULES`), the converter's model types (`ftw.families`) and GGUF architectures
+(`ftw.gguf_source`), with each family's attention and routing in words (`KINDS`, which a test
+keeps complete). `python -m runtime.models.catalog` prints the table; tests/test_family_table.py
+checks that docs/FAMILIES.md is what it prints.
+"""
+
+from __future__ import annotations
+
+from ftw.families import FAMILIES
+from ftw.gguf_source import ARCHITECTURES
+
+from . import FAMILY_MODULES
+
+# family -> (attention, routing), as its module computes them
+KINDS: dict[str, tuple[str, str]] = {
+    "dbrx": ("GQA, fused Wqkv clipped, LayerNorm", "softmax top-k, p-norm renormalized"),
+    "deepseek_v2": ("MLA (latent KV)", "softmax greedy or group-limited, shared experts"),
+    "deepseek_v3": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
+    "dots1": ("GQA, QK norm", "sigmoid + bias, group-limited top-k, shared experts"),
+    "ernie4_5_moe": ("GQA, interleaved rope", "softmax + correction bias, shared experts, dense layers"),
+    "exaone_moe": ("sliding-window rope layers and global NoPE layers", "sigmoid + bias, shared experts"),
+    "flex_olmo": ("GQA, QK norm, post-norm blocks", "softmax top-k"),
+    "glm4_moe": ("GQA, partial rope, QK norm optional", "sigmoid + bias, group-limited top-k, shared experts"),
+    "glm4_moe_lite": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
+    "glm_moe_dsa": ("MLA with a sparse-attention indexer (DSA)", "sigmoid + bias, shared experts"),
+    "granitemoe": ("GQA, Granite's multipliers", "softmax over the top-k logits"),
+    "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
+    "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
+    "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),
+    "llama4": ("chunked rope layers and global NoPE layers, QK L2 norm", "sigmoid top-1 on the input, shared expert"),
+    "minimax_m2": ("GQA, partial rope, QK norm", "sigmoid + correction bias"),
+    "mixtral": ("GQA", "softmax top-k renormalized"),
+    "olmoe": ("GQA, QK norm over the whole projection", "softmax top-k"),
+    "phimoe": ("GQA, long rope, LayerNorm with biases", "sparsemixer top-2"),
+    "qwen2_moe": ("GQA", "softmax top-k, a gated shared expert"),
+    "qwen3_5_moe": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
+    "qwen3_moe": ("GQA, QK norm", "softmax top-k renormalized"),
+    "qwen3_next": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
+}
+
+HEADER = ("family", "HF model_type", "GGUF architecture", "attention", "routing", "runs on", "tested how")
+
+
+def rows() -> list[tuple[str, ...]]:
+    """One row a family the runtime runs, by name."""
+    gguf: dict[str, list[str]] = {}
+    for arch, spec in ARCHITECTURES.items():
+        gguf.setdefault(spec.model_type, []).append(arch)
+    out = []
+    for family in sorted(FAMILY_MODULES):
+        attention, routing = KINDS[family]
+        types = FAMILIES[family].model_types
+        tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if family in gguf else "")
+        out.append((family, ", ".join(types), ", ".join(gguf.get(family, [])) or "-", attention, routing,
+                    "CPU and GPU (hybrid)", tested))
+    return out
+
+
+def markdown() -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "| " + " | ".join("---" for _ in HEADER) + " |"]
+    lines += ["| " + " | ".join(f"`{c}`" if i < 2 and c != "-" else c for i, c in enumerate(row)) + " |"
+              for row in rows()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
