@@ -32,7 +32,7 @@ from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from tqdm.auto import tqdm
 
-from ftw.convert import load_config
+from ftw.config_file import load_config
 from ftw.errors import SourceError
 from ftw.safetensors_source import SAFETENSORS_DTYPES
 

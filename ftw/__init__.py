@@ -3,7 +3,6 @@
 This package imports nothing else of ft's: the registry stores FTW files, the runtime reads them.
 """
 
-from .convert import convert_checkpoint, load_config
 from .errors import (
     CorruptIndexError,
     CorruptShardError,
@@ -13,23 +12,32 @@ from .errors import (
     UnsupportedVersionError,
     WriterStateError,
 )
-from .families import FAMILIES, family_for_config
-from .format import (
-    ALIGNMENT,
-    BLOCK_DTYPES,
-    FORMAT_VERSION,
-    INDEX_FILENAME,
-    ExpertBank,
-    ExpertPart,
-    Index,
-    ShardEntry,
-    TensorEntry,
-)
-from .gguf_convert import GGUF_SIDE_FILES, convert_gguf
-from .gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
-from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
-from .reader import FTWReader
-from .writer import FTWWriter
+
+# The rest is imported on first use (PEP 562): the converters and the reader bring torch, numpy
+# and gguf, which a command that only parses its arguments (`ft --help`) should not wait for.
+_LAZY = {
+    "convert_checkpoint": ".convert", "load_config": ".config_file",
+    "FAMILIES": ".families", "family_for_config": ".families",
+    "ALIGNMENT": ".format", "BLOCK_DTYPES": ".format", "FORMAT_VERSION": ".format", "INDEX_FILENAME": ".format",
+    "ExpertBank": ".format", "ExpertPart": ".format", "Index": ".format", "ShardEntry": ".format",
+    "TensorEntry": ".format",
+    "GGUF_SIDE_FILES": ".gguf_convert", "convert_gguf": ".gguf_convert",
+    "GGUF_ARCHITECTURES": ".gguf_source",
+    "gguf_tokenizer_config": ".gguf_tokenizer", "gguf_tokenizer_json": ".gguf_tokenizer",
+    "FTWReader": ".reader", "FTWWriter": ".writer",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ftw' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), "ARCHITECTURES" if name == "GGUF_ARCHITECTURES" else name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALIGNMENT", "BLOCK_DTYPES", "FAMILIES", "FORMAT_VERSION", "GGUF_ARCHITECTURES", "GGUF_SIDE_FILES", "INDEX_FILENAME",

@@ -7,7 +7,6 @@ scales beside them), so peak memory is a few chunks plus one expert whatever the
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from .config_file import MAX_CONFIG_BYTES, load_config  # noqa: F401 - re-exported: ftw.convert.load_config
 from .errors import SourceError
 from .families import (
     ExpertTensorName,
@@ -39,29 +39,10 @@ from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
 FLOAT_DTYPES = ("f32", "f16", "bf16")
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 TARGET_DTYPES = ("auto", *FLOAT_DTYPES, "fp8")
-MAX_CONFIG_BYTES = 4 << 20
 READAHEAD_BYTES = 256 << 20  # source bytes read ahead of the writer
 READ_THREADS = 4
 Progress = Callable[[int], None]
 T = TypeVar("T")
-
-
-def load_config(directory: Path) -> dict[str, Any]:
-    """The checkpoint's config.json, parsed defensively."""
-    path = Path(directory) / "config.json"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SourceError(f"{path} is missing: a Hugging Face checkpoint needs its config.json") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise SourceError(f"{path} is {len(raw)} bytes, too large for a model config")
-    try:
-        config = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise SourceError(f"{path} is not valid JSON; re-download the checkpoint") from None
-    if not isinstance(config, dict):
-        raise SourceError(f"{path} is not a JSON object")
-    return config
 
 
 @dataclass
