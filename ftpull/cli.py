@@ -19,24 +19,23 @@ import click
 
 from ftw import FTWError
 from registry import RegistryError, Store
-from runtime.models import ContextOverflowError, UnsupportedFamilyError
+from runtime.config import ContextOverflowError, UnsupportedFamilyError
 from runtime.planner.plan import PlanOverrides
-from runtime.planner.resources import gib_to_bytes
+from runtime.planner.resources import NoGPUError, gib_to_bytes
 from runtime.text.chat_template import ChatTemplateError
-from runtime.text.sampling import InvalidParameterError
+from runtime.text.errors import InvalidParameterError
 from runtime.text.tokenizer import TokenizerError
 
 from . import cli_store
 from . import fit as fit_mod
 from . import show as show_mod
+from .client import Client, NoServer, ServerAddressError, ServerReplyError
 from .hub import HubError
 from .modelfile import ModelfileError
 from .preflight import FitError
 from .progress import ProgressPrinter
 from .pull import PullError, create, pull
 from .resolve import ResolveError
-from .run import NoGPUError
-from .serve import Client, NoServer, ServerAddressError, ServerReplyError
 
 USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError,
                ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError,

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from ftw import GGUF_SIDE_FILES, INDEX_FILENAME, Index, convert_checkpoint, convert_gguf
+from ftw.format import INDEX_FILENAME, Index
 from registry import ANNOTATION_TITLE, Descriptor, Manifest, ModelName, Store
 from runtime.loading.registered import (
     MEDIA_CONFIG,
@@ -35,6 +35,8 @@ HF_SIDE_FILES = hub.AUX_FILES[1:]  # everything but config.json, which lives in 
 
 
 def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, work: Path, report: Report) -> Manifest:
+    from ftw import GGUF_SIDE_FILES, convert_checkpoint, convert_gguf  # (torch, numpy, gguf: a conversion's)
+
     recipe = target.recipe
     out = work / "ftw"
     if fetched.format == "gguf":

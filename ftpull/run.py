@@ -21,7 +21,7 @@ from runtime.loading.registered import open_model
 from runtime.loading.runnable import LoadedModel, load_registered
 from runtime.models import ContextOverflowError
 from runtime.planner.plan import FitError, ModelFootprint, Plan, PlanOverrides, plan
-from runtime.planner.resources import Machine, gib_to_bytes
+from runtime.planner.resources import Machine, NoGPUError, gib_to_bytes
 from runtime.text.sampling import SamplingParams
 from runtime.text.tokenizer import Tokenizer
 
@@ -141,10 +141,6 @@ def compute_dtype(config: dict[str, Any], requested: str | None) -> torch.dtype:
     if requested:
         return names[requested]
     return torch.float32 if config.get("dtype") == "f32" else torch.bfloat16
-
-
-class NoGPUError(RuntimeError):
-    """--device gpu on a machine without a usable CUDA GPU."""
 
 
 def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | None,

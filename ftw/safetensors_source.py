@@ -11,13 +11,14 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import SourceError
 from .format import DTYPE_ITEMSIZE, MAX_DIMENSION
 from .rangeio import TensorFiles
-from .reader import TORCH_DTYPES
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 MAX_HEADER_BYTES = 100 << 20
 
@@ -147,4 +148,8 @@ class SafetensorsCheckpoint(TensorFiles):
         row_bytes = t.nbytes // rows if rows else 0
         data = self.read_bytes(t, start_row * row_bytes, num_rows * row_bytes)
         shape = (num_rows, *t.shape[1:]) if t.shape else ()
+        import torch  # (here, not at import: listing a checkpoint's tensors needs no torch)
+
+        from .reader import TORCH_DTYPES
+
         return torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).view(shape)

@@ -14,6 +14,10 @@ class UnsupportedFamilyError(ValueError):
     """The runtime has no implementation of this family, or of a feature its config turns on."""
 
 
+class ContextOverflowError(ValueError):
+    """More tokens than the decode state was sized for (here, torch-free, for the CLI to catch)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Normalized sizes (docs/FTW.md "Normalized config") plus the source config for the rest.

@@ -171,10 +171,10 @@ def test_two_names_of_one_repository_pulled_at_once_take_turns_with_its_download
     when done: the second waits for the first (it deleted the files under the other's conversion)."""
     import threading
 
-    from ftpull import register
+    import ftw
 
     fake_hub.add_repo("org/repo", qwen_repo)
-    real, first_converting, errors = register.convert_checkpoint, threading.Event(), []
+    real, first_converting, errors = ftw.convert_checkpoint, threading.Event(), []
 
     def convert(src, out, **kw):
         if threading.current_thread().name == "first":
@@ -182,7 +182,7 @@ def test_two_names_of_one_repository_pulled_at_once_take_turns_with_its_download
             time.sleep(1.5)  # the other pull, started meanwhile, would delete these files now
         return real(src, out, **kw)
 
-    monkeypatch.setattr(register, "convert_checkpoint", convert)
+    monkeypatch.setattr(ftw, "convert_checkpoint", convert)  # (ftpull.register takes it from ftw when it converts)
 
     def run(text: str) -> None:
         try:

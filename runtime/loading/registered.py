@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ftw import FTWReader, Index
 from ftw.errors import CorruptIndexError, CorruptShardError
+from ftw.format import Index
 from registry import Manifest, ModelName, Store
 from registry.verify import sampled_check
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ftw import FTWReader
 
 MEDIA_CONFIG = "application/vnd.ft.config.v1+json"
 MEDIA_FTW_INDEX = "application/vnd.ft.ftw.index.v1+json"
@@ -61,6 +64,8 @@ class RegisteredModel:
             raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")
         index = Index.from_json(index_path.read_bytes(), origin=f"{self.name.display}: model.ftw.json")
         shards = {d.title: self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_SHARD}
+        from ftw.reader import FTWReader  # (torch: only a load needs it)
+
         return FTWReader(index, shards, origin=f"{self.name.display}: model.ftw.json")
 
 

@@ -23,16 +23,15 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config import (
+    ContextOverflowError,  # noqa: F401 - raised here, re-exported by runtime.models
+    ModelConfig,
+)
 from ..layers.attention import DevicePosition, Start
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import forward_begins
 from ..loading.read_ftw import ModelWeights
-
-
-class ContextOverflowError(ValueError):
-    """More tokens than the decode state was sized for."""
 
 
 class Mixer(Protocol):

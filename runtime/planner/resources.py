@@ -73,3 +73,7 @@ def probe_gpu(device: int = 0) -> GPU | None:
     except Exception as e:  # a broken CUDA install must not stop planning; it plans CPU-only
         log.warning("CUDA is present but unusable (%s: %s); planning for the CPU only", type(e).__name__, e)
         return None
+
+
+class NoGPUError(RuntimeError):
+    """--device gpu on a machine without a usable CUDA GPU."""

@@ -16,19 +16,10 @@ from typing import Any
 
 import torch
 
+from .errors import InvalidParameterError
 from .top_logits import MAX_CANDIDATES, TopLogits, candidates_to_take, penalty_window, top_logits
 
 MAX_SEED = 2**64 - 1
-
-
-class InvalidParameterError(ValueError):
-    """A sampling option out of range or of the wrong type; the message names it and its range."""
-
-    def __init__(self, name: str, value: Any, allowed: str) -> None:
-        super().__init__(f"invalid {name}={value!r}: {allowed}")
-        self.name = name
-        self.value = value
-        self.allowed = allowed
 
 
 def _number(name: str, value: Any, allowed: str) -> float:
