@@ -196,6 +196,8 @@ def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) ->
     `chat` is a local ftpull.run.Chat or a serve.RemoteChat: the same surface."""
     from . import run as run_mod
 
+    if not text.strip() and sys.stdin.isatty():  # no prompt, "" or "   " alike: the REPL
+        text = ""
     if not text and not sys.stdin.isatty():
         text = sys.stdin.read()
     elif text:

@@ -608,3 +608,28 @@ def test_a_vram_budget_without_a_gpu_is_said_to_do_nothing(home: Path, caplog) -
     with caplog.at_level(logging.WARNING, logger="ftpull.run"):
         load_for_chat(Store(home), "tiny", dtype=None, num_ctx=None, overrides={}, vram_gib=4.0)
     assert "--vram-gib 4 has no effect: no GPU was found" in caplog.text
+
+
+def test_a_blank_prompt_at_a_terminal_opens_the_repl_as_an_empty_one_does(tiny, monkeypatch, capsys) -> None:
+    """`ft run M ""` opened the REPL and `ft run M "   "` was an error; both open it now (piped
+    blank input is still refused: there is nobody to chat with)."""
+    import io
+
+    import click
+
+    from ftpull.cli import _answer_or_chat
+    from ftpull.run import Chat
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    loaded, tokenizer = tiny
+    chat = Chat(Session(loaded.model, tokenizer, 512), tokenizer, {"num_predict": 2, "seed": 0})
+    for blank in ("", "   "):
+        monkeypatch.setattr(sys, "stdin", Terminal("/bye\n"))
+        _answer_or_chat(chat, blank, False, 0.0)
+        assert ">>> " in capsys.readouterr().out, repr(blank)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
+    with pytest.raises(click.UsageError, match="the prompt is empty"):
+        _answer_or_chat(chat, "", False, 0.0)
