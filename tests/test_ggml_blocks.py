@@ -68,21 +68,15 @@ def test_a_tiny_q4_k_m_gguf_on_the_hybrid_runtime_decodes_as_its_f32_twin() -> N
     offload, its cache 5 slots for 8 experts: every expert is read from a slot or a streamed
     bank as Q4_K/Q6_K blocks and dequantized there, exactly, so 24 greedy tokens equal those of
     the same weights dequantized to F32 (no activation rounding, unlike the CPU kernel's Q8_K)."""
-    from ftpull.pull import pull
-    from registry import Store
     from runtime.engine import Session
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
     from runtime.text.sampling import SamplingParams
     from runtime.text.tokenizer import Tokenizer
-    from tests.test_ftw_gguf import write_gguf
-    from tests.test_kquant_kernel import as_f32, tiny_q4_k_m_tensors
+    from tests.test_kquant_kernel import pull_q4_k_m_and_its_f32_twin
 
-    tensors = tiny_q4_k_m_tensors(seed=9)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        store = Store(Path(tmp) / "ft")
-        names = [str(pull(str(write_gguf(Path(tmp) / f"Tiny-{tag}.gguf", t)), store).name)
-                 for tag, t in (("Q4_K_M", tensors), ("F32", as_f32(tensors)))]
+        store, names = pull_q4_k_m_and_its_f32_twin(Path(tmp))
         tokenizer = Tokenizer.from_model(open_model(store, names[0]))
         prompt = tokenizer.encode("abc abd bbc aab bca")
         hybrid = load(store, names[0], torch.float32, backend="gpu", device="cpu", mode="offload", cache_slots=5,

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
+from registry import Store
 from runtime.experts import cpu_kernels
 from runtime.experts.bank import HostExpertBank
 from runtime.experts.cpu_kernels import (
@@ -291,6 +292,19 @@ def as_f32(tensors: dict[str, tuple[Q, np.ndarray]]) -> dict[str, tuple[Q, np.nd
             for name, (qtype, data) in tensors.items()}
 
 
+def pull_q4_k_m_and_its_f32_twin(tmp: Path, seed: int = 9) -> tuple[Store, list[str]]:
+    """(the store, [the Q4_K_M model's name, its f32 twin's]): tiny_q4_k_m_tensors written as two
+    GGUF files and pulled through ft."""
+    from ftpull.pull import pull
+    from tests.test_ftw_gguf import write_gguf
+
+    tensors = tiny_q4_k_m_tensors(seed=seed)
+    store = Store(tmp / "ft")
+    names = [str(pull(str(write_gguf(tmp / f"Tiny-{tag}.gguf", t)), store).name)
+             for tag, t in (("Q4_K_M", tensors), ("F32", as_f32(tensors)))]
+    return store, names
+
+
 def test_a_tiny_q4_k_m_gguf_decodes_as_its_f32_twin() -> None:
     """Pulled, loaded and run as `ft run --device cpu` would (f32 compute), 24 greedy tokens equal
     those of the same weights dequantized to F32 in a second GGUF (the kernel's f32 path, no
@@ -299,20 +313,14 @@ def test_a_tiny_q4_k_m_gguf_decodes_as_its_f32_twin() -> None:
     (0.037, typically 0.025), which the test checks too: equal tokens are expected, not lucky.
     Elsewhere a token can part where the f32 margin is smaller than that, or where the rounding
     tips the router of a later layer (as in llama.cpp, which rounds activations the same way)."""
-    from ftpull.pull import pull
-    from registry import Store
     from runtime.engine import Session
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
     from runtime.text.sampling import SamplingParams
     from runtime.text.tokenizer import Tokenizer
-    from tests.test_ftw_gguf import write_gguf
 
-    tensors = tiny_q4_k_m_tensors(seed=9)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        store = Store(Path(tmp) / "ft")
-        names = [str(pull(str(write_gguf(Path(tmp) / f"Tiny-{tag}.gguf", t)), store).name)
-                 for tag, t in (("Q4_K_M", tensors), ("F32", as_f32(tensors)))]
+        store, names = pull_q4_k_m_and_its_f32_twin(Path(tmp))
         tokenizer = Tokenizer.from_model(open_model(store, names[0]))
         prompt = tokenizer.encode("abc abd bbc aab")
         models = [load(store, name, torch.float32) for name in names]

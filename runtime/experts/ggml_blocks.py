@@ -48,12 +48,17 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
+def _sub_block_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's head: each sub-block's scale d x sc and min dmin x m, [N, 8, 1] each."""
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
     sc, mn = _scale_min_k4(blocks[:, 4:16])
-    d = (d * sc.to(torch.float32)).reshape(n, -1, 1)
-    dm = (dmin * mn.to(torch.float32)).reshape(n, -1, 1)
+    return (d * sc.to(torch.float32)).reshape(n, -1, 1), (dmin * mn.to(torch.float32)).reshape(n, -1, 1)
+
+
+def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    d, dm = _sub_block_scales(blocks)
     qs = blocks[:, 16:144].reshape(n, -1, 1, 32) >> _shifts([0, 4], blocks.device, (1, 1, 2, 1))
     qs = (qs & 0x0F).reshape(n, -1, 32).to(torch.float32)
     return (d * qs - dm).reshape(n, QK_K)
@@ -61,10 +66,7 @@ def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
 
 def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
-    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    sc, mn = _scale_min_k4(blocks[:, 4:16])
-    d = (d * sc.to(torch.float32)).reshape(n, -1, 1)
-    dm = (dmin * mn.to(torch.float32)).reshape(n, -1, 1)
+    d, dm = _sub_block_scales(blocks)
     qh, qs = blocks[:, 16:48], blocks[:, 48:176]
     ql = qs.reshape(n, -1, 1, 32) >> _shifts([0, 4], blocks.device, (1, 1, 2, 1))
     qh = qh.reshape(n, -1, 1, 32) >> _shifts(list(range(8)), blocks.device, (1, 1, 8, 1))

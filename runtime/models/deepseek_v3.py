@@ -71,9 +71,16 @@ def block(config: ModelConfig, weights: ModelWeights, layer: int, mixer: Mixer, 
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
-    rope, interleave = rotary(config), bool(config.get("rope_interleave", DEFAULTS["rope_interleave"]))
+    return build_mla(config, weights, executor, dtype, DEFAULTS)
+
+
+def build_mla(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype,
+              defaults: dict[str, Any]) -> DecoderModel:
+    """DeepSeek-V3's model with a family's `defaults` for the keys its config.json leaves out
+    (GLM-4.7-Flash's is this model with GLM's)."""
+    rope, interleave = rotary(config), bool(config.get("rope_interleave", defaults["rope_interleave"]))
     blocks = []
     for i in range(config.num_layers):
         attention = MLAttention(config, weights, f"model.layers.{i}.self_attn.", rope, dtype, interleave=interleave)
-        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, DEFAULTS)))
+        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, defaults)))
     return DecoderModel(config, weights, blocks, dtype)

@@ -10,10 +10,9 @@ import torch
 
 from ..config import ModelConfig
 from ..experts import ExpertExecutor
-from ..layers.mla import MLAttention
 from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel
-from .deepseek_v3 import block, ffn, rotary
+from .deepseek_v3 import build_mla
 
 # Glm4MoeLiteConfig's defaults, for checkpoints whose config.json leaves a key out
 DEFAULTS = dict(n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.8, n_shared_experts=1,
@@ -24,9 +23,4 @@ KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
-    rope, interleave = rotary(config), bool(config.get("rope_interleave", DEFAULTS["rope_interleave"]))
-    blocks = []
-    for i in range(config.num_layers):
-        attention = MLAttention(config, weights, f"model.layers.{i}.self_attn.", rope, dtype, interleave=interleave)
-        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, DEFAULTS)))
-    return DecoderModel(config, weights, blocks, dtype)
+    return build_mla(config, weights, executor, dtype, DEFAULTS)
