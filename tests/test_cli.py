@@ -348,6 +348,7 @@ def test_a_blob_rotted_on_the_disk_is_refused_at_load_and_healed_by_pull(home: P
     fetches it again."""
     from ftw.errors import CorruptShardError
     from runtime.loading.registered import MEDIA_FTW_SHARD, open_model
+    from runtime.loading.runnable import load_registered
 
     assert ft(capsys, "pull", "tiny")[0] == 0
     store = Store(home)
@@ -362,7 +363,7 @@ def test_a_blob_rotted_on_the_disk_is_refused_at_load_and_healed_by_pull(home: P
 
     rot()
     with pytest.raises(CorruptShardError, match=r"model-00001.ftw .*a sampled check.*`ft pull tiny:latest`"):
-        open_model(store, "tiny").open_ftw()
+        load_registered(open_model(store, "tiny"))
     code, out, err = ft(capsys, "pull", "tiny")
     assert code == 0 and "missing or damaged; pulling it again" in out + err, out + err
     assert path.read_bytes() == good

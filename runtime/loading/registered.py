@@ -50,15 +50,18 @@ class RegisteredModel:
         path = self.files.get(title)
         return path.read_text(encoding="utf-8") if path else None
 
-    def open_ftw(self) -> FTWReader:
-        """The FTW reader over this model's shards (layout checked, shards not re-hashed, but each
-        of its files checked as a load can afford: present, its size, its sampled digest, so that a
-        file rotted on the disk since it was stored is refused, not run)."""
+    def check_files(self) -> None:
+        """Each of the model's files checked as a load can afford (present, its size, its sampled
+        digest), so that a file rotted on the disk since it was stored is refused, not run:
+        CorruptShardError naming it and the fix. Once a load (runnable.load_registered)."""
         for d in self.manifest.layers:
             bad = sampled_check(self.files[d.title], d)
             if bad is not None:
                 raise CorruptShardError(f"{self.name.display}: {bad}; run `ft pull {self.name.display}` to fetch it "
                                         f"again (`ft verify {self.name.display}` checks every byte)")
+
+    def open_ftw(self) -> FTWReader:
+        """The FTW reader over this model's shards (layout checked, shards not re-hashed)."""
         index_path = next((self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX), None)
         if index_path is None:
             raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")

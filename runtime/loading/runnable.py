@@ -48,6 +48,7 @@ def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.floa
     # for this CPU on first use: made here, it counts as loading, not as the first prompt's time
     # (a first run showed "prompt eval duration: 8.080s (1.36 tokens/s)")
     native_kernel()
+    registered.check_files()
     if backend == "gpu":
         from ..gpu import load_gpu
 
