@@ -156,7 +156,9 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
                     input=m["input"], tokens=m["tokens"], tok_s=m["tok_s"], samples=m["samples"],
                     detail={"budget_mib": budget, **info, "hit_rate": m["stats"].get("hit_rate"),
                             "cpu_experts": m["stats"].get("cpu_experts"),
-                            "pcie_experts": m["stats"].get("pcie_experts")}) for m in measured]
+                            "pcie_experts": m["stats"].get("pcie_experts"),
+                            **{k: m["stats"][k] for k in ("step_graphs", "guard") if k in m["stats"]}})
+                for m in measured]
 
     long_prompts = [p for p in args.prompts if p > 512]
     done = {(r.setting, r.threads, r.engine) for r in report.load(args.out)

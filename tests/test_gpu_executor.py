@@ -649,15 +649,20 @@ def test_graphs_read_a_split_table_per_expert_size() -> None:
 # -- capacity ------------------------------------------------------------------------------------------
 
 def test_a_cache_below_one_tokens_experts_is_refused_with_numbers(caplog) -> None:
-    """Only for plain offload, which has nowhere else to put a miss; auto computes them all on
-    the CPU there (it runs as "cpu"), as llama.cpp's --n-cpu-moe does."""
+    """Only for plain offload, whose every miss would cross PCIe at ~0% hits; auto streams its
+    misses through such a cache beside the CPU, and below one layer's top-k computes them all on
+    the CPU (it runs as "cpu"), as llama.cpp's --n-cpu-moe does."""
     banks = make_banks()
     stride = banks[1].layout.expert_stride
     with pytest.raises(CacheTooSmallError, match=r"holds 11 slots .* 3 MoE layers x top-4 = 12 slots"):
         hybrid(banks, "offload", slots=11)
     auto = build_hybrid(banks, device="cpu", vram_budget_bytes=11 * stride, mode="auto", profile=PROFILE, top_k=K,
                         prefill_buffers=0)
-    assert (auto.mode, auto.cache.num_slots, auto.guard, auto.prefill) == ("cpu", 11, None, None)
+    assert (auto.mode, auto.cache.num_slots) == ("auto", 11)
+    assert auto.guard is not None and isinstance(auto.prefill, CachePrefill)  # a prompt streams through the slots
+    auto = build_hybrid(banks, device="cpu", vram_budget_bytes=(K - 1) * stride, mode="auto", profile=PROFILE,
+                        top_k=K, prefill_buffers=0)
+    assert (auto.mode, auto.cache.num_slots, auto.guard, auto.prefill) == ("cpu", K - 1, None, None)
     assert hybrid(banks, "auto", slots=12).mode == "auto"  # one token's experts: auto as asked
     with caplog.at_level(logging.WARNING, logger="runtime.gpu.build"):
         hybrid(banks, "offload", slots=11, force=True)
@@ -677,20 +682,29 @@ def test_a_cache_below_one_tokens_experts_is_refused_with_numbers(caplog) -> Non
 @pytest.mark.parametrize("mode", ["auto", "cpu", "static", "prefill_placement", "offload"])
 def test_a_cache_below_one_tokens_experts_runs_in_every_mode_with_the_cpu_executors_outputs(mode: str,
                                                                                            slots: int) -> None:
-    """A few slots, fewer than one token's experts (3 MoE layers x top-4 = 12): auto runs as
-    "cpu", the others as asked (offload forced), decode and prefill calls alike, with the CPU
-    executor's outputs; whatever a slot holds is computed from it."""
+    """A few slots, fewer than one token's experts (3 MoE layers x top-4 = 12): auto streams
+    misses through them from one layer's top-k up (below, it runs as "cpu"), the others run as
+    asked (offload forced), decode and prefill calls alike, with the CPU executor's outputs;
+    whatever a slot holds is computed from it."""
     banks = make_banks()
     reference = CPUExpertExecutor(banks, torch.float32)
-    ex = hybrid(banks, mode, slots=slots, force=mode == "offload", prefill_min_tokens=8)
-    assert ex.mode == ("cpu" if mode == "auto" else mode) and ex.cache.num_slots == slots
+    # (auto without its guard, whose trial of plain offload would hide the split)
+    options = {"auto_guard": False} if mode == "auto" else {}
+    ex = hybrid(banks, mode, slots=slots, force=mode == "offload", prefill_min_tokens=8, **options)
+    streams = mode == "auto" and slots >= K
+    assert ex.mode == ("cpu" if mode == "auto" and not streams else mode) and ex.cache.num_slots == slots
     gen = torch.Generator().manual_seed(6)
     for num_tokens in (1, 12, 1, 3, 1):
         for layer in LAYERS:
             x, (ids, weights) = torch.randn(num_tokens, H, generator=gen), routing(num_tokens, gen)
             assert_close(ex(layer, x, ids, weights), reference(layer, x, ids, weights))
     s = ex.stats()
-    assert s.pcie_experts > 0 if mode == "offload" else (s.cpu_experts > 0 and s.pcie_experts == 0)
+    if mode == "offload":
+        assert s.pcie_experts > 0
+    elif streams:  # the split: some misses over PCIe through the slots, the rest on the CPU
+        assert s.pcie_experts > 0 and s.cpu_experts > 0 and s.prefill_calls > 0
+    else:
+        assert s.cpu_experts > 0 and s.pcie_experts == 0
     ex.close()
 
 
@@ -1076,8 +1090,9 @@ def test_a_load_holds_the_slots_and_prefill_buffers_its_plan_says(tiny_store) ->
 
 def test_a_plan_below_one_tokens_experts_loads_and_answers_as_the_cpu_backend(tiny_store) -> None:
     """Where the VRAM left after dense weights, workspace and KV holds fewer slots than one token's
-    experts (down to none), the plan is a GPU run whose misses the CPU computes: mode auto loads
-    as "cpu" (no profile measured, no elastic floor), and answers as the CPU backend does."""
+    experts (down to none), the plan is still a GPU run: from one layer's top-k slots mode auto
+    streams misses through them beside the CPU (its elastic floor that top-k), below it loads as
+    "cpu" (no profile measured, no elastic floor); either answers as the CPU backend does."""
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
     from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
@@ -1097,8 +1112,12 @@ def test_a_plan_below_one_tokens_experts_loads_and_answers_as_the_cpu_backend(ti
         assert any(f"holds {slots} slots, fewer than one token's experts" in n for n in fit.notes)
         loaded = load(store, name, torch.float32, backend="gpu", device="cpu", mode="auto", fit=fit,
                       prefill_min_tokens=8)
-        assert loaded.experts.mode == "cpu" and loaded.experts.cache.num_slots == slots
-        assert loaded.experts.profile is None and loaded.experts.elastic.min_slots == 0
+        assert loaded.experts.cache.num_slots == slots
+        if slots >= footprint.num_experts_per_tok:
+            assert loaded.experts.mode == "auto" and loaded.experts.elastic.min_slots == footprint.num_experts_per_tok
+        else:
+            assert loaded.experts.mode == "cpu"
+            assert loaded.experts.profile is None and loaded.experts.elastic.min_slots == 0
         tokens, logits = greedy(loaded, 12)
         assert tokens == ref_tokens
         for ours, ref in zip(logits, ref_logits, strict=True):

@@ -153,7 +153,8 @@ def test_benchmark_cap_of_8_gib_trades_context_for_one_tokens_experts(qwen3_30b:
     slots = (left - 3 * GiB) // (9 * MiB)
     assert asked.context_length == 32768 and asked.kv_bytes == 3 * GiB and not asked.warnings
     assert asked.cache_slots == slots < 384 and asked.prefill_buffers == 0
-    assert any(f"holds {slots} slots, fewer than one token's experts" in n and "--n-cpu-moe" in n for n in asked.notes)
+    assert any(f"holds {slots} slots, fewer than one token's experts" in n and "streamed through its slots" in n
+               for n in asked.notes)
     short = plan(qwen3_30b, DESKTOP_5090, PlanOverrides(vram_budget_bytes=8 * GiB, num_ctx=4096))
     # room to lend one prefill buffer (128 slots) beside one token's experts, not two
     assert short.context_length == 4096 and short.prefill_buffers == 1
@@ -241,7 +242,8 @@ def glm5_fp8() -> ModelFootprint:
 
 
 def test_glm5_on_a_5090_cannot_hold_one_tokens_experts() -> None:
-    """Its cache below one token's experts is still a plan, on the GPU: the misses are the CPU's."""
+    """Its cache below one token's experts is still a plan, on the GPU: the misses are split
+    between PCIe, through its slots, and the CPU."""
     fp = glm5_fp8()
     with pytest.raises(FitError, match="RAM: needs"):  # 675 GiB of experts in 64 GiB
         plan(fp, DESKTOP_5090, PlanOverrides())
@@ -252,7 +254,7 @@ def test_glm5_on_a_5090_cannot_hold_one_tokens_experts() -> None:
     assert p.fits and p.context_length == MIN_CONTEXT_TOKENS  # KV squeezed to the floor, cache still short
     assert p.cache_slots == (left - MIN_CONTEXT_TOKENS * GLM5_KV) // GLM5_STRIDE == 321
     assert any("holds 321 slots, fewer than one token's experts (75 MoE layers x top-8 = 600 slots of 36.0 MiB): "
-               "misses, and long prompts' experts, are computed on the CPU, as llama.cpp's --n-cpu-moe does" in n
+               "each layer's misses are split between PCIe, streamed through its slots, and the CPU" in n
                for n in p.notes) and not p.warnings
     assert plan(fp, WORKSTATION_5090, PlanOverrides(device="gpu")) == p
 
@@ -376,11 +378,12 @@ def qwen3_16() -> ModelFootprint:
     return ModelFootprint.from_checkpoint(QWEN3_16, tensors, name="qwen3-16")
 
 
-def test_at_llama_cpps_smallest_footprint_the_gpu_runs_with_every_expert_on_the_cpu(qwen3_16: ModelFootprint) -> None:
+def test_at_llama_cpps_smallest_footprint_the_gpu_runs_with_every_expert_in_ram(qwen3_16: ModelFootprint) -> None:
     """llama.cpp -ngl 99 -ncmoe 16 (every expert in host RAM) peaked at 2,375 MiB for the whole
     process; ft refused it ("2.4 GiB of dense weights, workspace and KV before one cache slot", and
     under --device gpu the cache's floor of 128 slots). With the token embeddings in RAM, and a
-    cache below one token's experts planned (its misses the CPU's), it plans the GPU there."""
+    cache below one token's experts planned (its misses streamed through it beside the CPU), it
+    plans the GPU there."""
     assert qwen3_16.dense_bytes - qwen3_16.embedding_bytes == QWEN3_16_GPU_DENSE and qwen3_16.min_cache_slots == 128
     for device in ("auto", "gpu"):
         p = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=2375 * MiB, num_ctx=4096, device=device))
@@ -389,7 +392,7 @@ def test_at_llama_cpps_smallest_footprint_the_gpu_runs_with_every_expert_on_the_
         assert p.cache_slots == slots and 0 < slots < 128
         assert p.ram_needed_bytes == 16 * 128 * 9 * MiB + QWEN3_30B_EMBED + RAM_RESERVE_BYTES
         assert any(f"holds {slots} slots, fewer than one token's experts (16 MoE layers x top-8 = 128 slots" in n
-                   and "--n-cpu-moe" in n for n in p.notes) and not p.warnings
+                   and "streamed through its slots" in n for n in p.notes) and not p.warnings
     bare = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=QWEN3_16_FIXED + 4096 * QWEN3_16_KV, num_ctx=4096))
     assert bare.device == "gpu" and bare.fits and bare.cache_slots == 0  # not one slot: every expert on the CPU
 

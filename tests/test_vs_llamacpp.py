@@ -63,6 +63,10 @@ def test_ft_side_measures_random_ids_on_the_cpu(pulled: tuple[Path, str]) -> Non
     assert kinds == [("prompt", "random", 32), ("prompt", "random", 128), ("decode", "random", 8)]  # 4096 > num_ctx
     assert all(len(m.samples) == 2 and m.tok_s > 0 for m in measured)
     assert info["context"] == 512
+    # the long prompts' run decodes nothing: no decode row (it had one of 0 tok/s)
+    measured, _ = measure(FtRun(store=store, model=name, device="cpu", vram_mib=None, threads=1, num_ctx=512,
+                                prompt_lengths=[64], decode_tokens=0, decode_prompt=1, reps=1))
+    assert [(m.kind, m.tokens) for m in measured] == [("prompt", 64)]
 
 
 def test_trace_routing_replays_the_trace_at_the_device_position() -> None:
@@ -137,6 +141,12 @@ def test_report_pairs_ft_with_llamacpp_and_checks_the_targets(tmp_path: Path) ->
     assert "2.50x" in text and "2,375 / 2,370" in text
     md = report.table(back, markdown=True).splitlines()
     assert md[0].startswith("| shape |") and len(md) == 2 + 4
+
+
+def test_a_measurement_of_nothing_has_no_spread() -> None:
+    """Repetitions that all measured 0 tok/s (a run that failed its decode) are no division by 0."""
+    row = _row("ft", 16, 0.0, samples=[0.0, 0.0])
+    assert row.spread == 0.0 and report.summary([row])["unsteady"] == []
 
 
 def test_merge_replaces_a_measurement_of_the_same_key() -> None:

@@ -178,7 +178,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
         if length >= run.num_ctx:
             continue
         samples = []
-        for _ in range(run.reps):
+        for rep in range(-1, run.reps):  # -1: unmeasured, as llama-bench warms up every test (a new length's kernels)
             session.reset()
             ids = torch.tensor(_random_ids(length, vocab, gen))
             if experts is not None:
@@ -187,11 +187,12 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
             start = time.perf_counter()
             model.forward(ids, session.state, last_only=True)
             _sync(device)
-            samples.append(length / (time.perf_counter() - start))
+            if rep >= 0:
+                samples.append(length / (time.perf_counter() - start))
         out.append(Measured("prompt", "random", length, statistics.median(samples), samples, stats()))
         note_memory(f"prompt {length}")
-    views = [("random", None)]
-    if run.trace is not None and experts is not None and hasattr(model, "_position"):
+    views = [("random", None)] if run.decode_tokens > 0 else []  # (a long prompts' run decodes nothing)
+    if views and run.trace is not None and experts is not None and hasattr(model, "_position"):
         views.append(("trace", run.trace))
     for view, trace in views:
         wrapped = _route_by_trace(model, trace, loaded.config, device) if trace else None

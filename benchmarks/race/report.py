@@ -47,11 +47,11 @@ class Row:
 
     @property
     def spread(self) -> float:
-        """(max - min) / median of the repetitions (0 with one)."""
+        """(max - min) / median of the repetitions (0 with one, or with nothing measured)."""
         if len(self.samples) < 2:
             return 0.0
         s = sorted(self.samples)
-        return (s[-1] - s[0]) / s[len(s) // 2]
+        return (s[-1] - s[0]) / s[len(s) // 2] if s[len(s) // 2] > 0 else 0.0
 
 
 def load(path: Path) -> list[Row]:

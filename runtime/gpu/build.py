@@ -1,9 +1,11 @@
 """Putting the hybrid runtime together: cache size from a budget or a plan, the capacity check,
 pinned banks, the executor; and a whole registered model on the device (`load_gpu`).
 
-A cache below one token's experts (MoE layers x top-k slots) runs: "auto" then computes every
-miss on the CPU (`serving_mode`), as llama.cpp's --n-cpu-moe does; only "offload", which has no
-other place for a miss, is refused."""
+A cache below one token's experts (MoE layers x top-k slots) runs: it keeps too little for decode
+to reuse, so "auto" streams through it (`serving_mode`): each layer's PCIe share of its misses is
+filled into LRU victims and computed there while the CPU computes the rest, the split by measured
+rates, and a long prompt's experts stream through it too. Only "offload", whose every miss would
+cross PCIe at a few percent hits, is refused; below one layer's top-k slots auto runs as "cpu"."""
 
 from __future__ import annotations
 
@@ -37,40 +39,55 @@ from .prefill import StreamingPrefill
 
 log = logging.getLogger(__name__)
 
-LRU_MODES = ("auto", "offload")
-
-
 class CacheTooSmallError(ValueError):
     """The expert cache cannot hold one token's experts, so a global LRU would thrash."""
 
 
 def serving_mode(mode: str, num_slots: int, *, num_moe_layers: int, top_k: int) -> str:
-    """The mode an executor of `num_slots` runs in: "auto" below one token's experts runs as "cpu"
-    (every miss computed on the CPU, straight from the host bank): a global LRU that small
-    thrashes to ~0% hits, and auto's PCIe-only arm (plain offload, auto_guard.py) would fill
-    slots the next layer evicts. The others run as asked."""
-    need = num_moe_layers * top_k
-    if mode != "auto" or num_slots >= need:
+    """The mode an executor of `num_slots` runs in. "auto" runs as asked down to one layer's top-k
+    slots: below one token's experts (MoE layers x top-k) its global LRU keeps next to nothing
+    for the next token, so the slots serve as staging, each layer's PCIe share of the misses
+    streamed through LRU victims (never a slot the layer needs) beside the CPU's share, as many
+    as the split's measured rates say (at ~0% hits no miss earns a later hit, so that is the
+    plain rate split). Below top-k slots a layer's share cannot be staged: "auto" runs as "cpu"
+    (every miss computed on the CPU, straight from the host bank, as llama.cpp's --n-cpu-moe
+    does). The others run as asked."""
+    if mode != "auto" or num_slots >= top_k:
+        if mode == "auto" and num_slots < num_moe_layers * top_k:
+            log.info("the expert cache holds %d slots, fewer than one token's experts (%d MoE layers x top-%d): "
+                     "each layer's PCIe share of its misses streams through them beside the CPU's", num_slots,
+                     num_moe_layers, top_k)
         return mode
-    log.info("the expert cache holds %d slots, fewer than one token's experts (%d MoE layers x top-%d = %d): "
-             "mode auto computes every miss on the CPU", num_slots, num_moe_layers, top_k, need)
+    log.info("the expert cache holds %d slots, fewer than one layer's top-%d: mode auto computes every miss on "
+             "the CPU", num_slots, top_k)
     return "cpu"
+
+
+def floor_slots(mode: str, *, num_moe_layers: int, top_k: int) -> int:
+    """The fewest slots an executor in `mode` runs well on, the elastic governor's floor: none for
+    "cpu" (no cache used); one layer's top-k for "auto", which streams its misses through a smaller
+    cache than one token's experts (`serving_mode`); one token's experts for the others, whose
+    global LRU thrashes below it."""
+    if mode == "cpu":
+        return 0
+    return top_k if mode == "auto" else num_moe_layers * top_k
 
 
 def check_cache_capacity(num_slots: int, *, num_moe_layers: int, top_k: int, slot_bytes: int, mode: str,
                          force: bool = False) -> str | None:
     """Below num_moe_layers x top_k slots a global LRU evicts what the next layer needs and hits
-    fall to ~0%: refused for the LRU modes (unless `force`; "auto" runs as "cpu" there first,
-    `serving_mode`), a warning for the others but "cpu". Returns the message when short."""
+    fall to ~0%: refused for "offload" (unless `force`; "auto" streams through it,
+    `serving_mode`), a warning for the others but "cpu" and "auto". Returns the message when short."""
     need = num_moe_layers * top_k
-    if num_slots >= need or mode == "cpu":
+    if num_slots >= need or mode in ("cpu", "auto"):  # auto streams through a smaller cache (serving_mode)
         return None
     message = (f"the expert cache holds {num_slots} slots ({size(num_slots * slot_bytes)}), fewer than one token's "
                f"experts: {num_moe_layers} MoE layers x top-{top_k} = {need} slots ({size(need * slot_bytes)}); a global "
                f"LRU below that evicts what the next layer needs and hits fall to ~0%")
-    if mode in LRU_MODES and not force:
+    if mode == "offload" and not force:
         raise CacheTooSmallError(f"{message}. Give it {size((need - num_slots) * slot_bytes)} more VRAM (or a "
-                                 f"smaller context), run mode 'auto' or 'cpu' (the CPU computes the misses), or force "
+                                 f"smaller context), run mode 'auto' (misses split between PCIe and the CPU) or 'cpu' "
+                                 f"(the CPU computes them), or force "
                                  f"mode {mode!r}")
     log.warning("%s", message)
     return message
@@ -149,7 +166,8 @@ def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit:
     budget = fit.vram_budget_bytes if fit is not None else vram_budget_bytes
     if budget is None:
         budget = cache.num_slots * cache.slot_bytes
-    min_slots = 0 if executor.mode == "cpu" else footprint.num_moe_layers * footprint.num_experts_per_tok
+    min_slots = floor_slots(executor.mode, num_moe_layers=footprint.num_moe_layers,
+                            top_k=footprint.num_experts_per_tok)
     probe = cuda_probe(executor.device) if executor.device.type == "cuda" else None
     # what the budget holds beside the cache: the plan's dense weights, KV and workspace (the
     # plan's cache may be capped at every expert, so the budget less the cache would count unused
@@ -160,9 +178,10 @@ def governor_for(executor: HybridExpertExecutor, footprint: ModelFootprint, fit:
     prefill = executor.prefill
     lent = bank_slots(executor.banks, cache.slot_bytes) * prefill.streamer.num_buffers \
         if isinstance(prefill, StreamingPrefill) else 0
+    floor = "one layer's top-k experts" if executor.mode == "auto" else "one token's experts"
     return VramGovernor(slot_bytes=cache.slot_bytes, budget_bytes=budget, cache_slots=cache.num_slots,
                         min_slots=min_slots, other_bytes=other, max_slots=footprint.num_expert_records + lent,
-                        probe=probe)
+                        probe=probe, floor_name=floor)
 
 
 def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.device | str = "cuda",

@@ -13,8 +13,10 @@ without reloading any weight (HybridExpertExecutor.resize keeps the most recent 
   a step: shrinking moves memory from held to free and leaves it unchanged, so it does not
   ratchet down. Small growth steps wait until they are worth a rebuild.
 
-The floor is one token's experts (MoE layers x top-k slots: below it a global LRU thrashes): the
-governor never goes under it, and says so with the numbers when the device would need it to.
+The floor is the fewest slots the executor's mode runs well on (build.floor_slots: one token's
+experts, MoE layers x top-k, below which a global LRU thrashes; one layer's top-k for "auto",
+which streams its misses through fewer): the governor never goes under it, and says so with the
+numbers when the device would need it to.
 This module is policy only (sizes in slots, from numbers it is given); `probe` is injectable.
 """
 
@@ -49,8 +51,9 @@ class VramGovernor:
     def __init__(self, *, slot_bytes: int, budget_bytes: int, cache_slots: int, min_slots: int,
                  other_bytes: int | None = None, max_slots: int | None = None,
                  probe: Probe | None = None, margin_bytes: int = 0, check_every_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, floor_name: str = "one token's experts") -> None:
         self.slot_bytes, self.min_slots = slot_bytes, min_slots
+        self.floor_name = floor_name  # what min_slots is, in the messages
         self.max_slots = max_slots  # every expert of the model: more slots would stay empty
         # what the budget holds besides the cache (dense weights, KV, workspace): fixed while loaded.
         # Given by the plan; else what the budget leaves beside the cache (right when the cache fills it)
@@ -81,7 +84,7 @@ class VramGovernor:
         if slots < self.min_slots:
             need = self.other_bytes + self.min_slots * self.slot_bytes
             raise ValueError(f"a VRAM budget of {size(budget_bytes)} leaves {max(slots, 0)} expert slots, fewer "
-                             f"than one token's experts ({self.min_slots} slots of {size(self.slot_bytes)}); "
+                             f"than {self.floor_name} ({self.min_slots} slots of {size(self.slot_bytes)}); "
                              f"give at least {size(need)}")
         slots = self._capped(slots)
         with self._lock:
@@ -108,10 +111,10 @@ class VramGovernor:
         fits = (available - self.margin_bytes - self.other_bytes) // self.slot_bytes
         target = min(wanted, fits)
         if target < self.min_slots:
-            keep = min(current, self.min_slots)  # not below one token's experts, and never grown here
+            keep = min(current, self.min_slots)  # not below the floor, and never grown here
             log.warning("%s of VRAM is left to this process (%s free), too little for its dense weights, KV and "
-                        "one token's experts; the expert cache stays at %d slots: other programs on this GPU may "
-                        "run out of memory", size(available), size(free), keep)
+                        "%s; the expert cache stays at %d slots: other programs on this GPU may run out of memory",
+                        size(available), size(free), self.floor_name, keep)
             return keep
         if current < target < wanted and target - current < max(1, current // 32):
             return current  # a small step up: not worth a rebuild yet

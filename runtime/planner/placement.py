@@ -123,7 +123,7 @@ class Plan:
             if self.cache_slots > self.num_expert_records:
                 cache += f" and {self.cache_slots - self.num_expert_records} slots to lend to a prompt's banks"
             if self.cache_slots < self.min_cache_slots:
-                cache += f", under one token's {self.min_cache_slots}: the CPU computes the misses"
+                cache += f", under one token's {self.min_cache_slots}: misses stream through it or run on the CPU"
         context = f"{self.context_length} tokens (model {self.model_context_length or '?'}"
         if self.max_kv_tokens is not None and self.context_length < self.max_kv_tokens < self.model_context_length:
             context += f", up to {self.max_kv_tokens} fit"  # how far --num-ctx can go

@@ -11,7 +11,8 @@ dense weights, the KV cache and an activation workspace go on the GPU, and all V
 expert cache of fixed slots (one FTW expert record each) shared by every MoE layer. VRAM is claimed
 in that order: dense + workspace, KV for the context, then the cache takes the rest; more cache is
 bought with a smaller --num-ctx. A cache below one token's experts is still a plan: its misses are
-computed on the CPU, as llama.cpp's --n-cpu-moe computes every expert there. Without a GPU, or
+split between PCIe, streamed through its slots, and the CPU (below one layer's top-k, all the
+CPU's, as llama.cpp's --n-cpu-moe computes every expert there). Without a GPU, or
 when the dense weights do not fit in VRAM, everything lives in RAM and runs on the CPU.
 
 The context: a num_ctx the user gave (`PlanOverrides.num_ctx`) is planned exactly, or refused with
@@ -263,17 +264,23 @@ def lent_prefill_buffers(slots: int, bank_slots: int, min_cache_slots: int) -> i
 
 
 def _check_cache(fp: ModelFootprint, slots: int, log: _Log) -> None:
-    """A cache below one token's experts is a plan, not a refusal: a global LRU that small would
-    thrash to ~0% hits, so the runtime computes its misses on the CPU (mode auto runs as "cpu";
-    --mode offload refuses it), as llama.cpp's --n-cpu-moe computes every expert there."""
+    """A cache below one token's experts is a plan, not a refusal: a global LRU that small keeps
+    next to nothing for the next token, so mode auto streams each layer's PCIe share of its misses
+    through it beside the CPU's share (runtime/gpu/build.py `serving_mode`; below one layer's
+    top-k it computes them all on the CPU, as llama.cpp's --n-cpu-moe does), and a long prompt's
+    experts stream through it; --mode offload refuses it."""
     if slots >= fp.min_cache_slots:
         return
     short = (fp.min_cache_slots - slots) * fp.expert_stride_bytes
+    if slots >= fp.num_experts_per_tok:
+        how = ("each layer's misses are split between PCIe, streamed through its slots, and the CPU, and long "
+               "prompts' experts stream through it")
+    else:
+        how = "misses, and long prompts' experts, are computed on the CPU, as llama.cpp's --n-cpu-moe does"
     log.notes.append(f"the expert cache holds {slots} slots, fewer than one token's experts ({fp.num_moe_layers} MoE "
                      f"layers x top-{fp.num_experts_per_tok} = {fp.min_cache_slots} slots of "
-                     f"{size(fp.expert_stride_bytes)}): misses, and long prompts' experts, are computed on the CPU, "
-                     f"as llama.cpp's --n-cpu-moe does; {size(short)} more VRAM or a smaller --num-ctx gives it "
-                     "one token's experts")
+                     f"{size(fp.expert_stride_bytes)}): {how}; {size(short)} more VRAM or a smaller --num-ctx gives "
+                     "it one token's experts")
 
 
 def _cpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget: int, target: int, log: _Log,
