@@ -29,6 +29,7 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
     from runtime.gpu.kernels import (
         cast_out,
         expert_fill,
+        grouped_experts,
         rms_norm,
         rotary,
         route_plan,
@@ -79,6 +80,15 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
         sig = {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
                **{name: "i32" for name in ("stride_t", "stride_h", "stride_cos", "stride_out_t", "stride_out_h")}}
         out.append((f"rotary rot={rot}", rotary._rotary_kernel, sig, {"DIM": 128, "ROT": rot, "BLOCK": 128}))
+    plan = {"rows_ptr": "*i64", "starts_ptr": "*i64", "counts_ptr": "*i64"}
+    for block_m in (16, 32, 64):
+        tiles = {"HIDDEN": 2048, "INTER": 768, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64, "UPCAST": False}
+        sig = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*bf16", "stride_row": "i64", "w13_at": "i64", **plan,
+               "tokens_ptr": "*i64", "act_ptr": "*bf16", "stride_act": "i32"}
+        out.append((f"grouped_experts gate_up block_m={block_m}", grouped_experts._gate_up_kernel, sig, tiles))
+        sig = {"act_ptr": "*bf16", "stride_act": "i32", "w_ptr": "*bf16", "stride_row": "i64", "w2_at": "i64", **plan,
+               "tokens_ptr": "*i64", "pair_weight_ptr": "*fp32", "out_ptr": "*fp32", "stride_out": "i32"}
+        out.append((f"grouped_experts down block_m={block_m}", grouped_experts._down_kernel, sig, tiles))
     sig = {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32", "num_experts": "i32", "stride_row": "i32"}
     out.append(("router_topk", router_topk._router_topk_kernel, sig,
                 {"K": 8, "BLOCK_E": 128, "BLOCK_K": 8, "NORMALIZE": True}))

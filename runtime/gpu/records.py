@@ -62,7 +62,7 @@ class RecordViews:
 
     def __init__(self, data: torch.Tensor, layout: ExpertBank) -> None:
         check_device_layout(layout)
-        self.layout = layout
+        self.layout, self.data = layout, data
         self.block = tuple(layout.quant.get("fp8_block", (128, 128)))
         n = data.shape[0]
         self.parts: dict[str, torch.Tensor] = {}
@@ -77,6 +77,14 @@ class RecordViews:
     def in_place(self, dtype: torch.dtype) -> bool:
         """Whether `weights` of a slice in `dtype` are views of the records (nothing copied)."""
         return "w13" in self.parts and not self.blocks and self.parts["w13"].dtype == self.parts["w2"].dtype == dtype
+
+    def float_parts(self) -> dict[str, int]:
+        """Where an in-place record's weights are, for a kernel that reads `data` itself: the byte
+        offsets of w13 [2I, H] and w2 [H, I] within a row, and H and I."""
+        parts = {p.name: p for p in self.layout.parts}
+        inter2, hidden = parts["w13"].shape
+        return {"w13_offset": parts["w13"].offset, "w2_offset": parts["w2"].offset, "hidden": hidden,
+                "inter": inter2 // 2}
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H], w2 [n, H, I]) of `rows` (a 1-d index tensor on the data's device: a
@@ -133,6 +141,8 @@ class PairPlan:
     inverse: torch.Tensor
     position: torch.Tensor
     rows: torch.Tensor
+    starts: torch.Tensor  # [n] on the device: each row's first sorted pair
+    counts: torch.Tensor  # [n] on the device: each row's pairs
     rows_host: list[int]
     counts_host: list[int]
 
@@ -150,9 +160,11 @@ class PairPlan:
         unique, counts = torch.unique_consecutive(rows, return_counts=True)
         inverse = torch.repeat_interleave(torch.arange(unique.numel(), device=rows.device), counts,
                                           output_size=rows.numel())
-        position = torch.arange(rows.numel(), device=rows.device) - (torch.cumsum(counts, 0) - counts)[inverse]
+        starts = torch.cumsum(counts, 0) - counts
+        position = torch.arange(rows.numel(), device=rows.device) - starts[inverse]
         host_rows, host_counts = torch.unique(host_ids.reshape(-1).to(torch.int64), return_counts=True)
-        return PairPlan(pairs, pairs // top_k, inverse, position, unique, host_rows.tolist(), host_counts.tolist())
+        return PairPlan(pairs, pairs // top_k, inverse, position, unique, starts, counts, host_rows.tolist(),
+                        host_counts.tolist())
 
     @staticmethod
     def build(expert_ids: torch.Tensor, row_of: torch.Tensor, upload: Callable[[torch.Tensor], torch.Tensor]) -> PairPlan | None:
@@ -170,9 +182,9 @@ class PairPlan:
         inverse = torch.repeat_interleave(torch.arange(unique.numel(), device=rows.device), counts)
         starts = torch.cumsum(counts, 0) - counts
         position = torch.arange(pairs.numel(), device=rows.device) - starts[inverse]
-        p = pairs.numel()
-        packed = upload(torch.cat([pairs, pairs // top_k, inverse, position, unique]))
-        return PairPlan(*packed[: 4 * p].view(4, p), packed[4 * p :], unique.tolist(), counts.tolist())
+        p, n = pairs.numel(), unique.numel()
+        packed = upload(torch.cat([pairs, pairs // top_k, inverse, position, unique, starts, counts]))
+        return PairPlan(*packed[: 4 * p].view(4, p), *packed[4 * p:].view(3, n), unique.tolist(), counts.tolist())
 
 
 def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan, views: RecordViews,
@@ -181,8 +193,10 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
     from its row of `views`; x, weights [T, K] and out on one device.
 
     Few distinct experts (decode): gather their weights, one batched matmul for all tokens.
-    Many (prefill): runs of record rows, each expert over its own tokens padded to the run's
-    longest group, bounded as GROUP_PAIRS_PER_ROW and COPIED_EXPERTS say.
+    Many (prefill): on CUDA, float records in the compute dtype go through two grouped-GEMM
+    launches for the whole call (kernels/grouped_experts.py); else runs of record rows, each
+    expert over its own tokens padded to the run's longest group, bounded as GROUP_PAIRS_PER_ROW
+    and COPIED_EXPERTS say.
     """
     xs = x.to(dtype)
     pair_weights = weights.reshape(-1)[plan.pairs].to(dtype)  # [P]
@@ -192,6 +206,11 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
         w13, w2 = views.weights(plan.rows, dtype)
         y = swiglu_experts(xs, w13, w2)  # [n, T, H]
         out.index_add_(0, plan.tokens, (y[plan.inverse, plan.tokens] * pair_weights[:, None]).to(out.dtype))
+        return
+    grouped = _grouped_kernel(x, views, dtype)
+    if grouped is not None:  # two launches for the whole call (kernels/grouped_experts.py)
+        grouped(xs, views.data, **views.float_parts(), rows=plan.rows, starts=plan.starts, counts=plan.counts,
+                tokens=plan.tokens, pair_weights=pair_weights.float(), max_count=max(plan.counts_host), out=out)
         return
     pair_rows = plan.rows[plan.inverse]  # [P]: each pair's record row
     max_span = CHUNK_EXPERTS if views.in_place(dtype) else COPIED_EXPERTS
@@ -213,6 +232,18 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
         out.index_add_(0, tokens, picked.to(out.dtype))
         del picked  # (not alive beside the next run's rows)
         start = end
+
+
+def _grouped_kernel(x: torch.Tensor, views: RecordViews, dtype: torch.dtype) -> Callable | None:
+    """The grouped-GEMM kernel for a many-expert call, where it applies: on CUDA with triton, over
+    float records read in place in the compute dtype. Else None (padded runs of experts, below)."""
+    if x.device.type != "cuda" or not views.in_place(dtype) or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    try:
+        from .kernels.grouped_experts import grouped_experts
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return grouped_experts
 
 
 def expert_chunks(rows: list[int], counts: list[int], max_rows: int, max_span: int) -> list[tuple[int, int]]:
