@@ -27,6 +27,7 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
     """(name, kernel, signature, constexprs) for every kernel and every constexpr branch decode takes
     on an sm_`sm` card (programmatic dependent launch from sm_90)."""
     from runtime.gpu.kernels import (
+        block_gemv,
         cast_out,
         expert_fill,
         grouped_experts,
@@ -80,6 +81,13 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
         sig = {"x_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
                **{name: "i32" for name in ("stride_t", "stride_h", "stride_cos", "stride_out_t", "stride_out_h")}}
         out.append((f"rotary rot={rot}", rotary._rotary_kernel, sig, {"DIM": 128, "ROT": rot, "BLOCK": 128}))
+    for kind, code in block_gemv.KINDS.items():
+        for source in ("*bf16", "*fp32"):
+            sig = {"in_ptr": source, "stride_in": "i32", "index_ptr": "*i32", "slots_ptr": "*u8", "stride_slot": "i64",
+                   "part_offset": "i64", "slot_of_ptr": "*i32", "out_ptr": "*fp32", "stride_out": "i32"}
+            out.append((f"block_gemv {kind} {source[1:]}", block_gemv._block_gemv_kernel, sig,
+                        {"ROWS": 1536, "COLS": 2048, "KIND": code, "SB_BYTES": block_gemv.SUPER_BLOCK_BYTES[code],
+                         "BLOCK_R": 16}))
     plan = {"rows_ptr": "*i64", "starts_ptr": "*i64", "counts_ptr": "*i64"}
     for block_m in (16, 32, 64):
         tiles = {"HIDDEN": 2048, "INTER": 768, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64, "UPCAST": False}

@@ -4,8 +4,10 @@ no host sync.
 
 Pairs are all T*K of the call; those the plan left to the CPU carry slot -1 and count nothing.
 bf16/f16 records on CUDA go through the Triton kernel that reads the slots in place
-(kernels/slot_experts.py); other dtypes (FP8 with block scales) and the CPU gather the used
-slots' weights and run one batched matmul (records.RecordViews).
+(kernels/slot_experts.py); GGUF records of Q4_K, Q5_K, Q6_K and Q8_0 parts through the block
+kernel that dequantizes them in registers where they lie (kernels/block_gemv.py: gate|up, the
+activation, down, three or four launches); other dtypes (FP8 with block scales, the other GGML
+types) and the CPU gather the used slots' weights and run one batched matmul (records.RecordViews).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ftw import ExpertBank
 
@@ -29,6 +32,17 @@ def _kernel():
     except ImportError:  # pragma: no cover - depends on the install
         return None
     return slot_experts
+
+
+@functools.cache
+def _block_kernel():
+    """kernels/block_gemv.py (None without triton), imported on first CUDA use of a GGUF layout."""
+    try:
+        from .kernels import block_gemv
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return block_gemv
+
 
 _IN_PLACE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -53,6 +67,49 @@ def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:
     if set(names) != {"w13", "w2"} or names["w13"] != names["w2"]:
         return None
     return _IN_PLACE_DTYPES.get(names["w13"])
+
+
+def block_parts(layout: ExpertBank, kinds) -> dict | None:
+    """The layout's weight parts by name where the block kernel reads them all (`kinds`, its GGML
+    types; every part's rows a whole number of 256-value super-blocks): w13, or w1 and w3 (gate
+    and up stored apart), and w2. Else None."""
+    parts = {p.name: p for p in layout.parts}
+    names = {"w13", "w2"} if "w13" in parts else {"w1", "w3", "w2"}
+    if set(parts) != names or any(p.dtype not in kinds or p.shape[-1] % 256 for p in parts.values()):
+        return None
+    return parts
+
+
+def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
+                       slots: torch.Tensor, parts: dict, compute_dtype: torch.dtype, out: torch.Tensor,
+                       gemv) -> None:
+    """out += each device pair's weight x its expert(x[token]), the GGUF parts (`block_parts`)
+    read in place from the slots by `gemv` (kernels/block_gemv.block_gemv, or a twin); pairs with
+    slot -1 add zeros."""
+    index = _pair_index(slot.numel(), slot.device)
+
+    def rows_times(name: str, inputs: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+        part = parts[name]
+        return gemv(inputs, by, slots, slot, part_offset=part.offset, kind=part.dtype, rows=part.shape[0],
+                    cols=part.shape[1])
+
+    xs = x.to(compute_dtype)
+    if "w13" in parts:
+        gate, up = rows_times("w13", xs, token).chunk(2, dim=1)
+    else:
+        gate, up = rows_times("w1", xs, token), rows_times("w3", xs, token)
+    act = F.silu(gate) * up  # float32 [P, I]
+    out.index_add_(0, token.long(), rows_times("w2", act, index) * weight.float()[:, None])
+
+
+_PAIR_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _pair_index(num_pairs: int, device: torch.device) -> torch.Tensor:
+    index = _PAIR_INDEX.get((num_pairs, device))
+    if index is None:
+        index = _PAIR_INDEX[num_pairs, device] = torch.arange(num_pairs, dtype=torch.int32, device=device)
+    return index
 
 
 def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
@@ -87,8 +144,13 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
                      fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None,
                      zero_out=zero_out)
         return
+    block = _block_kernel() if x.is_cuda and dtype is None else None
+    parts = block_parts(layout, block.KINDS) if block is not None else None
     if zero_out:
         out.zero_()
+    if parts is not None:
+        block_slot_experts(x, token, slot, weight, slots, parts, compute_dtype, out, block.block_gemv)
+        return
     on_device = slot >= 0
     w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
     y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2)[:, 0]  # [P, H]

@@ -1,0 +1,124 @@
+"""Triton kernel: rows of GGML block-quant weights times a vector, read in place from expert-cache
+slots and dequantized in registers (a GGUF model's decode experts: Q4_K_M's Q4_K and Q6_K, Q5_K_M's
+Q5_K, Q8_0).
+
+`block_gemv` computes, for every pair p whose slot is not -1,
+
+    out[p, r] = sum_c W_p[r, c] * inputs[index[p], c]      (r < rows, c < cols)
+
+where W_p is the weight part at `part_offset` of the record in slot p's slot: `rows` GGML rows of
+`cols` values, each row cols / 256 super-blocks of `block_bytes` (Q8_0: eight of its 32-value
+blocks). Grid (pairs, rows / BLOCK_R): a program walks its rows' super-blocks, dequantizes a
+[BLOCK_R, 256] tile from the bytes as gguf-py does (each sub-block's scale d x sc and min
+dmin x m in float32, then d x q - dm; `ggml_blocks.py` is the torch form the tests hold it to),
+and adds its products with the input's 256 values in float32. A pair the route plan left to the
+CPU (slot -1) stores zeros. No weight is copied or widened in memory: a Q4_K record is read as its
+2.7 MB, where the gather path dequantized it into a 9.4 MB bf16 copy first.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+Q4_K, Q5_K, Q6_K, Q8_0 = 0, 1, 2, 3
+KINDS = {"q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K, "q8_0": Q8_0}
+SUPER_BLOCK_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210, Q8_0: 8 * 34}  # bytes of 256 values
+
+
+@triton.jit
+def _f16_at(ptr):
+    """The little-endian float16 at byte `ptr`, as float32."""
+    lo = tl.load(ptr).to(tl.uint16)
+    hi = tl.load(ptr + 1).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _scale_min_k4(head, j):
+    """Q4_K's and Q5_K's 6-bit scale and min of sub-block j (0..7), from the 12 bytes at head + 4."""
+    qa = tl.load(head + 4 + j).to(tl.int32)  # q[j]
+    qb = tl.load(head + 8 + j).to(tl.int32)  # q[j + 4]
+    qc = tl.load(head + 4 + (j % 4)).to(tl.int32)  # q[j - 4] where j >= 4
+    low = j < 4
+    sc = tl.where(low, qa & 63, (qb & 0xF) | ((qc >> 6) << 4))
+    mn = tl.where(low, qb & 63, (qb >> 4) | ((qa >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _dequant(blk, v, KIND: tl.constexpr):
+    """Super-block at byte pointers `blk` [R, 1] -> its values at positions `v` [256] as float32 [R, 256]."""
+    if KIND == 3:  # Q8_0: eight 34-byte blocks, an fp16 scale then 32 int8
+        at = blk + (v // 32)[None, :] * 34
+        q = tl.load(at + 2 + (v % 32)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        return q * _f16_at(at)
+    if KIND == 2:  # Q6_K: ql[128], qh[64], int8 scales[16], d
+        half, r = v // 128, v % 128
+        ql = tl.load(blk + (half * 64 + r % 64)[None, :]).to(tl.int32)
+        ql = (ql >> (4 * (r // 64))[None, :]) & 0xF
+        qh = tl.load(blk + (128 + half * 32 + r % 32)[None, :]).to(tl.int32)
+        qh = (qh >> (2 * (r // 32))[None, :]) & 3
+        sc = tl.load(blk + (192 + v // 16)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        return (_f16_at(blk + 208) * sc) * ((ql | (qh << 4)) - 32).to(tl.float32)
+    j = v // 32  # Q4_K, Q5_K: d, dmin, 12 bytes of scales and mins, (Q5_K: qh[32],) qs[128]
+    sc, mn = _scale_min_k4(blk, j[None, :])
+    d = _f16_at(blk) * sc
+    dm = _f16_at(blk + 2) * mn
+    w = v % 64
+    qs_at: tl.constexpr = 16 if KIND == 0 else 48
+    q = tl.load(blk + (qs_at + (v // 64) * 32 + w % 32)[None, :]).to(tl.int32)
+    q = (q >> (4 * (w // 32))[None, :]) & 0xF
+    if KIND == 1:
+        qh = tl.load(blk + (16 + v % 32)[None, :]).to(tl.int32)
+        q = q | (((qh >> j[None, :]) & 1) << 4)
+    return d * q.to(tl.float32) - dm
+
+
+@triton.jit
+def _block_gemv_kernel(in_ptr, stride_in, index_ptr, slots_ptr, stride_slot, part_offset, slot_of_ptr, out_ptr,
+                       stride_out, ROWS: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr,
+                       SB_BYTES: tl.constexpr, BLOCK_R: tl.constexpr):
+    p = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = rows < ROWS
+    slot = tl.load(slot_of_ptr + p)
+    if slot < 0:
+        tl.store(out_ptr + p * stride_out + rows, tl.zeros((BLOCK_R,), dtype=tl.float32), mask=mask_r)
+        return
+    src = in_ptr + tl.load(index_ptr + p).to(tl.int64) * stride_in
+    row_bytes: tl.constexpr = COLS // 256 * SB_BYTES
+    safe_rows = tl.where(mask_r, rows, 0).to(tl.int64)  # (masked rows read row 0: a record's own bytes)
+    base = slots_ptr + slot.to(tl.int64) * stride_slot + part_offset + safe_rows[:, None] * row_bytes
+    v = tl.arange(0, 256)
+    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for b in range(0, COLS // 256):
+        xs = tl.load(src + b * 256 + v).to(tl.float32)
+        acc += tl.sum(_dequant(base + b * SB_BYTES, v, KIND) * xs[None, :], axis=1)
+    tl.store(out_ptr + p * stride_out + rows, acc, mask=mask_r)
+
+
+def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, slot_of: torch.Tensor, *,
+               part_offset: int, kind: str, rows: int, cols: int) -> torch.Tensor:
+    """float32 [P, rows]: pair p's weight part (`kind` blocks at `part_offset` of slot slot_of[p]'s
+    record) times inputs[index[p]] (inputs [N, cols], any float dtype); zeros where slot_of[p] < 0.
+    `index` and `slot_of` int32 [P] on the slots' device."""
+    if kind not in KINDS:
+        raise ValueError(f"block_gemv reads {', '.join(sorted(KINDS))}, not {kind}")
+    code = KINDS[kind]
+    if cols % 256 or inputs.dim() != 2 or inputs.shape[1] != cols or inputs.stride(1) != 1:
+        raise ValueError(f"block_gemv: inputs are [N, {cols}] with cols a multiple of 256, not {list(inputs.shape)}")
+    if slots.dtype != torch.uint8 or slots.dim() != 2 or slots.stride(1) != 1 \
+            or part_offset + rows * cols // 256 * SUPER_BLOCK_BYTES[code] > slots.shape[1]:
+        raise ValueError(f"block_gemv: the {kind} part at byte {part_offset} ({rows} x {cols}) does not fit a "
+                         f"{slots.shape[1]}-byte slot")
+    pairs = slot_of.numel()
+    out = torch.empty(pairs, rows, dtype=torch.float32, device=slots.device)
+    if pairs == 0:
+        return out
+    block_r = 16
+    _block_gemv_kernel[(pairs, triton.cdiv(rows, block_r))](
+        inputs, inputs.stride(0), index, slots, slots.stride(0), part_offset, slot_of, out, out.stride(0),
+        ROWS=rows, COLS=cols, KIND=code, SB_BYTES=SUPER_BLOCK_BYTES[code], BLOCK_R=block_r, num_warps=4)
+    return out
