@@ -212,7 +212,27 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
             wrapped()
     info = {"load_s": round(load_s, 2), "context": session.context_length, "mode": run.mode,
             "cache_slots": experts.cache.num_slots if experts is not None else 0, "memory": memory}
+    info.update(_split_info(experts, loaded.config.num_experts_per_tok))
     return out, info
+
+
+def _split_info(experts: Any, top_k: int) -> dict[str, Any]:
+    """What decides a decode call's split, for reading a rate: the mode the executor runs in, the
+    measured profile it prices the split with, and its PCIe count for each number of misses of one
+    token's layer (the split table at the hit rate the run ended at)."""
+    if experts is None or not hasattr(experts, "splits"):
+        return {}
+    info: dict[str, Any] = {"serving_mode": experts.mode}
+    profile = getattr(experts, "profile", None)
+    if profile is not None:
+        info["profile"] = {k: getattr(profile, k) for k in ("pcie_gbps", "cpu_gbps", "pcie_fixed_ms", "cpu_fixed_ms",
+                                                             "pcie_alone_gbps", "cpu_alone_gbps", "cpu_threads")}
+    split = experts.splits.split
+    if split is not None:
+        stride = max(b.layout.expert_stride for b in experts.banks.values())
+        info["pcie_of_misses"] = [max(0, min(m, split(m, stride))) for m in range(top_k + 1)]
+        info["hit_rate_priced"] = round(experts.splits.hit_rate.value, 3)
+    return info
 
 
 def _route_by_trace(model: Any, trace: Path, config: Any, device: torch.device):
