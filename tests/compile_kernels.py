@@ -30,6 +30,7 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
         block_gemv,
         cast_out,
         expert_fill,
+        fp8_gemv,
         grouped_experts,
         rms_norm,
         rotary,
@@ -88,6 +89,12 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
             out.append((f"block_gemv {kind} {source[1:]}", block_gemv._block_gemv_kernel, sig,
                         {"ROWS": 1536, "COLS": 2048, "KIND": code, "SB_BYTES": block_gemv.SUPER_BLOCK_BYTES[code],
                          "BLOCK_R": 16}))
+    for kind, code in fp8_gemv.KINDS.items():
+        sig = {"in_ptr": "*bf16", "stride_in": "i32", "index_ptr": "*i32", "slots_ptr": "*u8", "stride_slot": "i64",
+               "part_offset": "i64", "scale_offset": "i64", "slot_of_ptr": "*i32", "out_ptr": "*fp32",
+               "stride_out": "i32"}
+        out.append((f"fp8_gemv {kind}", fp8_gemv._fp8_gemv_kernel, sig,
+                    {"ROWS": 1536, "COLS": 7168, "SCALE_ROWS": 128, "SCALE_COLS": 128, "KIND": code, "BLOCK_R": 16}))
     plan = {"rows_ptr": "*i64", "starts_ptr": "*i64", "counts_ptr": "*i64"}
     for block_m in (16, 32, 64):
         tiles = {"HIDDEN": 2048, "INTER": 768, "BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64, "UPCAST": False}

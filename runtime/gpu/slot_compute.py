@@ -4,10 +4,11 @@ no host sync.
 
 Pairs are all T*K of the call; those the plan left to the CPU carry slot -1 and count nothing.
 bf16/f16 records on CUDA go through the Triton kernel that reads the slots in place
-(kernels/slot_experts.py); GGUF records of Q4_K, Q5_K, Q6_K and Q8_0 parts through the block
-kernel that dequantizes them in registers where they lie (kernels/block_gemv.py: gate|up, the
-activation, down, three or four launches); other dtypes (FP8 with block scales, the other GGML
-types) and the CPU gather the used slots' weights and run one batched matmul (records.RecordViews).
+(kernels/slot_experts.py); GGUF records of Q4_K, Q5_K, Q6_K and Q8_0 parts, and FP8 records with
+their 128 x 128 block scales, through kernels that dequantize them in registers where they lie
+(kernels/block_gemv.py, kernels/fp8_gemv.py: gate and up, the activation, down, a few launches);
+other dtypes (the other GGML types) and the CPU gather the used slots' weights and run one batched
+matmul (records.RecordViews).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ def _block_kernel():
     except ImportError:  # pragma: no cover - depends on the install
         return None
     return block_gemv
+
+
+@functools.cache
+def _fp8_kernel():
+    """kernels/fp8_gemv.py (None without triton), imported on first CUDA use of an FP8 layout."""
+    try:
+        from .kernels import fp8_gemv
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return fp8_gemv
 
 
 _IN_PLACE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -86,20 +97,64 @@ def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
     """out += each device pair's weight x its expert(x[token]), the GGUF parts (`block_parts`)
     read in place from the slots by `gemv` (kernels/block_gemv.block_gemv, or a twin); pairs with
     slot -1 add zeros."""
-    index = _pair_index(slot.numel(), slot.device)
 
     def rows_times(name: str, inputs: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
         part = parts[name]
         return gemv(inputs, by, slots, slot, part_offset=part.offset, kind=part.dtype, rows=part.shape[0],
                     cols=part.shape[1])
 
-    xs = x.to(compute_dtype)
-    if "w13" in parts:
-        gate, up = rows_times("w13", xs, token).chunk(2, dim=1)
-    else:
-        gate, up = rows_times("w1", xs, token), rows_times("w3", xs, token)
+    def gate_up(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if "w13" in parts:
+            return rows_times("w13", xs, token).chunk(2, dim=1)
+        return rows_times("w1", xs, token), rows_times("w3", xs, token)
+
+    _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up, lambda act, index: rows_times("w2", act, index))
+
+
+FP8_PARTS = {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
+
+
+def fp8_parts(layout: ExpertBank, kinds) -> dict | None:
+    """The layout's parts by name where the FP8 kernel reads them all: w13 and w2 of one of `kinds`
+    (its FP8 types) with their float32 block scales (w1_scale, w3_scale, w2_scale). Else None."""
+    parts = {p.name: p for p in layout.parts}
+    if set(parts) != FP8_PARTS or parts["w13"].dtype not in kinds or parts["w2"].dtype != parts["w13"].dtype:
+        return None
+    if any(parts[n].dtype != "f32" for n in ("w1_scale", "w3_scale", "w2_scale")):
+        return None
+    return parts
+
+
+def fp8_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
+                     slots: torch.Tensor, parts: dict, block: tuple[int, int], compute_dtype: torch.dtype,
+                     out: torch.Tensor, gemv) -> None:
+    """out += each device pair's weight x its expert(x[token]), the FP8 parts (`fp8_parts`, scale
+    blocks of `block`) read in place from the slots by `gemv` (kernels/fp8_gemv.fp8_gemv)."""
+    w13, w2 = parts["w13"], parts["w2"]
+    inter, hidden = w13.shape[0] // 2, w13.shape[1]
+
+    def rows_times(offset: int, scale: str, rows: int, cols: int, inputs: torch.Tensor,
+                   by: torch.Tensor) -> torch.Tensor:
+        return gemv(inputs, by, slots, slot, part_offset=offset, scale_offset=parts[scale].offset, kind=w13.dtype,
+                    rows=rows, cols=cols, block=block)
+
+    def gate_up(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # w13's gate rows, then its up rows
+        return (rows_times(w13.offset, "w1_scale", inter, hidden, xs, token),
+                rows_times(w13.offset + inter * hidden, "w3_scale", inter, hidden, xs, token))
+
+    _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up,
+                  lambda act, index: rows_times(w2.offset, "w2_scale", hidden, inter, act, index))
+
+
+def _swiglu_pairs(x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype,
+                  out: torch.Tensor, gate_up, down) -> None:
+    """out += weight[p] x down_p(silu(gate_p) x up_p) for every pair p: `gate_up(x in the compute
+    dtype)` gives each pair's gate and up rows times its token (float32 [P, I] each), `down(act,
+    index)` each pair's down rows times act[index[p]]."""
+    gate, up = gate_up(x.to(compute_dtype))
     act = F.silu(gate) * up  # float32 [P, I]
-    out.index_add_(0, token.long(), rows_times("w2", act, index) * weight.float()[:, None])
+    index = _pair_index(token.numel(), token.device)
+    out.index_add_(0, token.long(), down(act, index) * weight.float()[:, None])
 
 
 _PAIR_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -146,10 +201,15 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
         return
     block = _block_kernel() if x.is_cuda and dtype is None else None
     parts = block_parts(layout, block.KINDS) if block is not None else None
+    fp8 = _fp8_kernel() if x.is_cuda and dtype is None and parts is None else None
+    scaled = fp8_parts(layout, fp8.KINDS) if fp8 is not None else None
     if zero_out:
         out.zero_()
     if parts is not None:
         block_slot_experts(x, token, slot, weight, slots, parts, compute_dtype, out, block.block_gemv)
+        return
+    if scaled is not None:
+        fp8_slot_experts(x, token, slot, weight, slots, scaled, views.block, compute_dtype, out, fp8.fp8_gemv)
         return
     on_device = slot >= 0
     w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
