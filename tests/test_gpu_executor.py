@@ -1156,6 +1156,31 @@ def test_ft_cuda_graphs_0_loads_a_model_whose_decode_runs_uncaptured(tiny_store,
 
 # -- the bandwidth profile -----------------------------------------------------------------------------
 
+def test_a_profile_measures_in_no_more_slots_than_the_cache_will_have(monkeypatch) -> None:
+    """A first load measures its profile before its cache exists: one executor's slots at a time,
+    at most the cache's (at llama.cpp's smallest footprint three executors of 32 slots had taken
+    the process 100 MiB past its VRAM budget on the H200)."""
+    import runtime.gpu.measure_bandwidth as mb
+
+    alive, sizes = [], []
+
+    class Counted(mb.ExpertCache):
+        def __init__(self, num_slots, *args, **kwargs) -> None:
+            super().__init__(num_slots, *args, **kwargs)
+            sizes.append(num_slots)
+            alive.append(self)
+
+        def release(self) -> None:
+            alive.remove(self)
+            super().release()
+
+    monkeypatch.setattr(mb, "ExpertCache", Counted)
+    bank = random_bank("f32", 16, 256, 128, layer=0)
+    executor = CPUExpertExecutor({0: bank}, torch.float32, threads=1)
+    profile = mb.measure(bank, executor, "cpu", num_experts=8, seconds=0.02, cpu_threads=1, max_slots=3)
+    assert profile.pcie_gbps > 0 and max(sizes) == 3 and not alive
+
+
 def test_profile_measures_saves_and_reloads(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FT_HOME", str(tmp_path))
     bank = random_bank("f32", 8, 256, 128, layer=0)

@@ -145,8 +145,9 @@ def build_hybrid(weights: ModelWeights | dict[int, HostExpertBank], *, device: t
     if mode != "offload" and hasattr(cpu_executor, "prepare"):
         cpu_executor.prepare()  # the CPU kernel built now, not in the first step with a CPU share
     if mode == "auto" and profile is None and options.get("split") is None:
+        # (measured in no more slots than the cache will have: a first load stays inside its budget)
         profile = load_or_measure(banks[min(banks)], cpu_executor, device, cpu_threads=cpu_threads,
-                                  pcie_repeat=options.get("pcie_repeat", 1))
+                                  pcie_repeat=options.get("pcie_repeat", 1), max_slots=cache_slots)
     cache = ExpertCache(cache_slots, slot_bytes, device, num_layers=max(banks) + 1,
                         num_experts=max(b.num_experts for b in banks.values()))
     executor = HybridExpertExecutor(banks, device=device, cache=cache, mode=mode, cpu_executor=cpu_executor,

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
             num_experts: int = 16, seconds: float = 0.4, cpu_threads: int | None = None,
-            pcie_repeat: int = 1) -> BandwidthProfile:
+            pcie_repeat: int = 1, max_slots: int | None = None) -> BandwidthProfile:
     """Time the hybrid executor itself on one layer (`bank`, pinned, larger than the CPU's last-level
     cache), its calls queued back to back as decode queues them (one sync per batch, not per call;
     on CUDA timed on the device from a head start, so the launching thread's time is not counted):
@@ -39,9 +39,11 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
 
     `seconds` per point. Experts rotate through half the bank each, so every call misses and the
     CPU reads from DRAM, not from a cache warmed by the previous call. `pcie_repeat`: the
-    executor's emulation of a slower link, measured as it will run."""
+    executor's emulation of a slower link, measured as it will run. The device holds one
+    executor's slots at a time, as many as a call copies (n, at most `max_slots`: the cache the
+    load plans, so a first load's measurement stays inside its VRAM budget), freed after."""
     device = torch.device(device)
-    n = max(2, min(num_experts, bank.num_experts // 4))
+    n = max(2, min(num_experts, bank.num_experts // 4, max_slots if max_slots is not None else num_experts))
     half, stride, layer = bank.num_experts // 2, bank.layout.expert_stride, bank.layer
     dtype = bank_dtype(bank)
     compute = torch.float32 if dtype == "f32" else torch.bfloat16
@@ -92,14 +94,18 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
                 times.append(batch(8))
         return statistics.median(times)
 
-    offload, on_cpu, both = executor("offload", 2 * n), executor("cpu", 0), executor("auto", 2 * n)
-    try:
-        pcie_fixed, pcie_per = _fit(per_call_ms(offload, 1, 0), per_call_ms(offload, n, 0), n)
-        cpu_fixed, cpu_per = _fit(per_call_ms(on_cpu, 0, 1), per_call_ms(on_cpu, 0, n), n)
-        together = per_call_ms(both, n, n)
-    finally:
-        for ex in (offload, on_cpu, both):
+    def timed(mode: str, slots: int, *calls: tuple[int, int]) -> list[float]:
+        ex = executor(mode, slots)  # (n slots: a call's n PCIe misses, all victims, never a hit)
+        try:
+            return [per_call_ms(ex, pcie, cpu) for pcie, cpu in calls]
+        finally:
             ex.close()
+
+    pcie_fixed, pcie_per = _fit(*timed("offload", n, (1, 0), (n, 0)), n)
+    cpu_fixed, cpu_per = _fit(*timed("cpu", 0, (0, 1), (0, n)), n)
+    (together,) = timed("auto", n, (n, n))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the measurement's slots back to the driver, not kept beside the cache
     # together = max(pcie_fixed + n * pcie_per / f, cpu_fixed + n * cpu_per / f): the slowdown f beside
     f = max(n * pcie_per / max(together - pcie_fixed, 1e-9), n * cpu_per / max(together - cpu_fixed, 1e-9))
     f = min(1.0, f)
