@@ -36,20 +36,22 @@ HF_SIDE_FILES = hub.AUX_FILES[1:]  # everything but config.json, which lives in 
 
 def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, work: Path, report: Report) -> Manifest:
     from ftw import GGUF_SIDE_FILES, convert_checkpoint, convert_gguf  # (torch, numpy, gguf: a conversion's)
+    from runtime.loading.family_tensors import check_family_tensors  # (checked before anything is written)
 
     recipe = target.recipe
     out = work / "ftw"
     if fetched.format == "gguf":
         total = sum(p.stat().st_size for p in gguf_parts(fetched.path) if p.is_file())
         progress = ByteCounter(report, "converting to FTW", total)  # (file sizes: metadata included)
-        index = convert_gguf(fetched.path, out, progress=progress)
+        index = convert_gguf(fetched.path, out, progress=progress, family_check=check_family_tensors)
         progress.finish()
         check_family(recipe, index.source_config)  # GGUF metadata names the architecture only now
         side_files = [out / name for name in GGUF_SIDE_FILES if (out / name).is_file()]
     else:
         total = sum(p.stat().st_size for p in fetched.path.glob("*.safetensors"))
         progress = ByteCounter(report, "converting to FTW", total)  # (file sizes: headers included)
-        index = convert_checkpoint(fetched.path, out, dtype=recipe.dtype, progress=progress)
+        index = convert_checkpoint(fetched.path, out, dtype=recipe.dtype, progress=progress,
+                                   family_check=check_family_tensors)
         progress.finish()
         side_files = []
         for name in HF_SIDE_FILES:
@@ -77,7 +79,7 @@ def convert_and_register(target: PullTarget, store: Store, fetched: Fetched, wor
 def register_variant(target: PullTarget, store: Store, base: ModelName, report: Report) -> Manifest:
     """Register `target` as a variant of the stored model `base` (Ollama's `FROM MODEL`): the base's
     weights and files, their blobs shared (nothing converted or copied), under the base's recipe
-    with the fields `target` states replaced: SYSTEM, TEMPLATE, LICENSE, DESCRIPTION, CONTEXT, and
+    with the fields `target` states replaced: SYSTEM, TEMPLATE, LICENSE, DESCRIPTION, CONTEXT, MESSAGEs (all of them), and
     PARAMETERs key by key (a stated `stop` replaces the list). FAMILY and DTYPE may only restate
     the base's: other weights need their source. The caller holds the name's lock."""
     recipe = target.recipe
@@ -103,19 +105,25 @@ def register_variant(target: PullTarget, store: Store, base: ModelName, report: 
                      system=_stated(recipe.system, config.get("system")), parameters=parameters,
                      license=_stated(recipe.license, config.get("license")),
                      description=_stated(recipe.description, config.get("description")),
-                     context_length=recipe.context_length or config.get("context_length"))
+                     context_length=recipe.context_length or config.get("context_length"),
+                     messages=recipe.messages or tuple((m["role"], m["content"]) for m in config.get("messages") or ()))
     with contextlib.suppress(ValueError, TypeError):  # the stored Modelfile names where the weights came from
         merged = replace(merged, source=parse_source(str(config.get("source"))))
     layers = kept + [_add_bytes(store, modelfile_text(merged, merged.family).encode(), MEDIA_MODELFILE, "Modelfile")]
     if template_text and template_text != "checkpoint":
         layers.append(_add_bytes(store, template_text.encode(), MEDIA_TEMPLATE, "template.jinja"))
     config.update(parameters=parameters, system=merged.system, license=merged.license, description=merged.description,
-                  context_length=merged.context_length, variant_of=base.display)
+                  context_length=merged.context_length, variant_of=base.display, messages=stored_messages(merged))
     blob = store.add_blob_bytes(json.dumps(config, indent=1, sort_keys=True).encode())
     manifest = Manifest(config=blob.descriptor(MEDIA_CONFIG), layers=layers)
     report(PullEvent("writing manifest"))
     store.write_manifest(target.name, manifest)
     return manifest
+
+
+def stored_messages(recipe: Recipe) -> list[dict[str, str]]:
+    """The recipe's MESSAGEs as the config blob keeps them (chat messages: a run's first history)."""
+    return [{"role": role, "content": content} for role, content in recipe.messages]
 
 
 def _stated(value: str | None, inherited: object) -> str | None:
@@ -165,7 +173,7 @@ def summary(recipe: Recipe, index: Index, revision: str | None) -> dict:
     out = {k: c.get(k) for k in keys}
     out.update(format="ftw", ftw_version=index.version, source=recipe.source.uri(),
                description=recipe.description, parameters=dict(recipe.parameters), system=recipe.system,
-               license=recipe.license,
+               license=recipe.license, messages=stored_messages(recipe),
                context_length=recipe.context_length or c.get("context_length"))
     if revision:
         out["revision"] = revision

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from .check_tensors import FamilyCheck, check_source_tensors
 from .config_file import MAX_CONFIG_BYTES, load_config  # noqa: F401 - re-exported: ftw.convert.load_config
 from .errors import SourceError
 from .families import (
@@ -61,7 +62,8 @@ class _LayerExperts:
 
 
 class _Converter:
-    def __init__(self, src: Path, out: Path, dtype: str, max_shard_bytes: int, progress: Progress | None) -> None:
+    def __init__(self, src: Path, out: Path, dtype: str, max_shard_bytes: int, progress: Progress | None,
+                 family_check: FamilyCheck | None = None) -> None:
         if dtype not in TARGET_DTYPES:
             raise SourceError(f"dtype {dtype!r} is not supported; choose one of {', '.join(TARGET_DTYPES)}")
         self.source_config = load_config(src)
@@ -69,6 +71,7 @@ class _Converter:
         self.config = normalized_config(self.family, self.source_config)
         self.target = dtype
         self.progress = progress or (lambda n: None)
+        self.src, self.family_check = src, family_check
         self.ckpt = SafetensorsCheckpoint(src)
         self.writer = FTWWriter(out, max_shard_bytes=max_shard_bytes)
         quant = self.family.text_config(self.source_config).get("quantization_config") or self.source_config.get("quantization_config") or {}
@@ -87,7 +90,10 @@ class _Converter:
                 continue
             parsed = parse_expert_name(name)
             if parsed is None:
-                check_dense_shape(name, t.shape, self.config)
+                try:
+                    check_dense_shape(name, t.shape, self.config)
+                except SourceError as e:
+                    raise SourceError(f"{t.file}: {e}") from None
                 dense.append(t)
             else:
                 self._add_expert_tensor(experts[parsed.layer], parsed, t)
@@ -234,7 +240,14 @@ class _Converter:
         return read
 
     def run(self) -> Index:
-        dense, experts, dropped = self.classify()
+        try:
+            dense, experts, dropped = self.classify()
+            shapes = {t.name: tuple(t.shape) for t in dense if not t.name.endswith("_scale_inv")}
+            check_source_tensors(f"{self.src} (*.safetensors)", self.family.name, self.config, self.source_config,
+                                 shapes, self.family_check)  # before anything is written
+        except BaseException:
+            self.ckpt.close()
+            raise
         by_layer: dict[int, list[SourceTensor]] = defaultdict(list)
         for t in dense:
             m = _layer_of(t.name)
@@ -306,13 +319,21 @@ def convert_checkpoint(
     dtype: str = "auto",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: Progress | None = None,
+    family_check: FamilyCheck | None = None,
 ) -> Index:
     """Convert the Hugging Face checkpoint in `src` to an FTW directory `out`; returns its index.
 
     `dtype` is "auto" (keep the source's), a float dtype to cast to, or "fp8" (source must be
     FP8). `progress` is called with the number of source bytes consumed as work proceeds.
+    Before anything is written the dense tensors are checked (ftw/check_tensors.py), with
+    `family_check` for the ones the family's runtime reads (`ft pull` passes the runtime's).
     """
-    return _Converter(Path(src), Path(out), dtype, max_shard_bytes, progress).run()
+    try:
+        return _Converter(Path(src), Path(out), dtype, max_shard_bytes, progress, family_check).run()
+    except SourceError as e:  # every refusal names the checkpoint (most name the file or tensor too)
+        if str(src) in str(e):
+            raise
+        raise SourceError(f"{src}: {e}") from None
 
 
 def source_dtype_summary(src: Path) -> dict[str, int]:

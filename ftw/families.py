@@ -290,10 +290,11 @@ def family_for_config(config: dict[str, Any]) -> Family:
 
 
 # the most any real model has, with room: a config beyond these is damaged or hostile (a layer
-# count of 10**12 made the converter loop and allocate without end)
+# count of 10**12 made the converter loop and allocate without end); the context's is also the
+# most a stored index may give (ftw/check_tensors.py MAX_CONTEXT_LENGTH)
 LIMITS = {"num_hidden_layers": 4096, "num_attention_heads": 4096, "num_key_value_heads": 4096, "hidden_size": 1 << 20,
           "vocab_size": 1 << 24, "head_dim": 1 << 16, "num_experts": 1 << 16, "num_experts_per_tok": 1 << 16,
-          "moe_intermediate_size": 1 << 20, "max_position_embeddings": 1 << 30}
+          "moe_intermediate_size": 1 << 20, "max_position_embeddings": 1 << 24}
 
 
 def config_int(key: str, value: Any, *, low: int = 1, high: int | None = None, where: str = "config.json") -> int:

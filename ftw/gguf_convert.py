@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .check_tensors import FamilyCheck, check_source_tensors
 from .errors import SourceError
 from .families import check_dense_shape, family_for_config, index_in_name, normalized_config
 from .format import BLOCK_DTYPES, Index, storage_shape
@@ -69,7 +70,9 @@ def _split_block_name(name: str) -> tuple[int, str] | None:
 
 
 class _GGUFConverter:
-    def __init__(self, path: Path, out: Path, max_shard_bytes: int, progress: Progress | None, tokenizer: bool) -> None:
+    def __init__(self, path: Path, out: Path, max_shard_bytes: int, progress: Progress | None, tokenizer: bool,
+                 family_check: FamilyCheck | None = None) -> None:
+        self.family_check = family_check
         self.model = GGUFModel(path)
         try:
             self.arch: GGUFArchitecture = architecture_for(self.model)
@@ -245,6 +248,8 @@ class _GGUFConverter:
         self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ftw-gguf-read")
         try:
             dense, experts, dropped = self.classify()
+            check_source_tensors(str(self.model.path), self.family.name, self.config, self.source_config,
+                                 {d.name: d.shape for ds in dense.values() for d in ds}, self.family_check)
             dense_params = expert_params = 0
             for layer in sorted(set(dense) | set(experts)):
                 for d in sorted(dense.get(layer, []), key=lambda d: d.name):
@@ -295,6 +300,7 @@ def convert_gguf(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: Progress | None = None,
     tokenizer: bool = True,
+    family_check: FamilyCheck | None = None,
 ) -> Index:
     """Convert the GGUF model `path` (one file, or any part of a split model) to an FTW directory `out`.
 
@@ -302,6 +308,13 @@ def convert_gguf(
     the index is rebuilt from GGUF metadata (`source_config` is a Hugging Face-style config.json).
     With `tokenizer`, the embedded tokenizer is also written to `out` as GGUF_SIDE_FILES
     (`tokenizer.json`, `tokenizer_config.json` with the chat template); a tokenizer ft cannot rebuild
-    is refused before any weight is written. `progress` gets source bytes consumed.
+    is refused before any weight is written. `progress` gets source bytes consumed. The dense
+    tensors are checked before any is written (ftw/check_tensors.py; `family_check` as for
+    `convert_checkpoint`).
     """
-    return _GGUFConverter(Path(path), Path(out), max_shard_bytes, progress, tokenizer).run()
+    try:
+        return _GGUFConverter(Path(path), Path(out), max_shard_bytes, progress, tokenizer, family_check).run()
+    except SourceError as e:  # every refusal names the file (most name the tensor or key too)
+        if str(path) in str(e):
+            raise
+        raise SourceError(f"{path}: {e}") from None

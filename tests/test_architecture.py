@@ -35,9 +35,10 @@ RUNTIME_PARTS: dict[str, set[str]] = {
     # what executes
     "runtime.layers": {"runtime.loading.read_ftw"},
     "runtime.models": {"runtime.layers"},
+    "runtime.loading.family_tensors": {"runtime.models"},  # a family's tensors, asked of a shape-only build
     "runtime.gpu": {"runtime.models", "runtime.planner", "runtime.policy", "runtime.text"},
     # assembly and front ends
-    "runtime.loading.runnable": {"runtime.gpu"},  # a runnable model from a registered one
+    "runtime.loading.runnable": {"runtime.gpu", "runtime.loading.family_tensors"},  # a runnable model from a registered one
     "runtime.engine": {"runtime.models", "runtime.text"},
     "runtime.bench": {"runtime.gpu"},
     "runtime.server": {"runtime.engine", "runtime.loading.runnable"},

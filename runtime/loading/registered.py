@@ -12,20 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ftw.check_tensors import TensorProblem, check_index_tensors
 from ftw.errors import CorruptIndexError, CorruptShardError
 from ftw.format import Index
 from registry import Manifest, ModelName, Store
+from registry.model_manifest import (  # noqa: F401 - re-exported: the media types were defined here
+    MEDIA_CONFIG,
+    MEDIA_FILE,
+    MEDIA_FTW_INDEX,
+    MEDIA_FTW_SHARD,
+    MEDIA_MODELFILE,
+    MEDIA_TEMPLATE,
+)
 from registry.verify import sampled_check
 
 if TYPE_CHECKING:  # pragma: no cover
     from ftw import FTWReader
-
-MEDIA_CONFIG = "application/vnd.ft.config.v1+json"
-MEDIA_FTW_INDEX = "application/vnd.ft.ftw.index.v1+json"
-MEDIA_FTW_SHARD = "application/vnd.ft.ftw.shard"
-MEDIA_MODELFILE = "application/vnd.ft.modelfile"
-MEDIA_TEMPLATE = "application/vnd.ft.template"
-MEDIA_FILE = "application/vnd.ft.file"  # tokenizer, generation config, license, ...
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,17 @@ class RegisteredModel:
         return self.files.get(title)
 
     def text(self, title: str) -> str | None:
+        """The file titled `title` as text, None where the model has none; CorruptShardError
+        naming it and the fix where its blob is gone or not UTF-8 (a damaged store)."""
         path = self.files.get(title)
-        return path.read_text(encoding="utf-8") if path else None
+        if path is None:
+            return None
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CorruptShardError(f"{self.name.display}: {title} ({path}) cannot be read as text ({e}); run "
+                                    f"`ft verify {self.name.display}`, which names the damaged files and how to get "
+                                    "them again") from None
 
     def check_files(self) -> None:
         """Each of the model's files checked as a load can afford (present, its size, its sampled
@@ -61,7 +72,9 @@ class RegisteredModel:
                                         f"again (`ft verify {self.name.display}` checks every byte)")
 
     def open_ftw(self) -> FTWReader:
-        """The FTW reader over this model's shards (layout checked, shards not re-hashed)."""
+        """The FTW reader over this model's shards (layout checked, shards not re-hashed), its
+        config, tensors and banks checked as a download's are (ftw/check_tensors.py): a stored
+        index is read from a disk, and a value that crashed `ft run` must be refused by name."""
         index_path = next((self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX), None)
         if index_path is None:
             raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")
@@ -69,7 +82,23 @@ class RegisteredModel:
         shards = {d.title: self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_SHARD}
         from ftw.reader import FTWReader  # (torch: only a load needs it)
 
-        return FTWReader(index, shards, origin=f"{self.name.display}: model.ftw.json")
+        origin = f"{self.name.display}: model.ftw.json"
+        try:
+            reader = FTWReader(index, shards, origin=origin)
+        except CorruptIndexError as e:  # (the layout's messages name the problem; add the fix)
+            raise CorruptIndexError(self.unusable(str(e).removeprefix(origin + ": "))) from None
+        try:
+            check_index_tensors(index)
+        except TensorProblem as e:
+            reader.close()
+            raise CorruptIndexError(self.unusable(str(e))) from None
+        return reader
+
+    def unusable(self, problem: str) -> str:
+        """The message of a stored model whose index its runtime cannot use: the problem and the fix."""
+        name = self.name.display
+        return (f"{name}: model.ftw.json: {problem}; the stored model is damaged or was written by another "
+                f"converter: run `ft rm {name}` and `ft pull {name}` to convert it again")
 
 
 def open_model(store: Store, name: ModelName | str) -> RegisteredModel:

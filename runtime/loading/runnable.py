@@ -13,6 +13,7 @@ from ..config import ModelConfig
 from ..experts import CPUExpertExecutor
 from ..experts.cpu_kernels import native_kernel
 from ..models import DecoderModel, build_model, keep_float32
+from .family_tensors import check_registered_index
 from .read_ftw import ModelWeights, load_weights
 from .registered import RegisteredModel, open_model
 
@@ -49,6 +50,8 @@ def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.floa
     # (a first run showed "prompt eval duration: 8.080s (1.36 tokens/s)")
     native_kernel()
     registered.check_files()
+    with registered.open_ftw() as reader:  # (its index checked as a download's is, then by its family's build)
+        check_registered_index(reader.index, registered.unusable)
     if backend == "gpu":
         from ..gpu import load_gpu
 
