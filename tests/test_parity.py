@@ -23,6 +23,7 @@ FAMILIES = [
     pytest.param("qwen3_moe", False, id="qwen3_moe"),
     pytest.param("qwen3_moe", True, id="qwen3_moe-fused"),
     pytest.param("mixtral", False, id="mixtral"),
+    pytest.param("mixtral", True, id="mixtral-fused"),  # (its router under `mlp`, as transformers>=5 saves it)
     pytest.param("granitemoe", False, id="granitemoe"),
     pytest.param("granitemoe", True, id="granitemoe-fused"),
     pytest.param("granitemoeshared", False, id="granitemoeshared"),
@@ -33,6 +34,7 @@ FAMILIES = [
     pytest.param("qwen2_moe", False, id="qwen2_moe"),
     pytest.param("olmoe", False, id="olmoe"),
     pytest.param("minimax_m2", False, id="minimax_m2"),
+    pytest.param("minimax_m2", True, id="minimax_m2-fused"),
     pytest.param("ernie4_5_moe", False, id="ernie4_5_moe"),
     pytest.param("hunyuan_v1_moe", False, id="hunyuan_v1_moe"),
     pytest.param("exaone_moe", False, id="exaone_moe"),

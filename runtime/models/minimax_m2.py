@@ -14,6 +14,7 @@ from ..layers.mlp import sigmoid_group_topk
 from ..layers.rope import RotaryEmbedding
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel, Mixer
+from .mixtral import moe_prefix
 from .olmoe import WholeProjectionNormAttention
 from .qwen3_moe import GQAAttention
 
@@ -49,7 +50,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
         p = f"model.layers.{i}."
         attention: Mixer = (WholeProjectionNormAttention(config, weights, p + "self_attn.", rope, dtype) if qk_norm
                             else GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=False))
-        moe = BiasedSigmoidMoE(config, weights, i, p + "block_sparse_moe.", executor)
+        moe = BiasedSigmoidMoE(config, weights, i, moe_prefix(weights, p), executor)
         blocks.append(Block(weights.get(p + "input_layernorm.weight"), attention,
                             weights.get(p + "post_attention_layernorm.weight"), moe))
     return DecoderModel(config, weights, blocks, dtype)

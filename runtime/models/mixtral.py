@@ -1,5 +1,5 @@
-"""Mixtral: the Qwen3-MoE block without q/k norms; routers and experts under `block_sparse_moe`;
-top-k weights always renormalized."""
+"""Mixtral: the Qwen3-MoE block without q/k norms; routers and experts under `block_sparse_moe`
+(under `mlp` where transformers>=5 saved the checkpoint fused); top-k weights always renormalized."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from .base import Block, DecoderModel
 from .qwen3_moe import GQAAttention, SoftmaxMoE
 
 
+def moe_prefix(weights: ModelWeights, layer_prefix: str) -> str:
+    """Where a layer's router is: `block_sparse_moe.` as the released checkpoints name it, or
+    `mlp.` as transformers>=5 saves the fused layout."""
+    released = layer_prefix + "block_sparse_moe."
+    return released if weights.maybe(released + "gate.weight") is not None else layer_prefix + "mlp."
+
+
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
     if config.get("sliding_window"):
         raise UnsupportedFamilyError("Mixtral with a sliding attention window is not supported yet")
@@ -20,7 +27,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     blocks = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        moe = SoftmaxMoE(config, weights, i, p + "block_sparse_moe.gate.weight", executor, normalize=True)
+        moe = SoftmaxMoE(config, weights, i, moe_prefix(weights, p) + "gate.weight", executor, normalize=True)
         attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=False)
         blocks.append(Block(weights.get(p + "input_layernorm.weight"), attention,
                             weights.get(p + "post_attention_layernorm.weight"), moe))
