@@ -12,13 +12,14 @@ import sys
 import click
 
 from ftw import FTWError
-from registry import InvalidNameError, RegistryError, Store, parse_name
+from registry import BadBlob, InvalidNameError, RegistryError, Store, parse_name
 from runtime.loading.registered import open_model
 
 from . import show as show_mod
 from .modelfile import ModelfileError
 from .progress import ProgressPrinter
 from .resolve import ResolveError, resolve
+from .verify_model import verify_model
 
 
 @click.command("list")
@@ -144,18 +145,21 @@ def refetch_hint(store: Store, name: str) -> str:
 @click.argument("names", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def verify_cmd(names: tuple[str, ...], as_json: bool) -> None:
-    """Re-hash every file of a model; names any missing, truncated or corrupt one."""
+    """Re-hash every file of a model; names any missing, truncated or corrupt one, and any shard
+    the FTW index and the manifest disagree about."""
     store = Store.default()
     report, failed = {}, False
     for name in names:
         with ProgressPrinter() as printer:
-            bad = store.verify(name, progress=printer.bytes_callback(f"verifying {name}"))
-        report[name] = [{"file": b.title, "problem": b.problem, "path": str(b.path), "detail": str(b)} for b in bad]
+            bad = verify_model(store, name, progress=printer.bytes_callback(f"verifying {name}"))
+        report[name] = [{"file": b.title, "problem": b.problem, "path": str(getattr(b, "path", "")), "detail": str(b)}
+                        for b in bad]
         failed |= bool(bad)
         if not as_json:
             if bad:
                 for b in bad:
-                    click.echo(f"{name}: {b.title}: {b.problem} ({b.path})", err=True)
+                    click.echo(f"{name}: {b.title}: {b.problem} ({b.path})" if isinstance(b, BadBlob)
+                               else f"{name}: {b}", err=True)
                 click.echo(f"{name}: {len(bad)} bad file(s); {refetch_hint(store, name)}", err=True)
             else:
                 click.echo(f"{name}: ok")

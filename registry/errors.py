@@ -50,6 +50,15 @@ class CorruptManifestError(RegistryError):
         super().__init__(f"corrupt manifest {source}: {problem}; {fix}")
 
 
+class InvalidModelManifestError(CorruptManifestError):
+    """A well-formed manifest of an ft model lacks a model's shape (no layers, no FTW index or
+    two, no shard, an untitled or twice-listed file); `field` names the part at fault."""
+
+    def __init__(self, source: str, field: str, problem: str, name: str | None = None) -> None:
+        self.field = field
+        super().__init__(source, f"{field}: {problem}", name)
+
+
 class DigestMismatchError(RegistryError):
     """The content of a file does not hash to the digest it was declared with."""
 

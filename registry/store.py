@@ -45,6 +45,7 @@ from .errors import CorruptManifestError, MissingBlobError, ModelNotFoundError, 
 from .listing import ModelEntry, SkippedManifest, referenced_digests, scan_manifests
 from .locks import file_lock, holds_lock
 from .manifest import Manifest
+from .model_manifest import check_model_manifest
 from .names import ModelName, as_name
 from .verify import BadBlob, verify_manifest
 
@@ -122,7 +123,8 @@ class Store:
         return self.manifest_path(name).is_file()
 
     def read_manifest(self, name: ModelName | str) -> Manifest:
-        """The manifest of `name`; `ModelNotFoundError` if absent, `CorruptManifestError` if bad."""
+        """The manifest of `name`; `ModelNotFoundError` if absent, `CorruptManifestError` if bad
+        (`InvalidModelManifestError` where an ft model's lacks a model's shape: model_manifest.py)."""
         name = as_name(name)
         path = self.manifest_path(name)
         try:
@@ -131,7 +133,8 @@ class Store:
             raise ModelNotFoundError(name.display, self.names_near(name.display)) from None
         except OSError as exc:
             raise CorruptManifestError(str(path), f"unreadable ({exc})", name.display) from None
-        return Manifest.from_json(data, source=str(path), name=name.display)
+        manifest = Manifest.from_json(data, source=str(path), name=name.display)
+        return check_model_manifest(manifest, str(path), name.display)
 
     def write_manifest(self, name: ModelName | str, manifest: Manifest) -> None:
         """Atomically write the manifest of `name`, replacing any previous one.

@@ -1,14 +1,17 @@
-"""Re-hash the blobs of a manifest and report every one that is missing, truncated or corrupt."""
+"""Re-hash the blobs of a manifest and report every one that is missing, truncated or corrupt;
+and check that the manifest and a model's FTW index agree about its shards."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from .blobs import BlobRef, BlobStore, ProgressFn, hash_stream
 from .manifest import Descriptor, Manifest
+from .model_manifest import MEDIA_FTW_SHARD
 
 Problem = Literal["missing", "truncated", "oversized", "corrupt"]
 
@@ -51,9 +54,9 @@ def verify_manifest(blobs: BlobStore, manifest: Manifest, progress: ProgressFn |
     checked: missing, truncated, oversized, and corrupt where the samples say so. A full hash
     that finds a blob good keeps its sampled digest anew.
     """
-    unique: dict[str, Descriptor] = {}
-    for d in manifest.blobs:
-        unique.setdefault(d.digest, d)
+    unique: dict[tuple[str, int], Descriptor] = {}
+    for d in manifest.blobs:  # (a digest named twice with two sizes: both checked, one is wrong)
+        unique.setdefault((d.digest, d.size), d)
     total = sum(d.size for d in unique.values())
     done = 0
 
@@ -110,3 +113,58 @@ def _check_one(blobs: BlobStore, d: Descriptor, tick: Callable[[int], None], reh
 def sampled_check(path: Path, d: Descriptor) -> BadBlob | None:
     """One stored blob checked as a load can afford: present, its size, its sampled digest."""
     return _check_one(BlobStore(path.parent), d, lambda n: None, rehash=False)
+
+
+class IndexShard(Protocol):
+    """A shard as an FTW index names it (ftw.ShardEntry is one): file name, bytes, sha256 hex."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """The manifest and the FTW index disagree about a shard: `title` is its file name, `field`
+    what differs (``sha256``, ``size``, ``listed``), `detail` both sides' words."""
+
+    title: str
+    field: str
+    detail: str
+    problem: Literal["disagrees"] = "disagrees"
+
+    def __str__(self) -> str:
+        return f"{self.title}: {self.detail}"
+
+
+def check_index_agrees(manifest: Manifest, index_shards: Iterable[IndexShard],
+                       index_title: str = "model.ftw.json") -> list[Disagreement]:
+    """Every way the shards the FTW index names (`index_shards`, from `index_title`) and the
+    manifest's shard layers differ: each named shard must be listed once, with the index's sha256
+    as its digest and the index's size; no shard layer may be one the index does not name. The
+    registry reads no FTW: the caller parses the index (through ftw) and passes its shards."""
+    layers = {d.title: (i, d) for i, d in enumerate(manifest.layers) if d.media_type == MEDIA_FTW_SHARD}
+    shards = list(index_shards)
+    out: list[Disagreement] = []
+    for name, count in Counter(s.name for s in shards).items():
+        if count > 1:
+            out.append(Disagreement(name, "listed", f"{index_title} names this shard {count} times"))
+    for k, s in enumerate(shards):
+        where = f"{index_title} shards[{k}]"
+        if s.name not in layers:
+            out.append(Disagreement(s.name, "listed", f"{where} names it, but no shard layer of the manifest "
+                                    f"({MEDIA_FTW_SHARD}) is titled so"))
+            continue
+        i, d = layers[s.name]
+        if d.digest != "sha256:" + s.sha256:
+            out.append(Disagreement(s.name, "sha256", f"{where}.sha256 is {s.sha256}, the manifest's "
+                                    f"layers[{i}].digest is {d.digest}"))
+        if d.size != s.size:
+            out.append(Disagreement(s.name, "size", f"{where}.size is {s.size} bytes, the manifest's "
+                                    f"layers[{i}].size is {d.size}"))
+    named = {s.name for s in shards}
+    for title, (i, _) in layers.items():
+        if title not in named:
+            out.append(Disagreement(title, "listed", f"the manifest's layers[{i}] is a shard {index_title} does "
+                                    "not name"))
+    return out

@@ -20,7 +20,14 @@ from transformers import AutoTokenizer
 
 from ftpull.tiny import IM_END_ID, build_tiny_checkpoint, build_tiny_tokenizer
 from registry import ANNOTATION_TITLE, Manifest, Store
-from runtime.loading.registered import MEDIA_CONFIG, MEDIA_FILE, MEDIA_TEMPLATE, open_model
+from runtime.loading.registered import (
+    MEDIA_CONFIG,
+    MEDIA_FILE,
+    MEDIA_FTW_INDEX,
+    MEDIA_FTW_SHARD,
+    MEDIA_TEMPLATE,
+    open_model,
+)
 from runtime.text.chat_template import ChatTemplateError
 from runtime.text.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer, StopStringMatcher
 from runtime.text.tokenizer import Tokenizer, TokenizerError
@@ -173,6 +180,9 @@ def test_from_mapping_and_from_model(tmp_path: Path) -> None:
               for p in sorted(source.iterdir()) if p.suffix == ".json"]
     template = store.add_blob_bytes(b"{{ bos_token }}{{ messages[-1].content }}")
     layers.append(template.descriptor(MEDIA_TEMPLATE, {ANNOTATION_TITLE: "template.jinja"}))
+    for title, media_type in (("model.ftw.json", MEDIA_FTW_INDEX), ("model-00001.ftw", MEDIA_FTW_SHARD)):
+        # (a model's manifest must list an index and a shard to be read; the tokenizer reads neither)
+        layers.append(store.add_blob_bytes(title.encode()).descriptor(media_type, {ANNOTATION_TITLE: title}))
     config = store.add_blob_bytes(b"{}").descriptor(MEDIA_CONFIG)
     store.write_manifest("tinytok", Manifest(config=config, layers=layers))
     tokenizer = Tokenizer.from_model(open_model(store, "tinytok"))
