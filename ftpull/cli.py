@@ -185,9 +185,10 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
     overrides = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict))
                  if v is not None}
     # the name the pull registered (a path or hf:// address is not itself a model name)
-    loaded, chat, load_seconds = run_mod.load_for_chat(store, str(pulled.name), dtype=dtype, num_ctx=num_ctx,
-                                                       overrides=overrides,
-                                                       threads=threads, device=device, vram_gib=vram_gib, mode=mode)
+    # (the chat holds the weights: a /load lets them go)
+    chat, load_seconds = run_mod.load_for_chat(store, str(pulled.name), dtype=dtype, num_ctx=num_ctx,
+                                               overrides=overrides, threads=threads, device=device,
+                                               vram_gib=vram_gib, mode=mode)[1:]
     _answer_or_chat(chat, " ".join(prompt), verbose, load_seconds)
 
 

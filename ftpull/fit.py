@@ -3,6 +3,8 @@
 A model in the store is planned from its FTW index (exact sizes). Any other name is resolved as
 `ft pull` would and planned from metadata only: config.json and the safetensors headers from the
 Hub (small requests, never a weight byte), a local checkpoint's headers, or a GGUF file's size.
+Where the Hub cannot be reached, a shipped recipe is planned from the footprint stored with it
+(Modelfiles/footprints.json, ftpull/recipe_footprint.py), and the report says it is an estimate.
 The planner is `runtime.planner.plan.plan`, the same function a pull and a load use.
 """
 
@@ -16,18 +18,21 @@ from typing import Any
 
 from ftw import load_config
 from ftw.safetensors_source import SafetensorsCheckpoint
-from registry import InvalidNameError, ModelNotFoundError, Store
+from registry import DEFAULT_HOST, DEFAULT_NAMESPACE, InvalidNameError, ModelNotFoundError, Store
 from runtime.loading.registered import RegisteredModel, open_model
 from runtime.planner.plan import ModelFootprint, Plan, PlanOverrides, plan, size
 from runtime.planner.resources import Machine
 
 from . import hub
 from .fetch import check_family, gguf_parts
+from .modelfile import builtin_modelfiles
+from .recipe_footprint import NoStoredFootprintError, recipe_footprint
 from .resolve import PullTarget, resolve
 
 WIDTH = 80
 SOURCES = {"ftw": "the FTW index in the store (exact)", "checkpoint": "config.json and safetensors headers (estimate)",
-           "sizes": "file sizes only (estimate)"}
+           "sizes": "file sizes only (estimate)",
+           "recipe": "the recipe's stored footprint (estimate; not read from the model's files)"}
 
 
 @dataclass(frozen=True)
@@ -37,31 +42,55 @@ class FitReport:
     footprint: ModelFootprint
     machine: Machine
     plan: Plan
+    estimate_note: str | None = None  # why the sizes are the recipe's stored ones (the Hub could not be reached)
 
 
 def fit(text: str, store: Store, overrides: PlanOverrides, machine: Machine | None = None) -> FitReport:
     """Plan `text` on `machine` (probed when None). Always returns the plan; `plan.problems` says
     whether it can run. The recipe's `num_ctx` parameter is the default context (lowered to fit;
     `overrides.num_ctx`, the user's, is planned exactly or refused)."""
-    name, present, fp, num_ctx = _footprint(text, store)
+    name, present, fp, num_ctx, note = _footprint(text, store)
     if overrides.default_num_ctx is None and num_ctx:
         overrides = replace(overrides, default_num_ctx=num_ctx)
     machine = machine or Machine.probe()
-    return FitReport(name, present, fp, machine, plan(fp, machine, replace(overrides, force=True)))
+    return FitReport(name, present, fp, machine, plan(fp, machine, replace(overrides, force=True)), note)
 
 
-def _footprint(text: str, store: Store) -> tuple[str, bool, ModelFootprint, int | None]:
+def _footprint(text: str, store: Store) -> tuple[str, bool, ModelFootprint, int | None, str | None]:
     model = _local_model(text, store)
     if model is None:
         target = resolve(text)
         if store.has_model(target.name):
             model = open_model(store, target.name)
         else:
-            return target.name.display, False, _remote_footprint(target), _int(target.recipe.parameters.get("num_ctx"))
+            fp, note = _offline_or_remote(target)
+            return target.name.display, False, fp, _int(target.recipe.parameters.get("num_ctx")), note
     index = model.open_ftw().index
     name = model.name.display
     fp = ModelFootprint.from_index(index, name=name, context_length=model.context_length)
-    return name, True, fp, _int((model.config.get("parameters") or {}).get("num_ctx"))
+    return name, True, fp, _int((model.config.get("parameters") or {}).get("num_ctx")), None
+
+
+def _offline_or_remote(target: PullTarget) -> tuple[ModelFootprint, str | None]:
+    """The footprint from the Hub's metadata; where the Hub cannot be reached and `target` is a
+    shipped recipe, the one stored with it, and a note that says so."""
+    try:
+        return _remote_footprint(target), None
+    except hub.HubUnreachable as e:
+        if not _shipped(target):
+            raise
+        try:
+            fp = recipe_footprint(target.recipe, name=target.name.display)
+        except NoStoredFootprintError:
+            raise e from None
+        return fp, (f"the Hub could not be reached ({e}), so these figures are the recipe's stored footprint, an "
+                    "estimate, not sizes read from the model's files; `ft fit` with the network (or after "
+                    "`ft pull`) gives them")
+
+
+def _shipped(target: PullTarget) -> bool:
+    name = target.name
+    return name.host == DEFAULT_HOST and name.namespace == DEFAULT_NAMESPACE and name.model in builtin_modelfiles()
 
 
 def _local_model(text: str, store: Store) -> RegisteredModel | None:
@@ -136,7 +165,7 @@ def format_report(r: FitReport) -> str:
     indent = " " * (width + 4)
     lines = [r.name] + [f"  {label.ljust(width)}  " + f"\n{indent}".join(textwrap.wrap(value, WIDTH - len(indent)))
                         for label, value in rows]
-    lines += [_wrap("note: ", n) for n in r.plan.notes] + [_wrap("warning: ", w) for w in r.plan.warnings]
+    lines += [_wrap("note: ", n) for n in ([r.estimate_note] if r.estimate_note else []) + list(r.plan.notes)] + [_wrap("warning: ", w) for w in r.plan.warnings]
     if r.plan.problems:
         lines.append(f"{r.name} does not fit this machine:")
         lines += [_wrap("  - ", str(p)) for p in r.plan.problems]
@@ -149,4 +178,4 @@ def format_report(r: FitReport) -> str:
 def report_dict(r: FitReport) -> dict[str, Any]:
     """`ft fit --json`."""
     return {"name": r.name, "present": r.present, "footprint": asdict(r.footprint), "machine": asdict(r.machine),
-            "plan": r.plan.to_dict()}
+            "plan": r.plan.to_dict(), "estimate_note": r.estimate_note}

@@ -57,6 +57,11 @@ class HubError(Exception):
     """A Hub request failed for good; the message says what and what to try."""
 
 
+class HubUnreachable(HubError):
+    """The Hub could not be reached (offline, DNS, network errors through every retry): no answer
+    about the repository, unlike a HubError that is one (not found, gated, malformed)."""
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     name: str
@@ -159,12 +164,12 @@ def with_retries(what: str, fn: Callable[[], T], *, resumes: bool = False) -> T:
             again = "run the pull again: it resumes" if resumes else "try again"
             if _unresolved_host(e):
                 host = endpoint().split("://", 1)[-1].split("/", 1)[0]
-                raise HubError(
+                raise HubUnreachable(
                     f"{what}: cannot resolve {host}: this machine is offline or its DNS does not answer; connect "
                     f"and {again} (models already pulled run offline: `ft list`; HF_ENDPOINT names another hub)"
                 ) from None
             if _permanent(e) or attempt == attempts:
-                raise HubError(
+                raise (HubError if _permanent(e) else HubUnreachable)(
                     f"{what} failed after {attempt} attempt(s): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
                     f"check the network (endpoint {endpoint()}) and {again}"
                 ) from e

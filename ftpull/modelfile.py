@@ -28,9 +28,10 @@ DEFAULT_TAG = "latest"
 FAMILY_FROM_CONFIG = "auto"  # FAMILY auto: pull reads it from the checkpoint (the default for a local FROM)
 TEMPLATE_FROM_CHECKPOINT = "checkpoint"  # TEMPLATE checkpoint: use tokenizer_config.json's chat_template
 DTYPES = ("auto", "bf16", "f16", "f32", "fp8", "q8_0", "q4_k", "q5_k", "q6_k")
-INSTRUCTIONS = ("FROM", "FAMILY", "DTYPE", "TEMPLATE", "SYSTEM", "PARAMETER", "LICENSE", "DESCRIPTION",
+INSTRUCTIONS = ("FROM", "FAMILY", "DTYPE", "TEMPLATE", "SYSTEM", "PARAMETER", "MESSAGE", "LICENSE", "DESCRIPTION",
                 "CONTEXT", "TAG")
-OLLAMA_ONLY = ("ADAPTER", "MESSAGE", "REQUIRES")  # valid Ollama, meaningless for ft
+OLLAMA_ONLY = ("ADAPTER", "REQUIRES")  # valid Ollama, meaningless for ft
+MESSAGE_ROLES = ("system", "user", "assistant")  # MESSAGE ROLE TEXT: the conversation a run starts with
 PROSE = ("SYSTEM", "LICENSE", "DESCRIPTION")  # unquoted, their value is the rest of the line
 # Ollama's PARAMETERs that ft has no use for, and why: a Modelfile written for Ollama keeps them,
 # and ft says it ignores them rather than refusing the file
@@ -86,9 +87,11 @@ class Recipe:
     license: str | None = None
     description: str | None = None
     context_length: int | None = None
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content) per MESSAGE: the history a run starts with
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parameters", dict(self.parameters))  # never alias the caller's dict
+        object.__setattr__(self, "messages", tuple((str(r), str(c)) for r, c in self.messages))
 
     @property
     def ref(self) -> str:
@@ -179,6 +182,20 @@ def _tokenize(text: str, path: str | None) -> Iterable[tuple[int, str, list[_Tok
             word, tokens = text[start:i], []
             while i < n and text[i] in " \t":
                 i += 1
+            if word.upper() == "MESSAGE" and i < n and text[i] not in '"\n':
+                # `MESSAGE user Hello there`: the role, then the rest of the line unless it is quoted
+                role_end = i
+                while role_end < n and text[role_end] not in " \t\n":
+                    role_end += 1
+                tokens.append(_Token(text[i:role_end], False))
+                i = role_end
+                while i < n and text[i] in " \t":
+                    i += 1
+                if i < n and text[i] not in '"\n':
+                    end = _line_end(text, i)
+                    yield start_line, word, [*tokens, _Token(text[i:end].rstrip(), False)]
+                    i = end
+                    continue
             if word.upper() in PROSE and i < n and text[i] not in '"\n':
                 # `SYSTEM You are a "pirate" #1`: the rest of the line as written, as Ollama reads it
                 end = _line_end(text, i)
@@ -277,6 +294,9 @@ def parse_modelfile(text: str, *, name: str, path: str | os.PathLike[str] | None
         if instruction == "PARAMETER":
             _parameter(where, line, tokens, section.params)
             continue
+        if instruction == "MESSAGE":
+            section.messages.append(_message(where, line, tokens))
+            continue
         if instruction not in INSTRUCTIONS:
             hint = "not supported by ft" if instruction in OLLAMA_ONLY else "unknown instruction"
             raise ModelfileError(where, line, f"{hint} {_show(word)} (expected one of {', '.join(INSTRUCTIONS)})")
@@ -350,6 +370,15 @@ def _parameter(where: str | None, line: int, tokens: list[_Token], params: dict)
         raise ModelfileError(where, line, f"PARAMETER {key}: {e}") from None
 
 
+def _message(where: str | None, line: int, tokens: list[_Token]) -> tuple[str, str]:
+    if len(tokens) != 2:
+        raise ModelfileError(where, line, f"expected MESSAGE <role> <text>, got {len(tokens)} values after MESSAGE")
+    role, content = tokens[0].text.lower(), tokens[1].text
+    if role not in MESSAGE_ROLES:
+        raise ModelfileError(where, line, f"MESSAGE role {_show(tokens[0].text)} is not one of {', '.join(MESSAGE_ROLES)}")
+    return role, content
+
+
 @dataclass
 class _Section:
     """What one section (the lines before the first TAG, or one TAG) states, with line numbers."""
@@ -358,6 +387,7 @@ class _Section:
     line: int
     fields: dict[str, tuple[object, int]] = field(default_factory=dict)
     params: dict[str, tuple[ParamValue, int]] = field(default_factory=dict)
+    messages: list[tuple[str, str]] = field(default_factory=list)  # a TAG's MESSAGEs replace the base's
 
 
 def _build(where: str | None, name: str, text: str, sections: list[_Section]) -> Modelfile:
@@ -377,7 +407,9 @@ def _build(where: str | None, name: str, text: str, sections: list[_Section]) ->
         merged.update({k: v for k, (v, _) in section.fields.items()})
         params = {k: v for k, (v, _) in base.params.items()}
         params.update({k: v for k, (v, _) in section.params.items()})
-        tags[section.tag] = Recipe(name=name, tag=section.tag, parameters=params, **merged)  # type: ignore[arg-type]
+        messages = tuple(section.messages or base.messages)
+        tags[section.tag] = Recipe(name=name, tag=section.tag, parameters=params, messages=messages,
+                                   **merged)  # type: ignore[arg-type]
     return Modelfile(path=None if where is None else Path(where), default=tags[DEFAULT_TAG], tags=tags)
 
 
@@ -441,7 +473,7 @@ def _recipe_lines(recipe: Recipe, base: Recipe | None) -> list[str]:
     if base is not None:
         for f in fields(Recipe):
             mine, theirs = getattr(recipe, f.name), getattr(base, f.name)
-            if f.name not in ("name", "tag", "parameters") and mine is None and theirs is not None:
+            if f.name not in ("name", "tag", "parameters", "messages") and mine is None and theirs is not None:
                 raise ValueError(f"tag {recipe.tag} unsets {f.name}; a Modelfile tag can only override")
         if any(k not in recipe.parameters for k in base.parameters):
             raise ValueError(f"tag {recipe.tag} drops a parameter of latest; a Modelfile tag can only override")
@@ -472,6 +504,8 @@ def _recipe_lines(recipe: Recipe, base: Recipe | None) -> list[str]:
             out += [f"PARAMETER stop {_quote(s)}" for s in value]
         else:
             out.append(f"PARAMETER {key} {_format_param(value)}")
+    if recipe.messages and (base is None or recipe.messages != base.messages):
+        out += [f"MESSAGE {role} {_quote(content)}" for role, content in recipe.messages]
     if changed("license"):
         out.append(f"LICENSE {_word(recipe.license)}")
     if changed("context_length"):

@@ -23,11 +23,11 @@ from runtime.loading.registered import open_model
 
 from .events import PullEvent, Report, quiet
 from .fetch import PullError, download_key, fetch, remove_downloads
-from .modelfile import Recipe, load_modelfile
+from .modelfile import Modelfile, Recipe, load_modelfile
 from .register import convert_and_register, modelfile_text, register_variant
 from .resolve import PullTarget, ResolveError, resolve
 
-__all__ = ["PullError", "PullEvent", "PullResult", "create", "install", "pull"]
+__all__ = ["PullError", "PullEvent", "PullResult", "create", "create_from", "install", "pull"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,12 @@ def create(name: str, modelfile_path: Path, store: Store, *, tag: str | None = N
     FROM naming a stored model, where no directory of that name exists, makes NAME a variant of it
     (Ollama's `FROM MODEL`): its weights shared, its recipe's fields changed where stated."""
     model_name = parse_name(name)  # (a bad name is refused before the Modelfile is read)
-    modelfile = load_modelfile(modelfile_path)
+    return create_from(model_name, load_modelfile(modelfile_path), store, tag=tag, report=report)
+
+
+def create_from(model_name: ModelName, modelfile: Modelfile, store: Store, *, tag: str | None = None,
+                report: Report = quiet) -> PullResult:
+    """`create` from a parsed Modelfile (the REPL's /save writes one from its chat)."""
     store.cleanup_stale()
     recipe = replace(modelfile.recipe(tag), name=model_name.model, tag=model_name.tag)
     target = PullTarget(model_name, recipe)

@@ -26,6 +26,7 @@ from runtime.text.sampling import SamplingParams
 from runtime.text.tokenizer import Tokenizer
 
 from . import line_input
+from .repl_models import MODEL_ERRORS, ModelLoader, history_lines, load_model, save_model
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ HELP = """Available commands:
   /show system                show the system message
   /show template              show the chat template
   /show license               show the license
+  /load MODEL                 load another stored model (or this one again): the conversation
+                              starts over, the parameters you set are kept
+  /save MODEL                 save this chat (system message, parameters, messages so far) as a
+                              new model, its weights shared: `ft run MODEL` starts from it
   /clear                      forget the conversation
   /bye                        exit
   /?, /help                   this help
@@ -71,6 +76,11 @@ class Chat:
     replan: Callable[[int], Plan] | None = None  # the load's plan for another num_ctx of the user's (FitError)
     num_ctx: int | None = None  # the user's (--num-ctx, /set parameter num_ctx); None: the recipe's or the default
     about: Callable[[], dict[str, Any]] | None = None  # the model as `ft show` describes it (ftpull/show.py)
+    model_name: str | None = None  # the stored model's name (/save makes a model FROM it)
+    model_options: dict[str, Any] = field(default_factory=dict)  # the model's own parameters (/load keeps the rest)
+    first_messages: list[dict[str, str]] = field(default_factory=list)  # its MESSAGEs: the history /clear goes back to
+    loader: ModelLoader | None = None  # loads another model as this one was (/load), and the store /save writes to
+    loaded: LoadedModel | None = None  # the weights, held as long as the chat runs them
 
     def params(self) -> SamplingParams:
         return SamplingParams.from_options(self.options)
@@ -126,7 +136,7 @@ class Chat:
         return result
 
     def clear(self) -> None:
-        self.messages.clear()
+        self.messages = list(self.first_messages)  # as Ollama, a model's own MESSAGEs stay
         self.session.reset()
 
     def interrupted(self) -> None:
@@ -181,9 +191,18 @@ def load_for_chat(store: Store, name: str, *, dtype: str | None, num_ctx: int | 
     tokenizer = Tokenizer.from_model(registered)
     load_seconds = time.perf_counter() - start
     session = Session(loaded.model, tokenizer, fitted.context_length)  # type: ignore[arg-type]
-    chat = Chat(session, tokenizer, options, registered.config.get("system"), experts=loaded.experts, fit=fitted,
+    first = [{"role": str(m["role"]), "content": str(m["content"])} for m in registered.config.get("messages") or ()]
+
+    def load_another(other: str, changed: dict[str, Any]) -> Chat:  # /load: as this one was loaded
+        return load_for_chat(store, other, dtype=dtype, num_ctx=num_ctx, overrides=changed, threads=threads,
+                             device=device, vram_gib=vram_gib, mode=mode)[1]
+
+    chat = Chat(session, tokenizer, options, registered.config.get("system"), messages=list(first),
+                experts=loaded.experts, fit=fitted,
                 replan=lambda n: plan(footprint, machine, replace(wanted, num_ctx=n, device=fitted.device)),
-                num_ctx=num_ctx, about=lambda: _describe(store, name))
+                num_ctx=num_ctx, about=lambda: _describe(store, name), model_name=registered.name.display,
+                model_options={k: v for k, v in (registered.config.get("parameters") or {}).items() if k != "num_ctx"},
+                first_messages=first, loader=ModelLoader(store, load_another), loaded=loaded)
     return loaded, chat, load_seconds
 
 
@@ -269,6 +288,15 @@ def handle_command(chat: Chat, text: str, say: Callable[[str], None], settings: 
             say(f"Error: {e}")
             return True
         say(shown.rstrip("\n") or NOTHING_TO_SHOW[parts[1]])
+    elif command in ("/load", "/save") and len(parts) != 2:
+        say(f"Usage:\n  {command} <model>")
+    elif command in ("/load", "/save"):
+        if command == "/load":
+            say(f"Loading model '{parts[1]}'")
+        try:
+            say((load_model if command == "/load" else save_model)(chat, parts[1]))  # type: ignore[arg-type]
+        except MODEL_ERRORS as e:
+            say(f"Error: {e}")
     elif command == "/clear":
         chat.clear()
         say("Cleared session context")
@@ -343,6 +371,8 @@ def repl(chat: Chat, verbose: bool, load_seconds: float, history: Path | None = 
     lines = line_input.reader(history)
     settings = ReplSettings(verbose)
     show_load: float | None = load_seconds
+    if chat.messages:  # a model's MESSAGEs (a /save's chat): shown, as Ollama shows them
+        write("\n".join(history_lines(chat.messages)) + "\n")
     while True:
         try:
             message = read_message(lines, lines.prompt)

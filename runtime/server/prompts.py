@@ -105,10 +105,12 @@ def chat_template_vars(request: ChatRequest, messages: list[dict[str, Any]]) -> 
 
 
 def with_system(registered: RegisteredModel, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The recipe's SYSTEM prompt first, unless the conversation brings its own."""
+    """The recipe's SYSTEM prompt first, unless the conversation brings its own; then the recipe's
+    MESSAGEs (a REPL's /save keeps its chat so), before the conversation's, as Ollama puts them."""
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
         raise BadRequest("messages must be a list of message objects")
+    stored = [m for m in registered.config.get("messages") or () if isinstance(m, Mapping)]
     system = registered.config.get("system")
-    if system and not any(m.get("role") == "system" for m in messages):
-        return [{"role": "system", "content": system}, *messages]
-    return list(messages)
+    if system and not any(m.get("role") == "system" for m in [*stored, *messages]):
+        return [{"role": "system", "content": system}, *stored, *messages]
+    return [*stored, *messages]

@@ -1,0 +1,145 @@
+"""`ft fit` without the network: a shipped recipe's stored footprint.
+
+Each shipped recipe keeps the part of its checkpoint's config.json that sizes it in
+Modelfiles/footprints.json (same keys as config.json, so ft's own config normalizer reads it).
+From that the sizes the FTW converter would produce are computed, tensor by tensor as the
+checkpoint's headers would give them: an estimate (a family's small extras, such as biases or
+norms some layers lack, may differ), said as such by `ft fit`. Used only where the Hub cannot be
+reached; a pulled model is planned from its FTW index, a reachable Hub's from its headers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib import resources
+from typing import Any
+
+from ftw.families import family_for_config, normalized_config
+from ftw.format import PART_ALIGNMENT, align_up
+from runtime.planner.footprint import (
+    ModelFootprint,
+    _activation_bytes_per_token,
+    kv_dtype_bytes,
+    kv_layout,
+)
+
+from .modelfile import Recipe
+
+FOOTPRINTS_FILE = "footprints.json"
+FP8_BLOCK = 128  # FP8 checkpoints' weight_scale_inv: one f32 per 128 x 128 block
+GGUF_BITS_PER_WEIGHT = {"q4_k_m": 4.85, "q4_k_s": 4.58, "q5_k_m": 5.69, "q6_k": 6.56, "q8_0": 8.5}  # llama.cpp's figures
+SOURCE = "recipe"  # ModelFootprint.source of these
+
+
+class NoStoredFootprintError(LookupError):
+    """A recipe with no stored footprint (ft fit needs the Hub for it)."""
+
+
+def stored_config(model: str) -> dict[str, Any]:
+    """The config.json subset stored for the shipped recipe `model`; NoStoredFootprintError if none."""
+    table = json.loads(resources.files("Modelfiles").joinpath(FOOTPRINTS_FILE).read_text(encoding="utf-8"))
+    config = table.get("models", {}).get(model)
+    if not isinstance(config, dict):
+        raise NoStoredFootprintError(f"the recipe {model!r} stores no footprint in Modelfiles/{FOOTPRINTS_FILE}")
+    return config
+
+
+def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
+    """The footprint of `recipe` (a shipped one) from its stored config, as FTW would hold it."""
+    config = stored_config(recipe.name)
+    family = family_for_config(config)
+    c = normalized_config(family, config)
+    text = family.text_config(config)
+    weight = _weight_kind(recipe, config)
+    compute = 4 if weight == "f32" else 2
+    dtype = "f32" if weight == "f32" else "bf16"
+    experts = len(c["moe_layers"])
+    stride = _expert_stride(c["hidden_size"], c["moe_intermediate_size"], weight)
+    dense = _dense_numel(family.name, c, text)
+    embedding = 0 if c["tie_word_embeddings"] else c["vocab_size"] * c["hidden_size"] * compute
+    context = recipe.context_length or c["context_length"]
+    if recipe.source.scheme == "gguf":  # only the file's size is planned from, as online (ft fit reads no header)
+        bits = GGUF_BITS_PER_WEIGHT.get(_gguf_quant(recipe.source.path or ""), 8.5)
+        numel = dense + experts * c["num_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
+        return ModelFootprint.from_sizes(expert_bytes=math.ceil(numel * bits / 8), name=name, context_length=context,
+                                         family=family.name, dtype=dtype)
+    return ModelFootprint(
+        name=name, source=SOURCE, family=family.name, dtype=dtype, dense_bytes=dense * compute,
+        expert_pool_bytes=stride * experts * c["num_experts"], expert_stride_bytes=stride, num_moe_layers=experts,
+        num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
+        kv=kv_layout(family.name, text, kv_dtype_bytes(dtype)), context_length=context,
+        activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding)
+
+
+def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:
+    """What the experts are stored as: the recipe's DTYPE, or (auto) the checkpoint's own."""
+    if recipe.dtype != "auto":
+        return recipe.dtype
+    quant = config.get("quantization_config") or {}
+    return "fp8" if quant.get("quant_method") == "fp8" else "f32" if config.get("torch_dtype") == "float32" else "bf16"
+
+
+def _expert_stride(hidden: int, inter: int, weight: str) -> int:
+    """One expert record as the FTW writer lays it out: w13 (gate and up), w2 (down), and with
+    FP8 the three block-scale parts, each part on 256 bytes, the record on 4096."""
+    if weight == "fp8":
+        scale = math.ceil(inter / FP8_BLOCK) * math.ceil(hidden / FP8_BLOCK) * 4
+        parts = [2 * hidden * inter, hidden * inter, scale, scale, scale]
+    else:
+        element = 4 if weight == "f32" else 2
+        parts = [2 * hidden * inter * element, hidden * inter * element]
+    return align_up(sum(align_up(p, PART_ALIGNMENT) for p in parts))
+
+
+def _dense_numel(family: str, c: dict[str, Any], text: dict[str, Any]) -> int:
+    """Elements of every tensor but the routed experts: attention, norms, routers, shared experts,
+    the dense layers' MLPs, embeddings and head."""
+    hidden, layers, vocab = c["hidden_size"], c["num_layers"], c["vocab_size"]
+    moe = set(c["moe_layers"])
+    per_layer = [_attention_numel(family, c, text, i) + 2 * hidden for i in range(layers)]
+    shared_size = int(text.get("shared_expert_intermediate_size") or c["moe_intermediate_size"] * c["num_shared_experts"])
+    shared = 3 * hidden * shared_size + (hidden if text.get("shared_expert_intermediate_size") else 0) \
+        if c["num_shared_experts"] else 0
+    dense_mlp = 3 * hidden * int(text.get("intermediate_size") or 0)
+    mlp = sum(c["num_experts"] * hidden + shared if i in moe else dense_mlp for i in range(layers))
+    head = 0 if c["tie_word_embeddings"] else vocab * hidden
+    return sum(per_layer) + mlp + vocab * hidden + head + hidden
+
+
+def _attention_numel(family: str, c: dict[str, Any], text: dict[str, Any], layer: int) -> int:
+    hidden, heads, kv_heads, head_dim = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    if text.get("kv_lora_rank"):  # MLA (DeepSeek, Kimi, GLM-4.7-Flash, GLM-5)
+        rank, rope, nope = int(text["kv_lora_rank"]), int(text["qk_rope_head_dim"]), int(text["qk_nope_head_dim"])
+        v_dim, q_rank = int(text["v_head_dim"]), int(text.get("q_lora_rank") or 0)
+        q = hidden * q_rank + q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
+        return q + hidden * (rank + rope) + rank + rank * heads * (nope + v_dim) + heads * v_dim * hidden
+    if _is_linear_layer(text, layer):  # Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6)
+        k_heads, v_heads = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        k_dim, v_dim = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        conv = (2 * k_heads * k_dim + v_heads * v_dim) * int(text.get("linear_conv_kernel_dim") or 4)
+        return hidden * (2 * k_heads * k_dim + 2 * v_heads * v_dim + 2 * v_heads) + conv + 2 * v_heads + v_dim \
+            + v_heads * v_dim * hidden
+    gated = 2 if "linear_num_key_heads" in text else 1  # Qwen3-Next's full layers gate their output: q_proj twice
+    numel = hidden * heads * head_dim * (gated + 1) + 2 * hidden * kv_heads * head_dim
+    if family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe"):
+        numel += 2 * head_dim  # q_norm, k_norm
+    if family == "qwen2_moe" or text.get("attention_bias"):
+        numel += (heads + 2 * kv_heads) * head_dim
+    return numel
+
+
+def _is_linear_layer(text: dict[str, Any], layer: int) -> bool:
+    if "linear_num_key_heads" not in text:
+        return False
+    types = text.get("layer_types")
+    if isinstance(types, list) and layer < len(types):
+        return types[layer] == "linear_attention"
+    return (layer + 1) % int(text.get("full_attention_interval") or 4) != 0
+
+
+def _gguf_quant(path: str) -> str:
+    m = re.search(r"(q\d_k_[sm]|q\d_k|q\d_0)", path.lower())
+    return m.group(1) if m else ""
+

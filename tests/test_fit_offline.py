@@ -1,0 +1,129 @@
+"""`ft fit` of a shipped recipe without the Hub: the footprint stored with the recipe
+(Modelfiles/footprints.json). No test here reaches a network: the Hub's functions are replaced."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ftpull import hub
+from ftpull.modelfile import builtin_modelfiles, load_builtin_modelfile
+from ftpull.recipe_footprint import SOURCE, recipe_footprint, stored_config
+from ftpull.resolve import ResolveError, resolve
+from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+from runtime.planner.resources import Machine
+from tests.clirun import ft
+from tests.test_plan import DESKTOP_5090, QWEN3_30B, WORKSTATION_5090, qwen3_30b_tensors
+
+UNREACHABLE = "looking up Qwen/Qwen3-30B-A3B: cannot resolve huggingface.co: this machine is offline"
+
+
+def _offline(*_args: object) -> None:
+    raise hub.HubUnreachable(UNREACHABLE)
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_HOME", str(tmp_path / "ft_home"))
+    monkeypatch.setattr(hub, "fetch_checkpoint_info", _offline)
+    monkeypatch.setattr(hub, "fetch_file_sizes", _offline)
+    monkeypatch.setattr(Machine, "probe", staticmethod(lambda: DESKTOP_5090))
+
+
+def _planned_recipes() -> list[str]:
+    """Every name:tag of a shipped recipe that `ft fit` plans from the Hub (not one ft cannot
+    convert yet, which resolve refuses first, nor builtin:// ones, built locally)."""
+    names = []
+    for model in builtin_modelfiles():
+        for tag in load_builtin_modelfile(model).tags:
+            try:
+                target = resolve(f"{model}:{tag}")
+            except ResolveError:
+                continue
+            if target.recipe.source.scheme != "builtin":
+                names.append(f"{model}:{tag}")
+    return names
+
+
+@pytest.mark.parametrize("ref", _planned_recipes())
+def test_every_shipped_recipe_has_a_plannable_offline_footprint(ref: str) -> None:
+    target = resolve(ref)
+    fp = recipe_footprint(target.recipe, name=ref)
+    fitted = plan(fp, WORKSTATION_5090, PlanOverrides(force=True))
+    assert fitted.context_length > 0 and fp.expert_pool_bytes > 0
+    if target.recipe.source.scheme == "gguf":  # planned from the file's size, as with the network
+        assert fp.source == "sizes"
+        return
+    assert fp.source == SOURCE and fp.layout_known and fp.dense_bytes > 0
+    assert fp.kv.bytes_per_token > 0 and fp.activation_bytes_per_token > 0
+
+
+def test_the_qwen3_30b_recipe_stores_its_config_and_plans_as_its_checkpoint_would() -> None:
+    config = stored_config("qwen3-30b-a3b")
+    for key in ("hidden_size", "num_hidden_layers", "num_experts", "moe_intermediate_size", "num_experts_per_tok",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+        assert config[key] == QWEN3_30B[key], key
+    recipe = load_builtin_modelfile("qwen3-30b-a3b").recipe()
+    expected = ModelFootprint.from_checkpoint(QWEN3_30B, qwen3_30b_tensors(), target_dtype="bf16",
+                                              name="qwen3-30b-a3b:latest", context_length=recipe.context_length)
+    assert recipe_footprint(recipe, name="qwen3-30b-a3b:latest") == replace(expected, source=SOURCE)
+
+    fp8 = load_builtin_modelfile("qwen3-30b-a3b").recipe("fp8")
+    expected = ModelFootprint.from_checkpoint(QWEN3_30B, _fp8_tensors(), target_dtype="fp8",
+                                              name="qwen3-30b-a3b:fp8", context_length=fp8.context_length)
+    assert recipe_footprint(fp8, name="qwen3-30b-a3b:fp8") == replace(expected, source=SOURCE)
+
+
+def _fp8_tensors() -> dict[str, tuple[str, int]]:
+    """Qwen3-30B-A3B-FP8's table: 2-D projections in e4m3 with an f32 scale per 128 x 128 block."""
+    shapes = {"q_proj": (4096, 2048), "k_proj": (512, 2048), "v_proj": (512, 2048), "o_proj": (2048, 4096),
+              "gate_proj": (768, 2048), "up_proj": (768, 2048), "down_proj": (2048, 768)}
+    out = {}
+    for name, (dtype, nbytes) in qwen3_30b_tensors().items():
+        proj = name.split(".")[-2]
+        if proj not in shapes:
+            out[name] = (dtype, nbytes)
+            continue
+        rows, cols = shapes[proj]
+        out[name] = ("f8_e4m3", rows * cols)
+        out[name + "_scale_inv"] = ("f32", -(-rows // 128) * -(-cols // 128) * 4)
+    return out
+
+
+def test_ft_fit_offline_says_the_figures_are_the_recipes_estimate(offline, capsys) -> None:
+    code, out, err = ft(capsys, "fit", "qwen3-30b-a3b")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "the recipe's stored footprint (estimate; not read from the model's files), not pulled" in text
+    assert "note: the Hub could not be reached" in text and "an estimate, not sizes read from the model's files" in text
+    assert "48 MoE layers x 128 experts, top-8" in text
+    code, out, _ = ft(capsys, "fit", "qwen3-30b-a3b:q4_k_m", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["footprint"]["source"] == "sizes" and "could not be reached" in doc["estimate_note"]
+
+
+def test_ft_fit_offline_of_a_model_no_recipe_ships_says_the_hub_is_unreachable(offline, capsys) -> None:
+    code, _, err = ft(capsys, "fit", "hf://Qwen/Qwen3-30B-A3B")
+    assert code == 1 and UNREACHABLE in err
+
+
+def test_a_network_failure_reads_as_unreachable_and_a_refusal_does_not(monkeypatch) -> None:
+    monkeypatch.setenv("FT_PULL_RETRIES", "2")
+    monkeypatch.setenv("FT_PULL_RETRY_DELAY_S", "0")
+
+    def no_dns() -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def refused() -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    for fail in (no_dns, refused):
+        with pytest.raises(hub.HubUnreachable):
+            hub.with_retries("looking up org/repo", fail)
+    with pytest.raises(hub.HubError) as e:
+        hub.with_retries("looking up org/repo", lambda: (_ for _ in ()).throw(hub.NotASafetensorsRepoError("x")))
+    assert not isinstance(e.value, hub.HubUnreachable)
