@@ -53,27 +53,33 @@ def main() -> None:
     rows = bank.data.cuda()
     views = RecordViews(rows, bank.layout)
     gen = torch.Generator().manual_seed(0)
-    kernel = records._grouped_kernel
     print(f"{'tokens':>7} {'grouped ms':>11} {'padded ms':>10} {'speed-up':>9} {'max |diff| / max':>17}")
     for tokens in (int(t) for t in args.tokens.split(",")):
-        ids = torch.stack([torch.randperm(args.experts, generator=gen)[: args.top_k] for _ in range(tokens)])
-        weights = torch.softmax(torch.randn(tokens, args.top_k, generator=gen), -1).cuda()
-        x = torch.randn(tokens, args.hidden, generator=gen).cuda().to(torch.bfloat16)
-        plan = PairPlan.of_every_expert(ids.cuda(), ids)
-        outs = {}
-
-        def run(name: str) -> None:
-            outs[name] = torch.zeros(tokens, args.hidden, device="cuda")
-            experts_from_records(x, weights, plan, views, torch.bfloat16, outs[name])
-
-        grouped = timed(lambda: run("grouped"), args.reps)
-        records._grouped_kernel = lambda *a: None  # the padded runs, as before the kernel
-        try:
-            padded = timed(lambda: run("padded"), args.reps)
-        finally:
-            records._grouped_kernel = kernel
-        diff = (outs["grouped"] - outs["padded"]).abs().max().item() / outs["padded"].abs().max().item()
+        grouped, padded, diff = compare(tokens, views, gen, args)
         print(f"{tokens:>7} {grouped:>11.3f} {padded:>10.3f} {padded / grouped:>8.2f}x {diff:>17.2e}")
+
+
+def compare(tokens: int, views: RecordViews, gen: torch.Generator, args: argparse.Namespace) -> tuple[float, float, float]:
+    """(grouped ms, padded ms, max |difference| / max |output|) for one call of `tokens` random-routed tokens."""
+    ids = torch.stack([torch.randperm(args.experts, generator=gen)[: args.top_k] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, args.top_k, generator=gen), -1).cuda()
+    x = torch.randn(tokens, args.hidden, generator=gen).cuda().to(torch.bfloat16)
+    plan = PairPlan.of_every_expert(ids.cuda(), ids)
+    outs: dict[str, torch.Tensor] = {}
+
+    def run(name: str) -> None:
+        outs[name] = torch.zeros(tokens, args.hidden, device="cuda")
+        experts_from_records(x, weights, plan, views, torch.bfloat16, outs[name])
+
+    kernel = records._grouped_kernel
+    grouped = timed(lambda: run("grouped"), args.reps)
+    records._grouped_kernel = lambda *a: None  # the padded runs, as before the kernel
+    try:
+        padded = timed(lambda: run("padded"), args.reps)
+    finally:
+        records._grouped_kernel = kernel
+    diff = (outs["grouped"] - outs["padded"]).abs().max().item() / outs["padded"].abs().max().item()
+    return grouped, padded, diff
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class EmptyPromptError(ValueError):
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0  # tokens actually prefilled (a reused prefix is not counted)
-    cached_tokens: int = 0  # prompt tokens reused from the previous turn
+    cached_tokens: int = 0  # prompt tokens whose state was kept from before (a prefix cache hit)
     prompt_seconds: float = 0.0
     eval_tokens: int = 0
     eval_seconds: float = 0.0
@@ -55,6 +55,18 @@ class Generation:
     stop_string: str | None = None  # the stop string that ended it (None: EOS, or no stop)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The number of leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # (the usual case, a continuation: one comparison in C)
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
 class Session:
     """One sequence of a loaded model; not thread-safe (the server queues requests per session)."""
 
@@ -75,8 +87,7 @@ class Session:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt)} tokens, the context is {self.context_length}; shorten it or raise num_ctx"
             )
-        if len(self.tokens) >= len(prompt) or self.tokens != prompt[: len(self.tokens)]:
-            self.reset()  # states are append-only (recurrent layers cannot rewind): start over
+        self._keep_prefix_of(prompt)
         new = prompt[len(self.tokens):]
         stats.cached_tokens, stats.prompt_tokens = len(self.tokens), len(new)
         start = time.perf_counter()
@@ -84,6 +95,21 @@ class Session:
         stats.prompt_seconds = time.perf_counter() - start
         self.tokens = list(prompt)
         return logits
+
+    def _keep_prefix_of(self, prompt: list[int]) -> None:
+        """Keep what the state holds of `prompt`'s start, less at least its last token (whose logits
+        start the reply): all of it where `prompt` continues the state's tokens; where it departs
+        from them (an edited or trimmed history, a retried turn, another request sharing the system
+        prompt), the common prefix, by taking the state back to it, where every layer's cache is
+        read by position (`rewinds`); a recurrent state cannot be taken back, and starts over."""
+        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        if keep == len(self.tokens):
+            return
+        if keep > 0 and getattr(self.model, "rewinds", False):  # (a model that does not say cannot)
+            self.model.set_length(self.state, keep)
+            self.tokens = self.tokens[:keep]
+        else:
+            self.reset()
 
     def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None, *,
                  keep_special_tokens: bool = False, continues_text: bool = False) -> Generation:

@@ -221,13 +221,19 @@ def test_tiny_end_to_end(live_tiny):  # noqa: F811
     with client.messages.stream(**ask) as stream:
         final = stream.get_final_message()
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in message.content]
-    assert final.usage.input_tokens == message.usage.input_tokens
-    assert client.messages.count_tokens(model="tiny", messages=ask["messages"]).input_tokens == message.usage.input_tokens
+
+    def context(usage) -> int:  # the prompt's tokens, as a coding agent sums them to track its context
+        return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+    assert final.usage.cache_read_input_tokens > 0  # the same prompt again: its state kept but the last token
+    assert context(final.usage) == context(message.usage)
+    assert client.messages.count_tokens(model="tiny", messages=ask["messages"]).input_tokens == context(message.usage)
     body = {**{k: v for k, v in ask.items() if k != "extra_body"}, "temperature": 0, "stream": True}
     with httpx.stream("POST", live_tiny + "/v1/messages", json=body, headers=HEADERS, timeout=120) as r:
         first = next(json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: "))
     assert first["type"] == "message_start"
-    assert first["message"]["usage"]["input_tokens"] == message.usage.input_tokens  # (coding agents track context by it)
+    # known before the cache is looked up, so the whole prompt (the final usage splits it)
+    assert first["message"]["usage"]["input_tokens"] == context(message.usage)
 
 
 
@@ -249,4 +255,4 @@ def test_a_final_assistant_message_is_continued(live_tiny, tmp_path):  # noqa: F
     assert continued == len(tokenizer.encode(text))
     assert continued == new_turn + len(tokenizer.encode("Sure"))
     message = client.messages.create(model="tiny", max_tokens=4, messages=prefilled, extra_body={"temperature": 0})
-    assert message.usage.input_tokens == continued
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == continued

@@ -225,8 +225,10 @@ def chat_request(body: Mapping[str, Any], *, count_only: bool = False) -> ChatRe
 
 
 def _usage(done: Done) -> dict[str, int]:
-    return {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    """Anthropic's usage: input_tokens the prompt's tokens not read from the cache, the others in
+    cache_read_input_tokens (ft caches every prompt's state, so nothing is billed as a creation)."""
+    return {"input_tokens": done.prompt_tokens - done.cached_tokens, "output_tokens": done.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": done.cached_tokens}
 
 
 def _stop(done: Done, called_tools: bool) -> tuple[str, str | None]:

@@ -180,10 +180,11 @@ def done_fields(done: Done) -> dict[str, Any]:
         "done_reason": DONE_REASONS.get(done.stop_reason, "stop"),
         "total_duration": ns(done.total_seconds),
         "load_duration": ns(done.load_seconds),
-        "prompt_eval_count": done.prompt_tokens,
+        "prompt_eval_count": done.prompt_tokens,  # the whole prompt, cached tokens included, as Ollama counts it
         "prompt_eval_duration": ns(done.prompt_seconds),
         "eval_count": done.completion_tokens,
         "eval_duration": ns(done.eval_seconds),
+        **({"prompt_eval_cached_count": done.cached_tokens} if done.cached_tokens else {}),  # (omitted at 0, as Ollama)
     }
 
 

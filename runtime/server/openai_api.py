@@ -290,9 +290,12 @@ def chat_request(body: Mapping[str, Any]) -> ChatRequest:
 # -- responses --
 
 
-def _usage(done: Done) -> dict[str, int]:
+def _usage(done: Done) -> dict[str, Any]:
+    """OpenAI's usage: prompt_tokens the whole prompt, the share served from the prefix cache in
+    prompt_tokens_details.cached_tokens."""
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
 def _finish_reason(done: Done, called_tools: bool) -> str:

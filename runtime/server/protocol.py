@@ -80,6 +80,7 @@ class Done:
     stop_sequence: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those whose state was kept from an earlier request (not computed)
     load_seconds: float = 0.0
     prompt_seconds: float = 0.0
     eval_seconds: float = 0.0

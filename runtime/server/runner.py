@@ -207,5 +207,6 @@ class Runner:
         opened = inputs.get("opening_tokens", 0)  # a forced call's opening: the reply's, though ft wrote it
         return Done(stop_reason=stop_reason, stop_sequence=stop_sequence,  # type: ignore[arg-type]
                     prompt_tokens=len(inputs["prompt"]) - opened, completion_tokens=s.eval_tokens + opened,
+                    cached_tokens=min(s.cached_tokens, len(inputs["prompt"]) - opened),
                     load_seconds=inputs["load_seconds"], prompt_seconds=s.prompt_seconds,
                     eval_seconds=s.eval_seconds, total_seconds=time.perf_counter() - inputs["started"])

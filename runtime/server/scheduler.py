@@ -142,6 +142,13 @@ class CancellableModel:
     def reset_state(self, state: Any) -> Any:
         return self.model.reset_state(state)
 
+    @property
+    def rewinds(self) -> bool:
+        return getattr(self.model, "rewinds", False)
+
+    def set_length(self, state: Any, length: int) -> None:  # (a session takes its state back to a prefix)
+        self.model.set_length(state, length)
+
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         if self.job is not None and self.job.cancelled.is_set():
             raise GenerationCancelled

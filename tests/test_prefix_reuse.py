@@ -1,0 +1,101 @@
+"""A request whose prompt departs from what the session's state holds (an edited or trimmed
+history, a retried turn) keeps the common prefix instead of starting over, where every layer's
+cache is read by position, and answers as a fresh session would; each API reports the cache hit
+as it defines one: Ollama's prompt_eval_cached_count (prompt_eval_count stays the whole prompt),
+OpenAI's usage.prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens (its
+input_tokens the rest). Through the real client packages against `ft serve`'s app."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from runtime.engine import Session, common_prefix
+from runtime.loading.registered import open_model
+from runtime.loading.runnable import load
+from runtime.models import DecoderModel
+from runtime.text.sampling import SamplingParams
+from runtime.text.tokenizer import Tokenizer
+from tests.test_server_util import LiveServer, pulled_home
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+COLD = {"temperature": 0}  # (this anthropic SDK takes sampling fields only in the body)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return pulled_home(tmp_path_factory.mktemp("prefix-home"))
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_prefix([1, 2, 3, 4], [1, 2]) == 2
+    assert common_prefix([1, 2, 9, 4], [1, 2, 3, 4]) == 2
+    assert common_prefix(list(range(1000)), list(range(777)) + [-1]) == 777
+
+
+def test_an_edited_history_keeps_the_common_prefix_and_answers_as_a_fresh_session(store) -> None:
+    loaded, tokenizer = load(store, "tiny", torch.float32), Tokenizer.from_model(open_model(store, "tiny"))
+    session = Session(loaded.model, tokenizer, 256)
+    first = list(range(5, 65))
+    edited = first[:40] + [7, 8, 9]  # the history cut and rewritten after 40 tokens
+    session.generate(first, GREEDY)
+    reply = session.generate(edited, GREEDY)
+    assert (reply.stats.cached_tokens, reply.stats.prompt_tokens) == (40, 3)
+    fresh = Session(loaded.model, tokenizer, 256).generate(edited, GREEDY)
+    assert reply.tokens == fresh.tokens and reply.text == fresh.text
+    again = session.generate(edited, GREEDY)  # retried: all but the last token kept (its logits start the reply)
+    assert (again.stats.cached_tokens, again.stats.prompt_tokens) == (len(edited) - 1, 1)
+    assert again.tokens == fresh.tokens
+    # the prompt again with other words than the reply's: the reply's tokens are taken back
+    assert again.tokens[0] != 11
+    longer = session.generate(edited + [11, 12], GREEDY)
+    assert (longer.stats.cached_tokens, longer.stats.prompt_tokens) == (len(edited), 2)
+
+
+def test_a_state_that_cannot_be_taken_back_starts_over(store, monkeypatch) -> None:
+    """A recurrent layer's state moves on with every token: a departing prompt recomputes all."""
+    loaded, tokenizer = load(store, "tiny", torch.float32), Tokenizer.from_model(open_model(store, "tiny"))
+    monkeypatch.setattr(DecoderModel, "rewinds", property(lambda self: False))
+    session = Session(loaded.model, tokenizer, 256)
+    first = list(range(5, 65))
+    session.generate(first, GREEDY)
+    reply = session.generate(first[:40] + [7, 8, 9], GREEDY)
+    assert (reply.stats.cached_tokens, reply.stats.prompt_tokens) == (0, 43)
+
+
+def test_every_api_reports_the_cache_hit_of_a_continued_conversation(store) -> None:
+    import anthropic
+    import ollama
+    import openai
+
+    question = [{"role": "user", "content": "Tell me about the quiet river and the old stone bridge."}]
+    with LiveServer(store) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        first = client.chat.completions.create(model="tiny", messages=question, max_tokens=8, temperature=0)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        turn = [*question, {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And then?"}]
+        second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert first.usage.prompt_tokens // 2 < cached < second.usage.prompt_tokens
+
+        ant = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        once = ant.messages.create(model="tiny", max_tokens=8, messages=question, extra_body=COLD)
+        again = ant.messages.create(model="tiny", max_tokens=8, extra_body=COLD,
+                                    messages=[*question, {"role": "assistant", "content": once.content[0].text},
+                                              {"role": "user", "content": "And then?"}])
+        assert again.usage.cache_read_input_tokens > 0 and again.usage.cache_creation_input_tokens == 0
+        assert again.usage.input_tokens + again.usage.cache_read_input_tokens > once.usage.input_tokens
+        with ant.messages.stream(model="tiny", max_tokens=8, messages=question, extra_body=COLD) as stream:
+            streamed = stream.get_final_message()
+        assert streamed.usage.cache_read_input_tokens > 0  # (the question again: its state was the last one's prefix)
+
+        oll = ollama.Client(host=server.url)
+        one = oll.chat(model="tiny", messages=question, options={"temperature": 0, "num_predict": 8})
+        body = {"model": "tiny", "messages": question, "stream": False, "options": {"temperature": 0, "num_predict": 8}}
+        two = httpx.post(server.url + "/api/chat", json=body, timeout=120).json()  # (this client drops the field)
+        assert two["prompt_eval_count"] == one.prompt_eval_count  # the whole prompt, as Ollama counts it
+        assert two["prompt_eval_cached_count"] == two["prompt_eval_count"] - 1
