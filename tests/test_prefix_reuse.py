@@ -84,14 +84,15 @@ def test_every_api_reports_the_cache_hit_of_a_continued_conversation(store) -> N
 
         ant = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         once = ant.messages.create(model="tiny", max_tokens=8, messages=question, extra_body=COLD)
-        again = ant.messages.create(model="tiny", max_tokens=8, extra_body=COLD,
-                                    messages=[*question, {"role": "assistant", "content": once.content[0].text},
-                                              {"role": "user", "content": "And then?"}])
+        history = [*question, {"role": "assistant", "content": once.content[0].text},
+                   {"role": "user", "content": "And then?"}]
+        again = ant.messages.create(model="tiny", max_tokens=8, extra_body=COLD, messages=history)
         assert again.usage.cache_read_input_tokens > 0 and again.usage.cache_creation_input_tokens == 0
         assert again.usage.input_tokens + again.usage.cache_read_input_tokens > once.usage.input_tokens
-        with ant.messages.stream(model="tiny", max_tokens=8, messages=question, extra_body=COLD) as stream:
+        history = [*history, {"role": "assistant", "content": again.content[0].text}, {"role": "user", "content": "More?"}]
+        with ant.messages.stream(model="tiny", max_tokens=8, messages=history, extra_body=COLD) as stream:
             streamed = stream.get_final_message()
-        assert streamed.usage.cache_read_input_tokens > 0  # (the question again: its state was the last one's prefix)
+        assert streamed.usage.cache_read_input_tokens > again.usage.cache_read_input_tokens  # (streamed: in the last delta)
 
         oll = ollama.Client(host=server.url)
         one = oll.chat(model="tiny", messages=question, options={"temperature": 0, "num_predict": 8})
@@ -99,3 +100,55 @@ def test_every_api_reports_the_cache_hit_of_a_continued_conversation(store) -> N
         two = httpx.post(server.url + "/api/chat", json=body, timeout=120).json()  # (this client drops the field)
         assert two["prompt_eval_count"] == one.prompt_eval_count  # the whole prompt, as Ollama counts it
         assert two["prompt_eval_cached_count"] == two["prompt_eval_count"] - 1
+
+
+class _FakeSession:
+    def __init__(self, context: int, rewinds: bool = True) -> None:
+        self.context_length, self.tokens = context, []
+        self.model = type("M", (), {"rewinds": rewinds})()
+
+
+def test_the_pool_gives_a_side_request_its_own_session_and_the_main_one_back() -> None:
+    from runtime.server.session_pool import SessionPool
+
+    pool = SessionPool(lambda context: _FakeSession(context), 100, size=2)
+    main = pool.choose([1, 2, 3, 4], 100)
+    main.tokens = [1, 2, 3, 4, 5, 6]  # (the prompt and its reply)
+    side = pool.choose([1, 9, 9], 100)  # shares one token: it would throw away most of main's state
+    assert side is not main and len(pool.sessions) == 2
+    side.tokens = [1, 9, 9, 7]
+    assert pool.choose([1, 2, 3, 4, 5, 6, 8], 100) is main  # the main conversation, continued
+    assert pool.choose([1, 2, 3, 4, 0], 100) is main  # edited near its end: still main's (keeps over half)
+    third = pool.choose([5, 5, 5], 100)  # a third conversation, the pool full: the least recently used
+    assert third is side
+    assert pool.choose([1, 2], 50) is not main and pool.sessions == [pool.sessions[0]]  # another context: anew
+
+
+def test_a_state_that_cannot_be_taken_back_is_kept_only_by_a_continuation() -> None:
+    from runtime.server.session_pool import SessionPool
+
+    pool = SessionPool(lambda context: _FakeSession(context, rewinds=False), 100, size=2)
+    first = pool.choose([1, 2, 3], 100)
+    first.tokens = [1, 2, 3, 4]
+    assert pool.choose([1, 2, 3, 9], 100) is not first  # it would have to start over: another session
+    assert pool.choose([1, 2, 3, 4, 5], 100) is first
+
+
+def test_a_side_request_does_not_cost_the_main_conversation_its_cache(store) -> None:
+    """A coding agent's pattern: the main conversation, a short request with its own system prompt
+    (a title), then the main conversation's next turn, which finds its whole history cached."""
+    import openai
+
+    main = [{"role": "system", "content": "You are a careful coding agent with many tools."},
+            {"role": "user", "content": "Read the file and fix the failing test, step by step."}]
+    side = [{"role": "system", "content": "Write a five-word title."}, {"role": "user", "content": "fix test"}]
+    with LiveServer(store) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        first = client.chat.completions.create(model="tiny", messages=main, max_tokens=8, temperature=0)
+        client.chat.completions.create(model="tiny", messages=side, max_tokens=4, temperature=0)
+        turn = [*main, {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "Now run the tests."}]
+        second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+        runner_sessions = next(iter(server.manager.runners.values())).sessions
+        assert len(runner_sessions.sessions) == 2

@@ -29,6 +29,7 @@ from . import models
 from .parsers import make_parser, opens_reasoning, syntax_for
 from .protocol import BadRequest, Done, Event, ServerError, ToolCallEvent
 from .scheduler import DEFAULT_KEEP_ALIVE_S, CancellableModel, GenerationCancelled, Job
+from .session_pool import SessionPool
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,22 @@ class LoadedStatus:
     active_requests: int
 
 
+MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM holds their KV
+
+
+def sessions_for(plan: Plan) -> int:
+    """How many sessions a loaded model keeps: one on the GPU, whose KV the plan puts in VRAM for
+    one context; on the CPU as many as the RAM the plan leaves holds (each a whole context's KV),
+    up to MAX_SESSIONS."""
+    if plan.device != "cpu" or plan.kv_bytes <= 0:
+        return 1
+    spare = plan.ram_budget_bytes - plan.ram_needed_bytes
+    return 1 + max(0, min(MAX_SESSIONS - 1, spare // plan.kv_bytes))
+
+
 class Runner:
-    """A loaded model: weights, tokenizer, the planned context, one session and one worker thread."""
+    """A loaded model: weights, tokenizer, the planned context, its sessions (session_pool.py: a
+    few conversations' states) and one worker thread."""
 
     def __init__(self, registered: RegisteredModel, loaded: LoadedModel, tokenizer: Tokenizer, fitted: Plan,
                  load_seconds: float) -> None:
@@ -89,7 +104,9 @@ class Runner:
         self.asked_ctx = fitted.context_length  # the num_ctx its load planned for (set by the manager)
         self.load_seconds = load_seconds
         self.model = CancellableModel(loaded.model)
-        self.session = Session(cast(DecoderModel, self.model), tokenizer, fitted.context_length)
+        self.sessions = SessionPool(lambda context: Session(cast(DecoderModel, self.model), tokenizer, context),
+                                    fitted.context_length, sessions_for(fitted))
+        self.session = self.sessions.sessions[0]  # the one the running (or last) generation uses
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ft-{registered.name.model}")
         self.weight_bytes = tensor_bytes(loaded.weights.dense, 2) + sum(
             b.data.numel() * b.data.element_size() for b in loaded.weights.banks.values())
@@ -103,7 +120,7 @@ class Runner:
     @property
     def resident_bytes(self) -> int:
         """What the planner says this model holds in RAM, less the machine-wide reserve."""
-        return self.plan.ram_needed_bytes - RAM_RESERVE_BYTES
+        return self.plan.ram_needed_bytes - RAM_RESERVE_BYTES + (self.sessions.size - 1) * self.plan.kv_bytes
 
     def close(self, cancel: bool = False) -> None:
         """Take no more jobs. A generation still running finishes for its client, or with `cancel`
@@ -123,11 +140,11 @@ class Runner:
             pinner = getattr(experts, "pinner", None)
             if pinner is not None:
                 pinner.close()
-        self.loaded = self.model = self.session = None  # type: ignore[assignment]
+        self.loaded = self.model = self.session = self.sessions = None  # type: ignore[assignment]
 
     def status(self, now: float) -> LoadedStatus:
         p, c = self.plan, self.registered.config
-        kv = tensor_bytes(self.session.state, 5) or p.kv_bytes
+        kv = sum(tensor_bytes(s.state, 5) for s in self.sessions.sessions) or p.kv_bytes
         expires = None
         if self.keep_alive_s >= 0:
             expires = now + self.keep_alive_s if self.active else self.expires_at
@@ -172,9 +189,7 @@ class Runner:
 
     def _generation(self, job: Job) -> Done:
         inputs = job.inputs
-        session = self.session
-        if session.context_length != inputs["num_ctx"]:
-            session = self.session = Session(cast(DecoderModel, self.model), self.tokenizer, inputs["num_ctx"])
+        session = self.session = self.sessions.choose(inputs["prompt"], inputs["num_ctx"])
         # the request's tool definitions type the parsed calls' arguments; a template that ends its
         # generation prompt with <think> makes the output start as reasoning
         rendered = inputs["prompt"][: len(inputs["prompt"]) - inputs.get("opening_tokens", 0)]  # before a forced call
