@@ -28,6 +28,7 @@ from runtime.text.tokenizer import TokenizerError
 
 from . import cli_store
 from . import fit as fit_mod
+from . import launch as launch_mod
 from . import show as show_mod
 from .client import Client, NoServer, ServerAddressError, ServerReplyError
 from .hub import HubError
@@ -39,7 +40,7 @@ from .resolve import ResolveError
 
 USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveError, ModelfileError,
                ChatTemplateError, TokenizerError, InvalidParameterError, ContextOverflowError, UnsupportedFamilyError,
-               NoServer, ServerReplyError, ServerAddressError, NoGPUError)
+               NoServer, ServerReplyError, ServerAddressError, NoGPUError, launch_mod.LaunchError)
 
 
 def _store() -> Store:
@@ -311,6 +312,20 @@ def ps_cmd(as_json: bool) -> None:
 
     reply = serve_mod.Client().get("/api/ps")
     click.echo(json.dumps(reply, indent=1) if as_json else serve_mod.format_ps(reply.get("models", [])))
+
+
+@cli.command("launch")
+@click.argument("agent", type=click.Choice(launch_mod.AGENTS))
+@click.argument("name")
+@click.option("--write", is_flag=True, help="opencode: write ./opencode.json (never over an existing one).")
+def launch_cmd(agent: str, name: str, write: bool) -> None:
+    """Print the configuration that points coding agent AGENT (claude, opencode) at `ft serve` with
+    local model NAME: Claude Code's environment variables, opencode's opencode.json."""
+    from registry import parse_name
+
+    _store().read_manifest(name)  # a model that is not here is refused, with the names nearest it
+    click.echo(launch_mod.launch_text(agent, parse_name(name).display,
+                                      write_to=Path("opencode.json") if write else None))
 
 
 @cli.command("stop")
