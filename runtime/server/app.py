@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
-FLAVOURS = ("openai_api", "anthropic_api", "ft_api")  # optional modules with make_router(backend)
+FLAVOURS = ("openai_api", "openai_responses", "anthropic_api", "ft_api")  # optional modules with make_router(backend)
 OPEN_PATHS = ("/",)  # answered without the API key: "is a server running?"
 # Browser origins allowed by default, as Ollama allows them: pages served from this machine, and
 # desktop and editor webviews (Electron, Tauri, VS Code). More with FT_ORIGINS (comma-separated;
