@@ -319,8 +319,8 @@ def ps_cmd(as_json: bool) -> None:
 @click.argument("name")
 @click.option("--write", is_flag=True, help="opencode: write ./opencode.json (never over an existing one).")
 def launch_cmd(agent: str, name: str, write: bool) -> None:
-    """Print the configuration that points coding agent AGENT (claude, opencode) at `ft serve` with
-    local model NAME: Claude Code's environment variables, opencode's opencode.json."""
+    """Print the configuration that points coding agent AGENT at `ft serve` with local model NAME:
+    Claude Code's environment variables, opencode's opencode.json, Codex's config.toml lines."""
     from registry import parse_name
 
     _store().read_manifest(name)  # a model that is not here is refused, with the names nearest it

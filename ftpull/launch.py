@@ -7,8 +7,8 @@
 - **opencode** speaks OpenAI's Chat Completions through its openai-compatible provider: an
   `opencode.json` (printed, or written to the current directory with --write).
 - **codex** (OpenAI's Codex CLI) speaks only OpenAI's Responses API since 0.122 (`wire_api =
-  "responses"`; "chat" was removed), which `ft serve` does not serve yet: refused with that
-  reason rather than a configuration that would fail at its first request.
+  "responses"`; "chat" was removed), which `ft serve` answers at /v1/responses: a provider "ft"
+  and the model for ~/.codex/config.toml (printed: ft does not edit a file of the user's).
 
 The server address is FT_HOST's (as `ft serve` and the CLI read it), the key FT_API_KEY's where
 one is set (else a placeholder: the agents insist on one, a server without --api-key ignores it).
@@ -50,6 +50,16 @@ def opencode_config(model: str, url: str, api_key: str | None) -> dict:
             "model": f"ft/{model}"}
 
 
+def codex_config(model: str, url: str, api_key: str | None) -> str:
+    """config.toml lines: the model, and a provider over ft serve's Responses API (the key read from
+    FT_API_KEY where the server has one: Codex refuses to start when a named variable is unset)."""
+    lines = [f"model = {json.dumps(model)}", 'model_provider = "ft"', "", "[model_providers.ft]",
+             'name = "ft (local)"', f"base_url = {json.dumps(url + '/v1')}", 'wire_api = "responses"']
+    if api_key:
+        lines.append('env_key = "FT_API_KEY"')
+    return "\n".join(lines) + "\n"
+
+
 def launch_text(agent: str, model: str, *, url: str | None = None, api_key: str | None = None,
                 write_to: Path | None = None) -> str:
     """What `ft launch` prints for `agent` and `model` (a display name of a local model); with
@@ -70,7 +80,6 @@ def launch_text(agent: str, model: str, *, url: str | None = None, api_key: str 
         write_to.write_text(text)
         return f"wrote {write_to}: run `ft serve`, then `opencode` in {write_to.parent}"
     if agent == "codex":
-        raise LaunchError("Codex speaks only OpenAI's Responses API (wire_api = \"responses\"; \"chat\" was removed "
-                          "in 0.122), and ft serve does not serve /v1/responses yet. Use `ft launch claude` or "
-                          "`ft launch opencode`")
+        return "# Codex against ft serve: add to ~/.codex/config.toml (model and model_provider at its top), run " \
+               f"`ft serve`, then `codex`\n{codex_config(model, url, api_key)}"
     raise LaunchError(f"ft launch configures {', '.join(AGENTS)}, not {agent!r}")
