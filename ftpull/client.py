@@ -138,8 +138,10 @@ def format_ps(models: list[dict[str, Any]], now: float | None = None) -> str:
             left = datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() - now
             until = "Stopping..." if left <= 0 else f"{int(left // 60)} minutes from now" if left >= 120 else \
                 f"{int(left)} seconds from now"
+        kv = human_bytes(ft.get("kv_bytes", 0))
+        if ft.get("max_sessions", 1) > 1:  # a few conversations' states kept at once
+            kv += f" ({ft.get('sessions', 1)}/{ft['max_sessions']} sessions)"
         rows.append((m["name"], m.get("digest", "")[:12], human_bytes(m.get("size", 0)),
-                     ft.get("processor", "100% CPU"), str(m.get("context_length", "")),
-                     human_bytes(ft.get("kv_bytes", 0)), until))
+                     ft.get("processor", "100% CPU"), str(m.get("context_length", "")), kv, until))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("    ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)

@@ -152,3 +152,5 @@ def test_a_side_request_does_not_cost_the_main_conversation_its_cache(store) -> 
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
         runner_sessions = next(iter(server.manager.runners.values())).sessions
         assert len(runner_sessions.sessions) == 2
+        shown = httpx.get(server.url + "/api/ps", timeout=30).json()["models"][0]["ft"]  # as `ft ps` shows them
+        assert shown["sessions"] == 2 and shown["max_sessions"] == runner_sessions.size > 1

@@ -172,3 +172,5 @@ def test_format_ps() -> None:
     assert lines[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "KV", "CACHE", "UNTIL"]
     assert "247cef767111" in lines[1] and "100% CPU" in lines[1] and "5 minutes from now" in lines[1]
     assert lines[2].endswith("Forever")
+    pooled = format_ps([{**row, "ft": {**row["ft"], "sessions": 2, "max_sessions": 4}}], now=946684800.0)
+    assert "(2/4 sessions)" in pooled.splitlines()[1]

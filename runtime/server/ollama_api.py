@@ -175,7 +175,8 @@ def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0
                 "size_vram": s.vram_bytes, "context_length": s.context_length,
                 "ft": {"ram_bytes": s.ram_bytes, "vram_bytes": s.vram_bytes, "expert_cache_bytes": s.expert_cache_bytes,
                        "kv_bytes": s.kv_bytes, "device": s.device, "processor": s.processor,
-                       "num_threads": s.num_threads, "active_requests": s.active_requests},
+                       "num_threads": s.num_threads, "active_requests": s.active_requests,
+                       "sessions": s.sessions, "max_sessions": s.max_sessions},
             })
         return {"models": models}
 

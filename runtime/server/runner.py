@@ -73,6 +73,8 @@ class LoadedStatus:
     num_threads: int
     expires_at: float | None  # seconds since the epoch; None: kept until unloaded
     active_requests: int
+    sessions: int = 1  # conversations' states held now (session_pool.py)
+    max_sessions: int = 1  # ... and the most the model keeps
 
 
 MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM holds their KV
@@ -161,7 +163,8 @@ class Runner:
             parameters=c.get("num_params_total"), context_length=self.plan.context_length, ram_bytes=ram,
             vram_bytes=vram, expert_cache_bytes=cache_bytes, kv_bytes=kv, device=p.device,
             processor="100% CPU" if not vram else f"{100 - share}%/{share}% CPU/GPU", num_threads=p.num_threads,
-            expires_at=expires, active_requests=self.active)
+            expires_at=expires, active_requests=self.active, sessions=len(self.sessions.sessions),
+            max_sessions=self.sessions.size)
 
     def run(self, job: Job) -> None:
         """On the runner's worker thread: one generation, ending in Done, an error, or nothing
