@@ -96,16 +96,24 @@ class Session:
         self.tokens = list(prompt)
         return logits
 
-    def _keep_prefix_of(self, prompt: list[int]) -> None:
-        """Keep what the state holds of `prompt`'s start, less at least its last token (whose logits
-        start the reply): all of it where `prompt` continues the state's tokens; where it departs
-        from them (an edited or trimmed history, a retried turn, another request sharing the system
-        prompt), the common prefix, by taking the state back to it, where every layer's cache is
-        read by position (`rewinds`); a recurrent state cannot be taken back, and starts over."""
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s first tokens this session's state can keep, less at least its last
+        token (whose logits start the reply): all it holds where `prompt` continues its tokens;
+        where it departs from them (an edited or trimmed history, a retried turn, another request
+        sharing the system prompt), the common prefix, where every layer's cache is read by
+        position (`rewinds`: the state is taken back to it); a recurrent state cannot be taken
+        back, and keeps nothing."""
         keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        if keep < len(self.tokens) and not getattr(self.model, "rewinds", False):  # (a model that does not say cannot)
+            return 0
+        return keep
+
+    def _keep_prefix_of(self, prompt: list[int]) -> None:
+        """The state holding `reusable(prompt)` tokens: taken back, or started over."""
+        keep = self.reusable(prompt)
         if keep == len(self.tokens):
             return
-        if keep > 0 and getattr(self.model, "rewinds", False):  # (a model that does not say cannot)
+        if keep > 0:
             self.model.set_length(self.state, keep)
             self.tokens = self.tokens[:keep]
         else:

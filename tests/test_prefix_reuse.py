@@ -107,6 +107,8 @@ class _FakeSession:
         self.context_length, self.tokens = context, []
         self.model = type("M", (), {"rewinds": rewinds})()
 
+    reusable = Session.reusable  # (the real rule, over these tokens and this model)
+
 
 def test_the_pool_gives_a_side_request_its_own_session_and_the_main_one_back() -> None:
     from runtime.server.session_pool import SessionPool

@@ -17,6 +17,7 @@ from ftw.format import BLOCK_DTYPES
 from ftw.reader import torch_dtype_of
 
 from ..experts.ggml_blocks import DEVICE_BLOCK_DTYPES, dequantize_blocks
+from .kernels import triton_module
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Up to this many distinct experts (decode) a call gathers their weights and runs every token
@@ -239,11 +240,8 @@ def _grouped_kernel(x: torch.Tensor, views: RecordViews, dtype: torch.dtype) -> 
     float records read in place in the compute dtype. Else None (padded runs of experts, below)."""
     if x.device.type != "cuda" or not views.in_place(dtype) or dtype not in (torch.bfloat16, torch.float16):
         return None
-    try:
-        from .kernels.grouped_experts import grouped_experts
-    except ImportError:  # pragma: no cover - depends on the install
-        return None
-    return grouped_experts
+    module = triton_module("grouped_experts")
+    return module.grouped_experts if module is not None else None
 
 
 def expert_chunks(rows: list[int], counts: list[int], max_rows: int, max_span: int) -> list[tuple[int, int]]:

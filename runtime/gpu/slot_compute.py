@@ -13,46 +13,19 @@ matmul (records.RecordViews).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from ftw import ExpertBank
 
-from .kernels import RoutePlan
+from .kernels import RoutePlan, triton_module
 from .records import RecordViews, swiglu_experts
 
 
-@functools.cache
 def _kernel():
-    """The Triton kernel, imported on first CUDA use (None without triton: the gather path serves);
-    kept after that: a decode call asks two or three times."""
-    try:
-        from .kernels.slot_experts import slot_experts
-    except ImportError:  # pragma: no cover - depends on the install
-        return None
-    return slot_experts
-
-
-@functools.cache
-def _block_kernel():
-    """kernels/block_gemv.py (None without triton), imported on first CUDA use of a GGUF layout."""
-    try:
-        from .kernels import block_gemv
-    except ImportError:  # pragma: no cover - depends on the install
-        return None
-    return block_gemv
-
-
-@functools.cache
-def _fp8_kernel():
-    """kernels/fp8_gemv.py (None without triton), imported on first CUDA use of an FP8 layout."""
-    try:
-        from .kernels import fp8_gemv
-    except ImportError:  # pragma: no cover - depends on the install
-        return None
-    return fp8_gemv
+    """The slot kernel (None without triton: the gather path serves)."""
+    module = triton_module("slot_experts")
+    return module.slot_experts if module is not None else None
 
 
 _IN_PLACE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -199,9 +172,9 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
                      fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None,
                      zero_out=zero_out)
         return
-    block = _block_kernel() if x.is_cuda and dtype is None else None
+    block = triton_module("block_gemv") if x.is_cuda and dtype is None else None
     parts = block_parts(layout, block.KINDS) if block is not None else None
-    fp8 = _fp8_kernel() if x.is_cuda and dtype is None and parts is None else None
+    fp8 = triton_module("fp8_gemv") if x.is_cuda and dtype is None and parts is None else None
     scaled = fp8_parts(layout, fp8.KINDS) if fp8 is not None else None
     if zero_out:
         out.zero_()

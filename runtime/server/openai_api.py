@@ -398,7 +398,7 @@ def _completion_object(events: list[Event], reply: _Reply, echo: str) -> dict[st
     return {**reply.head("text_completion"), "choices": [choice], "usage": _usage(done)}
 
 
-def _streaming(chunks: AsyncIterator[str]) -> StreamingResponse:
+def sse_response(chunks: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -445,7 +445,7 @@ def make_router(backend: Backend) -> APIRouter:
             events = await streaming.collect(backend.chat(chat), request)
             return client_gone() if events is None else JSONResponse(_chat_object(events, reply))
         started = await events_after_start(backend.chat(chat), request)
-        return client_gone() if started is None else _streaming(_chat_chunks(started, reply, _include_usage(body)))
+        return client_gone() if started is None else sse_response(_chat_chunks(started, reply, _include_usage(body)))
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -459,7 +459,7 @@ def make_router(backend: Backend) -> APIRouter:
         started = await events_after_start(backend.generate(generate), request)
         if started is None:
             return client_gone()
-        return _streaming(_completion_chunks(started, reply, _include_usage(body), echo))
+        return sse_response(_completion_chunks(started, reply, _include_usage(body), echo))
 
     @router.post("/v1/embeddings")
     async def embeddings() -> Response:

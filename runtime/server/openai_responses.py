@@ -28,7 +28,6 @@ from fastapi.responses import JSONResponse
 from . import streaming
 from .openai_api import (
     InvalidField,
-    _streaming,
     as_server_error,
     client_gone,
     error_body,
@@ -36,6 +35,7 @@ from .openai_api import (
     guarded_route_class,
     read_json,
     sampling_options,
+    sse_response,
 )
 from .protocol import Backend, ChatRequest, Done, Event, Message, ReasoningDelta, TextDelta, ToolCallEvent
 
@@ -322,6 +322,6 @@ def make_router(backend: Backend) -> APIRouter:
             events = await streaming.collect(backend.chat(chat), request)
             return client_gone() if events is None else JSONResponse(response_object(events, reply))
         started = await events_after_start(backend.chat(chat), request)
-        return client_gone() if started is None else _streaming(response_events(started, reply))
+        return client_gone() if started is None else sse_response(response_events(started, reply))
 
     return router

@@ -2,8 +2,8 @@
 request (a coding agent's title, summary or subagent call, with its own system prompt) does not
 throw away the main conversation's state, and the next main turn continues where it was.
 
-A request goes to the session that keeps the most of its prompt (the longest common prefix,
-Session._keep_prefix_of). Where that would throw away more than half of what the session holds
+A request goes to the session that keeps the most of its prompt (Session.reusable: the longest
+common prefix it can keep). Where that would throw away more than half of what the session holds
 (another conversation's), it goes to an empty session while the pool has room, else to the one
 used least recently. Sessions are made on first use, each with the whole context's state.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from ..engine import Session, common_prefix
+from ..engine import Session
 
 
 class SessionPool:
@@ -38,7 +38,7 @@ class SessionPool:
     def _pick(self, prompt: list[int]) -> Session:
         if not self.sessions:
             return self._new()
-        kept = {id(s): self._kept(s, prompt) for s in self.sessions}
+        kept = {id(s): s.reusable(prompt) for s in self.sessions}
         best = max(self.sessions, key=lambda s: (kept[id(s)], self._used[id(s)]))
         if 2 * kept[id(best)] >= len(best.tokens):  # it keeps at least half of what it holds
             return best
@@ -48,15 +48,6 @@ class SessionPool:
         if len(self.sessions) < self.size:
             return self._new()
         return min(self.sessions, key=lambda s: self._used[id(s)])
-
-    @staticmethod
-    def _kept(session: Session, prompt: list[int]) -> int:
-        """What of `session`'s state `prompt` would keep (a state that cannot be taken back keeps
-        nothing unless the prompt continues all of it)."""
-        keep = common_prefix(session.tokens, prompt)
-        if keep < len(session.tokens) and not getattr(session.model, "rewinds", False):
-            return 0
-        return keep
 
     def _new(self) -> Session:
         session = self.make(self.context_length)
