@@ -15,7 +15,7 @@ from gguf.quants import quantize
 
 from runtime.experts.ggml_blocks import dequantize_blocks
 from runtime.experts.synthetic import quantize_kquant
-from tests.kernels import DEVICE, import_kernel, needs
+from tests.kernels import DEVICE, gathered_pairs, import_kernel, needs
 
 block_gemv = import_kernel("block_gemv", "block_gemv")
 needs_triton = needs(block_gemv)
@@ -73,7 +73,7 @@ def test_gguf_decode_experts_from_slots_as_the_gather_path(dtypes) -> None:
     """A Q4_K_M-style layout (w13 Q4_K, w2 Q6_K), Q8_0, and gate and up of two types stored apart
     (w1, w3): slot_compute's block path against the dequantize-and-matmul gather path, in float32."""
     from runtime.experts.synthetic import random_bank
-    from runtime.gpu.records import RecordViews, swiglu_experts
+    from runtime.gpu.records import RecordViews
     from runtime.gpu.slot_compute import block_parts, block_slot_experts
 
     gate, up, down = dtypes
@@ -92,9 +92,5 @@ def test_gguf_decode_experts_from_slots_as_the_gather_path(dtypes) -> None:
                        torch.float32, out, block_gemv)
     ours = out.cpu()
     views = RecordViews(slots, bank.layout)
-    ref = torch.zeros(2, hidden)
-    for t, s, w in zip(token.tolist(), slot.tolist(), weight.tolist(), strict=True):
-        if s >= 0:
-            w13, w2 = views.weights(s, torch.float32)
-            ref[t] += w * swiglu_experts(x[t: t + 1], w13, w2)[0, 0]
+    ref = gathered_pairs(views, x, token, slot, weight)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())

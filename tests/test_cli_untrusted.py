@@ -6,7 +6,6 @@ killed with SIGKILL leaves a temp file that the next `ft list`, `ft rm` or `ft p
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from registry import Store
+from tests import store_fixtures
 from tests.clirun import ft
-from tests.test_server_util import free_port, pulled_home
+
+pulled, home = store_fixtures.pulled, store_fixtures.home  # the shared store fixtures
 
 BAD_NAMES = [
     "\u212aelvin",  # KELVIN SIGN: lower() makes it an ASCII k ("kelvin:latest" was registered)
@@ -30,23 +31,6 @@ BAD_NAMES = [
     "tiny\x7f",
     "tiny\u0085",  # a C1 control (NEXT LINE), which str.strip() would drop
 ]
-
-
-@pytest.fixture(scope="module")
-def pulled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store holding tiny, pulled once for the module; tests work on copies of it."""
-    root = tmp_path_factory.mktemp("pulled")
-    pulled_home(root)
-    return root
-
-
-@pytest.fixture
-def home(pulled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "ft_home"
-    shutil.copytree(pulled, root)
-    monkeypatch.setenv("FT_HOME", str(root))
-    monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")  # no server answers there
-    return root
 
 
 def _tree(root: Path) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels import DEVICE, import_kernel, needs
+from tests.kernels import DEVICE, gathered_pairs, import_kernel, needs
 
 fp8_gemv = import_kernel("fp8_gemv", "fp8_gemv")
 needs_triton = needs(fp8_gemv)
@@ -79,7 +79,7 @@ def test_fp8_decode_experts_from_slots_as_the_gather_path(hidden: int, inter: in
     """An FP8 layout as FTW stores DeepSeek's (w13 and w2 e4m3, three scale parts; shapes that are
     not whole scale blocks in the second): slot_compute's FP8 path against the gather path, float32."""
     from runtime.experts.synthetic import random_bank
-    from runtime.gpu.records import RecordViews, swiglu_experts
+    from runtime.gpu.records import RecordViews
     from runtime.gpu.slot_compute import fp8_parts, fp8_slot_experts
 
     bank = random_bank("f8_e4m3", 5, hidden, inter, seed=3)
@@ -95,10 +95,6 @@ def test_fp8_decode_experts_from_slots_as_the_gather_path(hidden: int, inter: in
     views = RecordViews(slots, bank.layout)
     fp8_slot_experts(x.to(DEVICE), token.to(DEVICE), slot.to(DEVICE), weight.to(DEVICE), slots.to(DEVICE), parts,
                      views.block, torch.float32, out, fp8_gemv)
-    ref = torch.zeros(2, hidden)
-    for t, s, w in zip(token.tolist(), slot.tolist(), weight.tolist(), strict=True):
-        if s >= 0:
-            w13, w2 = views.weights(s, torch.float32)
-            ref[t] += w * swiglu_experts(x[t: t + 1], w13, w2)[0, 0]
+    ref = gathered_pairs(views, x, token, slot, weight)
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
     assert fp8_parts(random_bank("bf16", 2, 64, 32).layout, {"f8_e4m3"}) is None

@@ -9,7 +9,6 @@ import copy
 import json
 import random
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,31 +24,16 @@ from registry.model_manifest import (
     MEDIA_MODELFILE,
 )
 from runtime.loading.registered import open_model
+from tests import store_fixtures
 from tests.clirun import ft
-from tests.test_server_util import free_port, pulled_home
+
+pulled, home = store_fixtures.pulled, store_fixtures.home  # the shared store fixtures
 
 SEED = 26  # the issue's number: a failure names its case, and the case comes back the same
 DEFAULT_CASES = 150
 FULL_CASES = 3000
 
 Doc = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def pulled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pulled")
-    pulled_home(root)
-    return root
-
-
-@pytest.fixture
-def home(pulled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the module's store for one test."""
-    root = tmp_path / "ft_home"
-    shutil.copytree(pulled, root)
-    monkeypatch.setenv("FT_HOME", str(root))
-    monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")  # no server answers there
-    return root
 
 
 def _store_index(store: Store, doc: Doc, index: Doc) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,8 +19,11 @@ from pathlib import Path
 import pytest
 
 from registry import Store
+from tests import store_fixtures
 from tests.clirun import ft
-from tests.test_server_util import free_port, pulled_home
+from tests.test_server_util import free_port
+
+pulled, home = store_fixtures.pulled, store_fixtures.home  # the shared store fixtures
 
 # The points: a manifest's bytes in its temp file before the rename (manifest-unrenamed) or just
 # after it (manifest-renamed); a manifest unlinked, before its directory is synced (manifest-unlinked);
@@ -69,22 +71,6 @@ KILL_AT = textwrap.dedent("""
     _run(sys.argv[3:])
 """)
 KILL_TIMEOUT_S = 60  # (an unkilled command is a failure, not a hang)
-
-
-@pytest.fixture(scope="module")
-def pulled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pulled")
-    pulled_home(root)
-    return root
-
-
-@pytest.fixture
-def home(pulled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "ft_home"
-    shutil.copytree(pulled, root)
-    monkeypatch.setenv("FT_HOME", str(root))
-    monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")  # no server answers there
-    return root
 
 
 def _killed_at(point: str, nth: int, *args: str) -> subprocess.Popen[str]:

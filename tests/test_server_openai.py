@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -93,22 +91,14 @@ def served():
     from fastapi import FastAPI
 
     from runtime.server import anthropic_api, openai_api
+    from tests.test_server_util import serving
 
     backend = FakeBackend()
     app = FastAPI()
     app.include_router(openai_api.make_router(backend))
     app.include_router(anthropic_api.make_router(backend))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", backend
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url, backend
 
 
 @pytest.fixture

@@ -5,15 +5,12 @@ sequence the client's accumulator checks; and the tiny model end to end."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import openai
 import pytest
-import uvicorn
 
 from runtime.server.protocol import Done, ReasoningDelta, TextDelta, ToolCallEvent
 from tests.test_server_openai import FakeBackend
+from tests.test_server_util import serving
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather at a place",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -28,17 +25,8 @@ def served():
     backend = FakeBackend()
     app = FastAPI()
     app.include_router(openai_responses.make_router(backend))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", backend
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url, backend
 
 
 @pytest.fixture
