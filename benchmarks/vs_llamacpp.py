@@ -10,6 +10,8 @@ tokens, side by side in one call on the GPU machine (issue: beat llama.cpp at ev
 Steps (each can be run alone; what exists is reused, so a warm machine resumes):
 - `gguf`: a synthetic qwen3moe GGUF at a real model's shapes (race/synth_gguf.py), bf16, with as
   many layers as `--layers` or the disk allows;
+- `quantize` (with `--quant Q4_K_M` or another llama-quantize type): that file quantized by
+  llama.cpp's own llama-quantize, the file its users download; `pull` and `race` then use it;
 - `pull`: `ft pull` of that file into `--work`/ft (FTW, verified, registered);
 - `race`: for each llama.cpp `-ncmoe` setting and thread count: llama-bench's decode and 512-token
   prompt, its VRAM peak sampled; then ft in its own process at the same whole-process VRAM (the
@@ -61,8 +63,31 @@ def _dirty() -> bool:
     return bool(out.strip())
 
 
-def gguf_path(work: Path, shape: str, layers: int) -> Path:
-    return work / f"{shape}-{layers}l-bf16.gguf"
+def gguf_path(work: Path, shape: str, layers: int, dtype: str = "bf16") -> Path:
+    return work / f"{shape}-{layers}l-{dtype.lower()}.gguf"
+
+
+def file_dtype(gguf: Path) -> str:
+    """The weight type a race file's name says (`{shape}-{layers}l-{dtype}.gguf`)."""
+    return gguf.stem.rsplit("-", 1)[1]
+
+
+def file_layers(gguf: Path) -> int:
+    return int(gguf.stem.rsplit("-", 2)[1].rstrip("l"))
+
+
+def step_quantize(args: argparse.Namespace, source: Path) -> Path:
+    """The bf16 race file quantized by llama.cpp's llama-quantize (built first where it is not)."""
+    from benchmarks.race import llama
+
+    binary = llama.build(Path(args.llama_build))
+    dest = gguf_path(args.work, args.shape, file_layers(source), args.quant)
+    if not dest.exists():
+        start = time.perf_counter()
+        llama.quantize(binary, source, dest, args.quant.upper(), threads=os.cpu_count() or 8)
+        print(f"quantized {source.name} to {dest.name} ({dest.stat().st_size / 2**30:.1f} GiB) in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+    return dest
 
 
 def step_gguf(args: argparse.Namespace) -> Path:
@@ -141,8 +166,8 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
     from benchmarks.race import llama
 
     binary = llama.build(Path(args.llama_build))
-    shape, layers = args.shape, int(gguf.stem.split("-")[-2].rstrip("l"))
-    base = {"shape": shape, "dtype": "bf16", "layers": layers, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+    shape, layers = args.shape, file_layers(gguf)
+    base = {"shape": shape, "dtype": file_dtype(gguf), "layers": layers, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
     context = cuda_context_mib() if args.device == "gpu" else 0
     print(f"ft's CUDA context: {context} MiB", flush=True)
     rows: list[Row] = []
@@ -162,7 +187,7 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
 
     long_prompts = [p for p in args.prompts if p > 512]
     done = {(r.setting, r.threads, r.engine) for r in report.load(args.out)
-            if (r.shape, r.layers, r.kind, r.tokens) == (shape, layers, "decode", args.decode)}
+            if (r.shape, r.dtype, r.layers, r.kind, r.tokens) == (shape, base["dtype"], layers, "decode", args.decode)}
     for setting in args.settings:
         for i, threads in enumerate(args.threads):
             if {(setting, threads, "ft"), (setting, threads, "llama.cpp")} <= done:  # a resumed race
@@ -194,7 +219,7 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=["gguf", "pull", "race", "all", "report", "ft-one"])
+    parser.add_argument("step", choices=["gguf", "quantize", "pull", "race", "all", "report", "ft-one"])
     parser.add_argument("arg", nargs="?", help="report: the results file; ft-one: its JSON spec")
     parser.add_argument("--work", type=Path, default=Path("/tmp/race"))
     parser.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
@@ -208,6 +233,7 @@ def main() -> None:
     parser.add_argument("--device", default="gpu")
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quant", help="race llama-quantize's file of this type (Q4_K_M, Q8_0, ...), not the bf16 one")
     parser.add_argument("--llama-build", default="/tmp/lcpp")
     parser.add_argument("--ft-timeout", type=int, default=400)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vs_llamacpp.json")
@@ -229,6 +255,10 @@ def main() -> None:
         args.trace = args.trace.resolve()
     gguf = step_gguf(args)
     if args.step == "gguf":
+        return
+    if args.quant:
+        gguf = step_quantize(args, gguf)
+    if args.step == "quantize":
         return
     name = step_pull(args, gguf)
     if args.step in ("race", "all"):

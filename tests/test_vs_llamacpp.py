@@ -178,3 +178,30 @@ def test_the_synthetic_weights_route_random_ids_like_a_real_model(tmp_path: Path
     real = routing_statistics(np.load(TRACE)["experts"].astype(int), 128) if TRACE.exists() else (0.37, 0.51)
     assert measured["plain"][0] > real[0] + 0.25  # collapsed
     assert abs(measured["race"][0] - real[0]) < 0.15 and abs(measured["race"][1] - real[1]) < 0.2, (measured, real)
+
+
+def test_a_race_file_names_its_weights_and_layers(tmp_path: Path) -> None:
+    from benchmarks.vs_llamacpp import file_dtype, file_layers, gguf_path
+
+    bf16, quant = gguf_path(tmp_path, "qwen3-30b-a3b", 16), gguf_path(tmp_path, "qwen3-30b-a3b", 16, "Q4_K_M")
+    assert (bf16.name, quant.name) == ("qwen3-30b-a3b-16l-bf16.gguf", "qwen3-30b-a3b-16l-q4_k_m.gguf")
+    assert [(file_dtype(p), file_layers(p)) for p in (bf16, quant)] == [("bf16", 16), ("q4_k_m", 16)]
+
+
+def test_quantize_leaves_no_file_that_looks_finished(tmp_path: Path) -> None:
+    """llama-quantize writes through a temp name: a failed run leaves neither the file nor its part."""
+    bench = tmp_path / "bin" / "llama-bench"
+    bench.parent.mkdir()
+    source, dest = tmp_path / "m-2l-bf16.gguf", tmp_path / "m-2l-q4_k_m.gguf"
+    source.write_bytes(b"GGUF")
+    with pytest.raises(FileNotFoundError, match="llama-quantize"):
+        llama.quantize(bench, source, dest, "Q4_K_M", threads=2)
+    tool = bench.parent / "llama-quantize"
+    tool.write_text('#!/bin/sh\necho "$@" > "$2"\nexit 3\n')  # writes its output, then fails
+    tool.chmod(0o755)
+    with pytest.raises(RuntimeError, match="Q4_K_M failed"):
+        llama.quantize(bench, source, dest, "Q4_K_M", threads=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", source.name]
+    tool.write_text('#!/bin/sh\necho "$@" > "$2"\n')
+    assert llama.quantize(bench, source, dest, "Q4_K_M", threads=2) == dest
+    assert dest.read_text().split()[2:] == ["Q4_K_M", "2"] and not dest.with_name(f".{dest.name}.part").exists()

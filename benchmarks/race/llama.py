@@ -35,6 +35,26 @@ def build(dest: Path, source: Path | None = None) -> Path:
     return binary
 
 
+def quantize(binary: Path, source: Path, dest: Path, kind: str, threads: int, timeout_s: int = 900) -> Path:
+    """`source` (a bf16 GGUF) quantized to `kind` (llama-quantize's name: Q4_K_M, Q8_0, ...) by the
+    llama-quantize built beside `binary`, written to `dest` through a temp name (a killed run
+    leaves no file that looks finished); kept where it exists."""
+    if dest.exists():
+        return dest
+    tool = binary.parent / "llama-quantize"
+    if not tool.exists():
+        raise FileNotFoundError(f"no {tool}: the llama.cpp build script makes it beside llama-bench")
+    tmp = dest.with_name(f".{dest.name}.part")
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    done = subprocess.run([str(tool), str(source), str(tmp), kind, str(threads)], capture_output=True, text=True,
+                          env=env, timeout=timeout_s)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama-quantize {kind} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    os.replace(tmp, dest)
+    return dest
+
+
 @dataclass(frozen=True)
 class LlamaResult:
     kind: str  # "decode" | "prompt"

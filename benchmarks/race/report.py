@@ -119,14 +119,14 @@ def _ts(r: Row | None) -> str:
 
 def table(rows: Iterable[Row], markdown: bool = False) -> str:
     """One line per paired measurement: setting, kind, tokens, VRAM of each, tok/s of each, ratio."""
-    head = ["shape", "layers", "threads", "-ncmoe", "test", "VRAM MiB llama.cpp / ft", "llama.cpp tok/s",
+    head = ["shape", "weights", "layers", "threads", "-ncmoe", "test", "VRAM MiB llama.cpp / ft", "llama.cpp tok/s",
             "ft tok/s", "ft / llama.cpp", "ft, trace routing"]
     lines = []
     for p in pairs(rows):
         r = p.llama
         test = ("tg" if r.kind == "decode" else "pp") + str(r.tokens)
         ratio = "-" if p.ratio is None else f"{p.ratio:.2f}x"
-        lines.append([r.shape, str(r.layers), str(r.threads), str(r.setting), test,
+        lines.append([r.shape, r.dtype, str(r.layers), str(r.threads), str(r.setting), test,
                       f"{_mib(r.vram_mib)} / {_mib(p.ft.vram_mib if p.ft else None)}", _ts(r), _ts(p.ft), ratio,
                       _ts(p.ft_trace)])
     if markdown:
@@ -155,7 +155,7 @@ def summary(rows: Iterable[Row]) -> dict[str, Any]:
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.engine == "ft" and r.kind == "decode":
-            groups.setdefault((r.shape, r.layers, r.threads, r.input), []).append(r)
+            groups.setdefault((r.shape, r.dtype, r.layers, r.threads, r.input), []).append(r)
     for key, group in groups.items():
         group.sort(key=lambda r: r.vram_mib or 0)
         for smaller, larger in zip(group, group[1:], strict=False):
