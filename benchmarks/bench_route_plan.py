@@ -1,6 +1,6 @@
 """The route-plan kernel as a decode step calls it, on CUDA: one call per MoE layer, the cache
 clock on the device, the running sums accumulated, every call a hit (the common call at a 32 GiB
-budget, where the victim scan is skipped), captured in one CUDA graph as a step graph captures
+budget, where the victim scan is skipped; one call in 8 ranks its hits over every slot), captured in one CUDA graph as a step graph captures
 it (with programmatic dependent launch where the card has it) and replayed; us per call.
 
 Two policies' forms: "offload" (n_pcie_max a number: every miss over PCIe) and "auto" (a split
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         print("bench_route_plan: needs a CUDA GPU; nothing to do here")
         return
-    from runtime.gpu.kernels import RoutePlan, dependent_launch
+    from runtime.gpu.kernels import NUM_COUNTS, RANKED, RoutePlan, dependent_launch
     from runtime.gpu.kernels.route_plan import route_plan
 
     device = torch.device("cuda")
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     table, owner = table.to(device), owner.to(device)
     last_used = torch.full((args.slots,), -1, dtype=torch.int64, device=device)
     clock = torch.zeros(1, dtype=torch.int64, device=device)
-    totals = torch.zeros(4, dtype=torch.int64, device=device)
+    totals = torch.zeros(NUM_COUNTS, dtype=torch.int64, device=device)
     ids = torch.stack([torch.randperm(args.top_k, generator=gen) for _ in range(args.layers)]).to(device)  # [L, K]
     plans = [RoutePlan.empty(1, args.top_k, device) for _ in range(args.layers)]
     split_table = torch.arange(args.top_k + 1, dtype=torch.int32, device=device)  # all misses over PCIe
@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         end.record()
         end.synchronize()
         calls = args.reps * args.steps * args.layers
-        hits = int(totals[0])
-        print(f"  {name:<8s} {start.elapsed_time(end) * 1e3 / calls:6.2f} us per call  (hits counted: {hits})")
+        hits, ranked = int(totals[0]), int(totals[RANKED])
+        print(f"  {name:<8s} {start.elapsed_time(end) * 1e3 / calls:6.2f} us per call  (hits counted: {hits}, "
+              f"ranked: {ranked}, one call in {hits / max(ranked, 1):.1f})")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
                "totals_ptr": "*i64"}
         out.append((f"route_plan clock={clock_mode} n_pcie={n_pcie_mode}", route_plan._route_plan_kernel, sig,
                     {"CLOCK_ON_DEVICE": clock_mode, "N_PCIE_MODE": n_pcie_mode, "BLOCK_N": 16, "BLOCK_S": 4096,
-                     "BLOCK_T": 16, "ACCUMULATE": True, "PDL": pdl}))
+                     "BLOCK_T": 16, "BLOCK_R": 256, "ACCUMULATE": True, "PDL": pdl}))
     sig = {"bank_addr": "i64", "stride_words": "i64", "unique_ptr": "*i32", "status_ptr": "*i32", "slot_ptr": "*i32",
            "slots_ptr": "*i64", "slot_words": "i64", "n_rows": "i32"}
     out.append(("expert_fill", expert_fill._expert_fill_kernel, sig, {"CHUNK": 4096, "PCIE_CODE": 1}))

@@ -597,7 +597,8 @@ def test_split_uses_the_alone_rates_for_one_sided_layers() -> None:
 
 def test_auto_split_is_the_simulators_automatic_policy() -> None:
     """Same routing, a cache that never evicts, the same cost: the executor's "auto" copies what
-    the trace simulator's `automatic` policy copies, call by call, recent hit rate included."""
+    the trace simulator's `automatic` policy copies, call by call, recent hit rate and the worth
+    of a copy (its sampled LRU ranks) included."""
     banks = make_banks(layers=(0, 1))
     stride = banks[0].layout.expert_stride
     # fixed costs about a few experts' worth, so the split, and the fill value, matter
@@ -615,6 +616,7 @@ def test_auto_split_is_the_simulators_automatic_policy() -> None:
             before = ex.stats()
             fills = sim.pcie_fills
             assert ex.recent_hit_rate == pytest.approx(sim.recent_hit_rate, abs=1e-12)
+            assert ex.fill_worth == pytest.approx(sim.fill_worth, abs=1e-12)
             ex(layer, torch.randn(num_tokens, H, generator=gen), ids, weights)
             sim.access(layer, list(dict.fromkeys(ids.reshape(-1).tolist())))  # the route plan's order: first use
             after = ex.stats()
@@ -622,6 +624,7 @@ def test_auto_split_is_the_simulators_automatic_policy() -> None:
             counts.add((after.pcie_experts - before.pcie_experts, after.cpu_experts - before.cpu_experts))
     assert any(pcie and cpu for pcie, cpu in counts)  # a real split, not one fixed policy
     assert ex.stats().hits == sim.hits and ex.stats().misses == sim.misses
+    assert 0 < sim.fill_worth < sim.recent_hit_rate  # hits were ranked, some of them in the oldest quarter
 
 
 def test_auto_uses_a_given_split() -> None:

@@ -13,7 +13,8 @@ import random
 import pytest
 import torch
 
-from runtime.gpu.kernels import CPU, HIT, NUM_UNIQUE, PCIE, RoutePlan, route_plan_ref
+from runtime.gpu.kernels import CPU, HIT, NUM_UNIQUE, PCIE, PINNED_TIME, RoutePlan, route_plan_ref
+from runtime.policy.miss_split import RANK_EVERY, rank_sampled
 from tests.kernels import DEVICE, HAS_CUDA, import_kernel, needs
 
 route_plan = import_kernel("route_plan", "route_plan")
@@ -101,7 +102,7 @@ def test_reference_worked_example():
     # victims in LRU order: free slot 5 (last_used -1), then slot 3 (4); slot 4 (5) survives
     assert plan.slot.tolist() == [1, 2, 5, 3, -1, 0, -1, -1]
     assert plan.evicted.tolist() == [-1, -1, -1, 3, -1, -1, -1, -1]  # slot 3 held (layer 0, expert 3)
-    assert plan.counts.tolist() == [3, 2, 1, 6]
+    assert plan.counts.tolist() == [3, 2, 1, 6, 0, 0]
     assert plan.inverse.tolist() == [[0, 1, 2, 0], [3, 1, 4, 5]]
     assert cache.last_used.tolist() == [10, 10, 10, 10, 5, 10]
     assert cache.table[3].item() == -1 and cache.table[8 + 5].item() == 5 and cache.table[8 + 3].item() == 3
@@ -131,7 +132,8 @@ def test_all_hits():
     plan, cache = plan_both(cache, ids([[0, 2, 4, 7]]), 1, 5, 4)
     assert plan.status.tolist() == [HIT] * 4
     assert plan.slot.tolist() == [4, 6, 3, 5]
-    assert plan.counts.tolist() == [4, 0, 0, 4]
+    # clock 5 ranks its hits: of the 4 held slots, slot 3 (last used at 0) has 3 newer, the oldest quarter
+    assert plan.counts.tolist() == [4, 0, 0, 4, 4, 1]
     assert torch.equal(cache.owner, before_owner) and torch.equal(cache.table, before_table)
     assert cache.last_used.tolist() == [-1, -1, -1, 5, 5, 5, 5, -1, -1, -1]
 
@@ -162,7 +164,7 @@ def test_n_pcie_max(n_pcie_max):
         cache.put(slot, 0, slot, [6, 4, 9, 2, 8, 0, 7, 3][slot])
     plan, cache = plan_both(cache, ids([[9, 0, 12, 10], [11, 12, 4, 9]]), 0, 10, n_pcie_max)
     n_pcie = min(max(n_pcie_max, 0), 4)
-    assert plan.counts.tolist() == [2, n_pcie, 4 - n_pcie, 6]
+    assert plan.counts.tolist() == [2, n_pcie, 4 - n_pcie, 6, 0, 0]
     misses = [0, 2, 3, 4]  # rows of 9, 12, 10, 11: the first n_pcie go over PCIe
     assert [plan.status[u].item() for u in misses] == [PCIE] * n_pcie + [CPU] * (4 - n_pcie)
     assert [plan.slot[u].item() for u in misses[:n_pcie]] == [5, 3, 7, 1][:n_pcie]
@@ -180,16 +182,37 @@ def test_n_pcie_from_a_table_indexed_by_the_miss_count(table):
     device_table = torch.tensor(table, dtype=torch.int32, device=DEVICE)
     plan, cache = plan_both(cache, ids([[9, 0, 12, 10], [11, 12, 4, 9]]), 0, 10, device_table)
     n_pcie = min(table[min(4, len(table) - 1)], 4)  # 4 misses
-    assert plan.counts.tolist() == [2, n_pcie, 4 - n_pcie, 6]
+    assert plan.counts.tolist() == [2, n_pcie, 4 - n_pcie, 6, 0, 0]
+
+
+@needs_triton
+def test_sampled_calls_rank_their_hits_in_the_lru_order():
+    """One call in RANK_EVERY (by a hash of the clock) counts its hits and those among the oldest
+    quarter of the held slots, ranked before this call's updates: strictly newer slots count,
+    ties do not, and free and pinned slots are not held."""
+    assert [c for c in range(40) if rank_sampled(c)] == [0, 5, 13, 18, 26, 34, 39]
+    assert abs(sum(map(rank_sampled, range(1 << 16))) / (1 << 16) - 1 / RANK_EVERY) < 1e-3
+    cache = Cache(2, 16, 12)
+    for slot, last_used in enumerate([1, 1, 2, 3, 4, 4, 6, 7]):  # 8 held slots, experts 0-7 of layer 0
+        cache.put(slot, 0, slot, last_used)
+    cache.put(8, 1, 0, PINNED_TIME)  # pinned (a lent prefill buffer): never newer, never held
+    cache.last_used[9] = -1  # free
+    # hits on slots 0 and 1 (tied at 1: 6 newer each, 4 * 6 >= 3 * 8: the tail), 3 (4 newer) and 7 (none)
+    plan, _ = plan_both(cache.clone(), ids([[0, 1, 3, 7]]), 0, 13, 4)
+    assert plan.counts.tolist() == [4, 0, 0, 4, 4, 2]
+    plan, _ = plan_both(cache.clone(), ids([[0, 1, 3, 7, 9]]), 0, 12, 4)  # not sampled; a miss takes slot 9
+    assert plan.counts.tolist() == [4, 1, 0, 5, 0, 0]
+    plan, _ = plan_both(cache.clone(), ids([[9, 10]]), 1, 13, 0)  # no hits: nothing ranked
+    assert plan.counts.tolist() == [0, 0, 2, 2, 0, 0]
 
 
 @needs_triton
 def test_running_totals_add_up_every_plan():
-    """`totals` (int64 [4]) gets each plan's (hits, pcie, cpu, unique) added: the executor's stats
+    """`totals` (int64 [NUM_COUNTS]) gets each plan's counts added: the executor's stats
     and hit rate with no launch of their own."""
     cache, ref_cache = Cache(2, 8, 4), Cache(2, 8, 4)
-    totals, ref_totals = (torch.tensor([5, 0, 1, 6], dtype=torch.int64, device=DEVICE) for _ in range(2))
-    expected = [5, 0, 1, 6]
+    totals, ref_totals = (torch.tensor([5, 0, 1, 6, 2, 1], dtype=torch.int64, device=DEVICE) for _ in range(2))
+    expected = [5, 0, 1, 6, 2, 1]
     for clock, (layer, rows, n_pcie) in enumerate([(0, [[1, 2, 3]], 2), (1, [[1, 4], [2, 1]], 8), (0, [[1, 2]], 0)]):
         got = route_plan(ids(rows), layer, 8, *cache.args(), clock + 1, n_pcie, totals=totals)
         ref = route_plan_ref(ids(rows), layer, 8, *ref_cache.args(), clock + 1, n_pcie, totals=ref_totals)
@@ -206,7 +229,7 @@ def test_full_cache_of_this_steps_hits_sends_misses_to_cpu():
         cache.put(slot, 1, expert, 0)
     plan, cache = plan_both(cache, ids([[1, 2, 4], [6, 3, 1]]), 1, 7, 8)
     assert plan.status.tolist()[:5] == [HIT, CPU, HIT, HIT, CPU]
-    assert plan.counts.tolist() == [3, 0, 2, 5]
+    assert plan.counts.tolist() == [3, 0, 2, 5, 0, 0]
     # slots an earlier layer used in this step (last_used == clock) are just as protected
     cache2 = Cache(2, 8, 4)
     cache2.put(0, 0, 5, 7)

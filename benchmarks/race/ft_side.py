@@ -219,7 +219,7 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
 def _split_info(experts: Any, top_k: int) -> dict[str, Any]:
     """What decides a decode call's split, for reading a rate: the mode the executor runs in, the
     measured profile it prices the split with, and its PCIe count for each number of misses of one
-    token's layer (the split table at the hit rate the run ended at)."""
+    token's layer (the split table at the worth of a copy the run ended at, beside its hit rate)."""
     if experts is None or not hasattr(experts, "splits"):
         return {}
     info: dict[str, Any] = {"serving_mode": experts.mode}
@@ -232,6 +232,7 @@ def _split_info(experts: Any, top_k: int) -> dict[str, Any]:
         stride = max(b.layout.expert_stride for b in experts.banks.values())
         info["pcie_of_misses"] = [max(0, min(m, split(m, stride))) for m in range(top_k + 1)]
         info["hit_rate_priced"] = round(experts.splits.hit_rate.value, 3)
+        info["fill_worth"] = round(experts.splits.hit_rate.fill_worth, 3)
     return info
 
 

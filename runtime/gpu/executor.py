@@ -330,6 +330,12 @@ class HybridExpertExecutor(WholeStepCalls):
         on CUDA read back without a sync, a few calls late)."""
         return self.splits.hit_rate.value
 
+    @property
+    def fill_worth(self) -> float:
+        """What "auto" prices a copy at: the recent hit rate less the victim's share of it
+        (policy/miss_split.py `fill_worth`; GlobalLRU's, with ranks sampled on the same calls)."""
+        return self.splits.hit_rate.fill_worth
+
     # -- residency, size, stats ----------------------------------------------------------------------
 
     def _make_resident(self, resized: bool = False) -> None:

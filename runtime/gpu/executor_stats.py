@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..policy.expert_cache import HIT_RATE_DECAY
-from .kernels import HIT, NUM_UNIQUE
+from ..policy.miss_split import fill_worth
+from .kernels import HIT, NUM_COUNTS, NUM_UNIQUE, RANKED, TAIL
 
 
 @dataclass
@@ -43,9 +44,9 @@ class ExpertStats:
 
 
 class DeviceCounts:
-    """The route plan's running (hits, pcie, cpu, unique) sums on the device, one int64 [4] per
-    expert size (a miss costs its size's bytes): added to by every decode call with no host sync,
-    read back only when asked."""
+    """The route plan's running sums of its counts (hits, pcie, cpu, unique, ranked and tail hits) on
+    the device, one int64 [NUM_COUNTS] per expert size (a miss costs its size's bytes): added to by
+    every decode call with no host sync, read back only when asked."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -55,7 +56,7 @@ class DeviceCounts:
         """The sums for experts of `stride` bytes, made (zeros) on first use."""
         totals = self._by_stride.get(stride)
         if totals is None:
-            totals = self._by_stride[stride] = torch.zeros(4, dtype=torch.int64, device=self.device)
+            totals = self._by_stride[stride] = torch.zeros(NUM_COUNTS, dtype=torch.int64, device=self.device)
         return totals
 
     def made(self, stride: int) -> torch.Tensor | None:
@@ -72,7 +73,7 @@ class DeviceCounts:
     def add_to(self, stats: ExpertStats) -> None:
         """Add the sums to `stats`' expert counters (one device read per size)."""
         for stride, totals in self._by_stride.items():
-            hits, pcie, cpu, _ = totals.tolist()
+            hits, pcie, cpu = totals.tolist()[:3]
             stats.hits, stats.misses = stats.hits + hits, stats.misses + pcie + cpu
             stats.pcie_experts, stats.pcie_bytes = stats.pcie_experts + pcie, stats.pcie_bytes + pcie * stride
             stats.cpu_experts, stats.cpu_bytes = stats.cpu_experts + cpu, stats.cpu_bytes + cpu * stride
@@ -84,50 +85,63 @@ class DeviceCounts:
 
 class RecentHitRate:
     """Hits over reads (distinct experts) of decode layer calls, both decayed by HIT_RATE_DECAY
-    per call: the trace simulator's measure. Off CUDA it is exact, call by call. On CUDA the route
-    plan sums the counts on the device; every WINDOW calls those running sums are copied to pinned
-    memory without a sync (an event polled later) and the block of w calls since the last copy is
-    folded in as decay^w * old + block, so the value lags by one or two windows (up to 128 calls
-    against the ~1000 the decay looks back over; each read-back costs the host ~25 us, which
-    a smaller window would spend on the decode path)."""
+    per call: the trace simulator's measure; and beside them the sampled hits' LRU ranks (ranked,
+    and of those in the oldest quarter), decayed alike, for what a copy is worth (`fill_worth`).
+    Off CUDA it is exact, call by call. On CUDA the route plan sums the counts on the device;
+    every WINDOW calls those running sums are copied to pinned memory without a sync (an event
+    polled later) and the block of w calls since the last copy is folded in as decay^w * old +
+    block, so the value lags by one or two windows (up to 128 calls against the ~1000 the decay
+    looks back over; each read-back costs the host ~25 us, which a smaller window would spend on
+    the decode path)."""
 
     WINDOW = 64
+    KEPT = (HIT, NUM_UNIQUE, RANKED, TAIL)  # the counts folded in: hits, reads, ranked, tail
 
     def __init__(self, device: torch.device) -> None:
-        self.hits = self.reads = 0.0
+        self.sums = [0.0] * len(self.KEPT)  # decayed, in KEPT's order
         self.is_cuda = device.type == "cuda"
         if self.is_cuda:
-            self._host = torch.zeros(2, dtype=torch.int64, device="cpu").pin_memory()  # (hits, reads) running sums
+            self._host = torch.zeros(len(self.KEPT), dtype=torch.int64, device="cpu").pin_memory()  # running sums
+            self._kept: torch.Tensor | None = None  # KEPT as an index on the device
             self._event: torch.cuda.Event | None = None
-            self._last = (0, 0)
+            self._last = [0] * len(self.KEPT)
             self._calls = self._calls_in_flight = 0
 
     @property
     def value(self) -> float:
-        return self.hits / self.reads if self.reads else 0.0
+        hits, reads = self.sums[0], self.sums[1]
+        return hits / reads if reads else 0.0
 
-    def _fold(self, hits: float, reads: float, calls: int) -> None:
+    @property
+    def fill_worth(self) -> float:
+        """What a copy is worth now: the hit rate less the victim's share (miss_split.fill_worth)."""
+        return fill_worth(self.value, self.sums[2], self.sums[3])
+
+    def _fold(self, block: list[int], calls: int) -> None:
         decay = HIT_RATE_DECAY ** calls
-        self.hits, self.reads = decay * self.hits + hits, decay * self.reads + reads
+        self.sums = [decay * old + new for old, new in zip(self.sums, block, strict=True)]
 
     def observe(self, counts: torch.Tensor | None, totals: Collection[torch.Tensor], calls: int = 1) -> None:
         """One decode call: its plan's `counts` (read off CUDA), and the device's running sums
-        `totals` [4] each (read back on CUDA); or, on CUDA, `calls` calls at once (a captured step's)."""
+        `totals` [NUM_COUNTS] each (read back on CUDA); or, on CUDA, `calls` calls at once (a
+        captured step's)."""
         if not self.is_cuda:
             assert counts is not None and calls == 1
-            self._fold(int(counts[HIT]), int(counts[NUM_UNIQUE]), 1)
+            self._fold([int(counts[i]) for i in self.KEPT], 1)
             return
         self._calls += calls
         if self._calls < self.WINDOW or (self._event is not None and not self._event.query()):
             return
         if self._event is not None:
-            hits, reads = self._host.tolist()
-            if hits < self._last[0] or reads < self._last[1]:  # the sums were reset (reset_stats)
-                self._last = (0, 0)
-            self._fold(hits - self._last[0], reads - self._last[1], self._calls_in_flight)
-            self._last = (hits, reads)
+            now = self._host.tolist()
+            if any(a < b for a, b in zip(now, self._last, strict=True)):  # the sums were reset (reset_stats)
+                self._last = [0] * len(self.KEPT)
+            self._fold([a - b for a, b in zip(now, self._last, strict=True)], self._calls_in_flight)
+            self._last = now
         sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else next(iter(totals))
-        self._host.copy_(sums[HIT::NUM_UNIQUE - HIT], non_blocking=True)
+        if self._kept is None:
+            self._kept = torch.tensor(self.KEPT, dtype=torch.long, device=sums.device)
+        self._host.copy_(sums.index_select(0, self._kept), non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
         self._calls_in_flight, self._calls = self._calls, 0

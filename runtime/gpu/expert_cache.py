@@ -29,13 +29,13 @@ import torch
 from ftw import ExpertBank
 
 from ..experts import HostExpertBank
+from .kernels import PINNED_TIME
 from .records import RecordViews
 from .streams import DeviceStreams
 
 log = logging.getLogger(__name__)
 
 EMPTY = -1
-PINNED_TIME = (1 << 40) - 1  # a pinned slot's recency on the device: never below the clock, never a victim
 Source = Callable[[int], torch.Tensor]  # key -> the expert's record (host bank row)
 
 

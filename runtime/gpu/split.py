@@ -94,8 +94,8 @@ class SplitTables:
             return num_pairs, False
         if self.mode != "auto" or self.split is None:
             return 0, True
-        rate = self.hit_rate.value
-        key = (self.split, num_pairs, expert_bytes, round(rate * 64) if self.device.type == "cuda" else rate)
+        worth = self.hit_rate.fill_worth
+        key = (self.split, num_pairs, expert_bytes, round(worth * 64) if self.device.type == "cuda" else worth)
         entry = self._tables.get(key)
         if entry is None:
             if len(self._tables) > 256:
@@ -129,5 +129,5 @@ class SplitTables:
     def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
         """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
         assert self._cost is not None
-        fill_value_s = fill_value_seconds(self.hit_rate.value, expert_bytes, self._cost)
+        fill_value_s = fill_value_seconds(self.hit_rate.fill_worth, expert_bytes, self._cost)
         return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)

@@ -30,13 +30,15 @@ from .miss_split import (
     MissCost,
     choose_pcie_misses,
     fill_value_seconds,
+    fill_worth,
     finish_seconds,
     naive_pcie_misses,
+    rank_sampled,
 )
 from .trace import RoutingTrace, Schedule
 
 Key = tuple[int, int]  # (layer, expert)
-Split = Callable[[int, int, float], int]  # (layer, misses, recent hit rate) -> how many to copy into the cache
+Split = Callable[[int, int, float], int]  # (layer, misses, what a copy is worth) -> how many to copy into the cache
 HIT_RATE_DECAY = 0.999  # per counted step: the recent hit rate looks back ~1000 layer steps (~20 tokens)
 
 
@@ -92,35 +94,58 @@ class GlobalLRU(CachePolicy):
 
     `capacity_slots` counts slots; with `sizes` (bytes of one expert per layer) it counts bytes and
     an expert of layer l takes sizes[l] of it (the trace repository's byte-budgeted simulator).
-    `split(layer, misses, recent_hit_rate)` -> how many misses to copy (the first ones in rank
-    order); None: all. `recent_hit_rate` decays by HIT_RATE_DECAY per step (0 before any step)."""
+    `split(layer, misses, worth)` -> how many misses to copy (the first ones in rank order); None:
+    all. `worth` is `fill_worth`: the recent hit rate (decayed by HIT_RATE_DECAY per step, 0 before
+    any), less the victim's share where `rank_hits` samples the hits' LRU ranks as the GPU's route
+    plan does (route_plan_ref step 6: the same calls, by the same clock, one per layer step)."""
 
     def __init__(self, capacity_slots: int, *, sizes: Sequence[int] | None = None, split: Split | None = None,
-                 name: str = "lru") -> None:
+                 name: str = "lru", rank_hits: bool = False) -> None:
         super().__init__(capacity_slots)
-        self.name, self.split = name, split
+        self.name, self.split, self.rank_hits = name, split, rank_hits
         self.sizes = None if sizes is None else [int(s) for s in sizes]
         self._slots: OrderedDict[Key, int] = OrderedDict()  # key -> size, least recent first
         self._used = 0
-        self._recent_hits = self._recent_reads = 0.0
+        self._recent_hits = self._recent_reads = self._recent_ranked = self._recent_tail = 0.0
+        self._clock = 0  # moved on by every layer step, as the GPU cache's is by every layer call
+        self._stamps: dict[Key, int] = {}  # with rank_hits: the clock each cached key was last used at
 
     @property
     def recent_hit_rate(self) -> float:
         return self._recent_hits / self._recent_reads if self._recent_reads else 0.0
 
+    @property
+    def fill_worth(self) -> float:
+        """What a copy is worth now (miss_split.fill_worth): what `split` is given."""
+        return fill_worth(self.recent_hit_rate, self._recent_ranked, self._recent_tail)
+
+    def _ranks(self, hits: list[Key]) -> tuple[int, int]:
+        """(ranked, in the oldest quarter) of this step's hits, ranked before they are refreshed:
+        route_plan_ref step 6 (newer = cached keys used strictly later)."""
+        stamps = np.fromiter(self._stamps.values(), dtype=np.int64, count=len(self._stamps))
+        tail = sum(4 * int((stamps > self._stamps[k]).sum()) >= 3 * len(stamps) for k in hits)
+        return len(hits), tail
+
     def _step(self, layer: int, ids: list[int], warm: bool) -> tuple[int, int, int]:
+        self._clock += 1
+        hits = [(layer, e) for e in ids if (layer, e) in self._slots]
+        ranked, tail = self._ranks(hits) if self.rank_hits and hits and rank_sampled(self._clock) else (0, 0)
         missing = []
         for e in ids:
             if (layer, e) in self._slots:
                 self._slots.move_to_end((layer, e))
+                if self.rank_hits:
+                    self._stamps[layer, e] = self._clock
             else:
                 missing.append(e)
         if warm:
             copies = len(missing)
         else:
-            copies = len(missing) if self.split is None else self.split(layer, len(missing), self.recent_hit_rate)
+            copies = len(missing) if self.split is None else self.split(layer, len(missing), self.fill_worth)
             self._recent_hits = HIT_RATE_DECAY * self._recent_hits + len(ids) - len(missing)
             self._recent_reads = HIT_RATE_DECAY * self._recent_reads + len(ids)
+            self._recent_ranked = HIT_RATE_DECAY * self._recent_ranked + ranked
+            self._recent_tail = HIT_RATE_DECAY * self._recent_tail + tail
         assert 0 <= copies <= len(missing), (copies, len(missing))
         needed = {(layer, e) for e in ids}
         for e in missing[:copies]:
@@ -134,8 +159,11 @@ class GlobalLRU(CachePolicy):
             if victim is None or victim in needed:  # what is left is all needed now: no room
                 return
             self._used -= self._slots.pop(victim)
+            self._stamps.pop(victim, None)
         self._slots[key] = size
         self._used += size
+        if self.rank_hits:
+            self._stamps[key] = self._clock
 
     def resident(self) -> set[Key]:
         return set(self._slots)
@@ -152,31 +180,31 @@ def offload_only(capacity_slots: int, **kw: object) -> GlobalLRU:
 
 def cpu_only_misses(capacity_slots: int) -> GlobalLRU:
     """Every miss is computed on the CPU; the cache keeps what the load and the prompt left in it."""
-    return GlobalLRU(capacity_slots, split=lambda layer, misses, hit_rate: 0, name="cpu-misses")
+    return GlobalLRU(capacity_slots, split=lambda layer, misses, worth: 0, name="cpu-misses")
 
 
 def automatic(capacity_slots: int, cost: MissCost, expert_bytes: Sequence[int]) -> GlobalLRU:
     """Global LRU + the q* split of each layer's misses (`choose_pcie_misses`), each CPU-served miss
-    charged the later miss it causes at the cache's recent hit rate (`fill_value_seconds`)."""
+    charged the later miss it causes at what a copy is worth (`fill_worth`, `fill_value_seconds`)."""
     sizes = [int(b) for b in expert_bytes]
 
-    def split(layer: int, misses: int, hit_rate: float) -> int:
-        value = fill_value_seconds(hit_rate, sizes[layer], cost)
+    def split(layer: int, misses: int, worth: float) -> int:
+        value = fill_value_seconds(worth, sizes[layer], cost)
         return choose_pcie_misses(misses, sizes[layer], cost, fill_value_s=value)
 
-    return GlobalLRU(capacity_slots, split=split, name="automatic")
+    return GlobalLRU(capacity_slots, split=split, name="automatic", rank_hits=True)
 
 
 def per_step_split(capacity_slots: int, cost: MissCost, expert_bytes: Sequence[int]) -> GlobalLRU:
     """Global LRU + the q* split that minimises each step alone (no charge for not caching)."""
     sizes = [int(b) for b in expert_bytes]
-    return GlobalLRU(capacity_slots, split=lambda layer, misses, hit_rate: choose_pcie_misses(misses, sizes[layer], cost),
+    return GlobalLRU(capacity_slots, split=lambda layer, misses, worth: choose_pcie_misses(misses, sizes[layer], cost),
                      name="per-step-split")
 
 
 def naive_hybrid(capacity_slots: int, cost: MissCost) -> GlobalLRU:
     """Global LRU + round(m p/(p+c)) copied: the ratio without the miss count's fixed costs."""
-    return GlobalLRU(capacity_slots, split=lambda layer, misses, hit_rate: naive_pcie_misses(misses, cost),
+    return GlobalLRU(capacity_slots, split=lambda layer, misses, worth: naive_pcie_misses(misses, cost),
                      name="naive-hybrid")
 
 

@@ -31,8 +31,19 @@ A step is not the whole story: a miss computed on the CPU is not cached, so it m
 next token wants it (38% next-token reuse). Replaying the real traces, a split that only minimised
 each step re-missed its CPU-served experts and ended slower than plain offload once the cache was
 large. So each CPU-served miss is also charged `fill_value_s`, the expected cost of that later miss:
-the cache's recent hit rate (the chance a cached copy is used again before eviction) times the least a
-lone miss costs (`fill_value_seconds`). 0 (the default) minimises the step alone.
+what a copy is worth (`fill_worth`) times the least a lone miss costs (`fill_value_seconds`). 0 (the
+default) minimises the step alone.
+
+A copy's worth is not the hit rate alone. In a full cache it evicts the least recently used entry,
+whose own later hits are lost: where routing is flat (uniformly random ids, as llama-bench feeds),
+the victim is as likely to be wanted as the newcomer, a copy gains nothing, and charging the CPU
+the hit rate sent 58% of the misses over PCIe whatever the CPU's speed (the race at 6 and 8 threads:
+the same split, llama.cpp 47% faster at 8). With a cache of S entries and hit rate h(S), the
+newcomer's chance of a hit before eviction is about h, and the victim's about S * h'(S): the hits
+that one more slot at the old end of the LRU order would catch. The route plan samples where hits
+fall in that order (route_plan_ref step 6), so S * h'(S) / h is the hit density of the oldest
+TAIL_FRACTION against the mean: 1 for flat routing, near 0 where a few experts take most hits.
+Worth = h * (1 - that ratio), clamped to [0, h].
 """
 
 from __future__ import annotations
@@ -41,6 +52,15 @@ import math
 from dataclasses import dataclass
 
 FIXED_COSTS = ("overlap", "serial")
+TAIL_FRACTION = 0.25  # the LRU order's oldest share whose hits are counted (route_plan_ref step 6)
+RANK_EVERY = 8  # one layer call in this many ranks its hits
+
+
+def rank_sampled(clock: int) -> bool:
+    """Whether the layer call at `clock` ranks its hits (the route plan and the simulator alike):
+    the top bits of a 16-bit Fibonacci hash of the clock, one call in RANK_EVERY. (A period of the
+    clock would sample the same layers every token.)"""
+    return ((clock & 0xFFFF) * 40503 & 0xFFFF) >> 13 == 0
 
 
 @dataclass(frozen=True)
@@ -118,10 +138,21 @@ def crossing_point(num_misses: int, expert_bytes: int, cost: MissCost) -> float:
     return min(max(q, 0.0), float(num_misses))
 
 
-def fill_value_seconds(hit_rate: float, expert_bytes: int, cost: MissCost) -> float:
-    """Expected time a copy saves later: P(used again while cached) x the least a lone miss costs."""
+def fill_worth(hit_rate: float, ranked_hits: float = 0.0, tail_hits: float = 0.0) -> float:
+    """What a copy into a full LRU cache is worth, in later hits: the hit rate less the victim's
+    share of it (the module docstring). `ranked_hits` hits had their LRU rank sampled, `tail_hits`
+    of them fell in the oldest TAIL_FRACTION; none ranked: the hit rate itself."""
+    if ranked_hits <= 0:
+        return min(max(hit_rate, 0.0), 1.0)
+    displaced = tail_hits / ranked_hits / TAIL_FRACTION
+    return min(max(hit_rate * (1.0 - displaced), 0.0), 1.0)
+
+
+def fill_value_seconds(worth: float, expert_bytes: int, cost: MissCost) -> float:
+    """Expected time a copy saves later: its `worth` (`fill_worth`: later hits, net of the victim's)
+    x the least a lone miss costs."""
     alone = min(finish_seconds(1, 1, expert_bytes, cost), finish_seconds(0, 1, expert_bytes, cost))
-    return min(max(hit_rate, 0.0), 1.0) * alone
+    return min(max(worth, 0.0), 1.0) * alone
 
 
 def choose_pcie_misses(num_misses: int, expert_bytes: int, cost: MissCost, fill_value_s: float = 0.0) -> int:

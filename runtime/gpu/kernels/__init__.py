@@ -1,6 +1,6 @@
 """GPU kernels of the hybrid runtime, each with a plain-torch reference twin (`*_ref`).
 
-The references import only torch and are exported here; import a Triton kernel from its own
+The references import only torch (and the pure policy module) and are exported here; import a Triton kernel from its own
 module (`from runtime.gpu.kernels.route_plan import route_plan`), so that installs without
 triton can still use the references and the plan types, or ask `triton_module` for one.
 """
@@ -9,9 +9,22 @@ import functools
 import importlib
 from types import ModuleType
 
-from .route_plan_ref import CPU, HIT, MAX_KERNEL_PAIRS, NUM_UNIQUE, PCIE, RoutePlan, route_plan_ref
+from .route_plan_ref import (
+    CPU,
+    HIT,
+    MAX_KERNEL_PAIRS,
+    NUM_COUNTS,
+    NUM_UNIQUE,
+    PCIE,
+    PINNED_TIME,
+    RANKED,
+    TAIL,
+    RoutePlan,
+    route_plan_ref,
+)
 
-__all__ = ["CPU", "HIT", "MAX_KERNEL_PAIRS", "NUM_UNIQUE", "PCIE", "RoutePlan", "route_plan_ref", "triton_module"]
+__all__ = ["CPU", "HIT", "MAX_KERNEL_PAIRS", "NUM_COUNTS", "NUM_UNIQUE", "PCIE", "PINNED_TIME", "RANKED", "TAIL",
+           "RoutePlan", "route_plan_ref", "triton_module"]
 
 
 @functools.cache

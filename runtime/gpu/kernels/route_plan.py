@@ -22,11 +22,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import dependent_launch
-from .route_plan_ref import MAX_SLOTS, SLOT_BITS, RoutePlan
+from .route_plan_ref import MAX_SLOTS, NUM_COUNTS, PINNED_TIME, SLOT_BITS, RoutePlan
 
 _BIG = tl.constexpr(1 << 62)  # above every packed (last_used, slot) key: an empty buffer entry
 _SLOT_SCALE = tl.constexpr(1 << SLOT_BITS)  # key = last_used * _SLOT_SCALE + slot
 _SLOT_MASK = tl.constexpr((1 << SLOT_BITS) - 1)
+_PINNED = tl.constexpr(PINNED_TIME)
+_NUM_COUNTS = tl.constexpr(NUM_COUNTS)
 
 
 @triton.jit(do_not_specialize=["n_ids", "layer", "num_experts", "num_slots", "clock_arg", "n_pcie_max_arg",
@@ -37,8 +39,8 @@ def _route_plan_kernel(
     clock_arg, n_pcie_max_arg, n_table_last,
     unique_ptr, status_ptr, slot_ptr, evicted_ptr, counts_ptr, inverse_ptr, pair_slot_ptr, pair_fill_ptr, totals_ptr,
     CLOCK_ON_DEVICE: tl.constexpr, N_PCIE_MODE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, ACCUMULATE: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    ACCUMULATE: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
         gdc_wait()
@@ -49,8 +51,8 @@ def _route_plan_kernel(
         table_at = tl.arange(0, BLOCK_T)
         n_pcie_table = tl.load(n_pcie_max_arg + table_at, mask=table_at <= n_table_last, other=0).to(tl.int32)
     if ACCUMULATE:
-        sums_at = tl.arange(0, 4)
-        sums = tl.load(totals_ptr + sums_at)
+        sums_at = tl.arange(0, 8)
+        sums = tl.load(totals_ptr + sums_at, mask=sums_at < _NUM_COUNTS, other=0)
     if CLOCK_ON_DEVICE == 2:  # a counter: moved on by one, the new value is this call's clock
         clock = tl.load(clock_arg).to(tl.int64) + 1
         tl.store(clock_arg, clock)
@@ -88,6 +90,24 @@ def _route_plan_kernel(
     else:
         n_pcie_max = n_pcie_max_arg.to(tl.int32)
     num_pcie_wanted = tl.minimum(num_miss, tl.maximum(n_pcie_max, 0))
+
+    # --- the hits' LRU ranks, on sampled calls (route_plan_ref step 6), before any store below:
+    # per block of BLOCK_R slots, the held ones and those used after each hit's slot
+    sampled = ((((clock & 0xFFFF) * 40503) & 0xFFFF) >> 13) == 0
+    hit_lu = tl.load(last_used_ptr + cached, mask=hit, other=0)
+    newer = tl.zeros([BLOCK_N], tl.int32)
+    num_held = tl.sum(tl.zeros([BLOCK_R], tl.int32), axis=0)
+    rank_end = tl.where(sampled & (num_hits > 0), num_slots, 0)
+    start = 0
+    while start < rank_end:
+        rank_at = start + tl.arange(0, BLOCK_R)
+        lu = tl.load(last_used_ptr + rank_at, mask=rank_at < num_slots, other=-1)
+        held = (lu >= 0) & (lu < _PINNED)
+        num_held += tl.sum(held.to(tl.int32), axis=0)
+        newer += tl.sum(((lu[None, :] > hit_lu[:, None]) & held[None, :]).to(tl.int32), axis=1)
+        start += BLOCK_R
+    num_ranked = tl.where(sampled, num_hits, 0)
+    num_tail = tl.where(sampled, tl.sum((hit & (4 * newer >= 3 * num_held)).to(tl.int32), axis=0), 0)
 
     # --- victims: the num_pcie_wanted smallest keys (last_used, slot) over slots with last_used < clock
     # that no hit of this call holds, kept in an unsorted register buffer. Entries past the wanted
@@ -147,10 +167,13 @@ def _route_plan_kernel(
     tl.store(counts_ptr + 1, num_pcie)
     tl.store(counts_ptr + 2, num_miss - num_pcie)
     tl.store(counts_ptr + 3, num_unique)
+    tl.store(counts_ptr + 4, num_ranked)
+    tl.store(counts_ptr + 5, num_tail)
     if ACCUMULATE:  # running sums (int64): launches on one stream run in order, so no atomics
-        counts = tl.where(sums_at == 0, num_hits, tl.where(sums_at == 1, num_pcie,
-                                                           tl.where(sums_at == 2, num_miss - num_pcie, num_unique)))
-        tl.store(totals_ptr + sums_at, sums + counts.to(tl.int64))
+        counts = tl.where(sums_at == 0, num_hits, tl.where(sums_at == 1, num_pcie, tl.where(
+            sums_at == 2, num_miss - num_pcie, tl.where(sums_at == 3, num_unique, tl.where(
+                sums_at == 4, num_ranked, num_tail)))))
+        tl.store(totals_ptr + sums_at, sums + counts.to(tl.int64), mask=sums_at < _NUM_COUNTS)
 
 
 def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: torch.Tensor,
@@ -161,7 +184,7 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
 
     expert_ids [T, K] int32/int64; table int32 [L*E]; owner int32 [S]; last_used int64 [S];
     clock / n_pcie_max: Python ints or one-element device tensors (any int dtype; pass tensors
-    to capture in a CUDA graph); `totals` (int64 [4], optional) gets the counts added; n_pcie_max may also be a device table [M] indexed by the
+    to capture in a CUDA graph); `totals` (int64 [NUM_COUNTS], optional) gets the counts added; n_pcie_max may also be a device table [M] indexed by the
     layer's number of misses (clamped to M - 1): the policy's count for every miss count. `out`: a RoutePlan.empty(T, K, device) to fill (graph-static
     outputs); otherwise a new one. `advance_clock`: `clock` is an int64 counter [1] the kernel
     moves on by one and plans with (decode keeps the clock on the device: a captured call needs
@@ -185,6 +208,8 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
                          f"({table.numel()} keys)")
     if expert_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"route_plan: expert_ids must be int32 or int64, got {expert_ids.dtype}")
+    if totals is not None and (totals.dtype != torch.int64 or totals.numel() != NUM_COUNTS):
+        raise TypeError(f"route_plan: totals must be int64 [{NUM_COUNTS}], got {totals.dtype} {list(totals.shape)}")
     plan = out if out is not None else RoutePlan.empty(num_tokens, top_k, expert_ids.device)
     n = num_tokens * top_k
     block_n = max(16, triton.next_power_of_2(n))
@@ -204,6 +229,7 @@ def route_plan(expert_ids: torch.Tensor, layer: int, num_experts: int, table: to
         totals if totals is not None else plan.counts,
         CLOCK_ON_DEVICE=2 if advance_clock else int(clock_on_device), N_PCIE_MODE=n_pcie_mode,
         BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_T=triton.next_power_of_2(n_table_last + 1),
+        BLOCK_R=max(16, min(4096 // block_n, triton.next_power_of_2(num_slots))),
         ACCUMULATE=totals is not None, num_warps=num_warps, PDL=pdl,
         launch_pdl=pdl,
     )

@@ -16,7 +16,13 @@ One MoE layer's expert work for a decode step, planned against the global expert
    (owner/table; the old owner's table entry becomes -1) and last_used = clock. If fewer slots
    are eligible than n_pcie (say every slot holds an expert this step already used), only those
    are taken and the rest of the misses go to the CPU even though n_pcie_max allows more;
-5. the remaining misses are marked for the CPU.
+5. the remaining misses are marked for the CPU;
+6. on a sample of calls (`rank_sampled(clock)`: one in 8, by a hash of the clock, so no
+   layer is always or never sampled), each hit's rank in the LRU order is taken before step 3:
+   the number of held slots (0 <= last_used < PINNED_TIME) used more recently than its slot. The
+   plan counts the ranked hits and those in the oldest TAIL_FRACTION (a quarter) of the held slots
+   (4 * newer >= 3 * held): where a cache's hits fall in its LRU order is what a fill is worth
+   against the victim it displaces (policy/miss_split.py, `fill_worth`).
 
 The cache must satisfy table[owner[s]] == s for every owned slot and owner[table[k]] == k for
 every cached key on entry; both hold again on exit. `last_used` must lie in
@@ -31,8 +37,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ...policy.miss_split import TAIL_FRACTION, rank_sampled
+
 HIT, PCIE, CPU = 0, 1, 2  # status codes; also the indices of their counts in RoutePlan.counts
 NUM_UNIQUE = 3  # index of the unique-expert count in RoutePlan.counts
+RANKED, TAIL = 4, 5  # of the sampled hits (step 6): how many, and how many in the LRU order's oldest quarter
+NUM_COUNTS = 6
+PINNED_TIME = (1 << 40) - 1  # a pinned slot's recency on the device: never below the clock, never a victim
 MAX_KERNEL_PAIRS = 256  # routed (token, k) pairs the Triton kernel takes in one call (it holds them all in registers)
 
 SLOT_BITS = 21  # the kernel's packed key is last_used * 2**SLOT_BITS + slot
@@ -49,7 +60,8 @@ class RoutePlan:
     slot [N] int32: the cache slot of a hit or pcie fill; -1 for cpu.
     evicted [N] int32: for a pcie fill, the key its victim slot held (-1 if the slot was free);
         -1 otherwise.
-    counts [4] int32: (hits, pcie, cpu, unique), indexed by HIT, PCIE, CPU, NUM_UNIQUE.
+    counts [NUM_COUNTS] int32: (hits, pcie, cpu, unique, ranked hits, tail hits), indexed by HIT,
+        PCIE, CPU, NUM_UNIQUE, RANKED, TAIL.
     inverse [T, K] int32: row of unique_ids that expert_ids[t, k] maps to (for the combine).
     pair_slot [T*K] int32: the cache slot pair (t, k) is computed from (slot[inverse[t, k]]), -1
         where its expert runs on the CPU.
@@ -71,7 +83,7 @@ class RoutePlan:
         n = num_tokens * top_k
         i32 = {"dtype": torch.int32, "device": device}
         return RoutePlan(torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(n, **i32),
-                         torch.empty(n, **i32), torch.empty(4, **i32), torch.empty(num_tokens, top_k, **i32),
+                         torch.empty(n, **i32), torch.empty(NUM_COUNTS, **i32), torch.empty(num_tokens, top_k, **i32),
                          torch.empty(n, **i32), torch.empty(n, **i32))
 
 
@@ -84,7 +96,7 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
                    n_pcie_max: int | torch.Tensor, *, totals: torch.Tensor | None = None,
                    advance_clock: bool = False) -> RoutePlan:
     """Plan one layer (see the module docstring); updates table, owner and last_used in place, and
-    adds the counts to `totals` (int64 [4]) when given. `advance_clock`: `clock` is a counter tensor
+    adds the counts to `totals` (int64 [NUM_COUNTS]) when given. `advance_clock`: `clock` is a counter tensor
     moved on by one first (step 0).
 
     Host syncs freely: it is the specification, not the fast path.
@@ -123,6 +135,15 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
     n_pcie = min(len(misses), n_pcie_max, candidates.numel())
     victims = candidates[order[:n_pcie]].tolist()
 
+    ranked = tail = 0
+    if hit_slots and rank_sampled(clock):
+        held = (last_used >= 0) & (last_used < PINNED_TIME)
+        num_held = int(held.sum())
+        assert TAIL_FRACTION == 0.25  # the kernel's 4 * newer >= 3 * held
+        for s in hit_slots:
+            newer = int((held & (last_used > last_used[s])).sum())
+            ranked, tail = ranked + 1, tail + (4 * newer >= 3 * num_held)
+
     status = [HIT if s >= 0 else CPU for s in slots]
     evicted = [-1] * len(unique)
     if hit_slots:
@@ -137,7 +158,7 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
         status[u], slots[u], evicted[u] = PCIE, v, old
 
     pad = [-1] * (n - len(unique))
-    counts = [status.count(HIT), status.count(PCIE), status.count(CPU), len(unique)]
+    counts = [status.count(HIT), status.count(PCIE), status.count(CPU), len(unique), ranked, tail]
 
     def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
