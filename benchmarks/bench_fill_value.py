@@ -2,10 +2,10 @@
 uniformly random routing (what llama-bench's random ids give), CPU only.
 
 "automatic" (runtime/policy/expert_cache.py, what the GPU executor runs) charges each CPU-served
-miss the later miss it causes at what a copy is worth: the recent hit rate less the share of it
-the evicted victim would have had (`fill_worth`, from the hits' sampled LRU ranks). Beside it:
-the hit rate alone (the rule before), the measured share of filled entries hit before their
-eviction (decayed per eviction), no value at all, and plain offload, at the slots the fit planner
+miss the later miss it causes at the recent hit rate; "automatic, worth" (FT_FILL_PRICING=worth)
+at what a copy is worth: the hit rate less the share of it the evicted victim would have had
+(`fill_worth`, from the hits' sampled LRU ranks). Beside them: the measured share of filled
+entries hit before their eviction (decayed per eviction), no value at all, and plain offload, at the slots the fit planner
 gives 8 GiB and 32 GiB and one size between (trace), or the race's -ncmoe 12 and 8 caches
 (uniform: 16 layers of 128 experts, top-8, 512 prompt tokens and 256 decoded). Prints the decode
 miss rate, the modelled time spent on misses per token (`finish_seconds` per layer step) and the
@@ -101,15 +101,13 @@ def main() -> None:
     for slots in (int(s) for s in slots_arg.split(",")):
         no_value = GlobalLRU(slots, name="auto, no value",
                              split=lambda layer, misses, worth: choose_pcie_misses(misses, EXPERT_BYTES, cost))
-        hit_rate_only = automatic(slots, cost, sizes)
-        hit_rate_only.rank_hits, hit_rate_only.name = False, "auto, hit rate alone"
-        for policy in (offload_only(slots), automatic(slots, cost, sizes), hit_rate_only,
+        for policy in (offload_only(slots), automatic(slots, cost, sizes), automatic(slots, cost, sizes, "worth"),
                        FilledReuseLRU(slots, cost, EXPERT_BYTES), no_value):
             result = replay(policy, trace, cost=cost)
             if isinstance(policy, FilledReuseLRU) and policy.filled_reuse is not None:
                 worth = f"{policy.filled_reuse:.2f} / {policy.recent_hit_rate:.2f}"
             else:
-                worth = f"{policy.fill_worth:.2f} / {policy.recent_hit_rate:.2f}" if policy.split is not None else ""
+                worth = f"{policy.fill_worth:.2f} / {policy.recent_hit_rate:.2f}" if policy.rank_hits else ""
             print(f"{slots:>6}  {policy.name:<22} {result.miss_rate:>9.3f} {result.miss_ms_per_token:>14.2f} "
                   f"{result.cpu_misses / max(result.misses, 1):>9.2f}  {worth}")
 

@@ -1,6 +1,6 @@
 """The route-plan kernel as a decode step calls it, on CUDA: one call per MoE layer, the cache
 clock on the device, the running sums accumulated, every call a hit (the common call at a 32 GiB
-budget, where the victim scan is skipped; one call in 8 ranks its hits over every slot), captured in one CUDA graph as a step graph captures
+budget, where the victim scan is skipped; one call in 32 ranks its hits over every slot), captured in one CUDA graph as a step graph captures
 it (with programmatic dependent launch where the card has it) and replayed; us per call.
 
 Two policies' forms: "offload" (n_pcie_max a number: every miss over PCIe) and "auto" (a split

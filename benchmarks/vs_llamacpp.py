@@ -233,6 +233,8 @@ def main() -> None:
     parser.add_argument("--device", default="gpu")
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fill-pricing", choices=("hit_rate", "worth"),
+                        help="what ft's auto charges a CPU-served miss (FT_FILL_PRICING; default: ft's own)")
     parser.add_argument("--quant", help="race llama-quantize's file of this type (Q4_K_M, Q8_0, ...), not the bf16 one")
     parser.add_argument("--llama-build", default="/tmp/lcpp")
     parser.add_argument("--ft-timeout", type=int, default=400)
@@ -246,6 +248,8 @@ def main() -> None:
         print(report.table(rows, markdown=args.markdown))
         print(json.dumps(report.summary(rows), indent=1))
         return
+    if args.fill_pricing:  # ft's side runs in child processes, which read it from the environment
+        os.environ["FT_FILL_PRICING"] = args.fill_pricing
     args.settings = [int(s) for s in args.settings.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
     args.prompts = [int(p) for p in args.prompts.split(",")]

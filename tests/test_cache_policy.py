@@ -420,3 +420,26 @@ def test_global_lru_beats_static_split_and_prefill_placement_on_the_traces() -> 
             assert lru < replay(StaticLayerSplit(slots, trace.num_experts), trace).miss_rate
             assert lru < replay(PrefillPlacement(slots), trace).miss_rate
             assert replay(Belady(slots), trace).miss_rate <= lru
+
+
+def _uniform(layers: int, experts: int, top_k: int, prompt: int, decode: int, seed: int) -> RoutingTrace:
+    rng = np.random.default_rng(seed)
+    ids = np.argsort(rng.random((prompt + decode, layers, experts)), axis=2)[:, :, :top_k].astype(np.int32)
+    phase = np.array([0] * prompt + [1] * decode, dtype=np.int8)
+    return RoutingTrace("uniform", ids, phase, experts, np.full(layers, 9 << 20, dtype=np.int64))
+
+
+def test_a_copy_is_worth_nothing_where_routing_is_flat() -> None:
+    """Uniform routing: the victim a copy evicts is as likely to be wanted as the copy, so the hits'
+    LRU ranks put a quarter of them in the oldest quarter, a copy's worth is near 0, and pricing by
+    worth leaves more misses to the CPU than pricing by the hit rate, at no cost in misses."""
+    trace = _uniform(4, 32, 4, 64, 192, seed=3)
+    cost = MissCost(pcie_bytes_per_s=45e9, cpu_bytes_per_s=60e9, cpu_overhead_s=8e-5)
+    by_rate, by_worth = (automatic(64, cost, [9 << 20] * 4, pricing=p) for p in ("hit_rate", "worth"))
+    rate, worth = replay(by_rate, trace, cost=cost), replay(by_worth, trace, cost=cost)
+    assert by_worth.fill_worth < 0.1 * by_worth.recent_hit_rate and by_rate.fill_worth < 0.1 * by_rate.recent_hit_rate
+    assert by_rate.fill_price == by_rate.recent_hit_rate and by_worth.fill_price == by_worth.fill_worth
+    assert worth.cpu_misses > rate.cpu_misses and abs(worth.miss_rate - rate.miss_rate) < 0.03
+    assert worth.miss_seconds < rate.miss_seconds
+    with pytest.raises(ValueError, match="pricing is one of hit_rate, worth"):
+        automatic(64, cost, [9 << 20] * 4, pricing="lru")

@@ -129,13 +129,13 @@ def test_all_hits():
     for slot, expert in enumerate([4, 0, 7, 2]):
         cache.put(slot + 3, 1, expert, slot)
     before_owner, before_table = cache.owner.clone(), cache.table.clone()
-    plan, cache = plan_both(cache, ids([[0, 2, 4, 7]]), 1, 5, 4)
+    plan, cache = plan_both(cache, ids([[0, 2, 4, 7]]), 1, 34, 4)
     assert plan.status.tolist() == [HIT] * 4
     assert plan.slot.tolist() == [4, 6, 3, 5]
-    # clock 5 ranks its hits: of the 4 held slots, slot 3 (last used at 0) has 3 newer, the oldest quarter
+    # clock 34 ranks its hits: of the 4 held slots, slot 3 (last used at 0) has 3 newer, the oldest quarter
     assert plan.counts.tolist() == [4, 0, 0, 4, 4, 1]
     assert torch.equal(cache.owner, before_owner) and torch.equal(cache.table, before_table)
-    assert cache.last_used.tolist() == [-1, -1, -1, 5, 5, 5, 5, -1, -1, -1]
+    assert cache.last_used.tolist() == [-1, -1, -1, 34, 34, 34, 34, -1, -1, -1]
 
 
 @needs_triton
@@ -190,7 +190,7 @@ def test_sampled_calls_rank_their_hits_in_the_lru_order():
     """One call in RANK_EVERY (by a hash of the clock) counts its hits and those among the oldest
     quarter of the held slots, ranked before this call's updates: strictly newer slots count,
     ties do not, and free and pinned slots are not held."""
-    assert [c for c in range(40) if rank_sampled(c)] == [0, 5, 13, 18, 26, 34, 39]
+    assert [c for c in range(100) if rank_sampled(c)] == [0, 34, 68, 89]
     assert abs(sum(map(rank_sampled, range(1 << 16))) / (1 << 16) - 1 / RANK_EVERY) < 1e-3
     cache = Cache(2, 16, 12)
     for slot, last_used in enumerate([1, 1, 2, 3, 4, 4, 6, 7]):  # 8 held slots, experts 0-7 of layer 0
@@ -198,11 +198,11 @@ def test_sampled_calls_rank_their_hits_in_the_lru_order():
     cache.put(8, 1, 0, PINNED_TIME)  # pinned (a lent prefill buffer): never newer, never held
     cache.last_used[9] = -1  # free
     # hits on slots 0 and 1 (tied at 1: 6 newer each, 4 * 6 >= 3 * 8: the tail), 3 (4 newer) and 7 (none)
-    plan, _ = plan_both(cache.clone(), ids([[0, 1, 3, 7]]), 0, 13, 4)
+    plan, _ = plan_both(cache.clone(), ids([[0, 1, 3, 7]]), 0, 34, 4)
     assert plan.counts.tolist() == [4, 0, 0, 4, 4, 2]
-    plan, _ = plan_both(cache.clone(), ids([[0, 1, 3, 7, 9]]), 0, 12, 4)  # not sampled; a miss takes slot 9
+    plan, _ = plan_both(cache.clone(), ids([[0, 1, 3, 7, 9]]), 0, 33, 4)  # not sampled; a miss takes slot 9
     assert plan.counts.tolist() == [4, 1, 0, 5, 0, 0]
-    plan, _ = plan_both(cache.clone(), ids([[9, 10]]), 1, 13, 0)  # no hits: nothing ranked
+    plan, _ = plan_both(cache.clone(), ids([[9, 10]]), 1, 34, 0)  # no hits: nothing ranked
     assert plan.counts.tolist() == [0, 0, 2, 2, 0, 0]
 
 

@@ -264,7 +264,8 @@ def test_a_captured_steps_calls_keep_the_cache_and_counters_in_step() -> None:
 @pytest.mark.parametrize(("mode", "cpu_half"), [("offload", False), ("auto", False), ("auto", True), ("cpu", False)])
 def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> None:
     """The same routing through two executors, one replaying whole steps: equal outputs and
-    equal cache statistics, step by step, also after a resize rebuilds the cache. Steps whose
+    equal cache statistics, step by step, also after a resize rebuilds the cache, and past the
+    hit rate's first read-back (made during a replay that waits for the CPU worker). Steps whose
     calls carry a CPU share ("auto" sending half its misses there, "cpu") are captured too where
     the driver's stream flags can be: each replay first hands the worker the step's jobs."""
     from runtime.gpu import BandwidthProfile, build_hybrid
@@ -285,8 +286,8 @@ def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> Non
     def step(ex) -> list[torch.Tensor]:
         return [ex(layer, xs[i], ids[i: i + 1], weights[i: i + 1]) for i, layer in enumerate(banks)]
 
-    for t in range(12):
-        if t == 6:
+    for t in range(24):  # 72 layer calls: past RecentHitRate.WINDOW, whose read-back must not wait for the device
+        if t == 12:
             layered.resize(28)
             whole.resize(28)
         for i in range(len(banks)):

@@ -233,6 +233,7 @@ def _split_info(experts: Any, top_k: int) -> dict[str, Any]:
         info["pcie_of_misses"] = [max(0, min(m, split(m, stride))) for m in range(top_k + 1)]
         info["hit_rate_priced"] = round(experts.splits.hit_rate.value, 3)
         info["fill_worth"] = round(experts.splits.hit_rate.fill_worth, 3)
+        info["fill_pricing"] = experts.splits.pricing
     return info
 
 

@@ -194,9 +194,12 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     Slots and prefill buffers: the fit plan's (`fit`, or one made here for `vram_budget_bytes`
     and `num_ctx`), unless given (`cache_slots`: the buffers default to 2, double-buffered).
     FT_CUDA_GRAPHS=0 in the environment runs every decode call uncaptured (as vLLM's
-    --enforce-eager: a way around a driver that mishandles graphs), unless `cuda_graphs` is given."""
+    --enforce-eager: a way around a driver that mishandles graphs), unless `cuda_graphs` is given;
+    FT_FILL_PRICING ("hit_rate" or "worth", policy/miss_split.py) prices "auto"'s CPU-served
+    misses, unless `fill_pricing` is given."""
     device = torch.device(device)
     options.setdefault("cuda_graphs", os.environ.get("FT_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no"))
+    options.setdefault("fill_pricing", os.environ.get("FT_FILL_PRICING", "hit_rate").strip().lower())
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,

@@ -103,7 +103,7 @@ class HybridExpertExecutor(WholeStepCalls):
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
                  prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
                  cuda_graphs: bool = True, step_graphs: bool = True, pcie_repeat: int = 1,
-                 prefill_lend_above: int | None = None) -> None:
+                 prefill_lend_above: int | None = None, fill_pricing: str = "hit_rate") -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if pcie_repeat < 1:
@@ -122,7 +122,7 @@ class HybridExpertExecutor(WholeStepCalls):
         self.compute_dtype = compute_dtype
         self.cpu_executor = cpu_executor or CPUExpertExecutor(banks, compute_dtype)
         self.profile = profile
-        self.splits = SplitTables(mode, split, profile, self.device)
+        self.splits = SplitTables(mode, split, profile, self.device, fill_pricing)
         self.counts = DeviceCounts(self.device)  # the route plan's running sums (read by stats())
         self.guard = AutoGuard(min(banks), self.counts.cpu_experts) if mode == "auto" and auto_guard and banks else None
         self.first_layer = min(banks) if banks else 0
@@ -332,8 +332,9 @@ class HybridExpertExecutor(WholeStepCalls):
 
     @property
     def fill_worth(self) -> float:
-        """What "auto" prices a copy at: the recent hit rate less the victim's share of it
-        (policy/miss_split.py `fill_worth`; GlobalLRU's, with ranks sampled on the same calls)."""
+        """What a copy is worth: the recent hit rate less the victim's share of it (policy/miss_split.py
+        `fill_worth`; GlobalLRU's, with ranks sampled on the same calls), what "auto" prices a copy at
+        with fill_pricing "worth"."""
         return self.splits.hit_rate.fill_worth
 
     # -- residency, size, stats ----------------------------------------------------------------------

@@ -101,8 +101,10 @@ class RecentHitRate:
         self.sums = [0.0] * len(self.KEPT)  # decayed, in KEPT's order
         self.is_cuda = device.type == "cuda"
         if self.is_cuda:
-            self._host = torch.zeros(len(self.KEPT), dtype=torch.int64, device="cpu").pin_memory()  # running sums
-            self._kept: torch.Tensor | None = None  # KEPT as an index on the device
+            # the running sums, all of them: one copy of a device view. (An index of KEPT made on the device
+            # here was a host-to-device copy from pageable memory, which waits for the stream, and the
+            # stream was waiting for the CPU share's hand-off from this thread: a hang, on the H200.)
+            self._host = torch.zeros(NUM_COUNTS, dtype=torch.int64, device="cpu").pin_memory()
             self._event: torch.cuda.Event | None = None
             self._last = [0] * len(self.KEPT)
             self._calls = self._calls_in_flight = 0
@@ -133,15 +135,14 @@ class RecentHitRate:
         if self._calls < self.WINDOW or (self._event is not None and not self._event.query()):
             return
         if self._event is not None:
-            now = self._host.tolist()
+            host = self._host.tolist()
+            now = [host[i] for i in self.KEPT]
             if any(a < b for a, b in zip(now, self._last, strict=True)):  # the sums were reset (reset_stats)
                 self._last = [0] * len(self.KEPT)
             self._fold([a - b for a, b in zip(now, self._last, strict=True)], self._calls_in_flight)
             self._last = now
         sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else next(iter(totals))
-        if self._kept is None:
-            self._kept = torch.tensor(self.KEPT, dtype=torch.long, device=sums.device)
-        self._host.copy_(sums.index_select(0, self._kept), non_blocking=True)
+        self._host.copy_(sums, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
         self._calls_in_flight, self._calls = self._calls, 0

@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from ..policy.miss_split import (
+    FILL_PRICING,
     MissCost,
     choose_pcie_misses,
     closed_form_fraction,
@@ -78,8 +79,11 @@ class SplitTables:
     pairs, expert bytes, hit rate in 1/64 steps) and kept; CUDA graphs read a copy of fixed
     address per (expert bytes, table size) (`fixed`), refreshed when the table changes."""
 
-    def __init__(self, mode: str, split: Split | None, profile: Rates | None, device: torch.device) -> None:
-        self.mode, self.device = mode, device
+    def __init__(self, mode: str, split: Split | None, profile: Rates | None, device: torch.device,
+                 pricing: str = "hit_rate") -> None:
+        if pricing not in FILL_PRICING:
+            raise ValueError(f"fill pricing is one of {', '.join(FILL_PRICING)}, not {pricing!r}")
+        self.mode, self.device, self.pricing = mode, device, pricing
         self._cost = miss_cost(profile) if profile is not None else None
         self.split = split or (self._profile_split if mode == "auto" and self._cost is not None else None)
         self.hit_rate = RecentHitRate(device)  # observed by the executor, call by call
@@ -94,7 +98,7 @@ class SplitTables:
             return num_pairs, False
         if self.mode != "auto" or self.split is None:
             return 0, True
-        worth = self.hit_rate.fill_worth
+        worth = self.fill_price
         key = (self.split, num_pairs, expert_bytes, round(worth * 64) if self.device.type == "cuda" else worth)
         entry = self._tables.get(key)
         if entry is None:
@@ -126,8 +130,14 @@ class SplitTables:
         fixed, source = self._fixed.get((expert_bytes, table.numel()), (None, None))
         return fixed if source is table else None
 
+    @property
+    def fill_price(self) -> float:
+        """What a copy is worth to the split: the recent hit rate, or with pricing "worth" that less
+        the victim's share."""
+        return self.hit_rate.fill_worth if self.pricing == "worth" else self.hit_rate.value
+
     def _profile_split(self, num_misses: int, expert_bytes: int) -> int:
         """The "auto" count from the profile, CPU-served misses charged their expected re-miss."""
         assert self._cost is not None
-        fill_value_s = fill_value_seconds(self.hit_rate.fill_worth, expert_bytes, self._cost)
+        fill_value_s = fill_value_seconds(self.fill_price, expert_bytes, self._cost)
         return choose_pcie_misses(num_misses, expert_bytes, self._cost, fill_value_s)

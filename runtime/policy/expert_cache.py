@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .miss_split import (
+    FILL_PRICING,
     MissCost,
     choose_pcie_misses,
     fill_value_seconds,
@@ -94,15 +95,19 @@ class GlobalLRU(CachePolicy):
 
     `capacity_slots` counts slots; with `sizes` (bytes of one expert per layer) it counts bytes and
     an expert of layer l takes sizes[l] of it (the trace repository's byte-budgeted simulator).
-    `split(layer, misses, worth)` -> how many misses to copy (the first ones in rank order); None:
-    all. `worth` is `fill_worth`: the recent hit rate (decayed by HIT_RATE_DECAY per step, 0 before
-    any), less the victim's share where `rank_hits` samples the hits' LRU ranks as the GPU's route
-    plan does (route_plan_ref step 6: the same calls, by the same clock, one per layer step)."""
+    `split(layer, misses, price)` -> how many misses to copy (the first ones in rank order); None:
+    all. `price` is what a copy is worth (`fill_price`): the recent hit rate (decayed by
+    HIT_RATE_DECAY per step, 0 before any), or with `pricing` "worth" `fill_worth`, that less the
+    victim's share, from the hits' LRU ranks that `rank_hits` samples as the GPU's route plan does
+    (route_plan_ref step 6: the same calls, by the same clock, one per layer step)."""
 
     def __init__(self, capacity_slots: int, *, sizes: Sequence[int] | None = None, split: Split | None = None,
-                 name: str = "lru", rank_hits: bool = False) -> None:
+                 name: str = "lru", rank_hits: bool = False, pricing: str = "hit_rate") -> None:
         super().__init__(capacity_slots)
-        self.name, self.split, self.rank_hits = name, split, rank_hits
+        if pricing not in FILL_PRICING:
+            raise ValueError(f"pricing is one of {', '.join(FILL_PRICING)}, not {pricing!r}")
+        self.name, self.split, self.pricing = name, split, pricing
+        self.rank_hits = rank_hits or pricing == "worth"
         self.sizes = None if sizes is None else [int(s) for s in sizes]
         self._slots: OrderedDict[Key, int] = OrderedDict()  # key -> size, least recent first
         self._used = 0
@@ -116,8 +121,13 @@ class GlobalLRU(CachePolicy):
 
     @property
     def fill_worth(self) -> float:
-        """What a copy is worth now (miss_split.fill_worth): what `split` is given."""
+        """What a copy is worth now (miss_split.fill_worth; the hit rate where nothing is ranked)."""
         return fill_worth(self.recent_hit_rate, self._recent_ranked, self._recent_tail)
+
+    @property
+    def fill_price(self) -> float:
+        """What `split` is given: the recent hit rate, or with pricing "worth" `fill_worth`."""
+        return self.fill_worth if self.pricing == "worth" else self.recent_hit_rate
 
     def _ranks(self, hits: list[Key]) -> tuple[int, int]:
         """(ranked, in the oldest quarter) of this step's hits, ranked before they are refreshed:
@@ -141,7 +151,7 @@ class GlobalLRU(CachePolicy):
         if warm:
             copies = len(missing)
         else:
-            copies = len(missing) if self.split is None else self.split(layer, len(missing), self.fill_worth)
+            copies = len(missing) if self.split is None else self.split(layer, len(missing), self.fill_price)
             self._recent_hits = HIT_RATE_DECAY * self._recent_hits + len(ids) - len(missing)
             self._recent_reads = HIT_RATE_DECAY * self._recent_reads + len(ids)
             self._recent_ranked = HIT_RATE_DECAY * self._recent_ranked + ranked
@@ -183,16 +193,20 @@ def cpu_only_misses(capacity_slots: int) -> GlobalLRU:
     return GlobalLRU(capacity_slots, split=lambda layer, misses, worth: 0, name="cpu-misses")
 
 
-def automatic(capacity_slots: int, cost: MissCost, expert_bytes: Sequence[int]) -> GlobalLRU:
+def automatic(capacity_slots: int, cost: MissCost, expert_bytes: Sequence[int],
+              pricing: str = "hit_rate") -> GlobalLRU:
     """Global LRU + the q* split of each layer's misses (`choose_pcie_misses`), each CPU-served miss
-    charged the later miss it causes at what a copy is worth (`fill_worth`, `fill_value_seconds`)."""
+    charged the later miss it causes (`fill_value_seconds`) at the recent hit rate, or with `pricing`
+    "worth" at what a copy is worth (`fill_worth`: the hits' LRU ranks sampled, as the GPU's are)."""
     sizes = [int(b) for b in expert_bytes]
 
-    def split(layer: int, misses: int, worth: float) -> int:
-        value = fill_value_seconds(worth, sizes[layer], cost)
+    def split(layer: int, misses: int, price: float) -> int:
+        value = fill_value_seconds(price, sizes[layer], cost)
         return choose_pcie_misses(misses, sizes[layer], cost, fill_value_s=value)
 
-    return GlobalLRU(capacity_slots, split=split, name="automatic", rank_hits=True)
+    # (its hits ranked whatever the pricing, as the route plan ranks them: `fill_worth` is comparable)
+    return GlobalLRU(capacity_slots, split=split, name="automatic" if pricing == "hit_rate" else "automatic, worth",
+                     rank_hits=True, pricing=pricing)
 
 
 def per_step_split(capacity_slots: int, cost: MissCost, expert_bytes: Sequence[int]) -> GlobalLRU:

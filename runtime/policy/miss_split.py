@@ -44,6 +44,11 @@ that one more slot at the old end of the LRU order would catch. The route plan s
 fall in that order (route_plan_ref step 6), so S * h'(S) / h is the hit density of the oldest
 TAIL_FRACTION against the mean: 1 for flat routing, near 0 where a few experts take most hits.
 Worth = h * (1 - that ratio), clamped to [0, h].
+
+Which price runs is a choice (`FILL_PRICING`), "hit_rate" by default until the race against
+llama.cpp measures "worth": replayed (benchmarks/bench_fill_value.py, the H200's 8-thread
+profile), "worth" cut the modelled miss time by 6.6% on uniform routing at the race's -ncmoe 8
+cache and added 0.5-3.8% on the real Qwen3-30B-A3B trace.
 """
 
 from __future__ import annotations
@@ -52,15 +57,16 @@ import math
 from dataclasses import dataclass
 
 FIXED_COSTS = ("overlap", "serial")
+FILL_PRICING = ("hit_rate", "worth")  # what a CPU-served miss is charged at: the hit rate, or `fill_worth`
 TAIL_FRACTION = 0.25  # the LRU order's oldest share whose hits are counted (route_plan_ref step 6)
-RANK_EVERY = 8  # one layer call in this many ranks its hits
+RANK_EVERY = 32  # one layer call in this many ranks its hits (each costs the route plan ~15 us at 3208 slots)
 
 
 def rank_sampled(clock: int) -> bool:
     """Whether the layer call at `clock` ranks its hits (the route plan and the simulator alike):
     the top bits of a 16-bit Fibonacci hash of the clock, one call in RANK_EVERY. (A period of the
     clock would sample the same layers every token.)"""
-    return ((clock & 0xFFFF) * 40503 & 0xFFFF) >> 13 == 0
+    return ((clock & 0xFFFF) * 40503 & 0xFFFF) >> 11 == 0
 
 
 @dataclass(frozen=True)

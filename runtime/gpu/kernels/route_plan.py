@@ -93,7 +93,7 @@ def _route_plan_kernel(
 
     # --- the hits' LRU ranks, on sampled calls (route_plan_ref step 6), before any store below:
     # per block of BLOCK_R slots, the held ones and those used after each hit's slot
-    sampled = ((((clock & 0xFFFF) * 40503) & 0xFFFF) >> 13) == 0
+    sampled = ((((clock & 0xFFFF) * 40503) & 0xFFFF) >> 11) == 0
     hit_lu = tl.load(last_used_ptr + cached, mask=hit, other=0)
     newer = tl.zeros([BLOCK_N], tl.int32)
     num_held = tl.sum(tl.zeros([BLOCK_R], tl.int32), axis=0)

@@ -17,7 +17,7 @@ One MoE layer's expert work for a decode step, planned against the global expert
    are eligible than n_pcie (say every slot holds an expert this step already used), only those
    are taken and the rest of the misses go to the CPU even though n_pcie_max allows more;
 5. the remaining misses are marked for the CPU;
-6. on a sample of calls (`rank_sampled(clock)`: one in 8, by a hash of the clock, so no
+6. on a sample of calls (`rank_sampled(clock)`: one in 32, by a hash of the clock, so no
    layer is always or never sampled), each hit's rank in the LRU order is taken before step 3:
    the number of held slots (0 <= last_used < PINNED_TIME) used more recently than its slot. The
    plan counts the ranked hits and those in the oldest TAIL_FRACTION (a quarter) of the held slots
@@ -138,11 +138,10 @@ def route_plan_ref(expert_ids: torch.Tensor, layer: int, num_experts: int, table
     ranked = tail = 0
     if hit_slots and rank_sampled(clock):
         held = (last_used >= 0) & (last_used < PINNED_TIME)
-        num_held = int(held.sum())
+        hit_used = last_used[torch.tensor(hit_slots, dtype=torch.long, device=last_used.device)]
+        newer = (held[None, :] & (last_used[None, :] > hit_used[:, None])).sum(dim=1)  # [hits]
         assert TAIL_FRACTION == 0.25  # the kernel's 4 * newer >= 3 * held
-        for s in hit_slots:
-            newer = int((held & (last_used > last_used[s])).sum())
-            ranked, tail = ranked + 1, tail + (4 * newer >= 3 * num_held)
+        ranked, tail = len(hit_slots), int((4 * newer >= 3 * held.sum()).sum())
 
     status = [HIT if s >= 0 else CPU for s in slots]
     evicted = [-1] * len(unique)
