@@ -12,9 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ftw.families import Family, parse_expert_name
+from runtime.planner.footprint import converted_bytes
 from runtime.planner.plan import (
-    CAST_BYTES,
-    FLOAT_BYTES,
     RAM_RESERVE_BYTES,
     FitError,
     ModelFootprint,
@@ -72,15 +71,14 @@ def footprint(
     """Expert and dense bytes after conversion, from (FTW dtype, nbytes) per source tensor.
 
     With the checkpoint's `config` the planner also gets the expert layout and the KV size."""
-    cast = CAST_BYTES.get(target_dtype)
     expert = dense = 0
-    for name, (dtype, nbytes) in tensors.items():
+    for source_name, (dtype, nbytes) in tensors.items():
+        name = family.tensor_name(source_name)  # (DeepSeek-V4's release names its own way)
         if not family.keeps(name, num_layers):
             continue
-        stored = nbytes
-        if cast and dtype in FLOAT_BYTES and not name.endswith("_scale_inv"):
-            stored = nbytes // FLOAT_BYTES[dtype] * cast
-        if parse_expert_name(name) is not None:
+        parsed = parse_expert_name(name)
+        _, stored = converted_bytes(parsed, name, dtype, nbytes, target_dtype)
+        if parsed is not None:
             expert += stored
         else:
             dense += stored

@@ -37,18 +37,21 @@ class NoStoredFootprintError(LookupError):
     """A recipe with no stored footprint (ft fit needs the Hub for it)."""
 
 
-def stored_config(model: str) -> dict[str, Any]:
-    """The config.json subset stored for the shipped recipe `model`; NoStoredFootprintError if none."""
-    table = json.loads(resources.files("Modelfiles").joinpath(FOOTPRINTS_FILE).read_text(encoding="utf-8"))
-    config = table.get("models", {}).get(model)
+def stored_config(model: str, tag: str | None = None) -> dict[str, Any]:
+    """The config.json subset stored for the shipped recipe `model`, with the keys stored for
+    "model:tag" over it where a tag's checkpoint differs (DeepSeek-V4-Flash-Base's FP8 experts);
+    NoStoredFootprintError if none."""
+    models = json.loads(resources.files("Modelfiles").joinpath(FOOTPRINTS_FILE).read_text(encoding="utf-8")).get("models", {})
+    config = models.get(model)
     if not isinstance(config, dict):
         raise NoStoredFootprintError(f"the recipe {model!r} stores no footprint in Modelfiles/{FOOTPRINTS_FILE}")
-    return config
+    overlay = models.get(f"{model}:{tag}") if tag else None
+    return {**config, **overlay} if isinstance(overlay, dict) else config
 
 
 def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
     """The footprint of `recipe` (a shipped one) from its stored config, as FTW would hold it."""
-    config = stored_config(recipe.name)
+    config = stored_config(recipe.name, recipe.tag)
     family = family_for_config(config)
     c = normalized_config(family, config)
     text = family.text_config(config)
@@ -78,6 +81,8 @@ def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:
     if recipe.dtype != "auto":
         return recipe.dtype
     quant = config.get("quantization_config") or {}
+    if "fp4" in (config.get("expert_dtype"), quant.get("expert_dtype")):  # (DeepSeek-V4-Flash's: kept mxfp4, ftw/fp4.py)
+        return "mxfp4"
     return "fp8" if quant.get("quant_method") == "fp8" else "f32" if config.get("torch_dtype") == "float32" else "bf16"
 
 
@@ -87,6 +92,8 @@ def _expert_stride(hidden: int, inter: int, weight: str) -> int:
     if weight == "fp8":
         scale = math.ceil(inter / FP8_BLOCK) * math.ceil(hidden / FP8_BLOCK) * 4
         parts = [2 * hidden * inter, hidden * inter, scale, scale, scale]
+    elif weight == "mxfp4":  # (17 bytes a 32 values)
+        parts = [2 * inter * hidden // 32 * 17, hidden * inter // 32 * 17]
     else:
         element = 4 if weight == "f32" else 2
         parts = [2 * hidden * inter * element, hidden * inter * element]
@@ -110,6 +117,8 @@ def _dense_numel(family: str, c: dict[str, Any], text: dict[str, Any]) -> int:
 
 def _attention_numel(family: str, c: dict[str, Any], text: dict[str, Any], layer: int) -> int:
     hidden, heads, kv_heads, head_dim = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    if family == "deepseek_v4":
+        return _compressed_layer_numel(c, text, layer)
     if text.get("kv_lora_rank"):  # MLA (DeepSeek, Kimi, GLM-4.7-Flash, GLM-5)
         rank, rope, nope = int(text["kv_lora_rank"]), int(text["qk_rope_head_dim"]), int(text["qk_nope_head_dim"])
         v_dim, q_rank = int(text["v_head_dim"]), int(text.get("q_lora_rank") or 0)
@@ -127,6 +136,36 @@ def _attention_numel(family: str, c: dict[str, Any], text: dict[str, Any], layer
         numel += 2 * head_dim  # q_norm, k_norm
     if family == "qwen2_moe" or text.get("attention_bias"):
         numel += (heads + 2 * kv_heads) * head_dim
+    return numel
+
+
+def _compressed_layer_numel(c: dict[str, Any], text: dict[str, Any], layer: int) -> int:
+    """DeepSeek-V4's attention (runtime/layers/compressed_attention.py) and its layer's extras: the
+    low-rank query, the one key-value head, the grouped output, the sinks, a CSA layer's compressor
+    and indexer or an HCA layer's compressor; the two hyper-connections; a hash layer's tid2eid."""
+    hidden, heads, d = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
+    q_rank, o_rank, groups = int(text.get("q_lora_rank") or 1024), int(text.get("o_lora_rank") or 1024), \
+        int(text.get("o_groups") or 8)
+    numel = hidden * q_rank + q_rank + q_rank * heads * d + hidden * d + d + heads * d * o_rank + groups * o_rank * hidden
+    numel += heads
+    ratio = (text.get("compress_ratios") or [])[layer:layer + 1]
+    kind = (text.get("layer_types") or [])[layer:layer + 1] or [{4: "compressed_sparse_attention",
+                                                                  128: "heavily_compressed_attention"}.get(r, "") for r in ratio]
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **(text.get("compress_rates") or {})}
+    if kind and kind[0] == "compressed_sparse_attention":
+        index_d, index_heads = int(text.get("index_head_dim") or 128), int(text.get("index_n_heads") or 64)
+        rate = int(text.get("compress_rate_csa") or rates[kind[0]])
+        numel += 2 * hidden * 2 * d + rate * 2 * d + d  # its compressor: kv and gate of both series
+        numel += 2 * hidden * 2 * index_d + rate * 2 * index_d + index_d + q_rank * index_heads * index_d \
+            + hidden * index_heads  # the indexer's
+    elif kind and kind[0] == "heavily_compressed_attention":
+        rate = int(text.get("compress_rate_hca") or rates[kind[0]])
+        numel += 2 * hidden * d + rate * d + d
+    n = int(text.get("hc_mult") or 4)
+    numel += 2 * ((2 + n) * n * n * hidden + (2 + n) * n + 3)
+    kinds = text.get("mlp_layer_types") or ["hash_moe"] * int(text.get("num_hash_layers", 3))
+    if kinds[layer:layer + 1] == ["hash_moe"]:
+        numel += c["vocab_size"] * c["num_experts_per_tok"]
     return numel
 
 

@@ -42,6 +42,7 @@ MAX_CONTEXT_LENGTH = LIMITS["max_position_embeddings"]  # (16M tokens; the longe
 MAX_RANK = 4  # (conv1d weights [C, 1, K] and fused attention experts [E, R, H] are the highest)
 LAYER_IN_NAME = re.compile(r"\.(?:layers|blocks)\.([0-9]+)\.")
 Shape = tuple[int, ...]
+COMPRESSOR_PREFIXES = (".compressor.", ".compressor.indexer.")
 
 
 class TensorProblem(Exception):
@@ -176,6 +177,8 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
     """Each dense SwiGLU MLP (dense layers, shared experts): gate and up [I, hidden], down [hidden, I]."""
     prefixes = {name.removesuffix(p) for name in dense for p in ("gate_proj.weight", "up_proj.weight",
                                                                  "down_proj.weight") if name.endswith("." + p)}
+    # (a KV compressor's gate_proj, beside its kv_proj, is no MLP's: DeepSeek-V4's self_attn.compressor.)
+    prefixes = {p for p in prefixes if not p.endswith(COMPRESSOR_PREFIXES)}
     for prefix in prefixes:
         shapes = {p: dense.get(f"{prefix}{p}_proj.weight") for p in ("gate", "up", "down")}
         if missing := [p for p, s in shapes.items() if s is None]:
@@ -191,10 +194,13 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
 
 def expected_parts(config: Mapping[str, Any], bank: BankShape) -> dict[str, Shape]:
     """The part shapes an expert record of the config has: w13 (gate and up fused) or w1 and w3
-    apart (GGUF's mixed types), w2; FP8 block scales beside them where the bank has them."""
+    apart (GGUF's mixed types), w2; FP8 block scales beside them where the bank has them; the
+    gate|up and down biases, both, where it has either (gpt-oss)."""
     inter, hidden = config["moe_intermediate_size"], config["hidden_size"]
     parts: dict[str, Shape] = {"w2": (hidden, inter)}
     parts.update({"w1": (inter, hidden), "w3": (inter, hidden)} if "w1" in bank.parts else {"w13": (2 * inter, hidden)})
+    if "w13_bias" in bank.parts or "w2_bias" in bank.parts:
+        parts.update({"w13_bias": (2 * inter,), "w2_bias": (hidden,)})
     block = bank.quant.get("fp8_block")
     if block is not None:
         if not isinstance(block, list) or len(block) != 2 or not all(isinstance(b, int) and b >= 1 for b in block):

@@ -2,7 +2,9 @@
 
 Dense tensors are copied in 64 MiB chunks; experts are assembled one at a time into the
 runtime's record layout (gate and up fused as `w13` [2I, H], `down` as `w2` [H, I], FP8 block
-scales beside them), so peak memory is a few chunks plus one expert whatever the model size.
+scales or gpt-oss's biases beside them), so peak memory is a few chunks plus one expert whatever
+the model size. gpt-oss's MXFP4 experts are dequantized to bf16 here, exactly (ftw/mxfp4.py);
+keeping them MXFP4 in the records is separate work.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +34,10 @@ from .families import (
     weight_block_size,
 )
 from .format import Index, nbytes_of
+from .fp4 import PACKED_DTYPES as FP4_PACKED_DTYPES
+from .fp4 import SCALE_DTYPES as FP4_SCALE_DTYPES
+from .fp4 import dequantize_fp4, fp4_shapes, to_mxfp4_rows
+from .mxfp4 import check_mxfp4_pair, dequantize_mxfp4, mxfp4_shapes
 from .rangeio import CHUNK_BYTES, readahead
 from .reader import TORCH_DTYPES
 from .safetensors_source import SafetensorsCheckpoint, SourceTensor
@@ -42,6 +48,7 @@ FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 TARGET_DTYPES = ("auto", *FLOAT_DTYPES, "fp8")
 READAHEAD_BYTES = 256 << 20  # source bytes read ahead of the writer
 READ_THREADS = 4
+FUSED_EXTRAS = ("_bias", "_scales")  # fused expert tensors beside the weights (gpt-oss's)
 Progress = Callable[[int], None]
 T = TypeVar("T")
 
@@ -51,11 +58,14 @@ class _LayerExperts:
     """The source tensors of one layer's routed experts, in whichever layout the checkpoint uses."""
 
     per_expert: dict[tuple[int, str, str], SourceTensor]  # (expert, proj, what) -> tensor
-    fused: dict[str, SourceTensor]  # proj -> [E, ...] tensor
+    # proj -> [E, ...] tensor, and gpt-oss's "{proj}_bias", "{proj}_blocks" and "{proj}_scales"
+    fused: dict[str, SourceTensor]
 
     def weight_dtype(self) -> str:
-        tensors = [t for (_, _, what), t in self.per_expert.items() if what == "weight"] or list(self.fused.values())
-        dtypes = {t.dtype for t in tensors}
+        """The weights' dtype; MXFP4 ones (`_blocks`) count as the bf16 they are dequantized to."""
+        tensors = [t for (_, _, what), t in self.per_expert.items() if what == "weight"]
+        dtypes = {t.dtype for t in tensors} or {"bf16" if key.endswith("_blocks") else t.dtype
+                                                for key, t in self.fused.items() if not key.endswith(FUSED_EXTRAS)}
         if len(dtypes) != 1:
             raise SourceError(f"expert weights of one layer mix dtypes {sorted(dtypes)}")
         return dtypes.pop()
@@ -84,7 +94,14 @@ class _Converter:
         dense: list[SourceTensor] = []
         experts: dict[int, _LayerExperts] = defaultdict(lambda: _LayerExperts({}, {}))
         dropped = 0
-        for name, t in self.ckpt.tensors.items():
+        renamed: dict[str, str] = {}  # the runtime's name -> the checkpoint's (Family.tensor_name)
+        for source_name, t in self.ckpt.tensors.items():
+            name = self.family.tensor_name(source_name)
+            if name in renamed:
+                raise SourceError(f"tensors {renamed[name]!r} and {source_name!r} are both {name!r}; the checkpoint "
+                                  "holds two copies and ft cannot tell which is meant")
+            renamed[name] = source_name
+            t = t if name == source_name else replace(t, name=name)
             if not self.family.keeps(name, num_layers):
                 dropped += 1
                 continue
@@ -107,7 +124,8 @@ class _Converter:
 
     def _add_expert_tensor(self, layer: _LayerExperts, parsed: ExpertTensorName, t: SourceTensor) -> None:
         slots: dict[Any, SourceTensor] = layer.fused if parsed.expert is None else layer.per_expert
-        key: Any = parsed.proj if parsed.expert is None else (parsed.expert, parsed.proj, parsed.what)
+        fused_key = parsed.proj if parsed.what == "weight" else f"{parsed.proj}_{parsed.what}"
+        key: Any = fused_key if parsed.expert is None else (parsed.expert, parsed.proj, parsed.what)
         if key in slots:  # two names of one tensor (a per-expert and a Mixtral name, a fused one with ".weight")
             raise SourceError(f"tensors {slots[key].name!r} and {t.name!r} are both layer {parsed.layer}'s "
                               f"{parsed.proj} {'of every expert' if parsed.expert is None else f'of expert {parsed.expert}'}; "
@@ -148,7 +166,7 @@ class _Converter:
     # -- writing --------------------------------------------------------------------------------
 
     def write_dense(self, t: SourceTensor) -> int:
-        target = self.stored_dtype(t.dtype) if not t.name.endswith("_scale_inv") else t.dtype
+        target = self.stored_dtype(t.dtype) if not t.name.endswith("_scale_inv") else _scale_dtype(t.dtype)
         self.writer.add_tensor(t.name, target, t.shape, self.chunks(t, target))
         return 0 if t.name.endswith("_scale_inv") else math.prod(t.shape)
 
@@ -157,8 +175,13 @@ class _Converter:
         cfg = self.config
         num_experts, inter, hidden = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         source_dtype = src.weight_dtype()
-        dtype = self.stored_dtype(source_dtype)
+        fp4 = self._fp4_experts(layer, src, source_dtype)
+        dtype = fp4 or self.stored_dtype(source_dtype)
         parts: list[tuple[str, str, tuple[int, ...]]] = [("w13", dtype, (2 * inter, hidden)), ("w2", dtype, (hidden, inter))]
+        biased = "gate_up_proj_bias" in src.fused  # (gpt-oss's; _fused_reader checks that down_proj_bias is there too)
+        if biased:  # (in their own dtype, or the cast: MXFP4 weights come with bf16 biases, a test's with f32)
+            bias_dtype = self.stored_dtype(src.fused["gate_up_proj_bias"].dtype)
+            parts += [("w13_bias", bias_dtype, (2 * inter,)), ("w2_bias", bias_dtype, (hidden,))]
         quant: dict[str, Any] = {}
         if source_dtype in FP8_DTYPES:
             if src.fused:
@@ -167,20 +190,37 @@ class _Converter:
                 scale = src.per_expert.get((0, proj, "weight_scale_inv"))
                 if scale is None:
                     raise SourceError(f"layer {layer}: FP8 expert weights without {proj}.weight_scale_inv block scales")
-                parts.append((part, scale.dtype, scale.shape))
+                parts.append((part, _scale_dtype(scale.dtype), scale.shape))
             quant = {"fp8_block": self.fp8_block, "scale": "weight_scale_inv"}
         read_expert = (self._fused_reader(layer, src, inter, hidden) if src.fused
-                       else self._per_expert_reader(layer, src, inter, hidden))
+                       else self._per_expert_reader(layer, src, inter, hidden, fp4))
         expert_bytes = sum(nbytes_of(d, shape) for _, d, shape in parts)
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
-        with self.writer.expert_bank(layer, num_experts, parts, quant) as bank:
+        activation = self.family.expert_activation(self.family.text_config(self.source_config))
+        with self.writer.expert_bank(layer, num_experts, parts, quant, activation) as bank:
             for e, pieces in enumerate(readahead(self.pool, read_expert, num_experts, depth)):
                 bank.write_expert(e, {name: [self.cast_bytes(b, b_dtype, d) for b, b_dtype in pieces[name]]
                                       for name, d, _ in parts})
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b, _ in bufs))
-        return 3 * inter * hidden
+        return 3 * inter * hidden + (2 * inter + hidden if biased else 0)
 
-    def _per_expert_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int):
+    def _fp4_experts(self, layer: int, src: _LayerExperts, source_dtype: str) -> str | None:
+        """Where the layer's experts are DeepSeek-V4's FP4 (`expert_dtype` "fp4": nibble pairs with
+        e8m0 scales, ftw/fp4.py), what they are stored as: GGML mxfp4 blocks as they are (DTYPE
+        auto), or the float DTYPE asked for; else None."""
+        config = self.family.text_config(self.source_config)
+        quant = config.get("quantization_config") or self.source_config.get("quantization_config") or {}
+        declared = config.get("expert_dtype") or (quant.get("expert_dtype") if isinstance(quant, dict) else None)
+        if declared != "fp4" or source_dtype not in FP4_PACKED_DTYPES:
+            return None
+        if src.fused:
+            raise SourceError(f"layer {layer}: fused FP4 expert tensors are not supported (the release's are per expert)")
+        if self.target == "fp8":
+            raise SourceError("FP4 experts cannot be stored as fp8; use DTYPE auto (kept FP4) or a float dtype")
+        return "mxfp4" if self.target == "auto" else self.stored_dtype("f32")
+
+    def _per_expert_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int, fp4: str | None = None):
+        """Each expert's pieces; `fp4` (`_fp4_experts`): its weights are FP4, read as that dtype."""
         num_experts = self.config["num_experts"]
         beyond = sorted({e for e, _, _ in src.per_expert if e >= num_experts})
         if beyond:
@@ -201,7 +241,25 @@ class _Converter:
                                   "config.json); the checkpoint does not match its config")
             return self.ckpt.read_bytes(t), t.dtype
 
+        def fp4_weight(e: int, proj: str) -> tuple[np.ndarray, str]:
+            """One FP4 weight and its scales: as GGML mxfp4 rows, or dequantized (float32)."""
+            packed_shape, scale_shape = fp4_shapes(*shapes[proj])
+            for what, want, dtypes in (("weight", packed_shape, FP4_PACKED_DTYPES), ("weight_scale_inv", scale_shape,
+                                                                                      FP4_SCALE_DTYPES)):
+                t = src.per_expert.get((e, proj, what))
+                if t is None or tuple(t.shape) != want or t.dtype not in dtypes:
+                    found = "missing" if t is None else f"{t.dtype} {list(t.shape)}"
+                    raise SourceError(f"layer {layer} expert {e}: {proj}.{what} is {found}, not {' or '.join(dtypes)} "
+                                      f"{list(want)} (FP4 of [{shapes[proj][0]}, {shapes[proj][1]}])")
+            packed = self.ckpt.read_bytes(src.per_expert[(e, proj, "weight")]).reshape(packed_shape)
+            scales = self.ckpt.read_bytes(src.per_expert[(e, proj, "weight_scale_inv")]).reshape(scale_shape)
+            if fp4 == "mxfp4":
+                return to_mxfp4_rows(packed, scales).reshape(-1), "mxfp4"
+            return dequantize_fp4(packed, scales).view(np.uint8).reshape(-1), "f32"
+
         def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:
+            if fp4 is not None:
+                return {"w13": [fp4_weight(e, "gate_proj"), fp4_weight(e, "up_proj")], "w2": [fp4_weight(e, "down_proj")]}
             pieces = {"w13": [get(e, "gate_proj"), get(e, "up_proj")], "w2": [get(e, "down_proj")]}
             if (0, "gate_proj", "weight_scale_inv") in src.per_expert:
                 pieces["w1_scale"] = [get(e, "gate_proj", "weight_scale_inv")]
@@ -213,29 +271,60 @@ class _Converter:
 
     def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int):
         num_experts = self.config["num_experts"]
-        # w13 from one gate_up_proj, or from a gate_proj and an up_proj apart (DBRX's w1 and v1)
-        w13 = ("gate_up_proj",) if "gate_up_proj" in src.fused else ("gate_proj", "up_proj")
+        # w13 from one gate_up_proj, or from a gate_proj and an up_proj apart (DBRX's w1 and v1); each
+        # weight a float tensor or MXFP4 blocks and scales (gpt-oss's release); gpt-oss's biases beside them
+        w13 = ("gate_up_proj",) if {"gate_up_proj", "gate_up_proj_blocks"} & set(src.fused) else ("gate_proj", "up_proj")
         needed = (*w13, "down_proj")
-        if set(src.fused) != set(needed):
+        mxfp4 = {p for p in needed if p + "_blocks" in src.fused}
+        expected = {p for p in needed if p not in mxfp4} | {p + end for p in mxfp4 for end in ("_blocks", "_scales")}
+        biases = {"gate_up_proj_bias": 2 * inter, "down_proj_bias": hidden} \
+            if any(key.endswith("_bias") for key in src.fused) else {}
+        if set(src.fused) != expected | set(biases):
             raise SourceError(f"layer {layer}: fused experts need gate_up_proj (or gate_proj and up_proj) and "
-                              f"down_proj, and nothing else; the checkpoint has {', '.join(sorted(src.fused))}")
+                              "down_proj, each a float tensor or MXFP4 _blocks and _scales, and both _bias tensors "
+                              f"or neither; the checkpoint has {', '.join(sorted(src.fused))}")
         # transformers' layout is gate_up [E, 2I, H] and down [E, H, I]; some exporters transpose.
         shapes = {"gate_up_proj": (2 * inter, hidden), "gate_proj": (inter, hidden), "up_proj": (inter, hidden),
                   "down_proj": (hidden, inter)}
-        layouts = {p: _fused_layout(src.fused[p], num_experts, shapes[p], layer, down=p == "down_proj") for p in needed}
+        layouts = {p: _fused_layout(src.fused[p], num_experts, shapes[p], layer, down=p == "down_proj",
+                                    transposed=self.family.fused_experts_transposed) for p in needed if p not in mxfp4}
+        for p in mxfp4:
+            check_mxfp4_pair(src.fused[p + "_blocks"], src.fused[p + "_scales"], num_experts, shapes[p], layer)
+        for key, size in biases.items():
+            if tuple(src.fused[key].shape) != (num_experts, size):
+                raise SourceError(f"layer {layer}: {src.fused[key].name} has shape {list(src.fused[key].shape)}, "
+                                  f"expected [{num_experts}, {size}]")
+        interleaved = self.family.fused_gate_up_interleaved  # (gpt-oss: gate and up alternate along 2I)
 
-        def slice_expert(proj: str, e: int) -> np.ndarray:
-            t, (rows, cols, transposed) = src.fused[proj], layouts[proj]
+        def of_expert(t: SourceTensor, e: int) -> np.ndarray:
             per = t.nbytes // num_experts
-            data = self.ckpt.read_bytes(t, e * per, per)
-            if not transposed:
-                return data
-            m = torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).view(rows, cols)
-            return m.t().contiguous().view(torch.uint8).numpy()
+            return self.ckpt.read_bytes(t, e * per, per)
+
+        def weight(proj: str, e: int) -> tuple[np.ndarray, str]:
+            """One expert's [rows, cols] (its torch Linear layout) of `proj`, and its dtype."""
+            if proj in mxfp4:
+                blocks, scales = mxfp4_shapes(*shapes[proj])
+                values = dequantize_mxfp4(of_expert(src.fused[proj + "_blocks"], e).reshape(blocks),
+                                          of_expert(src.fused[proj + "_scales"], e).reshape(scales))
+                data, dtype = torch.from_numpy(values).to(torch.bfloat16).view(torch.uint8).numpy(), "bf16"
+            else:
+                t, (rows, cols, transposed) = src.fused[proj], layouts[proj]
+                data, dtype = of_expert(t, e), t.dtype
+                if transposed:
+                    m = torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).view(rows, cols)
+                    data = m.t().contiguous().view(torch.uint8).numpy()
+            return (_gate_rows_first(data, 2 * inter) if interleaved and proj == "gate_up_proj" else data), dtype
+
+        def bias(key: str, e: int) -> tuple[np.ndarray, str]:
+            data = of_expert(src.fused[key], e)
+            return (_gate_rows_first(data, 2 * inter) if interleaved and key == "gate_up_proj_bias" else data,
+                    src.fused[key].dtype)
 
         def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:
-            return {"w13": [(slice_expert(p, e), src.fused[p].dtype) for p in w13],
-                    "w2": [(slice_expert("down_proj", e), src.fused["down_proj"].dtype)]}
+            pieces = {"w13": [weight(p, e) for p in w13], "w2": [weight("down_proj", e)]}
+            if biases:
+                pieces.update(w13_bias=[bias("gate_up_proj_bias", e)], w2_bias=[bias("down_proj_bias", e)])
+            return pieces
 
         return read
 
@@ -279,6 +368,12 @@ class _Converter:
         return self.writer.finish(family=self.family.name, config=config, source_config=self.source_config, metadata=metadata)
 
 
+def _scale_dtype(source_dtype: str) -> str:
+    """What a block-scale tensor is stored as: e8m0 powers of two (DeepSeek-V4's ue8m0) as f32,
+    the scales the runtime reads; the others as they are."""
+    return "f32" if source_dtype == "f8_e8m0" else source_dtype
+
+
 def _layer_of(name: str) -> int:
     """Sort key: -1 before the layers (embeddings), the layer number, -2 after (norm, head)."""
     parts = name.split(".")
@@ -289,27 +384,38 @@ def _layer_of(name: str) -> int:
 
 
 def _fused_layout(t: SourceTensor, num_experts: int, expected: tuple[int, int], layer: int, *,
-                  down: bool) -> tuple[int, int, bool]:
+                  down: bool, transposed: bool | None = None) -> tuple[int, int, bool]:
     """(rows, columns, transposed) of one expert's slice of the fused `t`: [E, *expected] or its
-    transpose (`_orientation`), or DBRX's flat [E * I, H] for each projection, whose slices are
-    [I, H]: the down projection's transposed, whatever I and H are."""
+    transpose (`_orientation`; `transposed` where the family says which), or DBRX's flat
+    [E * I, H] for each projection, whose slices are [I, H]: the down projection's transposed,
+    whatever I and H are."""
     if len(t.shape) == 2:
         inter, hidden = (expected[1], expected[0]) if down else expected
         if tuple(t.shape) != (num_experts * inter, hidden):
             raise SourceError(f"layer {layer}: {t.name} has shape {list(t.shape)}, expected [{num_experts * inter}, "
                               f"{hidden}] ({num_experts} experts of {inter} rows)")
         return inter, hidden, down
-    transposed = _orientation(t, num_experts, expected, layer)
+    transposed = _orientation(t, num_experts, expected, layer, transposed)
     return t.shape[1], t.shape[2], transposed
 
 
-def _orientation(t: SourceTensor, num_experts: int, expected: tuple[int, int], layer: int) -> bool:
-    """False when `t` is [E, *expected], True when it is [E, *reversed(expected)]."""
-    if t.shape == (num_experts, *expected):
+def _orientation(t: SourceTensor, num_experts: int, expected: tuple[int, int], layer: int,
+                 transposed: bool | None) -> bool:
+    """False when `t` is [E, *expected], True when it is [E, *reversed(expected)]; where the family
+    says which (`transposed`), only that one is taken (a square slice fits both)."""
+    if t.shape == (num_experts, *expected) and not transposed:
         return False
-    if t.shape == (num_experts, expected[1], expected[0]):
+    if t.shape == (num_experts, expected[1], expected[0]) and transposed is not False:
         return True
-    raise SourceError(f"layer {layer}: {t.name} has shape {list(t.shape)}, expected [{num_experts}, {expected[0]}, {expected[1]}]")
+    want = expected[::-1] if transposed else expected
+    raise SourceError(f"layer {layer}: {t.name} has shape {list(t.shape)}, expected [{num_experts}, {want[0]}, {want[1]}]")
+
+
+def _gate_rows_first(data: np.ndarray, rows: int) -> np.ndarray:
+    """The bytes of `rows` rows whose even rows are the gate's and odd ones the up projection's
+    (gpt-oss's interleaved gate_up_proj, or its bias), reordered into FTW's gate rows, then up."""
+    m = data.reshape(rows, -1)
+    return np.concatenate([m[0::2], m[1::2]]).reshape(-1)
 
 
 def convert_checkpoint(

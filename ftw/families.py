@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SourceError, UnsupportedArchitectureError
+from .format import SWIGLU, ExpertActivation
 
 # One row per on-disk layout of routed-expert tensors. Groups: layer, expert (per-expert only),
 # proj, and what ("weight" or "weight_scale_inv", the FP8 block scales).
@@ -40,6 +41,12 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     # fused and flat, DBRX names: transformer.blocks.3.ffn.experts.mlp.w1 [E * I, H] (gate), v1 (up)
     # and w2 (down, each expert's [I, H]: the transpose), all three the same shape (convert.py)
     re.compile(r"^transformer\.blocks\.(?P<layer>[0-9]+)\.ffn\.experts\.mlp\.(?P<proj>w1|v1|w2)$"),
+    # fused, gpt-oss names beside gate_up_proj [E, H, 2I] and down_proj [E, I, H]: their biases
+    # (model.layers.3.mlp.experts.gate_up_proj_bias [E, 2I], down_proj_bias [E, H]), and the released
+    # MXFP4 weights, e2m1 nibbles and e8m0 exponents (gate_up_proj_blocks [E, 2I, H / 32, 16] and
+    # gate_up_proj_scales [E, 2I, H / 32]; down_proj's [E, H, I / 32, ...]: ftw/mxfp4.py)
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.mlp\.experts\."
+               r"(?P<proj>gate_up_proj|down_proj)_(?P<what>bias|blocks|scales)$"),
 )
 PROJ_ALIASES = {"v1": "up_proj", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "input_linear": "gate_up_proj",
                 "output_linear": "down_proj"}
@@ -55,7 +62,7 @@ class ExpertTensorName:
     layer: int
     expert: int | None  # None for fused tensors holding every expert
     proj: str  # gate_proj | up_proj | down_proj | gate_up_proj
-    what: str  # weight | weight_scale_inv
+    what: str  # weight | weight_scale_inv (FP8 block scales) | bias | blocks | scales (MXFP4)
 
 
 def index_in_name(text: str, name: str) -> int:
@@ -102,9 +109,28 @@ class Family:
     top_k_keys: tuple[str, ...] = ("num_experts_per_tok",)  # aliases, first present wins (ERNIE's moe_k)
     per_layer_keys: tuple[str, ...] = ()  # sizes config.json may list once per layer (Hunyuan's moe_topk): all alike
     head_dim_key: str = "head_dim"  # (JetMoE's kv_channels; hidden_size / heads where absent)
+    quant_methods: tuple[str, ...] = ("fp8",)  # quantization_config.quant_method values the converter reads
+    # how fused expert tensors lie where the family's experts say so, not their shapes
+    # (transformers' use_experts_implementation(is_concatenated=False, is_transposed=True) of
+    # gpt-oss): gate and up alternate along gate_up_proj's 2I (even columns the gate), and both are
+    # [E, in, out] (x @ W), also where in == out (gpt-oss-20b's down_proj is [E, 2880, 2880])
+    fused_gate_up_interleaved: bool = False
+    fused_experts_transposed: bool | None = None  # None: told by the shapes (convert.py)
+    # the function between an expert's two projections, from the (text) config
+    expert_activation: Callable[[dict[str, Any]], ExpertActivation] = lambda c: SWIGLU
     # the usual keys (num_hidden_layers, hidden_size, ...) for a config that names them its own way
     # (DBRX's d_model, n_layers, attn_config, ffn_config), laid over it
     config_view: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # a checkpoint's tensor names made the ones the runtime reads, each (pattern, replacement) in
+    # turn (`tensor_name`): DeepSeek-V4's release names its tensors its own way (_DEEPSEEK_V4_NAMES)
+    renames: tuple[tuple[re.Pattern[str], str], ...] = ()
+
+    def tensor_name(self, name: str) -> str:
+        """`name` as the runtime reads it (transformers' name); every reader of a checkpoint's
+        tensor names (the converter, the fit planner's footprint) asks this first."""
+        for pattern, replacement in self.renames:
+            name = pattern.sub(replacement, name)
+        return name
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         if self.text_config_key and isinstance(config.get(self.text_config_key), dict):
@@ -195,6 +221,57 @@ def _exaone_moe_layers(c: dict[str, Any]) -> list[int]:
     return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
 
 
+def _gpt_oss_activation(c: dict[str, Any]) -> ExpertActivation:
+    """GptOssExperts' clamped SwiGLU: `swiglu_alpha` and `swiglu_limit`, GptOssConfig's defaults
+    (1.702, 7.0) where the config leaves them out (the released ones give only the limit)."""
+    return ExpertActivation("swiglu_clamped", positive_float("swiglu_alpha", c.get("swiglu_alpha", 1.702)),
+                            positive_float("swiglu_limit", c.get("swiglu_limit", 7.0)))
+
+
+# DeepSeek-V4's names, as transformers' conversion_mapping.py (deepseek_v4) renames them and its FP8
+# quantizer its `.scale`s; names already transformers' pass unchanged. One row per rename, in order.
+_DEEPSEEK_V4_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    # the release's FP8 and FP4 block scales (layers.0.attn.wq_a.scale), not the hyper-connections' scale
+    (r"^(?!.*_hc\.scale$)(.+)\.scale$", r"\1.weight_scale_inv"),
+    # the release's top level (no model. prefix), and transformers' own saves of it (model. but on the head)
+    (r"^(?:model\.)?embed\.", "model.embed_tokens."),
+    (r"^(?:model\.)?head\.", "lm_head."),
+    (r"^norm\.", "model.norm."),
+    (r"^(?:model\.)?hc_head_(fn|base|scale)$", r"model.hc_head.hc_\1"),
+    (r"^layers\.", "model.layers."),
+    # within a layer: its norms and hyper-connections (layers.0.hc_attn_fn -> model.layers.0.attn_hc.fn)
+    (r"\.attn_norm\.", ".input_layernorm."),
+    (r"\.ffn_norm\.", ".post_attention_layernorm."),
+    (r"\.hc_(attn|ffn)_(fn|base|scale)$", r".\1_hc.\2"),
+    (r"\.attn\.", ".self_attn."),
+    (r"\.ffn\.", ".mlp."),
+    # the indexer lives in the compressor (attn.indexer.compressor.wkv -> self_attn.compressor.indexer.kv_proj)
+    (r"\.indexer\.compressor\.", ".compressor.indexer."),
+    (r"\.indexer\.weights_proj\.", ".compressor.indexer.scorer.weights_proj."),
+    (r"\.indexer\.wq_b\.", ".compressor.indexer.q_b_proj."),
+    (r"\.attn_sink$", ".sinks"),
+    (r"^(model\.layers\..*)\.norm\.", r"\1.kv_norm."),  # (attention's and compressors' kv norms)
+    (r"\.ape$", ".position_bias"),
+    (r"\.wq_a\.", ".q_a_proj."),
+    (r"\.wq_b\.", ".q_b_proj."),
+    (r"\.wkv\.", ".kv_proj."),
+    (r"\.wgate\.", ".gate_proj."),
+    (r"\.wo_a\.", ".o_a_proj."),
+    (r"\.wo_b\.", ".o_b_proj."),
+    (r"\.q_norm\.", ".q_a_norm."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    # routed and shared experts: w1 the gate, w3 the up, w2 the down projection
+    (r"\.(shared_experts|experts\.[0-9]+)\.w1\.", r".\1.gate_proj."),
+    (r"\.(shared_experts|experts\.[0-9]+)\.w2\.", r".\1.down_proj."),
+    (r"\.(shared_experts|experts\.[0-9]+)\.w3\.", r".\1.up_proj."),
+))
+
+
+def _deepseek_v4_activation(c: dict[str, Any]) -> ExpertActivation:
+    """DeepseekV4Experts' SwiGLU of gate and up clamped at `swiglu_limit` (DeepseekV4Config's 10)."""
+    return ExpertActivation("swiglu_limited", limit=positive_float("swiglu_limit", c.get("swiglu_limit", 10.0)))
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -257,6 +334,11 @@ FAMILIES: dict[str, Family] = {
             "glm_moe_dsa", ("glm_moe_dsa",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),
+        Family(  # (every layer MoE; one shared expert whatever n_shared_experts, as transformers builds it)
+            "deepseek_v4", ("deepseek_v4",), ("n_routed_experts", "num_local_experts"), _all_layers,
+            drop_prefixes=("mtp.", "model.mtp."), drop_layers_from_num_layers=True, num_shared_experts=lambda c: 1,
+            expert_activation=_deepseek_v4_activation, renames=_DEEPSEEK_V4_NAMES,
+        ),
         Family(
             "ernie4_5_moe", ("ernie4_5_moe",), ("moe_num_experts", "num_experts"), _ernie_moe_layers,
             top_k_keys=("moe_k", "num_experts_per_tok"), drop_prefixes=("model.mtp_",),
@@ -270,6 +352,11 @@ FAMILIES: dict[str, Family] = {
         Family(
             "exaone_moe", ("exaone_moe",), ("num_experts", "num_local_experts"), _exaone_moe_layers,
             drop_prefixes=("mtp.",), num_shared_experts=lambda c: int(c.get("num_shared_experts", 1)),
+        ),
+        Family(  # (the released checkpoints' experts are MXFP4: dequantized to bf16 at conversion, convert.py)
+            "gpt_oss", ("gpt_oss",), ("num_local_experts", "num_experts"), _all_layers,
+            intermediate_key="intermediate_size", quant_methods=("mxfp4",), fused_gate_up_interleaved=True,
+            fused_experts_transposed=True, expert_activation=_gpt_oss_activation,
         ),
     )
 }
@@ -352,10 +439,11 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
 
     quant = c.get("quantization_config") or config.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if method not in (None, "fp8"):  # (before any download: fetch.py reads the config first)
+    if method is not None and method not in family.quant_methods:  # (before any download: fetch.py reads the config first)
+        readable = " and ".join(f"quant_method {m}" for m in family.quant_methods)
         raise SourceError(f"config.json: the checkpoint is quantized with {method!r}; ft converts bf16, f16 and f32 "
-                          "checkpoints and FP8 block-scaled ones (quant_method fp8): pull the model's unquantized or "
-                          "FP8 release, or a GGUF of it")
+                          f"{family.name} checkpoints and quantized ones of {readable}: pull the model's unquantized "
+                          "or FP8 release, or a GGUF of it")
     num_layers = need("num_hidden_layers")
     heads = need("num_attention_heads")
     hidden = need("hidden_size")

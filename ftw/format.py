@@ -32,6 +32,7 @@ DTYPE_ITEMSIZE: dict[str, int] = {
     "bf16": 2,
     "f8_e4m3": 1,
     "f8_e5m2": 1,
+    "f8_e8m0": 1,  # (a power of two a byte: DeepSeek-V4's block scales, made f32 at conversion)
     "i64": 8,
     "i32": 4,
     "i16": 2,
@@ -124,12 +125,37 @@ class ExpertPart:
     nbytes: int
 
 
+# How an expert's gate and up projections combine (ExpertActivation.kind): SiLU-gated, as every
+# family but gpt-oss and DeepSeek-V4; gpt-oss's clamped variant (transformers' GptOssExperts._apply_gate);
+# DeepSeek-V4's SwiGLU of clamped inputs (DeepseekV4Experts._apply_gate)
+ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited")
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """The function between an expert's two projections, h = act(gate, up), of gate = w13's first
+    I rows times x (plus `w13_bias`'s first I values where the record has biases), up the rest.
+
+    "swiglu": silu(gate) * up. "swiglu_clamped" (gpt-oss): gate clamped above at `limit`, up to
+    [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1). "swiglu_limited" (DeepSeek-V4's
+    `swiglu_limit`): the same clamps, then silu(gate) * up. A bank without an `activation` in its
+    index has plain SwiGLU."""
+
+    kind: str = "swiglu"
+    alpha: float = 1.0
+    limit: float | None = None
+
+
+SWIGLU = ExpertActivation()
+
+
 @dataclass(frozen=True)
 class ExpertBank:
     """All experts of one MoE layer: `num_experts` records of `expert_stride` bytes each.
 
     Expert `e` of this layer is the byte range
     `[offset + e * expert_stride, offset + e * expert_stride + record_bytes)` of `shard`.
+    Each record may carry `w13_bias` [2I] and `w2_bias` [H] parts beside its weights (gpt-oss).
     """
 
     layer: int
@@ -139,6 +165,7 @@ class ExpertBank:
     offset: int
     parts: tuple[ExpertPart, ...]
     quant: dict[str, Any] = field(default_factory=dict)  # e.g. {"fp8_block": [128, 128]}
+    activation: ExpertActivation = SWIGLU
 
     @property
     def nbytes(self) -> int:
@@ -203,7 +230,7 @@ class Index:
             "metadata": self.metadata,
             "shards": [asdict(s) for s in self.shards],
             "tensors": [asdict(t) for t in self.tensors],
-            "banks": [asdict(b) for b in self.banks],
+            "banks": [_bank_json(b) for b in self.banks],
         }
         return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
@@ -217,6 +244,15 @@ class Index:
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise CorruptIndexError(f"{origin}: not valid JSON ({e}); re-pull the model") from None
         return _IndexParser(origin).parse(doc)
+
+
+def _bank_json(bank: ExpertBank) -> dict[str, Any]:
+    """A bank's JSON; `activation` only where it is not plain SwiGLU (indexes written before
+    it existed stay as they were)."""
+    doc = asdict(bank)
+    if bank.activation == SWIGLU:
+        del doc["activation"]
+    return doc
 
 
 class _IndexParser:
@@ -327,4 +363,17 @@ class _IndexParser:
             offset=self.uint(raw, "offset", where),
             parts=parts,
             quant=self.get(raw, "quant", dict, where) if "quant" in raw else {},
+            activation=self.parse_activation(raw["activation"], f"{where}.activation") if "activation" in raw else SWIGLU,
         )
+
+    def parse_activation(self, raw: Any, where: str) -> ExpertActivation:
+        kind = self.get(raw, "kind", str, where)
+        if kind not in ACTIVATION_KINDS:
+            raise self.fail(f"{where}.kind {kind!r} is unknown (this ft knows {', '.join(ACTIVATION_KINDS)})")
+        alpha, limit = raw.get("alpha", 1.0), raw.get("limit")
+        if kind != "swiglu" and limit is None:
+            raise self.fail(f"{where} is a clamped SwiGLU without its limit")
+        for key, value in (("alpha", alpha), ("limit", 1.0 if limit is None else limit)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise self.fail(f"{where}.{key} is {str(value)[:20]}, not a finite number above 0")
+        return ExpertActivation(kind=kind, alpha=float(alpha), limit=None if limit is None else float(limit))

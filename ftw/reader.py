@@ -39,6 +39,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "f8_e4m3": torch.float8_e4m3fn,
     "f8_e5m2": torch.float8_e5m2,
+    "f8_e8m0": torch.float8_e8m0fnu,
     "i64": torch.int64,
     "i32": torch.int32,
     "i16": torch.int16,

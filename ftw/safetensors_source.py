@@ -29,6 +29,7 @@ SAFETENSORS_DTYPES = {
     "BF16": "bf16",
     "F8_E4M3": "f8_e4m3",
     "F8_E5M2": "f8_e5m2",
+    "F8_E8M0": "f8_e8m0",
     "I64": "i64",
     "I32": "i32",
     "I16": "i16",

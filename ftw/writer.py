@@ -25,6 +25,8 @@ from .format import (
     ALIGNMENT,
     INDEX_FILENAME,
     PART_ALIGNMENT,
+    SWIGLU,
+    ExpertActivation,
     ExpertBank,
     ExpertPart,
     Index,
@@ -158,6 +160,7 @@ class FTWWriter:
         num_experts: int,
         parts: Iterable[tuple[str, str, tuple[int, ...]]],
         quant: dict[str, Any] | None = None,
+        activation: ExpertActivation = SWIGLU,
     ) -> Iterator[BankWriter]:
         """Open the bank of `layer`; every expert must be written, in order, before it closes."""
         self._check_open(f"open the expert bank of layer {layer}")
@@ -166,7 +169,7 @@ class FTWWriter:
         sink = self._sink_for(num_experts * stride)
         bank = ExpertBank(
             layer=layer, num_experts=num_experts, expert_stride=stride, shard=sink.path.name,
-            offset=sink.size, parts=placed, quant=dict(quant or {}),
+            offset=sink.size, parts=placed, quant=dict(quant or {}), activation=activation,
         )
         writer = BankWriter(sink, bank)
         self._in_bank = True

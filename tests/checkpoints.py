@@ -127,6 +127,17 @@ FAMILY_CONFIGS: dict[str, dict] = {
         head_dim=16, num_experts=8, num_shared_experts=1, n_group=2, topk_group=1, sliding_window=5,
         layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     ),
+    # sliding layers 0 and 2 (a window of 5 positions), layer 1 full; experts as wide as the model (a
+    # square down_proj [E, I, H], as gpt-oss-20b's: only the family tells its orientation; MXFP4's
+    # blocks of 32 fit both); a SwiGLU limit and alpha of its own, wide weights, so that some gate and
+    # up values are clamped and others not; YaRN with its ramp inside the head (truncate off, as released)
+    "gpt_oss": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=64, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        swiglu_limit=1.5, swiglu_alpha=1.3, initializer_range=0.1, max_position_embeddings=256,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=8.0, beta_slow=1.0,
+                             truncate=False, original_max_position_embeddings=64),
+    ),
 }
 QWEN3_5_TEXT = dict(
     SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
@@ -166,10 +177,13 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "exaone_moe": ("e_score_correction_bias", "q_norm.", "k_norm."),
     "llama4": ("layernorm.", "language_model.model.norm."),
     "dots1": ("norm.weight", "_proj.bias"),  # (q/k norms before RoPE; attention biases)
+    # attention and expert biases (around 0), norms, sinks (around 1)
+    "gpt_oss": ("layernorm.", "model.norm.", "_proj.bias", "_proj_bias", "sinks"),
 }
 
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
-            "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe")
+            "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
+            "gpt_oss")
 
 
 def build_model(family: str, seed: int = 0):
@@ -190,7 +204,7 @@ def build_model(family: str, seed: int = 0):
     with torch.no_grad():  # (transformers' constants, LayerNorm's 1 and 0 and biases' 0, would hide a missing one)
         for name, p in model.named_parameters():
             if any(part in name for part in RANDOMIZED.get(family, ())):
-                p.normal_(0.0 if name.endswith(".bias") else 1.0, 0.2)
+                p.normal_(0.0 if name.endswith((".bias", "_proj_bias")) else 1.0, 0.2)
     return model
 
 
@@ -235,6 +249,42 @@ def to_fp8(src: Path, out: Path) -> Path:
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_block_size": [128, 128]}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+E2M1_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # nibble i; 8 + i is its negative
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., rows, cols] (cols a multiple of 32) -> (blocks uint8 [..., rows, cols / 32, 16],
+    scales uint8 [..., rows, cols / 32]) as gpt-oss ships its experts: the inverse of transformers'
+    `convert_moe_packed_tensors` (32 values a block, the even one of a pair in the low nibble, the
+    block's power of two biased by 127), each value the nearest e2m1 step of its block's scale,
+    which puts the block's largest at most at 6."""
+    blocks = w.float().reshape(*w.shape[:-1], -1, 32)
+    exponent = torch.ceil(torch.log2(blocks.abs().amax(-1, keepdim=True).clamp(min=2.0 ** -120) / 6.0))
+    scaled = blocks / torch.exp2(exponent)
+    nibble = (scaled.abs()[..., None] - E2M1_MAGNITUDES).abs().argmin(-1) + 8 * (scaled < 0)
+    packed = (nibble[..., 0::2] | (nibble[..., 1::2] << 4)).to(torch.uint8)
+    return packed, (exponent[..., 0] + 127).to(torch.uint8)
+
+
+def to_mxfp4(src: Path, out: Path) -> Path:
+    """Rewrite a gpt-oss checkpoint as the released ones ship: experts as MXFP4 `_blocks` and
+    `_scales` of each projection's [out, in] rows (gate_up_proj [E, H, 2I] and down_proj [E, I, H]
+    are stored transposed, x @ W), their biases and every other tensor as they were."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, t in load_all(src).items():
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            tensors[name + "_blocks"], tensors[name + "_scales"] = quantize_mxfp4(t.transpose(1, 2))
+        else:
+            tensors[name] = t
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 

@@ -26,6 +26,9 @@ GRANITE_FUSED = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(input_lin
 LLAMA4_FUSED = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|down_proj)$")
 # DBRX's: w1 (gate), v1 (up) and w2 (down), each [E * I, H]: an expert's rows of w2 are its down's transpose
 DBRX_FLAT = re.compile(r"blocks\.(\d+)\.ffn\.experts\.mlp\.(w1|v1|w2)$")
+# gpt-oss's: gate_up_proj [E, H, 2I] (gate and up columns alternating) and down_proj [E, I, H], each
+# expert's the transpose, whatever their shapes; their biases [E, 2I] (alternating) and [E, H]
+GPT_OSS_FUSED = re.compile(r"layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?$")
 HALF = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1}
 SCALE_PART = {"gate_proj": "w1_scale", "w1": "w1_scale", "up_proj": "w3_scale", "w3": "w3_scale",
               "down_proj": "w2_scale", "w2": "w2_scale"}
@@ -52,6 +55,13 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
                 got = w13[:half] if HALF[proj] == 0 else w13[half:]
             else:
                 got = reader.expert_part(data, bank, expert, "w2")
+        elif index.family == "gpt_oss" and (m := GPT_OSS_FUSED.search(name)):
+            bank, data = banks[int(m[1])]
+            part = ("w13" if m[2] == "gate_up_proj" else "w2") + (m[3] or "")
+            parts = [reader.expert_part(data, bank, e, part) for e in range(bank.num_experts)]
+            if part.startswith("w13"):  # FTW's gate rows, then up: alternated back
+                parts = [torch.stack(p.chunk(2), dim=1).reshape(p.shape) for p in parts]
+            got = torch.stack([p.T if p.dim() == 2 else p for p in parts])
         elif m := FUSED.search(name) or GRANITE_FUSED.search(name):
             bank, data = banks[int(m[1])]
             part = "w13" if m[2] in ("gate_up_proj", "input_linear") else "w2"

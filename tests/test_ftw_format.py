@@ -94,6 +94,11 @@ def edit_index(directory: Path, edit) -> None:
         (lambda d: d["tensors"][0].update(offset="0"), CorruptIndexError, "wrong type"),
         (lambda d: d["shards"][0].update(name="../../etc/passwd"), CorruptIndexError, "plain file name"),
         (lambda d: d["banks"][0]["parts"][1].update(offset=0), CorruptIndexError, "overlaps"),
+        (lambda d: d["banks"][0].update(activation={"kind": "gelu"}), CorruptIndexError, "kind 'gelu' is unknown"),
+        (lambda d: d["banks"][0].update(activation={"kind": "swiglu_clamped", "alpha": 1.7}), CorruptIndexError,
+         "without its limit"),
+        (lambda d: d["banks"][0].update(activation={"kind": "swiglu_clamped", "limit": -7}), CorruptIndexError,
+         "limit is -7, not a finite number above 0"),
     ],
 )
 def test_reader_rejects_bad_index(tmp_path: Path, edit, error, message: str) -> None:
@@ -101,6 +106,22 @@ def test_reader_rejects_bad_index(tmp_path: Path, edit, error, message: str) -> 
     edit_index(tmp_path, edit)
     with pytest.raises(error, match=message):
         FTWReader.open(tmp_path)
+
+
+def test_a_banks_activation_is_kept_and_plain_swiglu_is_not_written(tmp_path: Path) -> None:
+    """gpt-oss's clamped SwiGLU travels with its bank; a plain SwiGLU bank's JSON is as it was
+    before banks had an activation."""
+    from ftw.format import SWIGLU, ExpertActivation
+
+    clamped = ExpertActivation("swiglu_clamped", alpha=1.702, limit=7.0)
+    for out, activation in ((tmp_path / "plain", SWIGLU), (tmp_path / "clamped", clamped)):
+        w = FTWWriter(out)
+        with w.expert_bank(0, 1, [("w13", "f32", (4, 2)), ("w2", "f32", (2, 2))], activation=activation) as bank:
+            bank.write_expert(0, {"w13": tensor_bytes(torch.zeros(4, 2)), "w2": tensor_bytes(torch.zeros(2, 2))})
+        w.finish(family="test", config={}, source_config={}, metadata={})
+        with FTWReader.open(out) as r:
+            assert r.index.bank(0).activation == activation
+        assert ("activation" in json.loads((out / INDEX_FILENAME).read_text())["banks"][0]) == (activation != SWIGLU)
 
 
 def test_index_not_json(tmp_path: Path) -> None:

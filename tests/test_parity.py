@@ -48,6 +48,7 @@ FAMILIES = [
     pytest.param("phimoe", True, id="phimoe-fused"),
     pytest.param("dbrx", False, id="dbrx"),
     pytest.param("flex_olmo", False, id="flex_olmo"),
+    pytest.param("gpt_oss", False, id="gpt_oss"),
 ]
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ftpull.preflight import Footprint, Resources, check_fit
+from ftpull.preflight import Footprint, Resources, check_fit, footprint
 from ftw import convert_checkpoint
+from ftw.families import FAMILIES
 from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import Store
 from runtime.loading.registered import open_model
@@ -34,7 +35,7 @@ from runtime.planner.plan import (
     size,
 )
 from runtime.planner.resources import GPU, Machine
-from tests.checkpoints import save_checkpoint, to_fp8
+from tests.checkpoints import save_checkpoint, to_fp8, to_mxfp4
 from tests.clirun import ft
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -517,6 +518,24 @@ def test_checkpoint_estimate_matches_the_ftw_index(tmp_path: Path, family: str, 
     before = ModelFootprint.from_checkpoint(config, tensors)
     after = ModelFootprint.from_index(convert_checkpoint(src, tmp_path / "ftw"))
     assert replace(before, source="ftw") == after
+
+
+@pytest.mark.parametrize("mxfp4", [False, True])
+def test_gpt_oss_checkpoint_estimate_matches_the_ftw_index(tmp_path: Path, mxfp4: bool) -> None:
+    """gpt-oss's expert biases are parts of its records; its released MXFP4 experts are planned
+    as the bf16 the converter makes of them (two values a byte of `_blocks`, the `_scales` gone)."""
+    src = save_checkpoint("gpt_oss", tmp_path / "hf")
+    if mxfp4:
+        src = to_mxfp4(src, tmp_path / "mxfp4")
+    config = json.loads((src / "config.json").read_text())
+    with SafetensorsCheckpoint(src) as ckpt:
+        tensors = {name: (t.dtype, t.nbytes) for name, t in ckpt.tensors.items()}
+    index = convert_checkpoint(src, tmp_path / "ftw")
+    assert ModelFootprint.from_checkpoint(config, tensors) == replace(ModelFootprint.from_index(index), source="checkpoint")
+    # pull's disk check counts the experts' converted bytes too: the records less their padding
+    estimate = footprint(FAMILIES["gpt_oss"], 3, tensors, download_bytes=0).expert_bytes
+    records = [(bank.num_experts, bank.expert_stride) for bank in index.banks]
+    assert 0 <= sum(n * stride for n, stride in records) - estimate <= sum(n for n, _ in records) * 2 * 4096
 
 
 def test_the_dense_bytes_planned_are_those_the_runtime_holds(tmp_path: Path) -> None:

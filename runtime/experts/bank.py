@@ -37,6 +37,12 @@ class HostExpertBank:
             return raw.view(*p.shape[:-1], -1)
         return raw.view(dtype).view(p.shape)
 
+    def biases(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(w13_bias [2I], w2_bias [H]) of one expert in `dtype`, where the records have them (gpt-oss)."""
+        if not self.has_part("w13_bias"):
+            return None
+        return self.raw_part(expert, "w13_bias").to(dtype), self.raw_part(expert, "w2_bias").to(dtype)
+
     def has_part(self, name: str) -> bool:
         return any(p.name == name for p in self.layout.parts)
 

@@ -25,6 +25,7 @@ import torch
 
 from ftw.format import BLOCK_DTYPES
 
+from .activation import describe, plain
 from .bank import HostExpertBank
 
 log = logging.getLogger(__name__)
@@ -354,6 +355,10 @@ def bank_layout(bank: HostExpertBank) -> _Layout:
     data = bank.data
     if data.device.type != "cpu" or data.dtype != torch.uint8 or data.dim() != 2 or data.stride(1) != 1:
         raise UnsupportedBank("bank bytes are not a CPU uint8 [experts, stride] tensor")
+    if not plain(bank.layout.activation):  # (the kernel combines gate and up as silu(gate) * up only)
+        raise UnsupportedBank(f"the kernel computes SwiGLU experts, not {describe(bank.layout.activation)}")
+    if bank.has_part("w13_bias"):  # (gpt-oss's records; the torch path adds them)
+        raise UnsupportedBank("the kernel computes experts without biases")
     block = tuple(bank.layout.quant.get("fp8_block", (128, 128)))
     if bank.has_part("w13"):
         w13 = bank.layout.part("w13")

@@ -9,6 +9,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from ftw.format import SWIGLU, ExpertActivation
+
+from .activation import activate
 from .bank import HostExpertBank
 from .cpu_kernels import ExpertKernel, Kernel, ShareJob, UnsupportedBank, native_kernel
 
@@ -53,7 +56,8 @@ class ReferenceCPUExpertExecutor:
                 end += 1
             tokens = token_of[start:end]
             w13, w2 = self._expert_weights(layer, expert)
-            y = swiglu(x[tokens], w13, w2)
+            bank = self.banks[layer]
+            y = swiglu(x[tokens], w13, w2, bank.layout.activation, bank.biases(expert, w13.dtype))
             out.index_add_(0, tokens, y * flat_weights[start:end, None].to(y.dtype))
             start = end
         return out
@@ -184,7 +188,12 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         return fast
 
 
-def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) with gate and up fused as w13 = [gate; up]."""
-    gate, up = F.linear(x, w13).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w2)
+def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+           activation: ExpertActivation = SWIGLU,
+           biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) with gate and up fused as w13 = [gate; up] (`activation`: the
+    experts' own combine of gate and up, e.g. clamped; `biases`: (w13_bias, w2_bias) added to
+    each projection's output where the records have them, gpt-oss's)."""
+    b13, b2 = biases if biases is not None else (None, None)
+    gate, up = F.linear(x, w13, b13).chunk(2, dim=-1)
+    return F.linear(activate(activation, gate, up), w2, b2)

@@ -14,10 +14,11 @@ matmul (records.RecordViews).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ftw import ExpertBank
+from ftw.format import SWIGLU, ExpertActivation
 
+from ..experts.activation import activate, plain
 from .kernels import RoutePlan, triton_module
 from .records import RecordViews, swiglu_experts
 
@@ -66,7 +67,7 @@ def block_parts(layout: ExpertBank, kinds) -> dict | None:
 
 def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
                        slots: torch.Tensor, parts: dict, compute_dtype: torch.dtype, out: torch.Tensor,
-                       gemv) -> None:
+                       gemv, activation: ExpertActivation = SWIGLU) -> None:
     """out += each device pair's weight x its expert(x[token]), the GGUF parts (`block_parts`)
     read in place from the slots by `gemv` (kernels/block_gemv.block_gemv, or a twin); pairs with
     slot -1 add zeros."""
@@ -81,7 +82,8 @@ def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
             return rows_times("w13", xs, token).chunk(2, dim=1)
         return rows_times("w1", xs, token), rows_times("w3", xs, token)
 
-    _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up, lambda act, index: rows_times("w2", act, index))
+    _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up, lambda act, index: rows_times("w2", act, index),
+                  activation)
 
 
 FP8_PARTS = {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
@@ -100,7 +102,7 @@ def fp8_parts(layout: ExpertBank, kinds) -> dict | None:
 
 def fp8_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
                      slots: torch.Tensor, parts: dict, block: tuple[int, int], compute_dtype: torch.dtype,
-                     out: torch.Tensor, gemv) -> None:
+                     out: torch.Tensor, gemv, activation: ExpertActivation = SWIGLU) -> None:
     """out += each device pair's weight x its expert(x[token]), the FP8 parts (`fp8_parts`, scale
     blocks of `block`) read in place from the slots by `gemv` (kernels/fp8_gemv.fp8_gemv)."""
     w13, w2 = parts["w13"], parts["w2"]
@@ -116,16 +118,17 @@ def fp8_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, w
                 rows_times(w13.offset + inter * hidden, "w3_scale", inter, hidden, xs, token))
 
     _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up,
-                  lambda act, index: rows_times(w2.offset, "w2_scale", hidden, inter, act, index))
+                  lambda act, index: rows_times(w2.offset, "w2_scale", hidden, inter, act, index), activation)
 
 
 def _swiglu_pairs(x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype,
-                  out: torch.Tensor, gate_up, down) -> None:
-    """out += weight[p] x down_p(silu(gate_p) x up_p) for every pair p: `gate_up(x in the compute
-    dtype)` gives each pair's gate and up rows times its token (float32 [P, I] each), `down(act,
-    index)` each pair's down rows times act[index[p]]."""
+                  out: torch.Tensor, gate_up, down, activation: ExpertActivation = SWIGLU) -> None:
+    """out += weight[p] x down_p(act(gate_p, up_p)) for every pair p (act: the bank's `activation`,
+    silu(gate) x up unless it says otherwise): `gate_up(x in the compute dtype)` gives each pair's
+    gate and up rows times its token (float32 [P, I] each), `down(act, index)` each pair's down
+    rows times act[index[p]]."""
     gate, up = gate_up(x.to(compute_dtype))
-    act = F.silu(gate) * up  # float32 [P, I]
+    act = activate(activation, gate, up)  # float32 [P, I]
     index = _pair_index(token.numel(), token.device)
     out.index_add_(0, token.long(), down(act, index) * weight.float()[:, None])
 
@@ -144,7 +147,8 @@ def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
     """Whether `add_slot_experts` can make the plan's PCIe fills in its own launch for this call:
     the kernel reads the layout in place, and the call is one token, whose pairs share a filled
     expert only where the routing repeats an id (each pair reads its expert itself)."""
-    return x.is_cuda and x.shape[0] == 1 and in_place_dtype(layout) is not None and _kernel() is not None
+    return (x.is_cuda and x.shape[0] == 1 and in_place_dtype(layout) is not None and plain(layout.activation)
+            and _kernel() is not None)
 
 
 def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, slots: torch.Tensor,
@@ -161,7 +165,8 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     token, slot, weight = pairs_of(plan, weights)
     layout = views.layout
     dtype = in_place_dtype(layout)
-    slot_experts = _kernel() if x.is_cuda and dtype is not None else None
+    # (the slot kernel's combine is silu(gate) * up: other activations take the paths below)
+    slot_experts = _kernel() if x.is_cuda and dtype is not None and plain(layout.activation) else None
     if fill_bank is not None and not fills_in_launch(layout, x):
         raise ValueError("add_slot_experts: this call's fills cannot be made in the launch (see fills_in_launch)")
     if slot_experts is not None:
@@ -179,13 +184,14 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     if zero_out:
         out.zero_()
     if parts is not None:
-        block_slot_experts(x, token, slot, weight, slots, parts, compute_dtype, out, block.block_gemv)
+        block_slot_experts(x, token, slot, weight, slots, parts, compute_dtype, out, block.block_gemv, layout.activation)
         return
     if scaled is not None:
-        fp8_slot_experts(x, token, slot, weight, slots, scaled, views.block, compute_dtype, out, fp8.fp8_gemv)
+        fp8_slot_experts(x, token, slot, weight, slots, scaled, views.block, compute_dtype, out, fp8.fp8_gemv,
+                         layout.activation)
         return
     on_device = slot >= 0
     w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
-    y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2)[:, 0]  # [P, H]
+    y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2, layout.activation)[:, 0]  # [P, H]
     y = torch.where(on_device[:, None], y.to(torch.float32) * weight.float()[:, None], 0.0)  # never-filled slots: not even NaN
     out.index_add_(0, token.long(), y)

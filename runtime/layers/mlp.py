@@ -10,8 +10,14 @@ import torch.nn.functional as F
 from .linear import linear
 
 
-def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+               limit: float | None = None) -> torch.Tensor:
+    """down(silu(gate x) * up x); `limit`: gate x clamped above at it and up x to [-limit, limit]
+    first (DeepSeek-V4's `swiglu_limit`, its shared experts' as its routed ones')."""
+    g, u = linear(x, gate), linear(x, up)
+    if limit is not None:
+        g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    return linear(F.silu(g) * u, down)
 
 
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)
@@ -141,3 +147,24 @@ def sparsemixer_top2(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Ten
         weights.append(gates.gather(-1, index))
         rest = rest.scatter(-1, index, float("-inf"))
     return torch.cat(ids, dim=-1), torch.cat(weights, dim=-1)
+
+
+# DeepSeek-V4's `scoring_func`s (transformers' ACT2FN names): a router logit -> an expert's score
+SCORE_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sqrtsoftplus": lambda logits: F.softplus(logits).sqrt(),
+    "sigmoid": torch.sigmoid,
+}
+
+
+def renormalized_choice(scores: torch.Tensor, ids: torch.Tensor, scaling: float) -> torch.Tensor:
+    """DeepSeek-V4's weights of the chosen experts `ids` [T, k]: their scores over the sum of those
+    (always renormalized), times `scaling` (routed_scaling_factor)."""
+    weights = scores.gather(1, ids)
+    return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scaling
+
+
+def biased_topk(scores: torch.Tensor, bias: torch.Tensor, k: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4 routing: the top k chosen by score + `bias` (the correction bias steers the
+    choice only), weighed by `renormalized_choice`. No groups. Returns (ids [T, k], weights [T, k])."""
+    ids = torch.topk(scores + bias, k, dim=-1, sorted=False).indices
+    return ids, renormalized_choice(scores, ids, scaling)

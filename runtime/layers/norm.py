@@ -55,3 +55,23 @@ class LayerNorm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+@dataclass(frozen=True)
+class Float32RMSNorm:
+    """RMSNorm whose float32 `weight` multiplies before the cast back (DeepSeek-V4 keeps its norm
+    weights in float32: transformers' DeepseekV4RMSNorm), called on x [..., H]."""
+
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.to(torch.float32) * h).to(x.dtype)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x), the rms taken in float32 and cast to x's dtype before the product (DeepSeek-V4's
+    DeepseekV4UnweightedRMSNorm: its per-head query norm and the hyper-connections' input norm)."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)

@@ -214,3 +214,18 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     cos, sin = cos[:, None, :half], sin[:, None, :half]  # cat(freqs, freqs): the first half has each angle
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def apply_rotary_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D]; cos/sin [T, R] from `RotaryEmbedding` (R <= D): the last R channels rotate
+    as pairs (x[D-R], x[D-R+1]), ... and stay in place, in float32, as DeepSeek-V4 does
+    (transformers' `apply_rotary_pos_emb` of deepseek_v4). Unlike `apply_rotary_interleaved` the
+    layout is kept: V4's values are its keys, and the attention output's rotated channels are
+    turned back (sin negated) before the output projection reads them."""
+    rot = cos.shape[-1]
+    cos = cos[:, None, : rot // 2].repeat_interleave(2, dim=-1)  # cat(freqs, freqs): each angle once, per pair
+    sin = sin[:, None, : rot // 2].repeat_interleave(2, dim=-1)
+    head, tail = x[..., : x.shape[-1] - rot], x[..., x.shape[-1] - rot :]
+    pairs = tail.float()
+    turned = torch.stack((-pairs[..., 1::2], pairs[..., 0::2]), dim=-1).flatten(-2)  # (-x1, x0) per pair
+    return torch.cat((head, (pairs * cos + turned * sin).to(x.dtype)), dim=-1)

@@ -18,6 +18,7 @@ FAMILY_MODULES = {
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",
     "deepseek_v3": "deepseek_v3",
+    "deepseek_v4": "deepseek_v4",
     "deepseek_v2": "deepseek_v2",
     "glm_moe_dsa": "glm_moe_dsa",
     "glm4_moe": "glm4_moe",
@@ -38,6 +39,7 @@ FAMILY_MODULES = {
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",  # (the same block with a shared MLP: granitemoe.py)
     "jetmoe": "jetmoe",
+    "gpt_oss": "gpt_oss",
 }
 
 

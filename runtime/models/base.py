@@ -54,7 +54,29 @@ class Mixer(Protocol):
     def new_cache(self, max_tokens: int) -> Any: ...
 
 
-FFN = Callable[[torch.Tensor], torch.Tensor]  # x [T, H] -> [T, H], each token on its own (see PromptChunk)
+# x [T, H] -> [T, H], each token on its own (see PromptChunk). An FFN whose class sets
+# `takes_tokens = True` is called as ffn(x, tokens), with the token ids [T] of x's rows (on the host
+# or the device; DeepSeek-V4's hash routing chooses experts by them).
+FFN = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Residual(Protocol):
+    """How a sublayer joins a residual of several streams, x [T, n, H] (DeepSeek-V4's
+    hyper-connections: layers/hyper_connection.py): `enter` gives the sublayer's input [T, H] and
+    what `leave` needs, `leave` the streams after the sublayer's output [T, H]."""
+
+    def enter(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    def leave(self, x: torch.Tensor, out: torch.Tensor, mixes: Any) -> torch.Tensor: ...
+
+
+class Streams(Protocol):
+    """A residual of several streams: the embeddings [T, H] spread into them, [T, n, H]
+    (`expand`), and the last layer's gathered back for the final norm (`collapse`)."""
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def collapse(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -123,6 +145,7 @@ class Block:
     mixer: Mixer
     post_norm: Norm
     ffn: FFN
+    residuals: tuple[Residual, Residual] | None = None  # the mixer's and the FFN's, where x is several streams
 
 
 class DecoderModel:
@@ -131,6 +154,10 @@ class DecoderModel:
     Granite's multipliers (its config's names; 1 elsewhere): the embeddings are multiplied by
     `embedding_multiplier`, each mixer's and FFN's output by `residual_multiplier` before it is
     added, and the logits divided by `logits_scaling`.
+
+    `streams` (DeepSeek-V4's hyper-connections): the residual is several streams, the embeddings
+    expanded into them and collapsed before the final norm; each block's `residuals` say how its
+    mixer and FFN read and join them (instead of x += sublayer(norm(x))).
 
     `prefill_chunk_tokens` (None: every call's tokens at once): a call of more tokens runs each
     layer in chunks of at most that many (see the module doc); set by the GPU path to the
@@ -142,8 +169,9 @@ class DecoderModel:
                  *, prefix: str = "model.", norm_offset: float = 0.0, embedding_multiplier: float = 1.0,
                  residual_multiplier: float = 1.0, logits_scaling: float = 1.0,
                  embed_name: str = "embed_tokens.weight", final_norm: Norm | None = None,
-                 head_name: str = "lm_head.weight") -> None:
+                 head_name: str = "lm_head.weight", streams: Streams | None = None) -> None:
         self.config = config
+        self.streams = streams
         self.dtype = dtype
         self.blocks = blocks
         self.norm_offset = norm_offset
@@ -214,7 +242,7 @@ class DecoderModel:
                 "clear the conversation, or raise num_ctx"
             )
         x = self._embed(input_ids, embeds)
-        x = self._layers(x, torch.arange(start, start + t), state, start)
+        x = self._layers(x, torch.arange(start, start + t), state, start, input_ids)
         state.length = start + t
         if last_only:
             x = x[-1:]
@@ -229,7 +257,7 @@ class DecoderModel:
         (`set_length`). `embeds` [1, H]: the token's row in a device buffer the caller fills
         (then `input_ids` is not read)."""
         x = self._embed(input_ids, embeds)
-        x = self._layers(x, position.index, state, position)
+        x = self._layers(x, position.index, state, position, input_ids)
         return self._logits(x)
 
     def _embed(self, input_ids: torch.Tensor, embeds: torch.Tensor | None) -> torch.Tensor:
@@ -240,32 +268,66 @@ class DecoderModel:
         logits = linear(self.norm(x, self.final_norm), self.lm_head, self.lm_head_bias).to(torch.float32)
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start,
+                tokens: torch.Tensor) -> torch.Tensor:
         forward_begins()  # the layers share one pass's rope tables
         chunk = self.prefill_chunk_tokens
         if chunk is not None and isinstance(start, int) and x.shape[0] > chunk:
-            return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk))
+            return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk), tokens)
+        if self.streams is not None:
+            x = self.streams.expand(x)
         r = self.residual_multiplier  # (alpha 1 adds exactly as `+` does)
         for block, cache in zip(self.blocks, state.caches, strict=True):
+            if block.residuals is not None:
+                x = self._mixed_streams(block, x, positions, cache, start)
+                x = self._fed_streams(block, x, tokens)
+                continue
             x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
-            x = x.add(block.ffn(self.norm(x, block.post_norm)), alpha=r)
-        return x
+            x = x.add(self._ffn(block, self.norm(x, block.post_norm), tokens), alpha=r)
+        return x if self.streams is None else self.streams.collapse(x)
 
     def _layers_in_chunks(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: int,
-                          bounds: list[tuple[int, int]]) -> torch.Tensor:
+                          bounds: list[tuple[int, int]], tokens: torch.Tensor) -> torch.Tensor:
         """`_layers` a chunk of tokens at a time within each layer, adding into x in place (the
         embeddings: this pass's own tensor): the same sums, each token's in the same order."""
+        if self.streams is not None:
+            x = self.streams.expand(x)
         r = self.residual_multiplier
         for block, cache in zip(self.blocks, state.caches, strict=True):
-            if getattr(block.mixer, "chunks_prompt", False):
-                for first, end in bounds:
-                    h = x[first:end]
-                    h.add_(block.mixer(self.norm(h, block.input_norm), positions[first:end], cache, start + first),
-                           alpha=r)
-            else:  # the whole prompt at once (its cache cannot be continued cheaply)
-                x.add_(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
+            # the whole prompt at once where the mixer's cache cannot be continued cheaply
+            spans = bounds if getattr(block.mixer, "chunks_prompt", False) else [(0, x.shape[0])]
+            for first, end in spans:
+                h = x[first:end]
+                # (the whole prompt's positions as they are: the layers' rope tables are reused by identity)
+                at = positions if end - first == x.shape[0] else positions[first:end]
+                if block.residuals is not None:
+                    h.copy_(self._mixed_streams(block, h, at, cache, start + first))
+                else:
+                    h.add_(block.mixer(self.norm(h, block.input_norm), at, cache, start + first), alpha=r)
             for index, (first, end) in enumerate(bounds):
                 h = x[first:end]
                 with _computing_chunk(PromptChunk(index, len(bounds))):
-                    h.add_(block.ffn(self.norm(h, block.post_norm)), alpha=r)
-        return x
+                    if block.residuals is not None:
+                        h.copy_(self._fed_streams(block, h, tokens[first:end]))
+                    else:
+                        h.add_(self._ffn(block, self.norm(h, block.post_norm), tokens[first:end]), alpha=r)
+        return x if self.streams is None else self.streams.collapse(x)
+
+    @staticmethod
+    def _ffn(block: Block, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return block.ffn(h, tokens) if getattr(block.ffn, "takes_tokens", False) else block.ffn(h)  # type: ignore[call-arg]
+
+    def _mixed_streams(self, block: Block, x: torch.Tensor, positions: torch.Tensor, cache: Any,
+                       start: Start) -> torch.Tensor:
+        """The streams x [T, n, H] after the block's mixer, joined by its residual."""
+        assert block.residuals is not None
+        residual = block.residuals[0]
+        h, mixes = residual.enter(x)
+        return residual.leave(x, block.mixer(self.norm(h, block.input_norm), positions, cache, start), mixes)
+
+    def _fed_streams(self, block: Block, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The streams x [T, n, H] after the block's FFN, joined by its residual."""
+        assert block.residuals is not None
+        residual = block.residuals[1]
+        h, mixes = residual.enter(x)
+        return residual.leave(x, self._ffn(block, self.norm(h, block.post_norm), tokens), mixes)

@@ -17,6 +17,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "dbrx": ("GQA, fused Wqkv clipped, LayerNorm", "softmax top-k, p-norm renormalized"),
     "deepseek_v2": ("MLA (latent KV)", "softmax greedy or group-limited, shared experts"),
     "deepseek_v3": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
+    "deepseek_v4": ("sliding window + compressed KV (CSA with an indexer, HCA), sinks, grouped output, "
+                    "hyper-connections", "sqrt-softplus + bias or hashed by token, shared expert, clamped SwiGLU"),
     "dots1": ("GQA, QK norm", "sigmoid + bias, group-limited top-k, shared experts"),
     "ernie4_5_moe": ("GQA, interleaved rope", "softmax + correction bias, shared experts, dense layers"),
     "exaone_moe": ("sliding-window rope layers and global NoPE layers", "sigmoid + bias, shared experts"),
@@ -24,6 +26,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "glm4_moe": ("GQA, partial rope, QK norm optional", "sigmoid + bias, group-limited top-k, shared experts"),
     "glm4_moe_lite": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
     "glm_moe_dsa": ("MLA with a sparse-attention indexer (DSA)", "sigmoid + bias, shared experts"),
+    "gpt_oss": ("sliding-window and full GQA layers, attention sinks, biases",
+                "softmax over the top-k logits (router bias), experts with biases and clamped SwiGLU"),
     "granitemoe": ("GQA, Granite's multipliers", "softmax over the top-k logits"),
     "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
     "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
@@ -39,6 +43,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "qwen3_next": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
 }
 
+# where a family runs other than everywhere: the GPU's expert paths add no expert biases yet
+# (runtime/gpu/records.py check_device_layout), so its GPU backend computes the experts on the CPU
+RUNS_ON = {"gpt_oss": "CPU, and GPU with the experts on the CPU (mode cpu)"}
+
 HEADER = ("family", "HF model_type", "GGUF architecture", "attention", "routing", "runs on", "tested how")
 
 
@@ -53,7 +61,7 @@ def rows() -> list[tuple[str, ...]]:
         types = FAMILIES[family].model_types
         tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if family in gguf else "")
         out.append((family, ", ".join(types), ", ".join(gguf.get(family, [])) or "-", attention, routing,
-                    "CPU and GPU (hybrid)", tested))
+                    RUNS_ON.get(family, "CPU and GPU (hybrid)"), tested))
     return out
 
 

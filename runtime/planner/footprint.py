@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ftw.families import FAMILIES, family_for_config, normalized_config, parse_expert_name
+from ftw.families import FAMILIES, ExpertTensorName, family_for_config, normalized_config, parse_expert_name
 from ftw.format import BLOCK_DTYPES, PART_ALIGNMENT, Index, align_up
 
 CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
@@ -21,7 +21,31 @@ EMBEDDINGS = ("embed_tokens.weight", "transformer.wte.weight")  # name endings (
 HEAD = "lm_head.weight"
 EXPERT_PARTS = {("gate_proj", "weight"): "w13", ("up_proj", "weight"): "w13", ("gate_up_proj", "weight"): "w13",
                 ("down_proj", "weight"): "w2", ("gate_proj", "weight_scale_inv"): "w1_scale",
-                ("up_proj", "weight_scale_inv"): "w3_scale", ("down_proj", "weight_scale_inv"): "w2_scale"}
+                ("up_proj", "weight_scale_inv"): "w3_scale", ("down_proj", "weight_scale_inv"): "w2_scale",
+                ("gate_up_proj", "bias"): "w13_bias", ("down_proj", "bias"): "w2_bias",  # (gpt-oss's)
+                # gpt-oss's MXFP4 weights, dequantized at conversion (two values a byte); their scales go in
+                ("gate_up_proj", "blocks"): "w13", ("down_proj", "blocks"): "w2"}
+MXFP4_VALUES_PER_BYTE = 2
+
+
+def converted_bytes(expert: ExpertTensorName | None, name: str, dtype: str, nbytes: int,
+                    target_dtype: str) -> tuple[str, int]:
+    """The FTW dtype and bytes a source tensor (`expert`: its parse_expert_name) becomes once
+    converted to the Modelfile DTYPE `target_dtype`: floats cast (FP8 block scales kept),
+    gpt-oss's MXFP4 `_blocks` dequantized to bf16 (or the cast), their `_scales` gone into them."""
+    cast = CAST_BYTES.get(target_dtype)
+    if expert is not None and expert.what == "scales":
+        return dtype, 0
+    if expert is not None and expert.what == "blocks":
+        return target_dtype if cast else "bf16", nbytes * MXFP4_VALUES_PER_BYTE * (cast or FLOAT_BYTES["bf16"])
+    # DeepSeek-V4's FP4 experts (int8 nibble pairs, e8m0 scales): kept as mxfp4, the same bytes, or cast
+    if cast and expert is not None and dtype == "i8" and expert.what == "weight":
+        return target_dtype, nbytes * MXFP4_VALUES_PER_BYTE * cast
+    if cast and expert is not None and dtype == "f8_e8m0":
+        return dtype, 0
+    if cast and dtype in FLOAT_BYTES and not name.endswith("_scale_inv"):
+        return target_dtype, nbytes // FLOAT_BYTES[dtype] * cast
+    return dtype, nbytes
 
 
 def compute_bytes(dtype: str) -> int:
@@ -75,7 +99,7 @@ def size(n: float) -> str:
 class KVLayout:
     """KV bytes of one sequence: `bytes_per_token` per context token plus a fixed `state_bytes`."""
 
-    kind: str  # "gqa" | "mla" | "hybrid" | "unknown"
+    kind: str  # "gqa" | "mla" | "hybrid" | "compressed" | "unknown"
     bytes_per_token: int
     state_bytes: int = 0  # recurrent state of linear-attention layers, whatever the length
     formula: str = ""  # how bytes_per_token was computed, for `ft fit`
@@ -137,13 +161,38 @@ def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
                     f"{size(recurrent + conv)} state")
 
 
+def _compressed(c: dict[str, Any], b: int) -> KVLayout:
+    """DeepSeek-V4 (layers/compressed_attention.py): per token, the compressed entries of its CSA
+    layers (head_dim + the indexer's index_head_dim, one a `rate` tokens) and HCA layers
+    (head_dim, one a `rate`); fixed, every layer's window of the last sliding_window - 1 keys and the
+    compressors' open windows (kv and gate, twice as wide where they overlap). The schedule as
+    runtime/models/deepseek_v4.py reads it (layer_types, the release's compress_ratios, or the default)."""
+    layers, d = int(c["num_hidden_layers"]), int(c.get("head_dim") or 512)
+    index_d, window = int(c.get("index_head_dim") or 128), int(c.get("sliding_window") or 128)
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128, **(c.get("compress_rates") or {})}
+    rates["compressed_sparse_attention"] = int(c.get("compress_rate_csa") or rates["compressed_sparse_attention"])
+    rates["heavily_compressed_attention"] = int(c.get("compress_rate_hca") or rates["heavily_compressed_attention"])
+    by_ratio = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+    types = c.get("layer_types") or [by_ratio.get(r, "sliding_attention") for r in c.get("compress_ratios") or []] or [
+        "heavily_compressed_attention" if i < 2 or i % 2 == 0 else "compressed_sparse_attention" for i in range(layers)]
+    csa = sum(t == "compressed_sparse_attention" for t in types[:layers])
+    hca = sum(t == "heavily_compressed_attention" for t in types[:layers])
+    r_csa, r_hca = rates["compressed_sparse_attention"], rates["heavily_compressed_attention"]
+    per_token = math.ceil(csa * (d + index_d) * b / r_csa + hca * d * b / r_hca)
+    state = layers * (window - 1) * d * b + csa * (r_csa - 1) * 4 * (d + index_d) * b + hca * (r_hca - 1) * 2 * d * b
+    return KVLayout("compressed", per_token, state,
+                    f"compressed: {csa} CSA layers x ({d} + {index_d}) / {r_csa} + {hca} HCA layers x {d} / {r_hca}, "
+                    f"x {b} B; + {layers} windows of {window - 1} keys and the open compressor windows")
+
+
 KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
-              "deepseek_v2": _mla, "glm_moe_dsa": _mla,
+              "deepseek_v2": _mla, "glm_moe_dsa": _mla, "deepseek_v4": _compressed,
               "glm4_moe_lite": _mla,
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa,
-              "phimoe": _gqa, "dbrx": _gqa, "flex_olmo": _gqa}
+              "phimoe": _gqa, "dbrx": _gqa, "flex_olmo": _gqa,
+              "gpt_oss": _gqa}  # (its sliding-window layers keep every token, as the runtime's KV cache does)
 
 
 def kv_layout(family: str, text_config: dict[str, Any], dtype_bytes: int) -> KVLayout:
@@ -227,18 +276,19 @@ class ModelFootprint:
         so slot sizes match the converted model's."""
         family = family_for_config(config)
         c = normalized_config(family, config)
-        cast = CAST_BYTES.get(target_dtype)
         dense: dict[str, tuple[str, int]] = {}
         by_dtype, embed = Counter(), None
         parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # layer -> part -> bytes of one expert
-        for tensor_name, (dtype, nbytes) in tensors.items():
+        for source_name, (dtype, nbytes) in tensors.items():
+            tensor_name = family.tensor_name(source_name)  # (DeepSeek-V4's release names its own way)
             if not family.keeps(tensor_name, c["num_layers"]):
                 continue
-            if cast and dtype in FLOAT_BYTES and not tensor_name.endswith("_scale_inv"):
-                dtype, nbytes = target_dtype, nbytes // FLOAT_BYTES[dtype] * cast
+            expert = parse_expert_name(tensor_name)
+            if expert is not None and expert.what == "scales":
+                continue  # (MXFP4's: gone into the dequantized weights)
+            dtype, nbytes = converted_bytes(expert, tensor_name, dtype, nbytes, target_dtype)
             by_dtype[dtype] += nbytes
             embed = dtype if tensor_name.endswith(EMBEDDINGS) else embed
-            expert = parse_expert_name(tensor_name)
             if expert is None:
                 dense[tensor_name] = (dtype, nbytes)
             elif expert.expert is None:  # fused: [E, ...] holds every expert of the layer

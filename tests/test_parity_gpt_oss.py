@@ -1,0 +1,86 @@
+"""gpt-oss beyond tests/test_parity.py's run of its tiny model (sliding and full layers, sinks,
+biases, the clamped SwiGLU, YaRN): the released checkpoints' MXFP4 experts, the released
+config's layout, and the GPU backend's handling of experts with biases.
+
+As there: through ft's own pull path, logits within 1e-4 relative error in float32, the same 32
+greedy tokens with the KV cache, and the cached decode equal to a full recompute.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.checkpoints import load_all, save_checkpoint, to_mxfp4
+from tests.parity import assert_parity, convert_and_load, our_greedy, our_logits, rel_error
+from tests.test_parity import PROMPT, STEPS, hf_model
+
+pytest.importorskip("transformers")
+
+
+def test_mxfp4_experts_convert_to_the_weights_transformers_dequantizes_and_match_it(tmp_path: Path) -> None:
+    """The released experts are MXFP4 (`gate_up_proj_blocks`, `_scales`, ...): converted to bf16
+    (every MXFP4 value is exact in it), they are bit for bit the weights transformers loads them
+    as on the CPU (Mxfp4Config(dequantize=True)), with gate and up apart; then the model matches."""
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    src = to_mxfp4(save_checkpoint("gpt_oss", tmp_path / "hf", seed=1), tmp_path / "mxfp4")
+    assert any(name.endswith("gate_up_proj_blocks") for name in load_all(src))
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
+                                               quantization_config=Mxfp4Config(dequantize=True)).eval()
+    ours = convert_and_load(src, tmp_path / "store")
+    for layer, bank in ours.weights.banks.items():
+        assert bank.layout.part("w13").dtype == bank.layout.part("w2").dtype == "bf16"
+        experts = ref.model.layers[layer].mlp.experts  # gate_up_proj [E, H, 2I] (gate, up alternating), down [E, I, H]
+        for e in range(bank.num_experts):
+            w13, w2 = bank.weights(e, torch.float32)
+            gate_up = experts.gate_up_proj[e].T
+            assert torch.equal(w13, torch.cat([gate_up[0::2], gate_up[1::2]]))
+            assert torch.equal(w2, experts.down_proj[e].T)
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_the_released_config_layout_matches_transformers(tmp_path: Path) -> None:
+    """gpt-oss-20b's config.json keeps `rope_theta` and YaRN's `rope_scaling` at the top level
+    (transformers 4's spelling), gives no swiglu_alpha (GptOssConfig's 1.702) and adds keys of
+    OpenAI's own (`experts_per_token`, `initial_context_length`)."""
+    src = save_checkpoint("gpt_oss", tmp_path / "hf", seed=4)
+    config = json.loads((src / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    del config["swiglu_alpha"]
+    config.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, experts_per_token=2,
+                  initial_context_length=64)
+    (src / "config.json").write_text(json.dumps(config))
+    ref = hf_model(src)
+    assert ref.config.rope_parameters["rope_type"] == "yarn" and ref.config.swiglu_alpha == 1.702
+    ours = convert_and_load(src, tmp_path / "store")
+    assert ours.weights.banks[0].layout.activation.alpha == 1.702
+    assert [b.mixer.window for b in ours.model.blocks] == [5, None, 5]
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_the_gpu_backend_runs_its_experts_on_the_cpu_and_refuses_them_on_the_device(tmp_path: Path) -> None:
+    """No device path adds expert biases yet: the hybrid modes that compute experts on the
+    device refuse the model with the fix; mode "cpu" (dense weights on the device, every expert
+    on the CPU) gives the CPU backend's tokens and logits."""
+    from ftpull.pull import pull
+    from registry import Store
+    from runtime.gpu import UnsupportedOnDevice
+    from runtime.loading.runnable import load
+
+    store = Store(tmp_path / "store")
+    name = str(pull(str(save_checkpoint("gpt_oss", tmp_path / "hf", seed=2)), store).name)
+    reference = load(store, name, torch.float32)
+    options = dict(backend="gpu", device="cpu", cache_slots=8)
+    with pytest.raises(UnsupportedOnDevice, match=r"w13_bias, w2_bias are biases.*mode='cpu'"):
+        load(store, name, torch.float32, mode="offload", **options)
+    hybrid = load(store, name, torch.float32, mode="cpu", **options)
+    tokens, logits = our_greedy(hybrid, PROMPT, 16)
+    ref_tokens, ref_logits = our_greedy(reference, PROMPT, 16)
+    assert tokens == ref_tokens
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        assert rel_error(ours, ref) < 1e-5
+    assert rel_error(our_logits(hybrid, PROMPT), our_logits(reference, PROMPT)) < 1e-5
