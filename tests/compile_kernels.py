@@ -53,10 +53,14 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
                               "BLOCK_Z": 64, "PDL": pdl}))
         sig = {"part_ptr": "*fp32", "w_ptr": "*bf16", "stride_slot": "i64", "w2_at": "i32",
                **{k: SLOT_ARGS[k] for k in ("token_ptr", "slot_ptr")}, "weight_ptr": "*bf16", "out_ptr": "*fp32",
-               "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")}}
-        out.append((f"slot_experts down fill={fill} even={even}", slot_experts._down_kernel, sig,
+               "stride_out": "i32", **{k: SLOT_ARGS[k] for k in ("bank_addr", "bank_stride", "fill_ptr")},
+               "bias_ptr": "*fp32", "alpha": "fp32", "limit": "fp32"}
+        # gpt-oss's form (clamped, biased) where no fill is made in the launch; plain SwiGLU otherwise
+        act, bias = (0, False) if fill or not even else (2, True)
+        out.append((f"slot_experts down fill={fill} even={even} act={act}", slot_experts._down_kernel, sig,
                     {"HIDDEN": 2048, "INTER": 768 if even else 760, "BLOCK_O": 32, "BLOCK_K": 256, "K_SPAN": 256,
-                     "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16, "FILL": fill, "ESIZE": 2, "EARLY": pdl, "PDL": pdl}))
+                     "SPLIT": 4, "EVEN": even, "BANK_ALIGN": 16, "FILL": fill, "ESIZE": 2, "EARLY": pdl, "PDL": pdl,
+                     "ACT": act, "BIAS": bias}))
     for clock_mode, n_pcie_mode in ((0, 0), (1, 1), (2, 2), (2, 0)):
         sig = {"ids_ptr": "*i64", "n_ids": "i32", "layer": "i32", "num_experts": "i32", "table_ptr": "*i32",
                "owner_ptr": "*i32", "last_used_ptr": "*i64", "num_slots": "i32",

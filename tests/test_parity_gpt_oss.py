@@ -62,22 +62,20 @@ def test_the_released_config_layout_matches_transformers(tmp_path: Path) -> None
     assert_parity(ours, ref, PROMPT, STEPS)
 
 
-def test_the_gpu_backend_runs_its_experts_on_the_cpu_and_refuses_them_on_the_device(tmp_path: Path) -> None:
-    """No device path adds expert biases yet: the hybrid modes that compute experts on the
-    device refuse the model with the fix; mode "cpu" (dense weights on the device, every expert
-    on the CPU) gives the CPU backend's tokens and logits."""
+@pytest.mark.parametrize("mode, slots", [("offload", 8), ("auto", 3), ("cpu", 8)])
+def test_the_gpu_backend_gives_the_cpu_backends_tokens(mode: str, slots: int, tmp_path: Path) -> None:
+    """The hybrid executor (on the CPU device: the device paths' torch forms) computes gpt-oss's
+    experts with their biases and clamped activation wherever they run: from cache slots
+    ("offload"; "auto" with a cache smaller than a token's experts, misses split with the CPU) or
+    all on the CPU ("cpu"). Same tokens and logits as the CPU backend."""
     from ftpull.pull import pull
     from registry import Store
-    from runtime.gpu import UnsupportedOnDevice
     from runtime.loading.runnable import load
 
     store = Store(tmp_path / "store")
     name = str(pull(str(save_checkpoint("gpt_oss", tmp_path / "hf", seed=2)), store).name)
     reference = load(store, name, torch.float32)
-    options = dict(backend="gpu", device="cpu", cache_slots=8)
-    with pytest.raises(UnsupportedOnDevice, match=r"w13_bias, w2_bias are biases.*mode='cpu'"):
-        load(store, name, torch.float32, mode="offload", **options)
-    hybrid = load(store, name, torch.float32, mode="cpu", **options)
+    hybrid = load(store, name, torch.float32, mode=mode, backend="gpu", device="cpu", cache_slots=slots)
     tokens, logits = our_greedy(hybrid, PROMPT, 16)
     ref_tokens, ref_logits = our_greedy(reference, PROMPT, 16)
     assert tokens == ref_tokens

@@ -10,6 +10,8 @@ gather + bmm path in bf16/f16 (which rounds its intermediates) within 2% of max|
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -335,3 +337,74 @@ def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
         graph.replay()
         want = cache.run(slot_experts_ref, x, [0] * 8, new_slots, weights.tolist(), torch.zeros_like(out))
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+# --- the experts' own forms: clamped activations and biases (gpt-oss, DeepSeek-V4)
+
+FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702)]
+
+
+def _form_case(cache: Slots, num_tokens: int, seed: int, device: str):
+    """x, out, pairs, a limit that clamps about half the gate and up sums, and each pair's biases."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, cache.hidden, generator=gen).to(cache.dtype)
+    views = RecordViews(cache.slots.cpu(), cache.layout)
+    w13, _ = views.weights(slice(1, 6), torch.float32)
+    limit = float((x.float() @ w13.reshape(-1, cache.hidden).T).abs().median())
+    pairs = random_pairs(gen, num_tokens, 4, 6, [1, 2, 3, 4, 5])
+    bias = torch.randn(len(pairs[0]), 2 * cache.inter, generator=gen) * limit
+    out = torch.randn(num_tokens, cache.hidden, generator=gen)
+    return x.to(device), out.to(device), pairs, limit, bias.to(device)
+
+
+@pytest.mark.parametrize("kind, alpha", FORMS)
+def test_reference_computes_the_experts_own_form(kind: str, alpha: float) -> None:
+    from ftw.format import ExpertActivation
+    from runtime.experts.activation import activate
+    from runtime.gpu.kernels.slot_experts_ref import ACTIVATIONS
+
+    cache = Slots("bf16", 64, 32, [None, 3, 0, 5, 3, 7], device="cpu")
+    x, out, (tokens, slots, weights), limit, bias = _form_case(cache, 3, 1, "cpu")
+    activation = ExpertActivation(kind, alpha, limit)
+    got = out.clone()
+    slot_experts_ref(x, cache.slots, torch.tensor(tokens, dtype=torch.int32), torch.tensor(slots, dtype=torch.int32),
+                     torch.tensor(weights), out=got, **cache.kwargs, act=ACTIVATIONS[kind], alpha=alpha, limit=limit,
+                     pair_bias=bias)
+    views, want = RecordViews(cache.slots, cache.layout), out.clone()
+    clamped = 0
+    for p, (t, s, w) in enumerate(zip(tokens, slots, weights, strict=True)):
+        if s >= 0:
+            w13, w2 = views.weights(s, torch.float32)
+            h = x[t].float() @ w13[0].T + bias[p]
+            clamped += int((h.abs() > limit).sum())
+            want[t] += w * (activate(activation, h[:32], h[32:]) @ w2[0].T)
+    torch.testing.assert_close(got, want, **TIGHT)
+    assert clamped > 0  # the limit bites
+
+
+@needs_triton
+@pytest.mark.parametrize("kind, alpha", FORMS)
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (96, 40)])  # whole and ragged tiles
+def test_kernel_computes_the_experts_own_form(kind: str, alpha: float, hidden: int, inter: int) -> None:
+    from runtime.gpu.kernels.slot_experts_ref import ACTIVATIONS
+
+    cache = Slots("bf16", hidden, inter, [None, 3, 0, 5, 3, 7])
+    x, out, pairs, limit, bias = _form_case(cache, 3, 2, DEVICE)
+    form = {"act": ACTIVATIONS[kind], "alpha": alpha, "limit": limit}
+    for pair_bias in (None, bias):
+        got = cache.run(functools.partial(slot_experts, **form, pair_bias=pair_bias, block_k=16, split_k=2),
+                        x, *pairs, out)
+        want = cache.run(functools.partial(slot_experts_ref, **form, pair_bias=pair_bias), x, *pairs, out)
+        torch.testing.assert_close(got, want, **TIGHT)
+
+
+def test_biases_and_fills_do_not_go_together() -> None:
+    cache = Slots("bf16", 64, 32, [3, 0], device="cpu")
+    pair = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), torch.ones(1))
+    with pytest.raises(ValueError, match="fills go first"):
+        slot_experts_ref(torch.zeros(1, 64, dtype=torch.bfloat16), cache.slots, *pair, out=torch.zeros(1, 64),
+                         **cache.kwargs, fill_bank=cache.bank, pair_fill=torch.zeros(1, dtype=torch.int32),
+                         pair_bias=torch.zeros(1, 64))
+    with pytest.raises(ValueError, match="ACTIVATIONS code"):
+        slot_experts_ref(torch.zeros(1, 64, dtype=torch.bfloat16), cache.slots, *pair, out=torch.zeros(1, 64),
+                         **cache.kwargs, act=7)

@@ -315,14 +315,16 @@ def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> Non
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize(("family", "mode"), [("qwen3_moe", "offload"), ("qwen3_moe", "auto"),
-                                              ("qwen3_5_moe", "offload"), ("glm_moe_dsa", "offload")])
+                                              ("qwen3_5_moe", "offload"), ("glm_moe_dsa", "offload"),
+                                              ("gpt_oss", "offload"), ("gpt_oss", "auto")])
 def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_path, monkeypatch, family: str,
                                                                            mode: str) -> None:
     """Greedy decode on the GPU in captured steps gives the CPU backend's tokens; a second
     prompt after a reset reuses the state's buffers, so its steps replay the same graphs.
     "auto" with a cache of one token's experts: steps with CPU shares and split tables;
     Qwen3.5: linear-attention layers, whose recurrent state the graph updates in place; GLM-5:
-    MLA with DSA's index keys (every token selected: tied scores may trade places otherwise)."""
+    MLA with DSA's index keys (every token selected: tied scores may trade places otherwise);
+    gpt-oss: experts with biases and a clamped activation in the slot kernel, sinks and windows."""
     pytest.importorskip("transformers")
     from ftpull.pull import pull
     from registry import Store
@@ -333,7 +335,7 @@ def test_cuda_model_decodes_in_captured_steps_with_the_cpu_backends_tokens(tmp_p
     name = str(pull(str(save_checkpoint(family, tmp_path / "hf", seed=1)), store).name)
     reference = load(store, name, torch.float32).model
     split = dict(split=lambda m, b: m // 2, auto_guard=False) if mode == "auto" else {}  # half the misses to the CPU
-    slots = 8 if family == "qwen3_5_moe" else 4  # one token's experts: 4 (or 2) MoE layers x top-2
+    slots = {"qwen3_5_moe": 8, "gpt_oss": 6}.get(family, 4)  # one token's experts: 4 (or 2, 3) MoE layers x top-2
     loaded = load(store, name, torch.float32, backend="gpu", device="cuda", cache_slots=slots, mode=mode,
                   profile=PROFILE, prefill_min_tokens=8, **split)
     for model in (reference, loaded.model.model):

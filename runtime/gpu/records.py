@@ -41,8 +41,7 @@ COPIED_EXPERTS = 8
 
 
 class UnsupportedOnDevice(ValueError):
-    """The device cannot compute this bank's experts (a GGML block quant with no device path,
-    expert biases)."""
+    """The device cannot compute this bank's experts (a GGML block quant with no device path)."""
 
 
 def check_device_layout(layout: ExpertBank) -> None:
@@ -54,11 +53,6 @@ def check_device_layout(layout: ExpertBank) -> None:
             f"layer {layout.layer}: expert parts {', '.join(quantized)} are GGML block quants the GPU cannot read "
             f"yet (it reads {', '.join(sorted(DEVICE_BLOCK_DTYPES))}); run this model with mode='cpu' (experts on "
             "the CPU), or pull a Q4_K_M, Q5_K_M, Q6_K or Q8_0 file")
-    biases = [p.name for p in layout.parts if p.name.endswith("_bias")]
-    if biases:  # (gpt-oss's: no device path adds them yet)
-        raise UnsupportedOnDevice(
-            f"layer {layout.layer}: expert parts {', '.join(biases)} are biases the GPU's expert paths do not add "
-            "yet; run this model with mode='cpu' (`ft run --mode cpu`: dense weights on the GPU, experts on the CPU)")
 
 
 class RecordViews:
@@ -80,6 +74,14 @@ class RecordViews:
                 self.parts[p.name], self.blocks[p.name] = raw, (p.dtype, tuple(p.shape))
             else:
                 self.parts[p.name] = raw.view(torch_dtype_of(p.dtype)).view(n, *p.shape)
+
+    def biases(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(w13_bias [n, 2I], w2_bias [n, H]) of `rows` (as `weights` takes them) in `dtype`, where
+        the records have biases (gpt-oss's experts); else None."""
+        if "w13_bias" not in self.parts:
+            return None
+        index = slice(rows, rows + 1) if isinstance(rows, int) else rows
+        return self.parts["w13_bias"][index].to(dtype), self.parts["w2_bias"][index].to(dtype)
 
     def in_place(self, dtype: torch.dtype) -> bool:
         """Whether `weights` of a slice in `dtype` are views of the records (nothing copied)."""
@@ -128,13 +130,18 @@ def dequantize_fp8(w: torch.Tensor, scales: list[torch.Tensor], block: tuple[int
 
 
 def swiglu_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                   activation: ExpertActivation = SWIGLU) -> torch.Tensor:
+                   activation: ExpertActivation = SWIGLU,
+                   biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (every token through every expert) or [n, T, H] (expert i's own tokens) through n
     experts: w13 [n, 2I, H], w2 [n, H, I] -> [n, T, H]; gate and up combined by `activation`
-    (the bank layout's)."""
+    (the bank layout's); `biases` (w13_bias [n, 2I], w2_bias [n, H]: `RecordViews.biases`) added
+    to each projection's output where the records have them."""
     h = torch.matmul(x, w13.transpose(1, 2))  # [n, T, 2I]
+    if biases is not None:
+        h = h + biases[0][:, None, :]
     gate, up = h.chunk(2, dim=-1)
-    return torch.matmul(activate(activation, gate, up), w2.transpose(1, 2))  # [n, T, H]
+    y = torch.matmul(activate(activation, gate, up), w2.transpose(1, 2))  # [n, T, H]
+    return y if biases is None else y + biases[1][:, None, :]
 
 
 @dataclass
@@ -213,7 +220,7 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
     max_rows = max(plan.pairs.numel() // GROUP_PAIRS_PER_ROW, x.shape[0])
     if num <= MAX_BATCHED_EXPERTS and x.shape[0] * num <= min(4 * plan.pairs.numel(), max_rows):
         w13, w2 = views.weights(plan.rows, dtype)
-        y = swiglu_experts(xs, w13, w2, views.layout.activation)  # [n, T, H]
+        y = swiglu_experts(xs, w13, w2, views.layout.activation, views.biases(plan.rows, dtype))  # [n, T, H]
         out.index_add_(0, plan.tokens, (y[plan.inverse, plan.tokens] * pair_weights[:, None]).to(out.dtype))
         return
     grouped = _grouped_kernel(x, views, dtype)
@@ -233,7 +240,7 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
         padded = torch.zeros(high + 1 - low, max(counts), x.shape[1], dtype=dtype, device=x.device)  # [n, t, H]
         padded[group, position] = xs[tokens]
         w13, w2 = views.weights(slice(low, high + 1), dtype)
-        y = swiglu_experts(padded, w13, w2, views.layout.activation)  # [n, t, H]
+        y = swiglu_experts(padded, w13, w2, views.layout.activation, views.biases(slice(low, high + 1), dtype))
         del padded, w13, w2  # (before the rows below are taken: what a run holds at once stays its rows')
         picked = y[group, position]  # [P', H]
         del y
@@ -247,7 +254,7 @@ def _grouped_kernel(x: torch.Tensor, views: RecordViews, dtype: torch.dtype) -> 
     """The grouped-GEMM kernel for a many-expert call, where it applies: on CUDA with triton, over
     float records read in place in the compute dtype. Else None (padded runs of experts, below)."""
     if (x.device.type != "cuda" or not views.in_place(dtype) or dtype not in (torch.bfloat16, torch.float16)
-            or not plain(views.layout.activation)):  # (its combine is silu(gate) * up)
+            or not plain(views.layout.activation) or "w13_bias" in views.parts):  # (silu(gate) * up, no biases)
         return None
     module = triton_module("grouped_experts")
     return module.grouped_experts if module is not None else None

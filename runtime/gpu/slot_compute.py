@@ -8,7 +8,10 @@ bf16/f16 records on CUDA go through the Triton kernel that reads the slots in pl
 their 128 x 128 block scales, through kernels that dequantize them in registers where they lie
 (kernels/block_gemv.py, kernels/fp8_gemv.py: gate and up, the activation, down, a few launches);
 other dtypes (the other GGML types) and the CPU gather the used slots' weights and run one batched
-matmul (records.RecordViews).
+matmul (records.RecordViews). Every path computes the bank's own activation (ftw.format
+ExpertActivation) and adds its experts' biases where the records have them (gpt-oss's): the
+pairs' bias parts are gathered from their slots (a few KB a pair), so a call with biases makes its
+fills before it (`fills_in_launch`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ import torch
 
 from ftw import ExpertBank
 from ftw.format import SWIGLU, ExpertActivation
+from ftw.reader import torch_dtype_of
 
-from ..experts.activation import activate, plain
+from ..experts.activation import activate
 from .kernels import RoutePlan, triton_module
+from .kernels.slot_experts_ref import ACTIVATIONS
 from .records import RecordViews, swiglu_experts
+
+BIAS_PARTS = ("w13_bias", "w2_bias")
 
 
 def _kernel():
@@ -48,10 +55,27 @@ def pairs_of(plan: RoutePlan, weights: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def in_place_dtype(layout: ExpertBank) -> torch.dtype | None:
     """The weights' dtype when the kernel can read this layout's records in place, else None."""
-    names = {p.name: p.dtype for p in layout.parts}
+    names = {p.name: p.dtype for p in layout.parts if p.name not in BIAS_PARTS}
     if set(names) != {"w13", "w2"} or names["w13"] != names["w2"]:
         return None
     return _IN_PLACE_DTYPES.get(names["w13"])
+
+
+def has_biases(layout: ExpertBank) -> bool:
+    return any(p.name in BIAS_PARTS for p in layout.parts)
+
+
+def pair_biases(slots: torch.Tensor, slot: torch.Tensor, layout: ExpertBank) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate|up bias float32 [P, 2I], down bias float32 [P, H]) of each pair's expert, read from its
+    slot's bias parts (only those bytes are gathered); zeros for pairs not on the device (slot -1)."""
+    on_device = (slot >= 0)[:, None]
+    rows = slot.clamp(min=0).long()
+    out = []
+    for name in BIAS_PARTS:
+        part = layout.part(name)
+        raw = slots[:, part.offset: part.offset + part.nbytes][rows]  # [P, nbytes]: a gather of these bytes only
+        out.append(torch.where(on_device, raw.view(torch_dtype_of(part.dtype)).float(), 0.0))
+    return out[0], out[1]
 
 
 def block_parts(layout: ExpertBank, kinds) -> dict | None:
@@ -147,7 +171,7 @@ def fills_in_launch(layout: ExpertBank, x: torch.Tensor) -> bool:
     """Whether `add_slot_experts` can make the plan's PCIe fills in its own launch for this call:
     the kernel reads the layout in place, and the call is one token, whose pairs share a filled
     expert only where the routing repeats an id (each pair reads its expert itself)."""
-    return (x.is_cuda and x.shape[0] == 1 and in_place_dtype(layout) is not None and plain(layout.activation)
+    return (x.is_cuda and x.shape[0] == 1 and in_place_dtype(layout) is not None and not has_biases(layout)
             and _kernel() is not None)
 
 
@@ -165,17 +189,22 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
     token, slot, weight = pairs_of(plan, weights)
     layout = views.layout
     dtype = in_place_dtype(layout)
-    # (the slot kernel's combine is silu(gate) * up: other activations take the paths below)
-    slot_experts = _kernel() if x.is_cuda and dtype is not None and plain(layout.activation) else None
+    slot_experts = _kernel() if x.is_cuda and dtype is not None else None
     if fill_bank is not None and not fills_in_launch(layout, x):
         raise ValueError("add_slot_experts: this call's fills cannot be made in the launch (see fills_in_launch)")
+    biases = pair_biases(slots, slot, layout) if has_biases(layout) else None
     if slot_experts is not None:
         parts = {p.name: p for p in layout.parts}
         hidden, inter = parts["w2"].shape
+        activation = layout.activation
         slot_experts(x.to(compute_dtype), slots, token, slot, weight, w13_offset=parts["w13"].offset,
                      w2_offset=parts["w2"].offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
                      fill_bank=fill_bank, pair_fill=plan.pair_fill if fill_bank is not None else None,
-                     zero_out=zero_out)
+                     zero_out=zero_out, act=ACTIVATIONS[activation.kind], alpha=activation.alpha,
+                     limit=activation.limit if activation.limit is not None else float("inf"),
+                     pair_bias=biases[0] if biases is not None else None)
+        if biases is not None:  # the down bias, weighted like the rest of the expert's output
+            out.index_add_(0, token.long(), biases[1] * weight.float()[:, None])
         return
     block = triton_module("block_gemv") if x.is_cuda and dtype is None else None
     parts = block_parts(layout, block.KINDS) if block is not None else None
@@ -191,7 +220,9 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
                          layout.activation)
         return
     on_device = slot >= 0
-    w13, w2 = views.weights(slot.clamp(min=0).long(), compute_dtype)  # [P, 2I, H], [P, H, I]
-    y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2, layout.activation)[:, 0]  # [P, H]
+    rows = slot.clamp(min=0).long()
+    w13, w2 = views.weights(rows, compute_dtype)  # [P, 2I, H], [P, H, I]
+    y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2, layout.activation,
+                       views.biases(rows, compute_dtype))[:, 0]  # [P, H]
     y = torch.where(on_device[:, None], y.to(torch.float32) * weight.float()[:, None], 0.0)  # never-filled slots: not even NaN
     out.index_add_(0, token.long(), y)

@@ -43,10 +43,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "qwen3_next": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
 }
 
-# where a family runs other than everywhere: the GPU's expert paths add no expert biases yet
-# (runtime/gpu/records.py check_device_layout), so its GPU backend computes the experts on the CPU
-RUNS_ON = {"gpt_oss": "CPU, and GPU with the experts on the CPU (mode cpu)"}
-
 HEADER = ("family", "HF model_type", "GGUF architecture", "attention", "routing", "runs on", "tested how")
 
 
@@ -61,7 +57,7 @@ def rows() -> list[tuple[str, ...]]:
         types = FAMILIES[family].model_types
         tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if family in gguf else "")
         out.append((family, ", ".join(types), ", ".join(gguf.get(family, [])) or "-", attention, routing,
-                    RUNS_ON.get(family, "CPU and GPU (hybrid)"), tested))
+                    "CPU and GPU (hybrid)", tested))
     return out
 
 

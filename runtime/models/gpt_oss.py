@@ -4,9 +4,9 @@ ones attend within a window of `sliding_window` positions, full ones to everythi
 (rotate-half) on both. Every layer is a MoE: a router with a bias, softmax over its top-k logits,
 experts with biases and gpt-oss's clamped SwiGLU (their records carry both: the converter writes
 the activation into each bank, ftw/families.py, and the executor computes it). The CPU executor's
-torch path computes them (the compiled kernel refuses such banks); no device path adds expert
-biases yet, so the GPU backend runs them in mode "cpu" and refuses the others
-(runtime/gpu/records.py).
+torch path computes them (the compiled kernel refuses such banks); on the GPU the slot kernel
+computes the activation and the gate|up biases, gathered from the pairs' slots, and the down bias
+is added after it (runtime/gpu/slot_compute.py).
 
 RMSNorm as GptOssRMSNorm has it: the weight kept in float32 (transformers' _keep_in_fp32_modules)
 times the float32 normalized input, cast back after the multiply.

@@ -9,7 +9,8 @@ times (gather read, gather write, bmm read):
    against x[t] over one of SPLIT spans of H (fp32 partial sums kept 2-d, reduced across
    threads once); the span's sums of g and u into an fp32 scratch [SPLIT, P, 2, I].
 2. grid (P, H / BLOCK_O, I / K_SPAN): rows [h0, h0 + BLOCK_O) of W2 over one span of I, against
-   act = silu(g) * u made from the SPLIT partials (added in split order); atomic add of
+   act = silu(g) * u made from the SPLIT partials (added in split order; the pair's gate|up bias
+   added where given, the activation the bank's: ACT, see slot_experts_ref.py); atomic add of
    weight * y into out[t] (fp32; several pairs and spans share a token).
 
 Every program's tiles are unrolled, their loads 16-byte vectors (BANK_ALIGN keeps them so on the
@@ -53,6 +54,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import dependent_launch
 from .slot_experts_ref import check_slot_experts_args
+
+
+@triton.jit
+def _activation(g, u, alpha, limit, ACT: tl.constexpr):
+    """act(g, u) in fp32 for an ACTIVATIONS code (slot_experts_ref.activation_ref)."""
+    if ACT == 0:
+        return g / (1.0 + tl.exp(-g)) * u
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    if ACT == 1:
+        return g / (1.0 + tl.exp(-g)) * u
+    return g / (1.0 + tl.exp(-alpha * g)) * (u + 1.0)
 
 
 @triton.jit
@@ -142,10 +155,10 @@ def _gate_up_kernel(
 @triton.jit(do_not_specialize=["bank_addr", "bank_stride"])
 def _down_kernel(
     part_ptr, w_ptr, stride_slot, w2_at,
-    token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out, bank_addr, bank_stride, fill_ptr,
+    token_ptr, slot_ptr, weight_ptr, out_ptr, stride_out, bank_addr, bank_stride, fill_ptr, bias_ptr, alpha, limit,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr,
     SPLIT: tl.constexpr, EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr,
-    EARLY: tl.constexpr, PDL: tl.constexpr,
+    EARLY: tl.constexpr, PDL: tl.constexpr, ACT: tl.constexpr, BIAS: tl.constexpr,
 ):
     p = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)  # [BLOCK_O] rows of W2 = output features
@@ -195,7 +208,10 @@ def _down_kernel(
         for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
             g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
             u += tl.load(pair_part + s * split_stride + INTER + i, mask=i < INTER, other=0.0)
-        act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u, fp32
+        if BIAS:  # the pair's gate and up biases [2I], fp32
+            g += tl.load(bias_ptr + p * (2 * INTER) + i, mask=i < INTER, other=0.0)
+            u += tl.load(bias_ptr + p * (2 * INTER) + INTER + i, mask=i < INTER, other=0.0)
+        act = _activation(g, u, alpha, limit, ACT)  # silu(g) * u for plain SwiGLU, fp32
         y += w.to(tl.float32) * act[None, :]
     y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
     if EVEN:
@@ -230,7 +246,8 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
                  dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
                  pair_fill: torch.Tensor | None = None, zero_out: bool = False, block_i: int = 8, block_h: int = 512,
                  split_h: int = 4, block_o: int = 32, block_k: int = 256, split_k: int = 4,
-                 num_warps: int = 4, early_reads: bool | None = None) -> None:
+                 num_warps: int = 4, early_reads: bool | None = None, act: int = 0, alpha: float = 1.0,
+                 limit: float = float("inf"), pair_bias: torch.Tensor | None = None) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
     expert_{pair_slot[p]}(x[t]), the expert's weights read in place from slot pair_slot[p].
 
@@ -257,10 +274,14 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     `early_reads`: the down pass reads its pair's plan and first W2 tile before it waits for the
     gate pass; by default where the launches use PDL (a step graph), the only place the reads
     can overlap the gate pass (the tests also set it under the interpreter).
+
+    `act` (an ACTIVATIONS code, with `alpha` and `limit`) and `pair_bias` (float32 [P, 2I], the
+    pairs' gate and up biases, gathered before the launch: not with fills): the bank's own expert
+    form, as slot_experts_ref.py says. The down bias is the caller's to add.
     """
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
                                             w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
-                                            fill_bank=fill_bank, pair_fill=pair_fill)
+                                            fill_bank=fill_bank, pair_fill=pair_fill, act=act, pair_bias=pair_bias)
     num_pairs = pair_slot.numel()
     if num_pairs == 0 or slots.shape[0] == 0:
         if zero_out:
@@ -292,8 +313,9 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o), triton.cdiv(inter, k_span))](
         partials, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),
-        bank_addr, bank_stride, fill_ptr, HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
+        bank_addr, bank_stride, fill_ptr, pair_bias if pair_bias is not None else partials, float(alpha),
+        float(min(limit, 3.0e38)), HIDDEN=hidden, INTER=inter, BLOCK_O=block_o, BLOCK_K=block_k,
         K_SPAN=k_span, SPLIT=splits, EVEN=hidden % block_o == 0 and inter % k_span == 0, FILL=fills, ESIZE=esize,
-        BANK_ALIGN=bank_align, EARLY=pdl if early_reads is None else early_reads, PDL=pdl, num_warps=num_warps,
-        launch_pdl=pdl,
+        BANK_ALIGN=bank_align, EARLY=pdl if early_reads is None else early_reads, PDL=pdl, ACT=act,
+        BIAS=pair_bias is not None, num_warps=num_warps, launch_pdl=pdl,
     )

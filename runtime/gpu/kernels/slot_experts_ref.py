@@ -7,9 +7,14 @@ rows W1 first, then up rows W3; `w2` [H, I]), so the caller never gathers a copy
 Arithmetic, exactly (both files): x and the weights are upcast to fp32, every product and sum
 is fp32, and nothing is rounded in between:
 
-    g = x[t] @ W1^T, u = x[t] @ W3^T            # [I], fp32
+    g = x[t] @ W1^T, u = x[t] @ W3^T            # [I], fp32 (+ the pair's gate|up bias, where given)
     act = silu(g) * u                           # [I], fp32 (not rounded to `dtype`)
     out[t] += weight * (act @ W2^T)             # [H], fp32
+
+`act` is the bank's activation (`ACTIVATIONS`: "swiglu" as above; "swiglu_limited", DeepSeek-V4's,
+with g clamped to at most `limit` and u to [-limit, limit] first; "swiglu_clamped", gpt-oss's,
+g * sigmoid(alpha * g) * (u + 1) on the same clamps). `pair_bias` float32 [P, 2I]: the gate and up
+biases of each pair's expert, gathered by the caller (the down bias it adds itself, outside).
 
 Products of two bf16 (or two f16) values are exact in fp32, so the two twins differ only by the
 order of the fp32 sums (and the order of the atomic adds into `out`): |diff| stays around
@@ -27,13 +32,23 @@ import torch
 import torch.nn.functional as F
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
+ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2}  # the kernels' ACT codes
+
+
+def activation_ref(g: torch.Tensor, u: torch.Tensor, act: int, alpha: float, limit: float) -> torch.Tensor:
+    """act(g, u) in fp32 for an ACTIVATIONS code (runtime/experts/activation.py's formulas)."""
+    if act == 0:
+        return F.silu(g) * u
+    g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    return F.silu(g) * u if act == 1 else g * torch.sigmoid(alpha * g) * (u + 1)
 
 
 def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
                             pair_slot: torch.Tensor, pair_weight: torch.Tensor, *, w13_offset: int,
                             w2_offset: int, hidden: int, inter: int, dtype: torch.dtype,
                             out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                            pair_fill: torch.Tensor | None = None) -> tuple[int, int]:
+                            pair_fill: torch.Tensor | None = None, act: int = 0,
+                            pair_bias: torch.Tensor | None = None) -> tuple[int, int]:
     """Raise TypeError / ValueError on arguments the kernel cannot take (shapes, dtypes, offsets);
     returns the element offsets (w13, w2) inside a record. Reads shapes only: no host sync."""
     if dtype not in WEIGHT_DTYPES:
@@ -61,6 +76,14 @@ def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: to
                              f"of a {slot_bytes}-byte slot")
     if slots.stride(0) % esize:
         raise ValueError(f"slot_experts: slot stride {slots.stride(0)} bytes is not a multiple of {esize}")
+    if act not in ACTIVATIONS.values():
+        raise ValueError(f"slot_experts: act is an ACTIVATIONS code ({sorted(ACTIVATIONS.values())}), not {act}")
+    if pair_bias is not None and (pair_bias.dtype != torch.float32 or pair_bias.shape != (num_pairs, 2 * inter)
+                                  or not pair_bias.is_contiguous()):
+        raise TypeError(f"slot_experts: pair_bias must be contiguous float32 [P, 2I] = [{num_pairs}, {2 * inter}], got "
+                        f"{pair_bias.dtype} {tuple(pair_bias.shape)}")
+    if pair_bias is not None and fill_bank is not None:
+        raise ValueError("slot_experts: pair_bias is gathered from the slots before the launch, so fills go first")
     if (fill_bank is None) != (pair_fill is None):
         raise ValueError("slot_experts: fill_bank and pair_fill come together (fills in the launch) or not at all")
     if fill_bank is not None:
@@ -85,9 +108,11 @@ def slot_weights(slots: torch.Tensor, offset_elems: int, shape: tuple[int, int],
 def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor, pair_slot: torch.Tensor,
                      pair_weight: torch.Tensor, *, w13_offset: int, w2_offset: int, hidden: int, inter: int,
                      dtype: torch.dtype, out: torch.Tensor, fill_bank: torch.Tensor | None = None,
-                     pair_fill: torch.Tensor | None = None, zero_out: bool = False) -> None:
+                     pair_fill: torch.Tensor | None = None, zero_out: bool = False, act: int = 0,
+                     alpha: float = 1.0, limit: float = float("inf"), pair_bias: torch.Tensor | None = None) -> None:
     """out[t] += sum over pairs p with pair_token[p] == t and pair_slot[p] >= 0 of pair_weight[p] *
-    expert_{pair_slot[p]}(x[t]); arithmetic in the module docstring. Skipped pairs (slot -1) read
+    expert_{pair_slot[p]}(x[t]); arithmetic in the module docstring (`act`, `alpha`, `limit`,
+    `pair_bias` there too). Skipped pairs (slot -1) read
     nothing that matters: their token and weight may hold anything.
 
     With `fill_bank` and `pair_fill`: first, for every pair with pair_fill[p] = e >= 0, the w13
@@ -95,7 +120,7 @@ def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Ten
     `zero_out`: out = the sum instead of out += it."""
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
                                             w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
-                                            fill_bank=fill_bank, pair_fill=pair_fill)
+                                            fill_bank=fill_bank, pair_fill=pair_fill, act=act, pair_bias=pair_bias)
     if zero_out:
         out.zero_()
     if pair_slot.numel() == 0 or slots.shape[0] == 0:
@@ -115,6 +140,8 @@ def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Ten
     w2 = slot_weights(slots, w2_at, (hidden, inter), dtype)[slot].float()  # [P, H, I]
     xs = x[token].float()  # [P, H]
     h = torch.einsum("ph,pjh->pj", xs, w13)  # [P, 2I]
-    act = F.silu(h[:, :inter]) * h[:, inter:]  # [P, I]
-    y = torch.einsum("pi,phi->ph", act, w2) * pair_weight.float()[:, None]  # [P, H]
+    if pair_bias is not None:
+        h = h + pair_bias.float()
+    a = activation_ref(h[:, :inter], h[:, inter:], act, alpha, limit)  # [P, I]
+    y = torch.einsum("pi,phi->ph", a, w2) * pair_weight.float()[:, None]  # [P, H]
     out.index_add_(0, token, torch.where(used[:, None], y, 0.0))  # where, not a 0 weight: a skipped slot may hold NaNs
