@@ -139,8 +139,14 @@ def run_ft(args: argparse.Namespace, name: str, *, vram_mib: int | None, threads
             "threads": threads, "num_ctx": num_ctx, "prompt_lengths": prompts, "decode_tokens": decode,
             "decode_prompt": 1, "reps": args.reps, "mode": args.mode, "trace": str(trace) if trace else None}
     with VramPeak() as v:
-        done = subprocess.run([sys.executable, __file__, "ft-one", json.dumps(spec)], capture_output=True, text=True,
-                              timeout=args.ft_timeout)
+        try:
+            done = subprocess.run([sys.executable, __file__, "ft-one", json.dumps(spec)], capture_output=True,
+                                  text=True, timeout=args.ft_timeout)
+        except subprocess.TimeoutExpired as e:  # what it said (its stacks, with --tracebacks-every) is kept
+            said = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            print(f"ft timed out after {args.ft_timeout} s at {vram_mib} MiB, {threads} threads:\n{said[-6000:]}",
+                  flush=True)
+            return [], {"error": f"timed out after {args.ft_timeout} s", "stderr_tail": said[-600:]}, v.peak_mib
     if done.returncode != 0:
         print(f"ft failed at {vram_mib} MiB, {threads} threads:\n{done.stderr[-3000:]}", flush=True)
         return [], {"error": done.stderr[-600:]}, v.peak_mib
@@ -154,6 +160,11 @@ def run_ft(args: argparse.Namespace, name: str, *, vram_mib: int | None, threads
 
 def ft_one(spec_json: str) -> None:
     from benchmarks.race.ft_side import FtRun, measure
+
+    if every := float(os.environ.get("FT_RACE_TRACEBACKS_S", "0")):  # a hang hunt: every thread's stack, on stderr
+        import faulthandler
+
+        faulthandler.dump_traceback_later(every, repeat=True)
 
     spec = json.loads(spec_json)
     spec["store"] = Path(spec["store"])
@@ -233,6 +244,8 @@ def main() -> None:
     parser.add_argument("--device", default="gpu")
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tracebacks-every", type=float, default=0,
+                        help="seconds: ft's side prints every thread's stack this often (a hang hunt)")
     parser.add_argument("--fill-pricing", choices=("hit_rate", "worth"),
                         help="what ft's auto charges a CPU-served miss (FT_FILL_PRICING; default: ft's own)")
     parser.add_argument("--quant", help="race llama-quantize's file of this type (Q4_K_M, Q8_0, ...), not the bf16 one")
@@ -250,6 +263,8 @@ def main() -> None:
         return
     if args.fill_pricing:  # ft's side runs in child processes, which read it from the environment
         os.environ["FT_FILL_PRICING"] = args.fill_pricing
+    if args.tracebacks_every:
+        os.environ["FT_RACE_TRACEBACKS_S"] = str(args.tracebacks_every)
     args.settings = [int(s) for s in args.settings.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
     args.prompts = [int(p) for p in args.prompts.split(",")]
