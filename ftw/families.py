@@ -215,6 +215,12 @@ def _glm4_moe_lite_layers(c: dict[str, Any]) -> list[int]:
     return _first_k_dense_layers({**c, "first_k_dense_replace": 1, "moe_layer_freq": 1})
 
 
+def _deepseek_v32_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (DeepseekV32Config's
+    default 3), the rest MoE (transformers reads no moe_layer_freq for this family)."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 3), "moe_layer_freq": 1})
+
+
 def _exaone_moe_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (ExaoneMoeConfig's
     default 1, not DeepSeek's 0), the rest MoE."""
@@ -317,6 +323,10 @@ FAMILIES: dict[str, Family] = {
             "glm4_moe", ("glm4_moe",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
         ),
+        Family(  # (every layer MoE: transformers reads no first_k_dense_replace for Solar Open)
+            "solar_open", ("solar_open",), ("n_routed_experts", "num_local_experts"), _all_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
+        ),
         Family(
             "glm4_moe_lite", ("glm4_moe_lite",), ("n_routed_experts", "num_local_experts"), _glm4_moe_lite_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
@@ -333,6 +343,10 @@ FAMILIES: dict[str, Family] = {
         Family(
             "glm_moe_dsa", ("glm_moe_dsa",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
+        ),
+        Family(
+            "deepseek_v32", ("deepseek_v32",), ("n_routed_experts", "num_local_experts"), _deepseek_v32_layers,
+            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
         ),
         Family(  # (every layer MoE; one shared expert whatever n_shared_experts, as transformers builds it)
             "deepseek_v4", ("deepseek_v4",), ("n_routed_experts", "num_local_experts"), _all_layers,

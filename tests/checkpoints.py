@@ -93,12 +93,28 @@ FAMILY_CONFIGS: dict[str, dict] = {
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, index_topk=8, index_head_dim=16,
         index_n_heads=2, n_group=1, topk_group=1,
     ),
+    # every layer indexed (6 of up to 44 tokens a query: most attend to a selection), two leading dense
+    # layers, two groups of four experts keeping one; 16 indexer heads and wide weights, so that few
+    # tokens score exactly 0 after the relu and tie (tests/test_parity_deepseek.py, "ties")
+    "deepseek_v32": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=4,
+        n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=2, kv_lora_rank=16, q_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, index_topk=6, index_head_dim=16,
+        index_n_heads=16, n_group=2, topk_group=1, initializer_range=0.15,
+    ),
     # Qwen3's attention with DeepSeek-V3's MoE: a leading dense layer, two groups keeping one,
     # renormalized and scaled top-k weights, two shared experts, attention biases
     "dots1": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
         head_dim=16, n_routed_experts=8, n_shared_experts=2, first_k_dense_replace=1, n_group=2, topk_group=1,
         norm_topk_prob=True, routed_scaling_factor=2.5, attention_bias=True,
+    ),
+    # Llama's attention (biases on q, k and v) with GLM-4.5's MoE on every layer: two groups keeping one,
+    # renormalized and scaled top-k weights, two shared experts (one MLP twice moe_intermediate_size wide)
+    "solar_open": dict(
+        SMALL, num_hidden_layers=2, moe_intermediate_size=32, num_key_value_heads=2, head_dim=16,
+        n_routed_experts=8, n_shared_experts=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        attention_bias=True,
     ),
     # MLA with the low-rank query, GLM's MoE from `mlp_layer_types` (dense layers between MoE ones),
     # two expert groups keeping one; wider weights so a wrong rotation or scale moves the logits
@@ -177,13 +193,15 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "exaone_moe": ("e_score_correction_bias", "q_norm.", "k_norm."),
     "llama4": ("layernorm.", "language_model.model.norm."),
     "dots1": ("norm.weight", "_proj.bias"),  # (q/k norms before RoPE; attention biases)
+    "deepseek_v32": ("indexer.k_norm.", "e_score_correction_bias"),
+    "solar_open": ("layernorm.", "model.norm.", "_proj.bias", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
     "gpt_oss": ("layernorm.", "model.norm.", "_proj.bias", "_proj_bias", "sinks"),
 }
 
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
-            "gpt_oss")
+            "gpt_oss", "solar_open", "deepseek_v32")
 
 
 def build_model(family: str, seed: int = 0):

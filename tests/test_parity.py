@@ -49,6 +49,9 @@ FAMILIES = [
     pytest.param("dbrx", False, id="dbrx"),
     pytest.param("flex_olmo", False, id="flex_olmo"),
     pytest.param("gpt_oss", False, id="gpt_oss"),
+    pytest.param("solar_open", False, id="solar_open"),
+    pytest.param("solar_open", True, id="solar_open-fused"),
+    pytest.param("deepseek_v32", False, id="deepseek_v32"),
 ]
 
 

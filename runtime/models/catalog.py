@@ -17,6 +17,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "dbrx": ("GQA, fused Wqkv clipped, LayerNorm", "softmax top-k, p-norm renormalized"),
     "deepseek_v2": ("MLA (latent KV)", "softmax greedy or group-limited, shared experts"),
     "deepseek_v3": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
+    "deepseek_v32": ("MLA with a sparse-attention indexer (DSA) on every layer",
+                     "sigmoid + bias, group-limited top-k, shared experts"),
     "deepseek_v4": ("sliding window + compressed KV (CSA with an indexer, HCA), sinks, grouped output, "
                     "hyper-connections", "sqrt-softplus + bias or hashed by token, shared expert, clamped SwiGLU"),
     "dots1": ("GQA, QK norm", "sigmoid + bias, group-limited top-k, shared experts"),
@@ -41,6 +43,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "qwen3_5_moe": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
     "qwen3_moe": ("GQA, QK norm", "softmax top-k renormalized"),
     "qwen3_next": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
+    "solar_open": ("GQA", "sigmoid + bias, group-limited top-k, shared experts"),
 }
 
 HEADER = ("family", "HF model_type", "GGUF architecture", "attention", "routing", "runs on", "tested how")

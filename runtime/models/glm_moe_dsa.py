@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from ..experts import ExpertExecutor
 from ..layers.attention import Start, store
 from ..layers.linear import linear
 from ..layers.mla import MLACache, MLAttention
-from ..layers.rope import apply_rotary_interleaved
+from ..layers.rope import apply_rotary, apply_rotary_interleaved
 from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel, DecodeState
 from .deepseek_v3 import block, ffn, rotary
@@ -32,19 +33,22 @@ KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight", "indexer.weights_p
 
 class Indexer:
     """DSA's indexer (`self_attn.indexer.*`): per query, a score for every visible token from its
-    own small heads (relu(q.k), weighted per head by `weights_proj`), and the top `index_topk`."""
+    own small heads (relu(q.k), weighted per head by `weights_proj`), and the top `index_topk`.
+    Its rotated channels turn as interleaved pairs (GLM-5's) or as halves (`interleave` false:
+    DeepSeek-V3.2's, deepseek_v32.py)."""
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, *, interleave: bool = True) -> None:
         self.wq_b, self.wk = weights.get(prefix + "wq_b.weight"), weights.get(prefix + "wk.weight")
         self.k_norm, self.k_norm_bias = weights.get(prefix + "k_norm.weight"), weights.get(prefix + "k_norm.bias")
         self.weights_proj = weights.get(prefix + "weights_proj.weight")
         self.heads, self.head_dim = int(config.get("index_n_heads")), int(config.get("index_head_dim"))
         self.rope_dim, self.topk = int(config.get("qk_rope_head_dim")), int(config.get("index_topk"))
+        self.rotate = apply_rotary_interleaved if interleave else apply_rotary
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # unlike MLA, the rotated channels come first here
         rot, rest = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
-        return torch.cat((apply_rotary_interleaved(rot, cos, sin), rest), dim=-1)
+        return torch.cat((self.rotate(rot, cos, sin), rest), dim=-1)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """This step's indexer keys [T, index_head_dim], as cached for decode."""
@@ -151,16 +155,22 @@ def indexer_types(config: ModelConfig) -> list[str]:
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
+    return build_dsa(config, weights, executor, dtype, DEFAULTS, indexer_types(config), indexer_interleave=True)
+
+
+def build_dsa(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype,
+              defaults: dict[str, Any], kinds: list[str], *, indexer_interleave: bool) -> DecoderModel:
+    """The DSA model with a family's `defaults`, "full"/"shared" layer `kinds` and indexer rotation
+    (DeepSeek-V3.2's is this model with every layer full and its indexer's halves turned)."""
     if config.get("q_lora_rank") is None:
-        raise ValueError("glm_moe_dsa needs q_lora_rank: its indexer reads the low-rank query")
-    kinds = indexer_types(config)
+        raise ValueError(f"{config.family} needs q_lora_rank: its indexer reads the low-rank query")
     if kinds[0] != "full":
         raise ValueError(f"indexer_types {kinds} starts with {kinds[0]!r}: layer 0 has no selection to share")
     rope, blocks = rotary(config), []
     for i in range(config.num_layers):
         p = f"model.layers.{i}.self_attn."
-        mla = MLAttention(config, weights, p, rope, dtype, interleave=True)  # GLM always interleaves
-        indexer = Indexer(config, weights, p + "indexer.") if kinds[i] == "full" else None
+        mla = MLAttention(config, weights, p, rope, dtype, interleave=True)  # (both always interleave MLA's)
+        indexer = Indexer(config, weights, p + "indexer.", interleave=indexer_interleave) if kinds[i] == "full" else None
         attention = DSAttention(mla, indexer, int(config.get("index_head_dim")))
-        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, DEFAULTS)))
+        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, defaults)))
     return DSAModel(config, weights, blocks, dtype)

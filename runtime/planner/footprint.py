@@ -187,10 +187,11 @@ def _compressed(c: dict[str, Any], b: int) -> KVLayout:
 
 KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
               "deepseek_v2": _mla, "glm_moe_dsa": _mla, "deepseek_v4": _compressed,
+              "deepseek_v32": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "glm4_moe_lite": _mla,
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
-              "dots1": _gqa,
+              "dots1": _gqa, "solar_open": _gqa,
               "phimoe": _gqa, "dbrx": _gqa, "flex_olmo": _gqa,
               "gpt_oss": _gqa}  # (its sliding-window layers keep every token, as the runtime's KV cache does)
 
