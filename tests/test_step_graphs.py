@@ -508,3 +508,79 @@ def test_a_refused_capture_is_tried_again_only_where_it_may_not_fail_again(monke
     for n in range(20):
         assert steps.run("decode", lambda n=n: n) == n
     assert len(tries) == (1 if error == "not capturable" else 5) and steps.refused == len(tries)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_a_capture_that_failed_in_a_fresh_pool_leaves_later_captures_working() -> None:
+    """A capture that fails before any graph was captured (put off: CaptureLater, raised inside
+    the capture) must not poison the next: torch's allocator asserts `use_count > 0` on a
+    capture into a pool whose only user gave it back. On the H200 that refused every capture
+    of the race at -ncmoe 8 after one put-off, and the decode ran layer by layer at 31 tok/s."""
+    import contextlib
+
+    from runtime.gpu.step_graphs import CaptureLater, StepCapture, StepGraphs
+
+    class Executor:
+        device, graphs, step_graphs, cpu_share = torch.device("cuda"), object(), True, None
+        cache = type("Cache", (), {"generation": 0})()
+
+        def begin_step(self, queued: bool = False) -> str:
+            return "arm"
+
+        @contextlib.contextmanager
+        def capturing_step(self):
+            yield StepCapture()
+
+        def end_step(self, count: int) -> None:
+            pass
+
+    steps = StepGraphs(Executor())  # type: ignore[arg-type]
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    fail = {"now": True}
+
+    def step() -> torch.Tensor:
+        y = x * 2 + 1  # allocated from the capture's pool
+        if torch.cuda.is_current_stream_capturing() and fail["now"]:
+            fail["now"] = False
+            raise CaptureLater("a split table changed")
+        return y
+
+    outs = [steps.run("decode", step).clone() for _ in range(6)]
+    assert steps.put_off == 1 and steps.refused == 0 and steps.captures == 1 and steps.replays >= 1
+    for out in outs:
+        assert torch.equal(out, x * 2 + 1)
+
+
+def test_a_pool_left_without_a_graph_is_not_captured_into_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which pool a capture after a failed one uses: the same where captured graphs hold it
+    (their references keep it alive), a new one where none does."""
+    import contextlib
+
+    from runtime.gpu import step_graphs as sg
+
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool, capture_error_mode: contextlib.nullcontext())
+
+    class Executor:
+        device, graphs, step_graphs, cpu_share = torch.device("cpu"), None, True, None
+
+        @contextlib.contextmanager
+        def capturing_step(self):
+            yield sg.StepCapture()
+
+    steps = sg.StepGraphs(Executor())  # type: ignore[arg-type]
+
+    def failing() -> None:
+        raise sg.CaptureLater("a split table changed")
+
+    with pytest.raises(sg.CaptureLater):
+        steps._capture(failing)
+    assert steps._pool is None  # no graph held pool (0, 0): the next capture takes another
+    steps._graphs["arm"] = steps._capture(lambda: 1)
+    assert steps._pool == (0, 1)
+    with pytest.raises(sg.CaptureLater):
+        steps._capture(failing)
+    assert steps._pool == (0, 1)  # a captured graph holds it: later captures share it still

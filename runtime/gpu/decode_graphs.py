@@ -84,8 +84,12 @@ class DecodeGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with collector_off(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out, host_work = step(static_x, static_ids, static_weights)
+        try:
+            with collector_off(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out, host_work = step(static_x, static_ids, static_weights)
+        except BaseException:
+            self._pool = fresh_pool_after_failure(self._pool, held=bool(self._graphs))
+            raise
         return _Captured(graph, static_x, static_ids, static_weights, out, host_work)
 
     @property
@@ -102,6 +106,16 @@ class DecodeGraphs:
         self._graphs.clear()
         self._warm.clear()
         self._pool = None
+
+
+def fresh_pool_after_failure(pool: tuple[int, int] | None, *, held: bool) -> tuple[int, int] | None:
+    """The pool the next capture should use after one failed in `pool`. A failed capture gives
+    back its reference to the pool; where no captured graph `held` one, the pool is left with
+    none, and torch's allocator asserts (`use_count > 0`) on the next capture into it: on the
+    H200 one capture put off at its first try made every later one in the race fail so, and
+    the decode ran layer by layer at 31 tok/s where it had run at 285. So such a pool is
+    dropped (torch frees its blocks once nothing uses them) and the next capture gets a new one."""
+    return pool if held else None
 
 
 @contextlib.contextmanager

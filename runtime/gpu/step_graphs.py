@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
-from .decode_graphs import collector_off
+from .decode_graphs import collector_off, fresh_pool_after_failure
 from .kernels.dependent_launch import for_step_graph
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -288,9 +288,13 @@ class StepGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with self.executor.capturing_step() as capture, collector_off(), for_step_graph(), \
-                torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = step()
+        try:
+            with self.executor.capturing_step() as capture, collector_off(), for_step_graph(), \
+                    torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = step()
+        except BaseException:
+            self._pool = fresh_pool_after_failure(self._pool, held=bool(self._graphs))
+            raise
         return _Captured(graph, out, capture)
 
     def invalidate(self) -> None:
