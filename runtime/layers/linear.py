@@ -4,7 +4,8 @@ torch's CPU GEMV streams a large bf16 weight from DRAM at about half the memory'
 GB/s on the 2-core VM, where the expert kernel's reader reaches 46-62): in CPU decode the
 attention projections and the LM head are ~40% of the bytes a Qwen3-30B token reads. The expert
 kernel's row-pair dot products (runtime/experts/csrc) serve them instead when there are a few
-tokens, the weight is f32/f16/bf16 on the CPU and large enough to matter. Everything else, prefill
+tokens, the weight is f32/f16/bf16 on the CPU and large enough to matter. A GGUF file's K-quant
+projections stay blocks (block_weight.py), multiplied in place there too. Everything else, prefill
 and the GPU included, is F.linear.
 """
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.cpu_kernels import DENSE_MAX_TOKENS, TORCH_NAMES, native_kernel
+from .block_weight import BlockWeight, block_linear
 
 # Weights smaller than this (bytes) stay on torch, where the kernel's call overhead would dominate.
 # Measured on the 2-core VM (bench_decode's model, bf16, decode tok/s in interleaved rounds): torch
@@ -21,8 +23,10 @@ from ..experts.cpu_kernels import DENSE_MAX_TOKENS, TORCH_NAMES, native_kernel
 DENSE_KERNEL_MIN_BYTES = 64 << 10
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [T, C]; the result in x's dtype."""
+    if isinstance(weight, BlockWeight):
+        return block_linear(x, weight, bias, _cpu_block_gemv)
     if (x.device.type != "cpu" or x.dim() != 2 or not 1 <= x.shape[0] <= DENSE_MAX_TOKENS
             or x.shape[1] != weight.shape[-1] or weight.dtype not in TORCH_NAMES
             or weight.numel() * weight.element_size() < DENSE_KERNEL_MIN_BYTES or not weight.is_contiguous()):
@@ -34,3 +38,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out += bias
     return out.to(x.dtype)
+
+
+def _cpu_block_gemv(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor | None:
+    """x [T, C] times K-quant rows in place, float32, the activations rounded to Q8_K as the
+    expert kernel's are; None without the kernel, past DENSE_MAX_TOKENS tokens (a prompt) or in
+    a float32 model, which gets the reference's products (dequantized in chunks instead)."""
+    kernel = native_kernel()
+    if kernel is None or x.shape[0] > DENSE_MAX_TOKENS or x.dtype == torch.float32:
+        return None
+    return kernel.dense_blocks(x, weight.data, weight.dtype_name, torch.get_num_threads())

@@ -20,6 +20,8 @@ from ftw.reader import page_aligned_empty, torch_dtype_of
 from ..config import ModelConfig
 from ..experts.bank import HostExpertBank
 from ..experts.dequant import dequantize
+from ..layers.block_weight import BlockWeight
+from ..planner.footprint import keeps_blocks
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Allocator = Callable[[int], torch.Tensor]  # nbytes -> contiguous uint8 tensor
@@ -51,10 +53,11 @@ class ModelWeights:
 
 
 def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = page_aligned_empty,
-                 keep_float32: tuple[str, ...] = ()) -> ModelWeights:
+                 keep_float32: tuple[str, ...] = (), block_weights: bool = True) -> ModelWeights:
     """Read every tensor of `reader`'s model: floats cast to `dtype` (except names ending in one
     of `keep_float32`, which stay float32), quantized dense weights dequantized (FP8 with its
-    `weight_scale_inv`), expert banks kept as stored."""
+    `weight_scale_inv`), but for the K-quant linear projections `linear` multiplies in place with
+    `block_weights` (runtime/layers/block_weight.py), expert banks kept as stored."""
     index = reader.index
     raw: dict[str, torch.Tensor] = {}
     banks: dict[int, HostExpertBank] = {}
@@ -74,7 +77,9 @@ def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = pa
         # that and every stored tensor beside it (an FP8 model's dense weights took 1.5x)
         tensor = raw.pop(name)
         scale = raw.pop(name + "_scale_inv", None) if name.endswith(".weight") else None
-        if entry.dtype in BLOCK_DTYPES or scale is not None:
+        if block_weights and scale is None and len(entry.shape) == 2 and keeps_blocks(name, entry.dtype):
+            dense[name] = BlockWeight(tensor, entry.dtype, (entry.shape[0], entry.shape[1]))
+        elif entry.dtype in BLOCK_DTYPES or scale is not None:
             block = tuple(weight_block_size(index.source_config.get("quantization_config")))
             dense[name] = dequantize(tensor, entry.dtype, entry.shape, dtype, scales=[scale] if scale is not None else None,
                                      block=block)  # type: ignore[arg-type]

@@ -54,10 +54,27 @@ def compute_bytes(dtype: str) -> int:
     return 4 if dtype == "f32" else 2
 
 
-def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compute: int) -> int:
-    """Bytes one dense tensor takes once loaded (runtime/loading/read_ftw.py): block quants and scaled FP8
-    dequantized to the compute dtype, 16-bit floats cast to it, float32 kept (the routers a
-    family keeps in float32 are; the rest are cast: an upper bound), anything else as stored."""
+# Dense weights the loader keeps as their GGML blocks (runtime/layers/block_weight.py): the linear
+# projections (only `linear` reads them; routers, embeddings and norms are read otherwise) of the
+# K-quants both in-place readers take (the CPU kernel's dense_blocks, the GPU's block_gemv).
+BLOCK_WEIGHT_DTYPES = ("q4_k", "q5_k", "q6_k")
+BLOCK_WEIGHT_SUFFIXES = tuple(f"{name}.weight" for name in (
+    "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "lm_head",
+    "gate_proj", "up_proj", "down_proj"))
+
+
+def keeps_blocks(name: str, dtype: str) -> bool:
+    """Whether the loader keeps dense tensor `name` (stored as `dtype`) as its blocks."""
+    return dtype in BLOCK_WEIGHT_DTYPES and name.endswith(BLOCK_WEIGHT_SUFFIXES)
+
+
+def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compute: int, name: str = "") -> int:
+    """Bytes one dense tensor `name` takes once loaded (runtime/loading/read_ftw.py): the block
+    quants `keeps_blocks` as stored, other block quants and scaled FP8 dequantized to the compute
+    dtype, 16-bit floats cast to it, float32 kept (the routers a family keeps in float32 are; the
+    rest are cast: an upper bound), anything else as stored."""
+    if keeps_blocks(name, dtype) and not scaled:
+        return nbytes
     if dtype in BLOCK_DTYPES or scaled or dtype in ("f16", "bf16"):
         return numel * compute
     return nbytes
@@ -69,7 +86,7 @@ def _held_dense_total(tensors: dict[str, tuple[str, int, int]], compute: int) ->
     def scale_of(name: str) -> bool:
         return name.endswith("_scale_inv") and name[: -len("_scale_inv")] in tensors
 
-    return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute,
+    return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute, name=name,
                                 scaled=name.endswith(".weight") and name + "_scale_inv" in tensors)
                for name, (dtype, nbytes, numel) in tensors.items() if not scale_of(name))
 

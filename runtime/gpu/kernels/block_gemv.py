@@ -122,3 +122,12 @@ def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, s
         inputs, inputs.stride(0), index, slots, slots.stride(0), part_offset, slot_of, out, out.stride(0),
         ROWS=rows, COLS=cols, KIND=code, SB_BYTES=SUPER_BLOCK_BYTES[code], BLOCK_R=block_r, num_warps=4)
     return out
+
+
+def dense_block_gemv(x: torch.Tensor, data: torch.Tensor, *, kind: str, rows: int, cols: int) -> torch.Tensor:
+    """float32 [T, rows]: x [T, cols] times one dense weight stored as `kind` GGML rows (`data`
+    uint8 [rows, row bytes], a GGUF model's projection: runtime/layers/block_weight.py), read in
+    place: `block_gemv` with the weight as one slot's record and each token a pair."""
+    index = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    return block_gemv(x.contiguous(), index, data.reshape(1, -1), torch.zeros_like(index), part_offset=0, kind=kind,
+                      rows=rows, cols=cols)
