@@ -70,7 +70,8 @@ class ModelConfig:
 
     @property
     def rms_norm_eps(self) -> float:
-        return float(self.get("rms_norm_eps", 1e-6))
+        """`rms_norm_eps`, else `norm_eps` (LFM2's name for it)."""
+        return float(self.get("rms_norm_eps", self.get("norm_eps", 1e-6)))
 
     @property
     def rope_parameters(self) -> dict[str, Any]:

@@ -67,13 +67,15 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def causal_conv1d(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """SiLU(depthwise causal conv) of x [T, C] after the `state` [C, K-1] inputs before it.
-    Returns (out [T, C], the new state). A zero state is transformers' left zero padding."""
+                  bias: torch.Tensor | None, *, silu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(depthwise causal conv) of x [T, C] after the `state` [C, K-1] inputs before it (`silu`
+    false: the conv alone, LFM2's short convolution). Returns (out [T, C], the new state). A zero
+    state is transformers' left zero padding."""
     channels, width = weight.shape
     seq = torch.cat([state, x.transpose(0, 1).to(state.dtype)], dim=-1)  # [C, K-1+T]
     out = F.conv1d(seq[None].to(weight.dtype), weight[:, None, :], bias, groups=channels)[0]  # [C, T]
-    return F.silu(out).transpose(0, 1).to(x.dtype), seq[:, seq.shape[1] - (width - 1):].clone()
+    out = F.silu(out) if silu else out
+    return out.transpose(0, 1).to(x.dtype), seq[:, seq.shape[1] - (width - 1):].clone()
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

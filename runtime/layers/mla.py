@@ -52,13 +52,19 @@ class MLACache:
         return store(self.latent, start, latent), store(self.k_rot, start, k_rot)
 
 
+def unrotated(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    """No position encoding: MLA's rope channels as they are (Kimi Linear's NoPE MLA)."""
+    return x
+
+
 class MLAttention:
     """MLA of one layer. `query`, `keys_values` and `output` are the steps; `__call__` runs them
-    with plain causal attention (GLM's DSA runs them around a sparse token selection)."""
+    with plain causal attention (GLM's DSA runs them around a sparse token selection). `rope`
+    None: the shared key channels are not rotated (Kimi Linear's MLA has no position encoding)."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
+    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding | None,
                  dtype: torch.dtype, *, interleave: bool) -> None:
         self.heads = config.num_attention_heads
         self.nope_dim, self.rope_dim = int(config.get("qk_nope_head_dim")), int(config.get("qk_rope_head_dim"))
@@ -73,7 +79,7 @@ class MLAttention:
         self.kv_a_norm, self.kv_b = weights.get(prefix + "kv_a_layernorm.weight"), weights.get(prefix + "kv_b_proj.weight")
         self.o, self.o_bias = weights.get(prefix + "o_proj.weight"), weights.maybe(prefix + "o_proj.bias")
         self.rope, self.dtype = rope, dtype
-        self.rotate = apply_rotary_interleaved if interleave else apply_rotary
+        self.rotate = unrotated if rope is None else apply_rotary_interleaved if interleave else apply_rotary
         self.scale = softmax_scale(self.nope_dim + self.rope_dim, config.rope_parameters)
 
     def new_cache(self, max_tokens: int) -> MLACache:
@@ -108,7 +114,7 @@ class MLAttention:
         return linear(attended.reshape(attended.shape[0], -1), self.o, self.o_bias)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: MLACache, start: Start) -> torch.Tensor:
-        cos, sin = self.rope(positions, x.dtype)
+        cos, sin = self.rope(positions, x.dtype) if self.rope is not None else (None, None)
         q, _ = self.query(x, cos, sin)
         k, v = self.keys_values(x, cos, sin, cache, start)
         return self.output(causal_attention(q, k, v, start, self.scale))

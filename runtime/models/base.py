@@ -146,10 +146,14 @@ class Block:
     post_norm: Norm
     ffn: FFN
     residuals: tuple[Residual, Residual] | None = None  # the mixer's and the FFN's, where x is several streams
+    # the FFN reads the mixer's input (input_norm's) beside it, both added: x += mixer(h) + ffn(h)
+    # (Cohere's parallel block; post_norm is not read)
+    parallel: bool = False
 
 
 class DecoderModel:
-    """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x)).
+    """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x)) (a parallel block:
+    h = norm(x); x += mixer(h) + ffn(h)).
 
     Granite's multipliers (its config's names; 1 elsewhere): the embeddings are multiplied by
     `embedding_multiplier`, each mixer's and FFN's output by `residual_multiplier` before it is
@@ -282,6 +286,10 @@ class DecoderModel:
                 x = self._mixed_streams(block, x, positions, cache, start)
                 x = self._fed_streams(block, x, tokens)
                 continue
+            if block.parallel:  # (x + mixer + ffn, in that order, as transformers' Cohere adds them)
+                h = self.norm(x, block.input_norm)
+                x = x.add(block.mixer(h, positions, cache, start), alpha=r).add(self._ffn(block, h, tokens), alpha=r)
+                continue
             x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
             x = x.add(self._ffn(block, self.norm(x, block.post_norm), tokens), alpha=r)
         return x if self.streams is None else self.streams.collapse(x)
@@ -296,6 +304,8 @@ class DecoderModel:
         for block, cache in zip(self.blocks, state.caches, strict=True):
             # the whole prompt at once where the mixer's cache cannot be continued cheaply
             spans = bounds if getattr(block.mixer, "chunks_prompt", False) else [(0, x.shape[0])]
+            # a parallel block's FFN reads the mixer's input: normed once, before the mixer adds to x
+            normed = self.norm(x, block.input_norm) if block.parallel else None
             for first, end in spans:
                 h = x[first:end]
                 # (the whole prompt's positions as they are: the layers' rope tables are reused by identity)
@@ -303,14 +313,16 @@ class DecoderModel:
                 if block.residuals is not None:
                     h.copy_(self._mixed_streams(block, h, at, cache, start + first))
                 else:
-                    h.add_(block.mixer(self.norm(h, block.input_norm), at, cache, start + first), alpha=r)
+                    mixed = self.norm(h, block.input_norm) if normed is None else normed[first:end]
+                    h.add_(block.mixer(mixed, at, cache, start + first), alpha=r)
             for index, (first, end) in enumerate(bounds):
                 h = x[first:end]
                 with _computing_chunk(PromptChunk(index, len(bounds))):
                     if block.residuals is not None:
                         h.copy_(self._fed_streams(block, h, tokens[first:end]))
                     else:
-                        h.add_(self._ffn(block, self.norm(h, block.post_norm), tokens[first:end]), alpha=r)
+                        fed = self.norm(h, block.post_norm) if normed is None else normed[first:end]
+                        h.add_(self._ffn(block, fed, tokens[first:end]), alpha=r)
         return x if self.streams is None else self.streams.collapse(x)
 
     @staticmethod

@@ -112,6 +112,7 @@ class DSAttention:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: DSACache, start: Start) -> torch.Tensor:
         t = x.shape[0]
+        assert self.mla.rope is not None, "DSA's MLA rotates its shared key"
         cos, sin = self.mla.rope(positions, x.dtype)
         q, q_low = self.mla.query(x, cos, sin)
         k, v = self.mla.keys_values(x, cos, sin, cache.mla, start)

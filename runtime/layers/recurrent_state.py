@@ -1,0 +1,42 @@
+"""The per-sequence state of a recurrent mixer (one tensor every token moves on: LFM2's short
+convolution window, MiniMax's lightning-attention key-value sums), which can continue its
+sequence or start a new one, never rewind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import DevicePosition, Start
+from .gated_deltanet import RecurrentRewindError
+
+
+@dataclass
+class RecurrentState:
+    """One layer's state for one sequence, and how many tokens it has seen."""
+
+    value: torch.Tensor
+    length: int = 0
+
+    def seek(self, start: Start) -> None:
+        """Start a forward at `start`: 0 begins a new sequence, anything else must continue this one
+        (a DevicePosition, a captured decode step, continues it unchecked; the caller keeps `length`)."""
+        if isinstance(start, DevicePosition):
+            return
+        if start == 0:
+            self.reset()
+        elif start != self.length:
+            raise RecurrentRewindError(
+                f"a recurrent state at token {self.length} cannot continue from token {start}; "
+                "recurrent layers cannot rewind: restart the sequence from token 0")
+
+    def advance(self, start: Start, num_tokens: int) -> None:
+        """The call from `start` has moved the state on by `num_tokens` (a DevicePosition's: the caller counts)."""
+        if not isinstance(start, DevicePosition):
+            self.length = start + num_tokens
+
+    def reset(self) -> None:
+        """Empty for a new sequence, in place (a captured step holds this buffer's address)."""
+        self.value.zero_()
+        self.length = 0
