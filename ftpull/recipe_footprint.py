@@ -16,7 +16,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from ftw.families import family_for_config, normalized_config
+from ftw.families import FAMILIES, family_for_config, normalized_config
 from ftw.format import PART_ALIGNMENT, align_up
 from runtime.planner.footprint import (
     ModelFootprint,
@@ -130,6 +130,10 @@ def _attention_numel(family: str, c: dict[str, Any], text: dict[str, Any], layer
         conv = (2 * k_heads * k_dim + v_heads * v_dim) * int(text.get("linear_conv_kernel_dim") or 4)
         return hidden * (2 * k_heads * k_dim + 2 * v_heads * v_dim + 2 * v_heads) + conv + 2 * v_heads + v_dim \
             + v_heads * v_dim * hidden
+    sizes = FAMILIES[family].attention_sizes
+    if sizes is not None:  # (attention sized layer by layer: MiMo-V2-Flash's, Laguna's)
+        heads, kv_heads, head_dim, v_dim = sizes(text)[layer]
+        return hidden * heads * head_dim + hidden * kv_heads * (head_dim + v_dim) + heads * v_dim * hidden
     gated = 2 if "linear_num_key_heads" in text else 1  # Qwen3-Next's full layers gate their output: q_proj twice
     numel = hidden * heads * head_dim * (gated + 1) + 2 * hidden * kv_heads * head_dim
     if family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe"):

@@ -29,7 +29,9 @@ from .errors import FTWError, SourceError
 from .families import (
     _EMBEDDINGS,
     _FINAL_NORMS,
+    FAMILIES,
     LIMITS,
+    AttentionSizes,
     check_dense_shape,
     family_for_config,
     normalized_config,
@@ -99,8 +101,10 @@ def _stated_context(source_config: Mapping[str, Any]) -> Any:
     return c.get("max_position_embeddings") or c.get("max_seq_len")
 
 
-def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape]) -> None:
-    """Every dense tensor's shape against the config, and the ones every family needs present."""
+def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape],
+                source_config: Mapping[str, Any] | None = None) -> None:
+    """Every dense tensor's shape against the config, and the ones every family needs present
+    (attention's per layer where the family sizes it so from its `source_config`: Family.attention_sizes)."""
     hidden, layers = config["hidden_size"], config["num_layers"]
     for name, shape in dense.items():
         if not 1 <= len(shape) <= MAX_RANK or any(d < 1 for d in shape):
@@ -123,7 +127,7 @@ def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape]) -> None:
     if missing := sorted(set(range(layers)) - present):
         raise TensorProblem(f"layers {missing[:8]} have no dense tensors (no norms, no attention); "
                             f"the config has {layers} layers")
-    _check_attention(config, dense)
+    _check_attention(config, dense, _attention_sizes(config, source_config))
     _check_mlps(hidden, dense)
 
 
@@ -137,23 +141,45 @@ def _want(name: str, shape: Shape, expected: Shape, why: str) -> None:
         raise TensorProblem(f"tensor {name!r} has shape {list(shape)}, not {list(expected)} ({why})")
 
 
-def _check_attention(config: Mapping[str, Any], dense: Mapping[str, Shape]) -> None:
-    """GQA projections (a prefix with k_proj and v_proj; MLA has neither) and per-head q/k norms."""
-    hidden, heads, kv, head_dim = (config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                       "head_dim"))
-    sizes = f"hidden_size {hidden}, {heads} heads, {kv} key-value heads of head_dim {head_dim}"
+def _attention_sizes(config: Mapping[str, Any], source_config: Mapping[str, Any] | None) -> list[AttentionSizes] | None:
+    """Per layer (heads, key-value heads, q/k head_dim, v head_dim), where the family's attention
+    differs by layer (Family.attention_sizes) and the source config is at hand; else None."""
+    family = FAMILIES.get(str(config.get("family")))
+    if family is None or family.attention_sizes is None or source_config is None:
+        return None
+    try:
+        sizes = family.attention_sizes(family.text_config(dict(source_config)))
+    except (TypeError, ValueError, KeyError, IndexError):
+        raise TensorProblem(f"the attention sizes of this {family.name} model cannot be read from its config") from None
+    if len(sizes) != config["num_layers"]:
+        raise TensorProblem(f"its config sizes attention for {len(sizes)} layers, not {config['num_layers']}")
+    return sizes
+
+
+def _check_attention(config: Mapping[str, Any], dense: Mapping[str, Shape],
+                     per_layer: list[AttentionSizes] | None = None) -> None:
+    """GQA projections (a prefix with k_proj and v_proj; MLA has neither) and per-head q/k norms,
+    sized by the config, or by `per_layer` (heads, kv heads, q/k and v head dims) where given."""
+    hidden = config["hidden_size"]
     for name, shape in dense.items():
         if not name.endswith(".self_attn.k_proj.weight"):
             continue
+        layer = _layer_of(name)
+        heads, kv, head_dim, v_dim = (per_layer[layer] if per_layer is not None and layer is not None else
+                                      (config["num_attention_heads"], config["num_key_value_heads"],
+                                       config["head_dim"], config["head_dim"]))
+        sizes = f"hidden_size {hidden}, {heads} heads, {kv} key-value heads of head_dim {head_dim}" + (
+            f" (values {v_dim})" if v_dim != head_dim else "")
         prefix = name.removesuffix("k_proj.weight")
         _want(name, shape, (kv * head_dim, hidden), sizes)
-        for proj, expected in (("v_proj", (kv * head_dim, hidden)), ("o_proj", (hidden, heads * head_dim))):
+        for proj, expected in (("v_proj", (kv * v_dim, hidden)), ("o_proj", (hidden, heads * v_dim))):
             if prefix + proj + ".weight" in dense:
                 _want(prefix + proj + ".weight", dense[prefix + proj + ".weight"], expected, sizes)
         q = dense.get(prefix + "q_proj.weight")
         if q is not None and (len(q) != 2 or q[1] != hidden or q[0] not in (heads * head_dim, 2 * heads * head_dim)):
             raise TensorProblem(f"tensor {prefix + 'q_proj.weight'!r} has shape {list(q)}, not "
                                 f"[{heads * head_dim}, {hidden}] ({sizes})")
+    heads, kv, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     spans: dict[str, str] = {}  # q/k norm -> "per head" or "whole projection" (OLMoE's): one for all
     for name, shape in dense.items():
         if name.endswith(".o_proj.weight") and len(shape) == 2 and shape[0] != hidden:
@@ -177,8 +203,9 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
     """Each dense SwiGLU MLP (dense layers, shared experts): gate and up [I, hidden], down [hidden, I]."""
     prefixes = {name.removesuffix(p) for name in dense for p in ("gate_proj.weight", "up_proj.weight",
                                                                  "down_proj.weight") if name.endswith("." + p)}
-    # (a KV compressor's gate_proj, beside its kv_proj, is no MLP's: DeepSeek-V4's self_attn.compressor.)
-    prefixes = {p for p in prefixes if not p.endswith(COMPRESSOR_PREFIXES)}
+    # (a KV compressor's gate_proj, beside its kv_proj, is no MLP's: DeepSeek-V4's self_attn.compressor.;
+    # nor attention's output gate: AFMoE's self_attn.gate_proj)
+    prefixes = {p for p in prefixes if not p.endswith(COMPRESSOR_PREFIXES) and not p.endswith(".self_attn.")}
     for prefix in prefixes:
         shapes = {p: dense.get(f"{prefix}{p}_proj.weight") for p in ("gate", "up", "down")}
         if missing := [p for p, s in shapes.items() if s is None]:
@@ -256,7 +283,8 @@ def check_index_tensors(index: Index) -> None:
     """A stored index's config (and the source config it came from), dense tensors and banks."""
     check_config(index.config, index.source_config)
     check_source_agrees(index.family, index.config, index.source_config)
-    check_dense(index.config, {t.name: t.shape for t in index.tensors if not t.name.endswith("_scale_inv")})
+    check_dense(index.config, {t.name: t.shape for t in index.tensors if not t.name.endswith("_scale_inv")},
+                index.source_config)
     check_banks(index.config, {b.layer: BankShape(b.num_experts, {p.name: p.shape for p in b.parts}, b.quant)
                                for b in index.banks})
 
@@ -271,7 +299,7 @@ def check_source_tensors(where: str, family: str, config: Mapping[str, Any], sou
     """A converter's check of a source's dense tensors before it writes anything: SourceError
     naming `where` (the file), the tensor and the fix."""
     try:
-        check_dense(config, dense)
+        check_dense(config, dense, source_config)
         if family_check is not None:
             family_check(family, config, source_config, dense)
     except TensorProblem as e:

@@ -23,12 +23,16 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.mlp\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<what>weight|weight_scale_inv)$"),
     # per-expert, Mixtral names: model.layers.3.block_sparse_moe.experts.5.w1.weight (w1 gate, w3 up, w2 down)
-    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.block_sparse_moe\.experts\.(?P<expert>[0-9]+)\."
+    # (LFM2-MoE's: model.layers.3.feed_forward.experts.5.w1.weight; Kimi Linear's, its block_sparse_moe
+    # renamed mlp: model.layers.3.mlp.experts.5.w1.weight)
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.(?:block_sparse_moe|feed_forward|mlp)\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>w1|w2|w3)\.(?P<what>weight|weight_scale_inv)$"),
     # fused, transformers>=5 / Qwen3.5 names: model.layers.3.mlp.experts.gate_up_proj [E, 2I, H]
-    # (Granite's as transformers>=5 names them: model.layers.3.block_sparse_moe.experts.gate_up_proj)
+    # (Granite's as transformers>=5 names them: model.layers.3.block_sparse_moe.experts.gate_up_proj; LFM2-MoE's
+    # model.layers.3.feed_forward.experts.gate_up_proj, not under language_model.: Llama 4's there lie transposed)
     re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.(?:mlp|block_sparse_moe)\.experts\."
                r"(?P<proj>gate_up_proj|down_proj)(?:\.(?P<what>weight))?$"),
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.feed_forward\.experts\.(?P<proj>gate_up_proj|down_proj)$"),
     # fused, Granite names: model.layers.3.block_sparse_moe.input_linear.weight [E, 2I, H] (gate rows,
     # then up: transformers renames it gate_up_proj as it is), output_linear.weight [E, H, I] (down)
     # (JetMoE's MLP experts: model.layers.3.mlp.input_linear.weight, the same layout)
@@ -93,6 +97,10 @@ def parse_expert_name(name: str) -> ExpertTensorName | None:
     return None
 
 
+# one layer's attention: (heads, key-value heads, q/k head_dim, v head_dim)
+AttentionSizes = tuple[int, int, int, int]
+
+
 @dataclass(frozen=True)
 class Family:
     """How to read one architecture's config; everything else is shared."""
@@ -124,6 +132,9 @@ class Family:
     # a checkpoint's tensor names made the ones the runtime reads, each (pattern, replacement) in
     # turn (`tensor_name`): DeepSeek-V4's release names its tensors its own way (_DEEPSEEK_V4_NAMES)
     renames: tuple[tuple[re.Pattern[str], str], ...] = ()
+    # per layer, from the text config, where attention is not sized alike on every layer (MiMo-V2-Flash's
+    # sliding layers have twice the key-value heads, and values narrower than keys): the tensor check's sizes
+    attention_sizes: Callable[[dict[str, Any]], list[AttentionSizes]] | None = None
 
     def tensor_name(self, name: str) -> str:
         """`name` as the runtime reads it (transformers' name); every reader of a checkpoint's
@@ -211,7 +222,8 @@ def _llama4_moe_layers(c: dict[str, Any]) -> list[int]:
 
 def _glm4_moe_lite_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else Glm4MoeLiteConfig's default: the first layer dense, the rest MoE
-    (transformers reads no first_k_dense_replace or moe_layer_freq for this family)."""
+    (transformers reads no first_k_dense_replace or moe_layer_freq for this family; MiMo-V2-Flash's
+    and Laguna's defaults are the same)."""
     return _first_k_dense_layers({**c, "first_k_dense_replace": 1, "moe_layer_freq": 1})
 
 
@@ -219,6 +231,109 @@ def _deepseek_v32_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (DeepseekV32Config's
     default 3), the rest MoE (transformers reads no moe_layer_freq for this family)."""
     return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 3), "moe_layer_freq": 1})
+
+
+def _dense_prefix_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (default 0), the rest
+    MoE, as Cohere2MoeConfig derives them (no moe_layer_freq)."""
+    return _first_k_dense_layers({**c, "moe_layer_freq": 1})
+
+
+def _after_dense_layers(c: dict[str, Any]) -> list[int]:
+    """The layers from `num_dense_layers` on (AfmoeConfig's default 1): the first ones are dense."""
+    return list(range(int(c.get("num_dense_layers", 1) or 0), c["num_hidden_layers"]))
+
+
+def _lfm2_moe_layers(c: dict[str, Any]) -> list[int]:
+    """The layers from `num_dense_layers` on (Lfm2MoeConfig's default 2)."""
+    return _after_dense_layers({**c, "num_dense_layers": c.get("num_dense_layers", 2)})
+
+
+def _mimo_v2_flash_attention(c: dict[str, Any]) -> list[AttentionSizes]:
+    """MiMo-V2-Flash's sliding layers have twice the key-value heads of its full ones; values are
+    `v_head_dim` wide (MiMoV2FlashConfig's 128), keys `head_dim` (192). The layer schedule as
+    runtime/models/mimo_v2_flash.py reads it."""
+    n, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+    kv, head_dim, v_dim = int(c["num_key_value_heads"]), int(c.get("head_dim") or 192), int(c.get("v_head_dim") or 128)
+    types = c.get("layer_types") or ["full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
+                                     for i in range(n)]
+    return [(heads, kv * (2 if kind == "sliding_attention" else 1), head_dim, v_dim) for kind in types]
+
+
+def _laguna_attention(c: dict[str, Any]) -> list[AttentionSizes]:
+    """Laguna's query heads, layer by layer (`num_attention_heads_per_layer`); the key-value heads
+    and head_dim are every layer's."""
+    n, kv, head_dim = int(c["num_hidden_layers"]), int(c["num_key_value_heads"]), int(c.get("head_dim") or 128)
+    heads = c.get("num_attention_heads_per_layer") or [c["num_attention_heads"]] * n
+    return [(int(h), kv, head_dim, head_dim) for h in heads]
+
+
+def _kimi_linear_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (KimiLinearConfig's
+    default 1), the rest MoE (no moe_layer_freq)."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
+
+
+def kimi_linear_sizes(c: dict[str, Any]) -> tuple[int, int]:
+    """Kimi Linear's KDA (heads, head_dim): `linear_num_heads`/`linear_head_dim` (KimiLinearConfig's
+    32 and 128), the release's `linear_attn_config` over them, as KimiLinearConfig reads them."""
+    sub = c.get("linear_attn_config") or {}
+    return int(sub.get("num_heads", c.get("linear_num_heads") or 32)), int(sub.get("head_dim", c.get("linear_head_dim") or 128))
+
+
+def kimi_linear_layer_types(c: dict[str, Any]) -> list[str]:
+    """`layer_types`; else the release's `linear_attn_config` (full_attn_layers and kda_layers,
+    numbered from 1); else KimiLinearConfig's: full attention on every 4th layer from layer 4,
+    KDA ("linear_attention") elsewhere. ValueError for a schedule it cannot read."""
+    n = int(c["num_hidden_layers"])
+    types = c.get("layer_types")
+    sub = c.get("linear_attn_config") or {}
+    if types is None and "full_attn_layers" in sub and "kda_layers" in sub:
+        types = [None] * n
+        for layer in sub["full_attn_layers"]:
+            types[int(layer) - 1] = "full_attention"
+        for layer in sub["kda_layers"]:
+            types[int(layer) - 1] = "linear_attention"
+    if types is None:
+        types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or set(types) - {"full_attention", "linear_attention"}:
+        raise ValueError(f"unsupported kimi_linear layer_types {str(types)[:80]} for {n} layers")
+    return list(types)
+
+
+# KimiLinearConfig's and BailingHybridConfig's attribute_map: the usual key -> the name their
+# config.json (the releases', and transformers' saves) writes
+_LING_NAMES = {"max_position_embeddings": "model_max_length", "norm_topk_prob": "moe_renormalize",
+               "n_group": "num_expert_group", "num_local_experts": "num_experts",
+               "num_experts_per_tok": "num_experts_per_token", "n_shared_experts": "num_shared_experts"}
+
+
+def kimi_linear_view(c: dict[str, Any]) -> dict[str, Any]:
+    """Kimi Linear's config under the usual names (_LING_NAMES), where it writes its own."""
+    return {key: c[name] for key, name in _LING_NAMES.items() if c.get(name) is not None and key not in c}
+
+
+bailing_hybrid_view = kimi_linear_view  # (the same attribute_map, beside num_mtp_layers, which nothing reads)
+
+
+def _bailing_hybrid_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (BailingHybridConfig's
+    default 2), the rest MoE (no moe_layer_freq)."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 2), "moe_layer_freq": 1})
+
+
+def _bailing_hybrid_attention(c: dict[str, Any]) -> list[AttentionSizes]:
+    """Ling's KDA layers: `num_attention_heads` heads of `linear_head_dim` (transformers' saves),
+    else of `head_dim` (the release's, BailingHybridConfig's 128); its MLA layers have no k_proj."""
+    heads, head_dim = int(c["num_attention_heads"]), int(c.get("linear_head_dim") or c.get("head_dim") or 128)
+    return [(heads, heads, head_dim, head_dim)] * int(c["num_hidden_layers"])
+
+
+def _kimi_linear_attention(c: dict[str, Any]) -> list[AttentionSizes]:
+    """Kimi Linear's KDA layers project q, k and v to their own heads (kimi_linear_sizes); its MLA
+    layers have no k_proj to check."""
+    heads, head_dim = kimi_linear_sizes(c)
+    return [(heads, heads, head_dim, head_dim)] * int(c["num_hidden_layers"])
 
 
 def _exaone_moe_layers(c: dict[str, Any]) -> list[int]:
@@ -273,6 +388,18 @@ _DEEPSEEK_V4_NAMES = tuple((re.compile(pattern), replacement) for pattern, repla
 ))
 
 
+# Kimi K2.5's and K2.6's text model (Kimi_K25ForConditionalGeneration: DeepSeek-V3 under `text_config`,
+# beside a vision tower and projector, which are dropped) under DeepSeek-V3's names. One row per rename.
+_KIMI_K25_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    # the release's (language_model.model.layers.0...); transformers' original-format save writes the
+    # layers as `blocks` (its kimi_k25 conversion renames every "blocks" to "layers" on load)
+    (r"^language_model\.model\.(?:layers|blocks)\.", "model.layers."),
+    (r"^language_model\.model\.", "model."),
+    (r"^language_model\.lm_head\.", "lm_head."),
+    (r"^model\.language_model\.", "model."),  # (transformers' own layout)
+))
+
+
 def _deepseek_v4_activation(c: dict[str, Any]) -> ExpertActivation:
     """DeepseekV4Experts' SwiGLU of gate and up clamped at `swiglu_limit` (DeepseekV4Config's 10)."""
     return ExpertActivation("swiglu_limited", limit=positive_float("swiglu_limit", c.get("swiglu_limit", 10.0)))
@@ -298,6 +425,8 @@ FAMILIES: dict[str, Family] = {
         Family("olmoe", ("olmoe",), ("num_experts", "num_local_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family("minimax_m2", ("minimax_m2",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size", drop_layers_from_num_layers=True, drop_prefixes=("mtp.",)),
+        Family("minimax", ("minimax",), ("num_local_experts", "num_experts"), _all_layers,
+               intermediate_key="intermediate_size"),
         Family("mixtral", ("mixtral",), ("num_local_experts", "num_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family("phimoe", ("phimoe",), ("num_local_experts", "num_experts"), _all_layers, intermediate_key="intermediate_size"),
         Family("dbrx", ("dbrx",), ("num_local_experts",), _all_layers, intermediate_key="intermediate_size",
@@ -311,9 +440,11 @@ FAMILIES: dict[str, Family] = {
                num_shared_experts=lambda c: 1 if c.get("shared_intermediate_size") else 0),
         Family("jetmoe", ("jetmoe",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size", head_dim_key="kv_channels"),
-        Family(
-            "deepseek_v3", ("deepseek_v3", "kimi_k2"), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
-            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0),
+        Family(  # (Kimi K2 is this model under its own model_type; K2.5 and K2.6 its text model: _KIMI_K25_NAMES)
+            "deepseek_v3", ("deepseek_v3", "kimi_k2", "kimi_k25"), ("n_routed_experts", "num_local_experts"),
+            _first_k_dense_layers, text_config_key="text_config", drop_layers_from_num_layers=True,
+            drop_prefixes=("vision_tower.", "mm_projector.", "model.vision_tower.", "model.mm_projector."),
+            num_shared_experts=lambda c: int(c.get("n_shared_experts") or 0), renames=_KIMI_K25_NAMES,
         ),
         Family(
             "deepseek_v2", ("deepseek_v2",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
@@ -366,6 +497,56 @@ FAMILIES: dict[str, Family] = {
         Family(
             "exaone_moe", ("exaone_moe",), ("num_experts", "num_local_experts"), _exaone_moe_layers,
             drop_prefixes=("mtp.",), num_shared_experts=lambda c: int(c.get("num_shared_experts", 1)),
+        ),
+        Family(  # (the head tied to the embeddings unless the config says otherwise: Lfm2MoeConfig's default)
+            "lfm2_moe", ("lfm2_moe",), ("num_experts", "num_local_experts"), _lfm2_moe_layers,
+        ),
+        Family(  # (no shared experts: transformers builds none)
+            "mimo_v2_flash", ("mimo_v2_flash",), ("n_routed_experts", "num_local_experts"), _glm4_moe_lite_layers,
+            drop_prefixes=("model.mtp.", "mtp."), attention_sizes=_mimo_v2_flash_attention,
+            # the release's name of the sliding layers' sinks (transformers' conversion_mapping renames it)
+            renames=((re.compile(r"\.self_attn\.attention_sink_bias$"), ".self_attn.sinks"),),
+        ),
+        Family(  # (a shared MLP `shared_expert_intermediate_size` wide on every MoE layer)
+            "laguna", ("laguna",), ("num_experts", "num_local_experts"), _glm4_moe_lite_layers,
+            num_shared_experts=lambda c: 1, attention_sizes=_laguna_attention,
+            # the release's names (transformers' conversion_mapping renames them)
+            renames=tuple((re.compile(pattern), replacement) for pattern, replacement in (
+                (r"\.mlp\.experts\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),
+                (r"\.mlp\.shared_expert\.", ".mlp.shared_experts."))),
+        ),
+        Family(
+            "kimi_linear", ("kimi_linear",), ("num_local_experts", "n_routed_experts", "num_experts"), _kimi_linear_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0), attention_sizes=_kimi_linear_attention,
+            config_view=kimi_linear_view,
+            # the release's names (transformers' conversion_mapping renames them; its q/k/v convs, which
+            # transformers concatenates, the runtime reads apart: runtime/layers/kimi_delta_attention.py)
+            renames=tuple((re.compile(pattern), replacement) for pattern, replacement in (
+                (r"\.self_attn\.(f_a_proj|f_b_proj)\.", r".self_attn.forget_gate.\1."),
+                (r"\.self_attn\.(dt_bias|A_log)$", r".self_attn.forget_gate.\1"),
+                (r"\.block_sparse_moe\.", ".mlp."))),
+        ),
+        Family(
+            "bailing_hybrid", ("bailing_hybrid",), ("num_local_experts", "num_experts"), _bailing_hybrid_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0), attention_sizes=_bailing_hybrid_attention,
+            config_view=bailing_hybrid_view, drop_layers_from_num_layers=True,
+            # the release's names (transformers' conversion_mapping renames them; its q/k/v convs, which
+            # transformers concatenates, the runtime reads apart: runtime/layers/kimi_delta_attention.py)
+            renames=tuple((re.compile(pattern), replacement) for pattern, replacement in (
+                (r"^model\.word_embeddings\.", "model.embed_tokens."),
+                (r"\.attention\.", ".self_attn."),
+                (r"\.self_attn\.f_proj\.", ".self_attn.forget_gate.f_proj."),
+                (r"\.self_attn\.(dt_bias|A_log)$", r".self_attn.forget_gate.\1"),
+                (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
+                (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"))),
+        ),
+        Family(
+            "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,
+            num_shared_experts=lambda c: int(c.get("num_shared_experts", 2) or 0),
+        ),
+        Family(  # (experts `intermediate_size` wide, as transformers builds them, and the shared ones a multiple of it)
+            "cohere2_moe", ("cohere2_moe",), ("num_experts", "num_local_experts"), _dense_prefix_layers,
+            intermediate_key="intermediate_size", num_shared_experts=lambda c: int(c.get("num_shared_experts", 0) or 0),
         ),
         Family(  # (the released checkpoints' experts are MXFP4: dequantized to bf16 at conversion, convert.py)
             "gpt_oss", ("gpt_oss",), ("num_local_experts", "num_experts"), _all_layers,
@@ -498,13 +679,14 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
 
 
 _NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".norm_attn_norm.norm_1.weight",
-          ".norm_attn_norm.norm_2.weight")
+          ".norm_attn_norm.norm_2.weight", ".operator_norm.weight", ".ffn_norm.weight")
 _FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
-                "transformer.norm_f.weight")
+                "transformer.norm_f.weight", "model.embedding_norm.weight")
 _ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".block_sparse_moe.router.layer.weight",
             ".block_sparse_moe.router.weight", ".mlp.router.layer.weight", ".self_attention.experts.router.layer.weight",
             ".mlp.router.weight", ".mlp.gate.wg.weight",
-            ".feed_forward.router.weight", ".ffn.router.layer.weight")
+            ".feed_forward.router.weight", ".ffn.router.layer.weight", ".mlp.router.gate.weight",
+            ".feed_forward.gate.weight")
 _EMBEDDINGS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight",
                "language_model.model.embed_tokens.weight", "language_model.lm_head.weight", "transformer.wte.weight")
 

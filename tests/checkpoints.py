@@ -143,6 +143,81 @@ FAMILY_CONFIGS: dict[str, dict] = {
         head_dim=16, num_experts=8, num_shared_experts=1, n_group=2, topk_group=1, sliding_window=5,
         layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     ),
+    # full layers 0 and 3, sliding layers 1 and 2 (a window of 5 positions, twice the key-value heads, sinks
+    # drawn at random: RANDOMIZED), keys 24 wide (a third of them rotated, each layer kind at its own base)
+    # and values 16; a dense first layer; two groups of four experts keeping one, a correction bias;
+    # a value scale of its own; attention biases
+    "mimo_v2_flash": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=1,
+        head_dim=24, v_head_dim=16, n_routed_experts=8, n_group=2, topk_group=1, routed_scaling_factor=1.5,
+        sliding_window=5, attention_value_scale=0.6, attention_bias=True, initializer_range=0.1,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.334},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0,
+                                               "partial_rotary_factor": 0.334}},
+    ),
+    # layers of 4, 2 and 8 query heads; sliding layer 1 (a window of 5 positions, whole heads rotated at its own
+    # base) and full layers 0 and 2 (half of each head rotated); per-head softplus gates; a dense first layer,
+    # soft-capped router logits, a routed scale, a shared MLP; q/k norms and the correction bias random
+    "laguna": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_key_value_heads=2, head_dim=16, num_experts=8, num_attention_heads_per_layer=[4, 2, 8], sliding_window=5,
+        layer_types=["full_attention", "sliding_attention", "full_attention"], moe_routed_scaling_factor=2.0,
+        moe_router_logit_softcapping=1.5, initializer_range=0.1,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 1.0}},
+    ),
+    # full layers 0 and 2, lightning layers 1 and 3 (blocks of 5 tokens: the 12-token prompt spans three, and
+    # the layers' decays differ); residual factors of their own; norms random (RANDOMIZED)
+    "minimax": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=32, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        block_size=5, full_attn_alpha_factor=1.5, full_attn_beta_factor=0.5, linear_attn_alpha_factor=0.8,
+        linear_attn_beta_factor=1.2, mlp_alpha_factor=1.1, mlp_beta_factor=0.9, initializer_range=0.1,
+    ),
+    # KDA layers 0, 2 and 3 (four heads of 16), a NoPE MLA layer 1 with the low-rank query; a dense first
+    # layer, then two groups of four experts keeping one, a shared expert; norms (the KDA output norm's too)
+    # and the correction bias random (RANDOMIZED)
+    "kimi_linear": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=4,
+        num_local_experts=8, n_group=2, topk_group=1, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, linear_head_dim=16, linear_num_heads=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        initializer_range=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
+    # KDA layers 0, 1, 3 and 4 (four heads of 16, the bounded forget gate), head-gated MLA layers 2 and 5
+    # (layer_group_size 3; rope on 8 channels); a dense first layer, then two groups of four experts keeping
+    # one, a shared expert; norms and the correction bias random (RANDOMIZED)
+    "bailing_hybrid": dict(
+        SMALL, num_hidden_layers=6, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=4,
+        num_local_experts=8, n_group=2, topk_group=1, n_shared_experts=1, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, head_dim=16, layer_group_size=3, first_k_dense_replace=1,
+        rope_theta=10000.0, initializer_range=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
+    # conv layers 0, 1 and 3 (a kernel of 3), attention layer 2; a dense first layer; the expert bias random
+    # (RANDOMIZED); norms with an eps of their own (norm_eps); the head tied to the embeddings, as released
+    "lfm2_moe": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=2,
+        num_experts=8, num_dense_layers=1, routed_scaling_factor=2.0, norm_eps=1e-3, initializer_range=0.1,
+        layer_types=["conv", "conv", "full_attention", "conv"],
+    ),
+    # a dense first layer; sliding layers 0-2 (a window of 5 positions) and global NoPE layer 3, as
+    # global_attn_every_n_layers 4 has it; norms and the expert bias random (RANDOMIZED: transformers inits
+    # the router to 0); muP's embedding scale; two shared experts; a route scale of its own
+    "afmoe": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, num_experts=8, num_shared_experts=2, num_dense_layers=1, sliding_window=5,
+        global_attn_every_n_layers=4, route_scale=2.5, mup_enabled=True, initializer_range=0.1,
+    ),
+    # a dense prefix layer (rotating full attention: prefix_dense_sliding_window_pattern 1), then sliding
+    # layers (a window of 5 positions: the prompt and the decoded tokens slide past it) and a global NoPE
+    # one; LayerNorms (weights random: RANDOMIZED); two shared experts averaged with the routed ones; a
+    # logit scale that is no power of two; wide weights so attention is far from uniform
+    "cohere2_moe": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=32, prefix_dense_intermediate_size=96, num_key_value_heads=2,
+        head_dim=16, num_experts=4, num_shared_experts=2, first_k_dense_replace=1, sliding_window=5,
+        sliding_window_pattern=3, logit_scale=0.3, initializer_range=0.1, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2,
+    ),
     # sliding layers 0 and 2 (a window of 5 positions), layer 1 full; experts as wide as the model (a
     # square down_proj [E, I, H], as gpt-oss-20b's: only the family tells its orientation; MXFP4's
     # blocks of 32 fit both); a SwiGLU limit and alpha of its own, wide weights, so that some gate and
@@ -181,8 +256,8 @@ LLAMA4_TEXT = dict(
 )
 LLAMA4_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vision_output_dim=32,
                      image_size=28, patch_size=14, projector_input_dim=32, projector_output_dim=32)
-# parameters transformers initializes to constants, drawn at random (norm weights around 1, biases
-# around 0) in a family's tiny model: the parts of its names to match
+# parameters transformers initializes to constants, drawn at random (norm weights around 1, biases and
+# AFMoE's router, initialized to zeros, around 0) in a family's tiny model: the parts of its names to match
 RANDOMIZED: dict[str, tuple[str, ...]] = {
     "phimoe": ("layernorm.", "model.norm.", "_proj.bias", "lm_head.bias"),
     "dbrx": ("norm_1.", "norm_2.", "norm_f."),
@@ -194,6 +269,14 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "llama4": ("layernorm.", "language_model.model.norm."),
     "dots1": ("norm.weight", "_proj.bias"),  # (q/k norms before RoPE; attention biases)
     "deepseek_v32": ("indexer.k_norm.", "e_score_correction_bias"),
+    "cohere2_moe": ("layernorm.", "model.norm."),
+    "lfm2_moe": ("_norm.", "_layernorm.", "expert_bias"),
+    "minimax": ("layernorm.", "model.norm.", "self_attn.norm."),
+    "kimi_linear": ("layernorm.", "model.norm.", "o_norm.", "e_score_correction_bias"),
+    "bailing_hybrid": ("layernorm.", "model.norm.", "o_norm.", "e_score_correction_bias"),
+    "laguna": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
+    "mimo_v2_flash": ("layernorm.", "model.norm.", "_proj.bias", "sinks", "e_score_correction_bias"),
+    "afmoe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "expert_bias", "router.gate."),
     "solar_open": ("layernorm.", "model.norm.", "_proj.bias", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
     "gpt_oss": ("layernorm.", "model.norm.", "_proj.bias", "_proj_bias", "sinks"),
@@ -201,7 +284,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
-            "gpt_oss", "solar_open", "deepseek_v32")
+            "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid")
 
 
 def build_model(family: str, seed: int = 0):
@@ -220,9 +303,10 @@ def build_model(family: str, seed: int = 0):
         config = QWEN3_NEXT if family == "qwen3_next" else FAMILY_CONFIGS[family]
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))
     with torch.no_grad():  # (transformers' constants, LayerNorm's 1 and 0 and biases' 0, would hide a missing one)
-        for name, p in model.named_parameters():
+        # (buffers too: the correction biases of EXAONE, Solar Open, DeepSeek-V3.2 and LFM2-MoE are buffers)
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
             if any(part in name for part in RANDOMIZED.get(family, ())):
-                p.normal_(0.0 if name.endswith((".bias", "_proj_bias")) else 1.0, 0.2)
+                p.normal_(0.0 if name.endswith((".bias", "_proj_bias", "router.gate.weight")) else 1.0, 0.2)
     return model
 
 

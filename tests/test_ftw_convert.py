@@ -16,12 +16,14 @@ from tests.checkpoints import FAMILIES, load_all, save_checkpoint, to_fp8
 
 # Written independently of ftw/families.py: how each on-disk name maps into the expert record.
 PER_EXPERT = re.compile(
-    r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|weight_scale_inv)$"
+    r"layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|weight_scale_inv)$"
 )
 FUSED = re.compile(r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)$")
 # Granite's (and JetMoE's MLP) fused names: input_linear is gate_up_proj [E, 2I, H] (gate rows first),
 # output_linear down_proj; JetMoE's attention experts (self_attention.experts.) stay dense
 GRANITE_FUSED = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(input_linear|output_linear)\.weight$")
+# LFM2-MoE's, under feed_forward but laid out as FUSED (not under language_model.: Llama 4's)
+LFM2_FUSED = re.compile(r"^model\.layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|down_proj)$")
 # Llama 4's: gate_up_proj [E, H, 2I] (gate columns first) and down_proj [E, I, H], each expert's the transpose
 LLAMA4_FUSED = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|down_proj)$")
 # DBRX's: w1 (gate), v1 (up) and w2 (down), each [E * I, H]: an expert's rows of w2 are its down's transpose
@@ -29,6 +31,22 @@ DBRX_FLAT = re.compile(r"blocks\.(\d+)\.ffn\.experts\.mlp\.(w1|v1|w2)$")
 # gpt-oss's: gate_up_proj [E, H, 2I] (gate and up columns alternating) and down_proj [E, I, H], each
 # expert's the transpose, whatever their shapes; their biases [E, 2I] (alternating) and [E, H]
 GPT_OSS_FUSED = re.compile(r"layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?$")
+# the release names a family's converter renames to transformers' (MiMo-V2-Flash's sinks, Laguna's
+# correction bias and shared MLP, Kimi Linear's and Ling's forget gates, MoE, embeddings and output),
+# each the part of a name and what it becomes, in turn
+RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks"},
+           "laguna": {".mlp.experts.e_score_correction_bias": ".mlp.gate.e_score_correction_bias",
+                      ".mlp.shared_expert.": ".mlp.shared_experts."},
+           "kimi_linear": {".self_attn.f_a_proj.": ".self_attn.forget_gate.f_a_proj.",
+                           ".self_attn.f_b_proj.": ".self_attn.forget_gate.f_b_proj.",
+                           ".self_attn.dt_bias": ".self_attn.forget_gate.dt_bias",
+                           ".self_attn.A_log": ".self_attn.forget_gate.A_log", ".block_sparse_moe.": ".mlp."},
+           "bailing_hybrid": {"model.word_embeddings.": "model.embed_tokens.", ".attention.": ".self_attn.",
+                              ".self_attn.f_proj.": ".self_attn.forget_gate.f_proj.",
+                              ".self_attn.dt_bias": ".self_attn.forget_gate.dt_bias",
+                              ".self_attn.A_log": ".self_attn.forget_gate.A_log",
+                              ".self_attn.dense.": ".self_attn.o_proj.",
+                              ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"}}
 HALF = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1}
 SCALE_PART = {"gate_proj": "w1_scale", "w1": "w1_scale", "up_proj": "w3_scale", "w3": "w3_scale",
               "down_proj": "w2_scale", "w2": "w2_scale"}
@@ -42,8 +60,11 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
     dense_names = {t.name for t in index.tensors}
     seen = 0
     for name, want in source.items():
-        if name in dense_names:
-            got = reader.tensor(name)
+        renamed = name
+        for old, new in RENAMED.get(index.family, {}).items():
+            renamed = renamed.replace(old, new)
+        if renamed in dense_names:
+            got = reader.tensor(renamed)
         elif m := PER_EXPERT.search(name):
             layer, expert, proj, what = int(m[1]), int(m[2]), m[3], m[4]
             bank, data = banks[layer]
@@ -62,7 +83,7 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
             if part.startswith("w13"):  # FTW's gate rows, then up: alternated back
                 parts = [torch.stack(p.chunk(2), dim=1).reshape(p.shape) for p in parts]
             got = torch.stack([p.T if p.dim() == 2 else p for p in parts])
-        elif m := FUSED.search(name) or GRANITE_FUSED.search(name):
+        elif m := FUSED.search(name) or GRANITE_FUSED.search(name) or LFM2_FUSED.search(name):
             bank, data = banks[int(m[1])]
             part = "w13" if m[2] in ("gate_up_proj", "input_linear") else "w2"
             got = torch.stack([reader.expert_part(data, bank, e, part) for e in range(bank.num_experts)])
@@ -102,7 +123,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
     reader.verify()
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf", fused=True)
     assert any(".experts.gate_up_proj" in n for n in load_all(src)), "transformers no longer writes the fused layout"

@@ -52,6 +52,22 @@ FAMILIES = [
     pytest.param("solar_open", False, id="solar_open"),
     pytest.param("solar_open", True, id="solar_open-fused"),
     pytest.param("deepseek_v32", False, id="deepseek_v32"),
+    pytest.param("cohere2_moe", False, id="cohere2_moe"),
+    pytest.param("cohere2_moe", True, id="cohere2_moe-fused"),
+    pytest.param("afmoe", False, id="afmoe"),
+    pytest.param("afmoe", True, id="afmoe-fused"),
+    pytest.param("lfm2_moe", False, id="lfm2_moe"),
+    pytest.param("lfm2_moe", True, id="lfm2_moe-fused"),
+    pytest.param("mimo_v2_flash", False, id="mimo_v2_flash"),
+    pytest.param("mimo_v2_flash", True, id="mimo_v2_flash-fused"),
+    pytest.param("laguna", False, id="laguna"),
+    pytest.param("laguna", True, id="laguna-fused"),
+    pytest.param("minimax", False, id="minimax"),
+    pytest.param("minimax", True, id="minimax-fused"),
+    pytest.param("kimi_linear", False, id="kimi_linear"),
+    pytest.param("kimi_linear", True, id="kimi_linear-fused"),
+    pytest.param("bailing_hybrid", False, id="bailing_hybrid"),
+    pytest.param("bailing_hybrid", True, id="bailing_hybrid-fused"),
 ]
 
 
@@ -407,3 +423,68 @@ def test_kimi_k2_is_deepseek_v3_under_its_own_model_type(tmp_path: Path) -> None
     ours = convert_and_load(src, tmp_path / "store")
     assert ours.weights.config.family == "deepseek_v3"
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["original", "fused"])
+def test_kimi_k25_is_deepseek_v3_beside_a_vision_tower(fused: bool, tmp_path: Path) -> None:
+    """Kimi K2.5 and K2.6 (model_type kimi_k25) are DeepSeek-V3's text model under `text_config`,
+    beside a vision tower and projector: converted as deepseek_v3 (an alias and a rename table, not
+    new code), the vision parts dropped, matching transformers' Kimi_K25ForConditionalGeneration on
+    text. Its original-format save names the layers `blocks` (transformers renames them back)."""
+    from transformers.models.kimi_k25 import Kimi_K25Config, Kimi_K25ForConditionalGeneration
+
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    torch.manual_seed(7)
+    text = {**FAMILY_CONFIGS["deepseek_v3"], "model_type": "deepseek_v3", "tie_word_embeddings": False}
+    vision = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, num_attention_heads=2, num_hidden_layers=1,
+                  hidden_size=32, intermediate_size=64)
+    model = Kimi_K25ForConditionalGeneration(Kimi_K25Config(text_config=text, vision_config=vision,
+                                                            projection_hidden_size=32, tie_word_embeddings=False))
+    with torch.no_grad():  # (a correction bias of zeros would hide a missing one)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.5)
+    model.save_pretrained(tmp_path / "hf", **({"save_original_format": False} if fused else {}))
+    ref = Kimi_K25ForConditionalGeneration.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert ours.weights.config.family == "deepseek_v3"
+    assert not any("vision" in t.name or "mm_projector" in t.name for t in ours.registered.open_ftw().index.tensors)
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_laguna_with_a_gate_per_channel_matches_transformers(tmp_path: Path) -> None:
+    """gating "per-element": g_proj has one softplus gate a channel of every head, not one a head."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    torch.manual_seed(4)
+    config = AutoConfig.for_model("laguna", **{**FAMILY_CONFIGS["laguna"], "gating": "per-element"})
+    model = AutoModelForCausalLM.from_config(config)
+    assert model.model.layers[0].self_attn.g_proj.weight.shape[0] == 4 * 16
+    model.save_pretrained(tmp_path / "hf")
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert_parity(ours, hf_model(tmp_path / "hf"), PROMPT, STEPS)
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "bailing_hybrid"])
+def test_kda_past_one_chunk_matches_transformers(family: str, tmp_path: Path) -> None:
+    """A prompt longer than KDA's 64-token chunks: the chunked form carries its state from chunk
+    to chunk (the parity prompt fits in one), and decoding after it continues that state."""
+    src = save_checkpoint(family, tmp_path / "hf", seed=5)
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, hf_model(src), (PROMPT * 12)[:140], 8)
+
+
+def test_bailing_hybrid_with_the_unbounded_forget_gate_matches_transformers(tmp_path: Path) -> None:
+    """kda_safe_gate false: the KDA log decay is -exp(A_log) * softplus(f_proj x + dt_bias), not
+    bounded by kda_lower_bound."""
+    import json
+
+    src = save_checkpoint("bailing_hybrid", tmp_path / "hf", seed=6)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "kda_safe_gate": False}))
+    ref = hf_model(src)
+    assert not ref.model.layers[0].self_attn.forget_gate.safe_gate
+    assert_parity(convert_and_load(src, tmp_path / "store"), ref, PROMPT, STEPS)

@@ -188,9 +188,12 @@ def families(tmp_path_factory):
 
 # GQA attention (with q/k norms, without, gated), Gated DeltaNet, MLA and GLM-5's DSA (whose
 # mixers take the whole prompt at once: they do not set chunks_prompt), shared experts, Granite's
-# residual multiplier (added in place chunk by chunk), JetMoE's mixture of attention heads
+# residual multiplier (added in place chunk by chunk), JetMoE's mixture of attention heads;
+# Cohere's parallel block (its FFN reads the mixer's input), the recurrent mixers that continue
+# their state chunk by chunk (MiniMax's lightning attention, LFM2's short convolution, Kimi Delta
+# Attention) and sliding windows with sinks (MiMo-V2-Flash)
 CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
-                    "jetmoe")
+                    "jetmoe", "cohere2_moe", "minimax", "lfm2_moe", "kimi_linear", "mimo_v2_flash")
 
 
 @pytest.mark.parametrize("family", CHUNKED_FAMILIES)

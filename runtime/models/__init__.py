@@ -32,6 +32,7 @@ FAMILY_MODULES = {
     "qwen2_moe": "qwen2_moe",
     "olmoe": "olmoe",
     "minimax_m2": "minimax_m2",
+    "minimax": "minimax",
     "phimoe": "phimoe",
     "dbrx": "dbrx",
     "flex_olmo": "flex_olmo",
@@ -42,6 +43,13 @@ FAMILY_MODULES = {
     "granitemoeshared": "granitemoe",  # (the same block with a shared MLP: granitemoe.py)
     "jetmoe": "jetmoe",
     "gpt_oss": "gpt_oss",
+    "cohere2_moe": "cohere2_moe",
+    "afmoe": "afmoe",
+    "lfm2_moe": "lfm2_moe",
+    "mimo_v2_flash": "mimo_v2_flash",
+    "laguna": "laguna",
+    "kimi_linear": "kimi_linear",
+    "bailing_hybrid": "bailing_hybrid",
 }
 
 

@@ -14,6 +14,12 @@ from . import FAMILY_MODULES
 
 # family -> (attention, routing), as its module computes them
 KINDS: dict[str, tuple[str, str]] = {
+    "afmoe": ("sliding-window rope layers and global NoPE layers, QK norm, gated output, sandwich norms",
+              "sigmoid + bias, renormalized and scaled, shared experts"),
+    "bailing_hybrid": ("Kimi Delta Attention layers and head-gated MLA layers",
+                       "sigmoid + bias, group-limited top-k, shared experts"),
+    "cohere2_moe": ("parallel blocks: sliding-window rope layers and global NoPE layers, LayerNorm",
+                    "softmax or sigmoid over the top-k logits, shared experts summed or averaged"),
     "dbrx": ("GQA, fused Wqkv clipped, LayerNorm", "softmax top-k, p-norm renormalized"),
     "deepseek_v2": ("MLA (latent KV)", "softmax greedy or group-limited, shared experts"),
     "deepseek_v3": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
@@ -34,7 +40,16 @@ KINDS: dict[str, tuple[str, str]] = {
     "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
     "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),
+    "kimi_linear": ("Kimi Delta Attention (per-channel decay) and NoPE MLA layers",
+                    "sigmoid + bias, group-limited top-k, shared experts"),
+    "laguna": ("sliding-window and full GQA layers, QK norm, partial rope, softplus output gate, heads per layer",
+               "sigmoid + bias (soft-capped logits), renormalized, shared experts"),
+    "lfm2_moe": ("gated short-convolution layers and GQA layers, QK norm", "sigmoid + bias, renormalized"),
     "llama4": ("chunked rope layers and global NoPE layers, QK L2 norm", "sigmoid top-1 on the input, shared expert"),
+    "mimo_v2_flash": ("sliding-window layers with sinks and twice the KV heads, full layers, partial rope, "
+                      "narrower values", "sigmoid + bias, group-limited top-k"),
+    "minimax": ("lightning attention (linear, decayed) and GQA layers, normed residuals",
+                "softmax top-k renormalized"),
     "minimax_m2": ("GQA, partial rope, QK norm", "sigmoid + correction bias"),
     "mixtral": ("GQA", "softmax top-k renormalized"),
     "olmoe": ("GQA, QK norm over the whole projection", "softmax top-k"),

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ftw.families import FAMILIES, ExpertTensorName, family_for_config, normalized_config, parse_expert_name
+from ftw.families import (
+    FAMILIES,
+    ExpertTensorName,
+    family_for_config,
+    kimi_linear_layer_types,
+    kimi_linear_sizes,
+    normalized_config,
+    parse_expert_name,
+)
 from ftw.format import BLOCK_DTYPES, PART_ALIGNMENT, Index, align_up
 
 CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
@@ -178,6 +187,72 @@ def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
                     f"{size(recurrent + conv)} state")
 
 
+def _short_conv(c: dict[str, Any], b: int) -> KVLayout:
+    """LFM2-MoE: only its full-attention layers keep a KV cache; each "conv" layer keeps the last
+    conv_L_cache - 1 inputs of its short convolution (hidden_size wide)."""
+    types = c.get("layer_types") or []
+    full, conv = sum(t == "full_attention" for t in types), sum(t == "conv" for t in types)
+    kv = _gqa({**c, "num_hidden_layers": full}, b)
+    state = (int(c.get("conv_L_cache") or 3) - 1) * int(c["hidden_size"]) * b
+    return KVLayout("hybrid", kv.bytes_per_token, conv * state,
+                    f"{kv.formula.replace('GQA', f'{full} full-attention')}; + {conv} conv layers x {size(state)} state")
+
+
+def _per_layer_gqa(family: str) -> Callable[[dict[str, Any], int], KVLayout]:
+    """GQA sized layer by layer by the family's `attention_sizes` (MiMo-V2-Flash: keys and values of
+    their own widths, twice the key-value heads on its sliding layers, which keep every token as
+    the runtime's KV cache does)."""
+    return lambda c, b: _gqa_of_sizes(FAMILIES[family].attention_sizes(c), b)  # type: ignore[misc]
+
+
+def _gqa_of_sizes(sizes: list[tuple[int, int, int, int]], b: int) -> KVLayout:
+    per_token = sum(kv * (k_dim + v_dim) for _, kv, k_dim, v_dim in sizes) * b
+    kinds = sorted({(kv, k_dim, v_dim) for _, kv, k_dim, v_dim in sizes})
+    layers = " + ".join(f"{sum((s[1], s[2], s[3]) == kind for s in sizes)} layers x {kind[0]} KV heads x "
+                        f"({kind[1]} + {kind[2]})" for kind in kinds)
+    return KVLayout("gqa", per_token, formula=f"GQA: {layers} x {b} B")
+
+
+def _lightning(c: dict[str, Any], b: int) -> KVLayout:
+    """MiniMax-Text-01: only its full-attention layers keep a KV cache; each lightning-attention
+    layer keeps a decayed key-value sum [head_dim, head_dim] a head."""
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % 2 else "linear_attention" for i in range(layers)]
+    full, linear = sum(t == "full_attention" for t in types), sum(t == "linear_attention" for t in types)
+    kv = _gqa({**c, "num_hidden_layers": full}, b)
+    heads = int(c["num_attention_heads"])
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    state = heads * head_dim * head_dim * b
+    return KVLayout("hybrid", kv.bytes_per_token, linear * state,
+                    f"{kv.formula.replace('GQA', f'{full} full-attention')}; + {linear} linear layers x {size(state)} state")
+
+
+def _kda_hybrid(c: dict[str, Any], b: int, types: list[str], heads: int, head_dim: int, kernel: int) -> KVLayout:
+    """Kimi Delta Attention beside MLA (Kimi Linear, Ling's hybrid): the MLA layers cache the latent
+    and the shared key; each KDA layer keeps a recurrent state [head_dim, head_dim] a head (f32, as
+    the chunked form keeps it) and its q/k/v convolution window."""
+    full, linear = sum(t == "full_attention" for t in types), sum(t == "linear_attention" for t in types)
+    mla = _mla({**c, "num_hidden_layers": full}, b)
+    state = heads * head_dim * head_dim * 4 + (kernel - 1) * 3 * heads * head_dim * b
+    return KVLayout("hybrid", mla.bytes_per_token, linear * state,
+                    f"{mla.formula.replace('MLA', f'{full} MLA')}; + {linear} KDA layers x {size(state)} state")
+
+
+def _kimi_linear(c: dict[str, Any], b: int) -> KVLayout:
+    heads, head_dim = kimi_linear_sizes(c)
+    kernel = int((c.get("linear_attn_config") or {}).get("short_conv_kernel_size", c.get("linear_conv_kernel_dim") or 4))
+    return _kda_hybrid(c, b, kimi_linear_layer_types(c), heads, head_dim, kernel)
+
+
+def _bailing_hybrid(c: dict[str, Any], b: int) -> KVLayout:
+    every = int(c.get("layer_group_size") or 6)
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                                     for i in range(int(c["num_hidden_layers"]))]
+    heads, _, head_dim, _ = FAMILIES["bailing_hybrid"].attention_sizes(c)[0]  # type: ignore[misc]
+    kernel = int(c.get("linear_conv_kernel_dim") or c.get("short_conv_kernel_size") or 4)
+    return _kda_hybrid(c, b, types, heads, head_dim, kernel)
+
+
 def _compressed(c: dict[str, Any], b: int) -> KVLayout:
     """DeepSeek-V4 (layers/compressed_attention.py): per token, the compressed entries of its CSA
     layers (head_dim + the indexer's index_head_dim, one a `rate` tokens) and HCA layers
@@ -209,6 +284,9 @@ KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2":
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa, "solar_open": _gqa,
+              "cohere2_moe": _gqa, "afmoe": _gqa, "laguna": _gqa, "lfm2_moe": _short_conv, "minimax": _lightning,
+              "kimi_linear": _kimi_linear, "bailing_hybrid": _bailing_hybrid,
+              "mimo_v2_flash": _per_layer_gqa("mimo_v2_flash"),  # (its sliding-window layers keep every token, as the runtime's KV cache does)
               "phimoe": _gqa, "dbrx": _gqa, "flex_olmo": _gqa,
               "gpt_oss": _gqa}  # (its sliding-window layers keep every token, as the runtime's KV cache does)
 
