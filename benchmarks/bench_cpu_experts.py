@@ -12,12 +12,17 @@ weights come from DRAM. Printed side by side:
 
 as GB/s of expert weights streamed (bytes of every distinct expert record a step touches,
 scales included, over the step's time), best and median over the repetitions. A dtype `a/b`
-is a GGUF-style mixed expert: gate and up stored as a, down as b (Q4_K_M: q4_k/q6_k).
+is a GGUF-style mixed expert: gate and up stored as a, down as b (Q4_K_M: q4_k/q6_k). A `+act`
+suffix gives the experts gpt-oss's records: its clamped SwiGLU (alpha 1.702, limit 7) and bf16
+w13/w2 biases (their bytes counted). mxfp4 takes the kernel's int8 products with 16-bit
+activations (--compute-dtype bf16, the default) and its fp32 ones with f32.
 
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 16
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --tokens 1,4,256 --dtypes bf16
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 1,2 --dtypes bf16,q8_0,q4_k,q6_k,q4_k/q6_k
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --build avx2 --dtypes q4_k  # another CPU's build
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 1,2 --dtypes bf16,q4_k,mxfp4,mxfp4+act,bf16+act
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --hidden 2880 --inter 2880 --top-k 4 --dtypes mxfp4+act  # gpt-oss
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from collections.abc import Callable
 
 import torch
 
+from ftw.format import SWIGLU, ExpertActivation
 from runtime.experts import cpu_kernels
 from runtime.experts.cpu_kernels import Kernel, native_kernel
 from runtime.experts.executor import CPUExpertExecutor, ReferenceCPUExpertExecutor
 from runtime.experts.synthetic import random_bank
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+GPT_OSS_ACTIVATION = ExpertActivation("swiglu_clamped", alpha=1.702, limit=7.0)
 BUILDS = {"native": cpu_kernels.NATIVE_FLAGS, "no-vnni": cpu_kernels.NO_VNNI_FLAGS, "avx2": cpu_kernels.AVX2_FLAGS,
           "scalar": cpu_kernels.SCALAR_FLAGS}
 
@@ -92,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", default=str(torch.get_num_threads()),
                         help="CPU threads, comma separated (default: torch's)")
     parser.add_argument("--dtypes", default="bf16,f8_e4m3,q8_0",
-                        help="expert dtypes (f32,f16,bf16,f8_e4m3,f8_e5m2,q8_0,q4_k,q5_k,q6_k; gate-up/down: q4_k/q6_k)")
+                        help="expert dtypes (f32,f16,bf16,f8_e4m3,f8_e5m2,q8_0,q4_k,q5_k,q6_k,mxfp4; gate-up/down: "
+                             "q4_k/q6_k; +act: gpt-oss's activation and biases)")
     parser.add_argument("--build", default="native", choices=sorted(BUILDS),
                         help="the kernel build: this CPU's (native), or what a CPU without VNNI, AVX-512 or AVX2 gets")
     parser.add_argument("--tokens", default="1", help="tokens per step, comma separated (decode: 1)")
@@ -121,11 +129,13 @@ def main(argv: list[str] | None = None) -> None:
           f"activations {args.compute_dtype}; GB/s = distinct expert bytes per step / step time (best, median)")
     banks = {}
     for dtype in args.dtypes.split(","):
-        gate_up, _, down = dtype.partition("/")
-        record_bytes = random_bank(gate_up, 1, args.hidden, args.inter, down_dtype=down or None).layout.expert_stride
+        stored, _, extra = dtype.partition("+")
+        gate_up, _, down = stored.partition("/")
+        options = dict(down_dtype=down or None, activation=GPT_OSS_ACTIVATION if extra == "act" else SWIGLU,
+                       bias_dtype="bf16" if extra == "act" else None)
+        record_bytes = random_bank(gate_up, 1, args.hidden, args.inter, **options).layout.expert_stride
         num_experts = max(args.experts, -(-(args.bank_mib << 20) // record_bytes))
-        banks[dtype] = random_bank(gate_up, num_experts, args.hidden, args.inter, num_distinct=4,
-                                   down_dtype=down or None)
+        banks[dtype] = random_bank(gate_up, num_experts, args.hidden, args.inter, num_distinct=4, **options)
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         print(f"## {threads} thread(s)")
@@ -135,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_dtypes(args: argparse.Namespace, banks: dict, compute: torch.dtype, kernel: Kernel | None, threads: int) -> None:
-    print(f"{'dtype':9} {'T':>4} {'MB/step':>8} | {'reference ms':>12} {'GB/s':>6} | {'fast ms':>8} {'GB/s':>6} "
+    print(f"{'dtype':11} {'T':>4} {'MB/step':>8} | {'reference ms':>12} {'GB/s':>6} | {'fast ms':>8} {'GB/s':>6} "
           f"{'(median)':>8} | {'speedup':>7}")
     for dtype, bank in banks.items():
         num_experts = bank.num_experts
@@ -162,8 +172,9 @@ def run_dtypes(args: argparse.Namespace, banks: dict, compute: torch.dtype, kern
                 run_s = timed_steps(runtime, x, steps, weights, args.ref_reps, budget_s=30, warmup=1)
                 runtime_text = (f" | runtime {statistics.median(run_s) * 1e3:8.2f} ms, "
                                 f"{statistics.median(fast_s) / statistics.median(run_s):4.2f}x the kernel")
-            print(f"{dtype:9} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
-                  f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}{runtime_text}")
+            fallback = "  (no kernel: the torch path)" if fast._layers.get(0) is None else ""
+            print(f"{dtype:11} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
+                  f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}{runtime_text}{fallback}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Tolerances: the kernel multiplies the same fp32 products as the reference (dequa
 activation, exact for every stored dtype) and only sums them in another order, over H then I
 terms, so fp32 results agree to a few ulps of the largest output (observed <= 2e-6 relative;
 asserted 1e-5). With bf16 activations the kernel keeps fp32 between the projections and rounds
-once at the end: it is the fp32 result rounded to bf16.
+once at the end: it is the fp32 result rounded to bf16. MXFP4 banks here run in a float32 model,
+so on the kernel's fp32 path (its int8 path: tests/test_mxfp4_kernel.py). The same holds for
+gpt-oss's and DeepSeek-V4's clamped activations and for expert biases.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from ftw.format import SWIGLU, ExpertActivation
 from runtime.experts import cpu_kernels
 from runtime.experts.cpu_kernels import AVX2_FLAGS, NATIVE_FLAGS, SCALAR_FLAGS, Kernel, KernelBuildError
 from runtime.experts.executor import CPUExpertExecutor, ReferenceCPUExpertExecutor
@@ -22,7 +25,7 @@ from runtime.experts.synthetic import random_bank
 
 # (dtype, FP8 block scales)
 DTYPES = [("f32", False), ("f16", False), ("bf16", False), ("f8_e4m3", True), ("f8_e4m3", False),
-          ("f8_e5m2", True), ("f8_e5m2", False), ("q8_0", False)]
+          ("f8_e5m2", True), ("f8_e5m2", False), ("q8_0", False), ("mxfp4", False)]
 DTYPE_IDS = [d + ("+scales" if s else "") for d, s in DTYPES]
 NUM_EXPERTS, TOP_K = 16, 8
 
@@ -69,8 +72,8 @@ def test_matches_reference_small(kernels, variant: str, dtype: str, scales: bool
     if variant not in kernels:
         pytest.skip(f"this CPU cannot run the {variant} build")
     # sizes off the SIMD width and the 128-column FP8 block (tails, partial scale blocks); q8_0
-    # rows are whole 32-element blocks
-    hidden, inter = (96, 64) if dtype == "q8_0" else (80, 40)
+    # and mxfp4 rows are whole 32-element blocks (an odd number of them: 3 and 5)
+    hidden, inter = (96, 160) if dtype in ("q8_0", "mxfp4") else (80, 40)
     bank = random_bank(dtype, NUM_EXPERTS, hidden, inter, seed=3, fp8_scales=scales)
     fast = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels[variant], grouped_gemm_min_rows=None)
     reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
@@ -91,6 +94,35 @@ def test_matches_reference_qwen3_shape(kernels, dtype: str, scales: bool) -> Non
         x = torch.randn(num_tokens, 2048, generator=torch.Generator().manual_seed(7))
         ids, weights = routing(num_tokens, seed=num_tokens)
         assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
+
+
+# gpt-oss's (its alpha; a limit the random experts' gate and up values cross) and DeepSeek-V4's
+ACTIVATIONS = [SWIGLU, ExpertActivation("swiglu_clamped", alpha=1.702, limit=0.7),
+               ExpertActivation("swiglu_limited", limit=0.5)]
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=[a.kind for a in ACTIVATIONS])
+@pytest.mark.parametrize("dtype, bias_dtype", [("bf16", None), ("bf16", "f32"), ("mxfp4", "bf16"), ("f32", "f16")])
+def test_activations_and_biases_are_the_references(kernels, variant: str, activation: ExpertActivation, dtype: str,
+                                                   bias_dtype: str | None) -> None:
+    """The kernel computes the bank's activation between the projections, w13_bias added to gate
+    and up before it and w2_bias to the output (gpt-oss's records: mxfp4 weights, bf16 biases)."""
+    if variant not in kernels:
+        pytest.skip(f"this CPU cannot run the {variant} build")
+    bank = random_bank(dtype, NUM_EXPERTS, 96, 160, seed=7, activation=activation, bias_dtype=bias_dtype)
+    fast = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels[variant], grouped_gemm_min_rows=None)
+    reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
+    for num_tokens in (1, 5):
+        x = torch.randn(num_tokens, 96, generator=torch.Generator().manual_seed(num_tokens))
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
+    assert fast._layers[0] is not None
+    if activation.limit is not None:  # the clamps were crossed (else this tests plain SwiGLU again)
+        w13, _ = bank.weights(0, torch.float32)
+        b13 = bank.biases(0, torch.float32)
+        pre = x @ w13.T + (b13[0] if b13 else 0)
+        assert (pre.abs() > activation.limit).float().mean() > 0.2
 
 
 def test_weights_of_another_shape_than_the_ids_are_refused(kernels) -> None:
@@ -195,7 +227,7 @@ def test_the_kernels_dequantizer_matches_the_reference_exactly(kernels, dtype: s
     FP8 block; q8_0 rows are whole blocks)."""
     from runtime.experts.cpu_kernels import ExpertKernel
 
-    hidden, inter = (96, 64) if dtype == "q8_0" else (200, 136)
+    hidden, inter = (96, 64) if dtype in ("q8_0", "mxfp4") else (200, 136)
     bank = random_bank(dtype, 4, hidden, inter, seed=19, fp8_scales=scales)
     fast = ExpertKernel(kernels["native"], bank)
     for expert in range(4):

@@ -1,9 +1,9 @@
 """An expert's activation computed: h = act(gate, up) for the kinds of ftw.format.ExpertActivation.
 
 A bank's layout names its experts' activation (`ExpertBank.activation`, written by the converter
-from the family's config). The compiled CPU kernel and the Triton SwiGLU kernels compute plain
-"swiglu" only (`plain`): the kernel refuses other banks (cpu_kernels.bank_layout: the torch path
-runs them) and the device paths route them to their torch forms, which compute every kind here.
+from the family's config). The compiled CPU kernel computes every kind (its `Act`, in
+csrc/moe_cpu.cpp), as does the GPU slot kernel; the Triton grouped-GEMM kernel computes plain
+"swiglu" only (`plain`), and the device paths route other banks to their torch forms here.
 """
 
 from __future__ import annotations

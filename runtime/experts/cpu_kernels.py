@@ -1,5 +1,5 @@
-"""The compiled CPU expert kernel (csrc/moe_cpu.cpp, and csrc/kquants.cpp for the GGML K-quants):
-built at first use, cached, called with ctypes.
+"""The compiled CPU expert kernel (csrc/moe_cpu.cpp, csrc/kquants.cpp for the GGML K-quants and
+csrc/mxfp4.cpp for MXFP4's int8 products): built at first use, cached, called with ctypes.
 
 Why not torch: its bf16 CPU matmul streams expert weights at a fraction of DRAM bandwidth, and
 fp8 / GGML weights would need a dequantized copy per use. Why not a torch extension: the kernel
@@ -25,14 +25,14 @@ import torch
 
 from ftw.format import BLOCK_DTYPES
 
-from .activation import describe, plain
+from .activation import describe
 from .bank import HostExpertBank
 
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "moe_cpu.cpp"
-SOURCES = (SOURCE, CSRC / "kquants.cpp")  # compiled together into one library
+SOURCES = (SOURCE, CSRC / "kquants.cpp", CSRC / "mxfp4.cpp")  # compiled together into one library
 # -ffp-contract=off: every product and sum rounded as written, never fused, so the dequantizers
 # give the reference's values bit for bit (gguf-py's numpy rounds each operation).
 NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off")
@@ -42,11 +42,20 @@ NO_VNNI_FLAGS = (*NATIVE_FLAGS, "-mno-avx512vnni")  # AVX-512 without VNNI (Skyl
 SCALAR_FLAGS = (*NATIVE_FLAGS, "-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c", "-mno-avx")
 
 # FTW dtype -> the kernel's dtype code (enum Dtype in moe_cpu.cpp)
-DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "f8_e4m3": 3, "f8_e5m2": 4, "q8_0": 5, "q4_k": 6, "q5_k": 7, "q6_k": 8}
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "f8_e4m3": 3, "f8_e5m2": 4, "q8_0": 5, "q4_k": 6, "q5_k": 7, "q6_k": 8,
+               "mxfp4": 9}
 # GGML K-quants (csrc/kquants.cpp): the kernel multiplies them with activations quantized to
 # Q8_K (int8 per 256 values), as llama.cpp does, so their results are not the reference's to
 # the last bits but within the activation rounding (tests/test_kquant_kernel.py bounds it).
 KQUANT_DTYPES = ("q4_k", "q5_k", "q6_k")
+# GGML MXFP4 (gpt-oss's and DeepSeek-V4's experts): either way. With `int8_activations`
+# (csrc/mxfp4.cpp) against activations quantized to int8 per 32 values, as llama.cpp does
+# (tests/test_mxfp4_kernel.py bounds the rounding); without, in fp32, the reference's products.
+INT8_DTYPES = ("mxfp4",)
+BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequant_rows take
+# ExpertActivation.kind -> enum Activation in moe_cpu.cpp
+ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2}
+BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
@@ -67,7 +76,9 @@ class _Mat(ctypes.Structure):
 
 class _Layout(ctypes.Structure):
     _fields_ = [("gate", _Mat), ("up", _Mat), ("down", _Mat), ("record_stride", ctypes.c_int64),
-                ("num_experts", ctypes.c_int64)]
+                ("num_experts", ctypes.c_int64), ("activation", ctypes.c_int64), ("alpha", ctypes.c_double),
+                ("limit", ctypes.c_double), ("gate_bias", ctypes.c_int64), ("up_bias", ctypes.c_int64),
+                ("down_bias", ctypes.c_int64), ("bias_dtype", ctypes.c_int64), ("mxfp4_int8", ctypes.c_int64)]
 
 
 class ShareJob(ctypes.Structure):
@@ -218,9 +229,10 @@ class Kernel:
         return out
 
     def dense_blocks(self, x: torch.Tensor, rows: torch.Tensor, dtype: str, threads: int) -> torch.Tensor:
-        """x [T, C] @ W^T in float32 for K-quant rows (`rows`: uint8 [R, C / 256 x block bytes], as
-        stored), T <= DENSE_MAX_TOKENS, x quantized to Q8_K first: the expert kernel's products."""
-        cols = rows.shape[1] // _kquant_block_bytes(dtype) * 256
+        """x [T, C] @ W^T in float32 for K-quant or MXFP4 rows (`rows`: uint8 [R, C / block size x
+        block bytes], as stored), T <= DENSE_MAX_TOKENS, x quantized first (K-quants: to Q8_K;
+        MXFP4: int8 per 32 values): the expert kernel's integer products."""
+        cols = _block_cols(rows, dtype)
         x = x.to(torch.float32).contiguous()
         rows = rows.contiguous()
         out = torch.empty(x.shape[0], rows.shape[0], dtype=torch.float32, device="cpu")
@@ -229,18 +241,18 @@ class Kernel:
         rc = self._dense(rows.data_ptr(), DTYPE_CODES[dtype], rows.shape[0], cols, x.shape[0], x.data_ptr(),
                          out.data_ptr(), threads)
         if rc != 0:
-            raise ValueError(f"dense_blocks takes {', '.join(KQUANT_DTYPES)} rows and 1-{DENSE_MAX_TOKENS} tokens, "
+            raise ValueError(f"dense_blocks takes {', '.join(BLOCK_ROW_DTYPES)} rows and 1-{DENSE_MAX_TOKENS} tokens, "
                              f"not {dtype} and {x.shape[0]}")
         return out
 
     def dequant_rows(self, rows: torch.Tensor, dtype: str) -> torch.Tensor:
-        """K-quant rows (uint8 [R, row bytes], as stored) as float32 [R, C]: the values the kernel's
-        integer products stand for, bit for bit gguf-py's dequantize."""
+        """K-quant or MXFP4 rows (uint8 [R, row bytes], as stored) as float32 [R, C]: the values the
+        kernel's products stand for, bit for bit gguf-py's dequantize."""
         rows = rows.contiguous()
-        cols = rows.shape[1] // _kquant_block_bytes(dtype) * 256
+        cols = _block_cols(rows, dtype)
         out = torch.empty(rows.shape[0], cols, dtype=torch.float32, device="cpu")
         if self._dequant_rows(rows.data_ptr(), DTYPE_CODES[dtype], rows.shape[0], cols, out.data_ptr()) != 0:
-            raise ValueError(f"dequant_rows takes {', '.join(KQUANT_DTYPES)} rows, not {dtype}")
+            raise ValueError(f"dequant_rows takes {', '.join(BLOCK_ROW_DTYPES)} rows, not {dtype}")
         return out
 
     def wait_u32(self, address: int, value: int, timeout_s: float) -> bool:
@@ -252,10 +264,12 @@ class Kernel:
         return int(self._read(data.data_ptr(), data.numel() * data.element_size(), threads))
 
 
-def _kquant_block_bytes(dtype: str) -> int:
-    if dtype not in KQUANT_DTYPES:
-        raise ValueError(f"not a K-quant the kernel reads: {dtype} (it reads {', '.join(KQUANT_DTYPES)})")
-    return BLOCK_DTYPES[dtype][1]
+def _block_cols(rows: torch.Tensor, dtype: str) -> int:
+    """Values per row of block rows `rows` (uint8 [R, row bytes]) of `dtype`."""
+    if dtype not in BLOCK_ROW_DTYPES:
+        raise ValueError(f"not block rows the kernel reads: {dtype} (it reads {', '.join(BLOCK_ROW_DTYPES)})")
+    block_size, block_bytes = BLOCK_DTYPES[dtype]
+    return rows.shape[1] // block_bytes * block_size
 
 
 @functools.cache
@@ -269,12 +283,13 @@ def native_kernel() -> Kernel | None:
 
 
 class ExpertKernel:
-    """The kernel bound to one layer's bank (layout checked once)."""
+    """The kernel bound to one layer's bank (layout checked once). `int8_activations`: MXFP4
+    matrices take the int8 products (INT8_DTYPES), else their fp32 ones."""
 
-    def __init__(self, kernel: Kernel, bank: HostExpertBank) -> None:
+    def __init__(self, kernel: Kernel, bank: HostExpertBank, *, int8_activations: bool = True) -> None:
         self.kernel = kernel
         self.bank = bank  # keeps the bytes alive while the kernel holds their address
-        self.layout = bank_layout(bank)
+        self.layout = bank_layout(bank, int8_activations=int8_activations)
         self.hidden_size = self.layout.gate.cols
 
     def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, threads: int) -> torch.Tensor:
@@ -350,15 +365,14 @@ class ExpertKernel:
         return w13, w2
 
 
-def bank_layout(bank: HostExpertBank) -> _Layout:
+def bank_layout(bank: HostExpertBank, *, int8_activations: bool = True) -> _Layout:
     """The kernel's view of `bank`; UnsupportedBank says why it cannot run it."""
     data = bank.data
     if data.device.type != "cpu" or data.dtype != torch.uint8 or data.dim() != 2 or data.stride(1) != 1:
         raise UnsupportedBank("bank bytes are not a CPU uint8 [experts, stride] tensor")
-    if not plain(bank.layout.activation):  # (the kernel combines gate and up as silu(gate) * up only)
-        raise UnsupportedBank(f"the kernel computes SwiGLU experts, not {describe(bank.layout.activation)}")
-    if bank.has_part("w13_bias"):  # (gpt-oss's records; the torch path adds them)
-        raise UnsupportedBank("the kernel computes experts without biases")
+    activation = bank.layout.activation
+    if activation.kind not in ACTIVATION_CODES or (activation.kind != "swiglu" and activation.limit is None):
+        raise UnsupportedBank(f"the kernel has no expert activation {describe(activation)}")
     block = tuple(bank.layout.quant.get("fp8_block", (128, 128)))
     if bank.has_part("w13"):
         w13 = bank.layout.part("w13")
@@ -374,15 +388,34 @@ def bank_layout(bank: HostExpertBank) -> _Layout:
     down = _mat(bank, w2.offset, w2.dtype, *w2.shape, w2.nbytes // w2.shape[0], "w2_scale", block)
     if (down.rows, down.cols) != (gate.cols, gate.rows):
         raise UnsupportedBank(f"w2 is {list(w2.shape)}, expected [{gate.cols}, {gate.rows}]")
-    return _Layout(gate=gate, up=up, down=down, record_stride=data.stride(0), num_experts=data.shape[0])
+    gate_bias, up_bias, down_bias, bias_dtype = _biases(bank, gate.rows, gate.cols)
+    return _Layout(gate=gate, up=up, down=down, record_stride=data.stride(0), num_experts=data.shape[0],
+                   activation=ACTIVATION_CODES[activation.kind], alpha=activation.alpha,
+                   limit=activation.limit if activation.limit is not None else math.inf, gate_bias=gate_bias,
+                   up_bias=up_bias, down_bias=down_bias, bias_dtype=bias_dtype, mxfp4_int8=int(int8_activations))
+
+
+def _biases(bank: HostExpertBank, inter: int, hidden: int) -> tuple[int, int, int, int]:
+    """(gate, up, down bias offsets in a record, their dtype code); -1 offsets without biases."""
+    if not bank.has_part("w13_bias") and not bank.has_part("w2_bias"):
+        return -1, -1, -1, DTYPE_CODES["f32"]
+    if not (bank.has_part("w13_bias") and bank.has_part("w2_bias")):
+        raise UnsupportedBank("expert records with one of w13_bias and w2_bias need both")
+    b13, b2 = bank.layout.part("w13_bias"), bank.layout.part("w2_bias")
+    if b13.dtype != b2.dtype or b13.dtype not in BIAS_DTYPES or list(b13.shape) != [2 * inter] \
+            or list(b2.shape) != [hidden]:
+        raise UnsupportedBank(f"expert biases are {b13.dtype} {list(b13.shape)} and {b2.dtype} {list(b2.shape)}, "
+                              f"expected one of {', '.join(BIAS_DTYPES)}, [{2 * inter}] and [{hidden}]")
+    half = b13.nbytes // 2  # gate's I values, then up's
+    return b13.offset, b13.offset + half, b2.offset, DTYPE_CODES[b13.dtype]
 
 
 def _mat(bank: HostExpertBank, offset: int, dtype: str, rows: int, cols: int, row_bytes: int,
          scale: str | None, block: tuple[int, ...]) -> _Mat:
     if dtype not in DTYPE_CODES:
         raise UnsupportedBank(f"no kernel for dtype {dtype}")
-    if dtype in KQUANT_DTYPES and cols % 256:
-        raise UnsupportedBank(f"{dtype} rows of {cols} values are not whole 256-value super-blocks")
+    if dtype in BLOCK_DTYPES and cols % BLOCK_DTYPES[dtype][0]:
+        raise UnsupportedBank(f"{dtype} rows of {cols} values are not whole {BLOCK_DTYPES[dtype][0]}-value blocks")
     scale_offset, scale_stride = -1, 0
     # as in the reference (dequant.py): block scales apply to FP8 weights only
     if scale is not None and dtype in FP8_DTYPES and bank.has_part(scale):

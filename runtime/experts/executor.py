@@ -94,8 +94,11 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
     (the reference rounds to `dtype` between the two projections). Its K-quant matrices (q4_k,
     q5_k, q6_k) take their activations rounded to Q8_K, int8 per 256 values as in llama.cpp: an
     expert's output is then ~1-2% (RMS) off the reference's (tests/test_kquant_kernel.py bounds
-    each element). `threads`: OpenMP threads per call, default torch's. `grouped_gemm_min_rows`:
-    None keeps every call on the kernel.
+    each element). MXFP4 matrices do the like in 16-bit models, int8 per 32 values as llama.cpp
+    does for them (~1% RMS too, a few times the bf16 rounding; tests/test_mxfp4_kernel.py bounds
+    it); a float32 model gets their fp32 products, the reference's, at about half the speed.
+    `threads`: OpenMP threads per call, default torch's. `grouped_gemm_min_rows`: None keeps
+    every call on the kernel.
     """
 
     def __init__(self, banks: dict[int, HostExpertBank], dtype: torch.dtype, *, threads: int | None = None,
@@ -179,7 +182,7 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
         fast = None
         if kernel is not None:
             try:
-                fast = ExpertKernel(kernel, self.banks[layer])
+                fast = ExpertKernel(kernel, self.banks[layer], int8_activations=self.dtype != torch.float32)
             except UnsupportedBank as e:
                 if str(e) not in _REPORTED:  # once per reason, not once per layer
                     _REPORTED.add(str(e))

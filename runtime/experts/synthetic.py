@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ftw import ExpertBank
+from ftw.format import SWIGLU, ExpertActivation
 from ftw.writer import plan_expert_parts
 
 from .bank import HostExpertBank
@@ -17,19 +18,26 @@ TORCH_FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat
 
 def random_bank(dtype: str, num_experts: int, hidden_size: int, inter_size: int, *, layer: int = 0, seed: int = 0,
                 num_distinct: int | None = None, fp8_scales: bool = True, up_dtype: str | None = None,
-                down_dtype: str | None = None) -> HostExpertBank:
+                down_dtype: str | None = None, activation: ExpertActivation = SWIGLU,
+                bias_dtype: str | None = None) -> HostExpertBank:
     """A bank of `num_experts` random SwiGLU experts stored as `dtype` (f32, f16, bf16, f8_e4m3 /
     f8_e5m2 with 128x128 `weight_scale_inv` block scales when `fp8_scales`, or a GGML block quant
-    such as q8_0 or q4_k). `num_distinct` experts are drawn and repeated, so a large bank is quick
-    to make. A GGUF-style mixed expert: `down_dtype` for w2 (Q4_K_M's Q6_K down), `up_dtype` for
-    up (stored as w1 and w3 apart, as ftw/gguf_convert.py does when gate and up differ)."""
+    such as q8_0, q4_k or mxfp4). `num_distinct` experts are drawn and repeated, so a large bank is
+    quick to make. A GGUF-style mixed expert: `down_dtype` for w2 (Q4_K_M's Q6_K down), `up_dtype`
+    for up (stored as w1 and w3 apart, as ftw/gguf_convert.py does when gate and up differ).
+    `activation`: the experts' (gpt-oss's swiglu_clamped, ...); `bias_dtype`: records with
+    `w13_bias` [2I] and `w2_bias` [H] in it, as gpt-oss's."""
     gen = torch.Generator().manual_seed(seed)
     records = [_expert(dtype, hidden_size, inter_size, gen, fp8_scales, up_dtype or dtype, down_dtype or dtype)
                for _ in range(min(num_experts, num_distinct or num_experts))]
+    if bias_dtype is not None:
+        for record in records:
+            for name, size in (("w13_bias", 2 * inter_size), ("w2_bias", hidden_size)):
+                record[name] = (bias_dtype, (size,), _bytes(torch.randn(size, generator=gen).to(TORCH_FLOATS[bias_dtype])))
     parts, stride = plan_expert_parts((name, part_dtype, shape) for name, (part_dtype, shape, _) in records[0].items())
     quant = {"fp8_block": list(FP8_BLOCK), "scale": "weight_scale_inv"} if "w1_scale" in records[0] else {}
     layout = ExpertBank(layer=layer, num_experts=num_experts, expert_stride=stride, shard="synthetic", offset=0,
-                        parts=parts, quant=quant)
+                        parts=parts, quant=quant, activation=activation)
     data = torch.zeros(num_experts, stride, dtype=torch.uint8)
     for e in range(num_experts):
         record = records[e % len(records)]

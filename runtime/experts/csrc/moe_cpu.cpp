@@ -8,7 +8,13 @@
 // that expert (up to 4 at a time, in registers). Products equal the reference's (dequantized
 // weight x activation in fp32) bit for bit; only the summation order differs. GGML K-quant rows
 // (Q4_K, Q5_K, Q6_K) are the exception: kquants.cpp multiplies them in integers against
-// activations quantized to Q8_K once per call, as llama.cpp does (kquants.h).
+// activations quantized to Q8_K once per call, as llama.cpp does (kquants.h); so does
+// mxfp4.cpp for MXFP4 rows when the layout asks for it (activations as int8 per 32 values),
+// else MXFP4 goes the fp32 way, exact like the others.
+//
+// Between the projections: the layout's activation (silu(g) * u, or gpt-oss's / DeepSeek-V4's
+// clamped forms, runtime/experts/activation.py) after adding the records' biases where they
+// have them, and the down projection's bias after it.
 //
 // Plain C ABI, no torch headers: builds in a few seconds with g++ alone, loaded with ctypes.
 // Threads come from OpenMP (libgomp.so.1: the same runtime torch has already loaded).
@@ -34,6 +40,7 @@
 
 #include "fp16.h"
 #include "kquants.h"  // Q4_K, Q5_K, Q6_K: kquants.cpp, built with this file
+#include "mxfp4.h"    // MXFP4's int8 products: mxfp4.cpp, built with this file
 
 // Software prefetch distance in bytes along each weight row (0: off). The hardware prefetchers
 // alone leave a core's stream well under its share of DRAM bandwidth: on a 16-core Sapphire
@@ -48,9 +55,11 @@
 
 namespace {
 
-enum Dtype : int64_t { F32 = 0, F16 = 1, BF16 = 2, E4M3 = 3, E5M2 = 4, Q8_0 = 5, Q4_K = 6, Q5_K = 7, Q6_K = 8 };
-static_assert(int64_t(Q4_K) == kq::Q4_K && int64_t(Q5_K) == kq::Q5_K && int64_t(Q6_K) == kq::Q6_K,
-              "kquants.h numbers them alike");
+enum Dtype : int64_t {
+  F32 = 0, F16 = 1, BF16 = 2, E4M3 = 3, E5M2 = 4, Q8_0 = 5, Q4_K = 6, Q5_K = 7, Q6_K = 8, MXFP4 = 9
+};
+static_assert(int64_t(Q4_K) == kq::Q4_K && int64_t(Q5_K) == kq::Q5_K && int64_t(Q6_K) == kq::Q6_K &&
+              int64_t(MXFP4) == mx::MXFP4, "kquants.h and mxfp4.h number them alike");
 
 // One weight matrix of an expert record, as stored. Mirrored by cpu_kernels._Mat (all int64).
 struct Mat {
@@ -63,10 +72,32 @@ struct Mat {
   int64_t block_rows, block_cols;
 };
 
+// How gate and up combine (ftw.format.ExpertActivation; activation.py is the reference).
+enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2 };
+
 struct Layout {  // Mirrored by cpu_kernels._Layout.
   Mat gate, up, down;  // gate/up: [I, H] (rows I..2I of w13 are `up`), down: [H, I]
   int64_t record_stride;
   int64_t num_experts;
+  int64_t activation;  // enum Activation
+  double alpha, limit;  // swiglu_clamped's alpha; the clamps' limit (not SWIGLU)
+  int64_t gate_bias, up_bias, down_bias;  // byte offsets in a record of [I], [I], [H] vectors; -1: none
+  int64_t bias_dtype;  // F32, F16 or BF16
+  int64_t mxfp4_int8;  // MXFP4 matrices: int8 products with activations quantized per 32 (else fp32)
+};
+
+// h = act(gate, up) for one element, in fp32: activation.py's `activate`.
+struct Act {
+  int64_t kind;
+  float alpha, limit;
+  explicit Act(const Layout& L) : kind(L.activation), alpha(float(L.alpha)), limit(float(L.limit)) {}
+  inline float operator()(float g, float u) const {
+    if (kind == SWIGLU) return g / (1.f + std::exp(-g)) * u;
+    g = std::min(g, limit);  // (NaN stays NaN, as in torch's clamp)
+    u = std::min(std::max(u, -limit), limit);
+    if (kind == SWIGLU_CLAMPED) return g / (1.f + std::exp(-alpha * g)) * (u + 1.f);
+    return g / (1.f + std::exp(-g)) * u;  // SWIGLU_LIMITED
+  }
 };
 
 // ---- scalar conversions (tails, and the whole job on CPUs without AVX2) ----
@@ -83,8 +114,21 @@ template <int D> inline float load1(const uint8_t* p, int64_t i) {
   if constexpr (D == E4M3) return half_to_float(e4m3_as_half(p[i]));
   if constexpr (D == E5M2) return half_to_float(uint16_t(p[i]) << 8);  // e5m2 is the top byte of fp16
   if constexpr (D == Q8_0) return float(int8_t(p[i]));
+  // MXFP4: p at a block's 16 code bytes; value i < 16 in the low nibble of byte i, i >= 16 in
+  // the high nibble of byte i - 16; as the table's doubled e2m1 (the block scale multiplies)
+  if constexpr (D == MXFP4) return float(mx::KVALUES[(p[i & 15] >> (4 * (i >> 4))) & 0x0F]);
   return 0.f;
 }
+
+#if defined(__SSSE3__)
+// MXFP4 values [i, i + 16) of a block (i = 0 or 16): the table's int8 values of 16 codes
+inline __m128i mxfp4_values16(const uint8_t* p, int64_t i) {
+  __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (i >= 16) q = _mm_srli_epi16(q, 4);
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mx::KVALUES));
+  return _mm_shuffle_epi8(table, _mm_and_si128(q, _mm_set1_epi8(0x0F)));
+}
+#endif
 
 // ---- vectors: AVX-512, AVX2+FMA+F16C, or one lane ----
 
@@ -116,11 +160,15 @@ template <int D> inline vf loadv(const uint8_t* p, int64_t i) {
   }
   if constexpr (D == Q8_0)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+  if constexpr (D == MXFP4) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mxfp4_values16(p, i)));  // i: 0 or 16
   return vzero();
 }
 // Elements [i, i + 2W): FP8 converts 32 at a time (one widening, one bit shuffle, two cvtph).
 template <int D> inline void load2(const uint8_t* p, int64_t i, vf& lo, vf& hi) {
-  if constexpr (D == E4M3 || D == E5M2) {
+  if constexpr (D == MXFP4) {  // a whole block (i = 0): its low nibbles, then its high ones
+    lo = loadv<D>(p, 0);
+    hi = loadv<D>(p, 16);
+  } else if constexpr (D == E4M3 || D == E5M2) {
     __m512i w = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))), 8);
     // e4m3 in the high byte: sign, E, m; >> 1 (arithmetic) and clearing bit 14 gives e4m3_as_half
     if constexpr (D == E4M3) w = _mm512_and_si512(_mm512_srai_epi16(w, 1), _mm512_set1_epi16(int16_t(0xBFFF)));
@@ -162,6 +210,10 @@ template <int D> inline vf loadv(const uint8_t* p, int64_t i) {
   }
   if constexpr (D == Q8_0)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i))));
+  if constexpr (D == MXFP4) {  // i: 0, 8, 16 or 24 (the low 8 bytes of a 16-value load)
+    const __m128i v = mxfp4_values16(p, i & 16);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((i & 8) ? _mm_srli_si128(v, 8) : v));
+  }
   return vzero();
 }
 template <int D> inline void load2(const uint8_t* p, int64_t i, vf& lo, vf& hi) {
@@ -278,6 +330,11 @@ void dot2(const uint8_t* a, const uint8_t* b, const float* sa, const float* sb, 
       segment<D, NT, true, 32>(a + blk + 2, b + blk + 2, half_to_float(da), half_to_float(db), xs, c, 32, acc_a,
                                acc_b, tail_a, tail_b);
     }
+  } else if constexpr (D == MXFP4) {  // blocks of 17 bytes: e8m0 exponent, 16 code bytes (mxfp4.h)
+    for (int64_t c = 0, blk = 0; c < m.cols; c += mx::QK, blk += mx::BLOCK_BYTES) {
+      segment<D, NT, true, 32>(a + blk + 1, b + blk + 1, mx::e8m0_half(a[blk]), mx::e8m0_half(b[blk]), xs, c, 32,
+                               acc_a, acc_b, tail_a, tail_b);
+    }
   } else {
     const float unit = D == E4M3 ? 256.f : 1.f;  // undo e4m3_as_half's / 256
     if (sa == nullptr) {
@@ -321,31 +378,53 @@ bool dot2_table(int64_t dtype, Dot2* fns) {
     case E4M3: table_of<E4M3>(fns); return true;
     case E5M2: table_of<E5M2>(fns); return true;
     case Q8_0: table_of<Q8_0>(fns); return true;
+    case MXFP4: table_of<MXFP4>(fns); return true;
     default: return false;
   }
 }
 
-static_assert(kq::MAX_NT == MAX_NT, "both tables serve 1..MAX_NT tokens");
+static_assert(kq::MAX_NT == MAX_NT && mx::MAX_NT == MAX_NT, "the tables serve 1..MAX_NT tokens");
+
+// Up to MAX_NT activation rows in the forms the row products take: fp32, Q8_K blocks, or
+// MXFP4's int8 rows (mx::quantize_row); each matrix reads the one its RowDots names.
+struct Acts {
+  const float* f[MAX_NT];
+  const kq::Q8K* k[MAX_NT];
+  const uint8_t* m[MAX_NT];
+};
 
 // The row products of one matrix, whatever it is stored as: fp32 activations for the float,
-// FP8 and q8_0 rows (dot2), their Q8_K blocks for the K-quants (kquants.cpp, whose activations
-// the caller quantized once with kq::quantize_q8k).
+// FP8, q8_0 and (exact) MXFP4 rows (dot2), their Q8_K blocks for the K-quants (kquants.cpp),
+// int8 rows for MXFP4 with `mxfp4_int8` (mxfp4.cpp); the caller quantizes those once.
 struct RowDots {
+  enum Kind { FLOAT, Q8K, MX } kind = FLOAT;
   Dot2 f[MAX_NT] = {};
   kq::Dot2 k[MAX_NT] = {};
-  bool q8k = false;  // takes Q8_K activations
+  mx::Dot2 m[MAX_NT] = {};
 
-  bool bind(const Mat& m) {  // false: a dtype without a kernel, or K-quant rows of partial super-blocks
-    q8k = kq::is_kquant(m.dtype);
-    return q8k ? m.cols % kq::QK_K == 0 && kq::dot2_table(m.dtype, k) : dot2_table(m.dtype, f);
+  // false: a dtype without a kernel, or block rows of partial blocks
+  bool bind(const Mat& mat, bool mxfp4_int8 = false) {
+    kind = kq::is_kquant(mat.dtype) ? Q8K : mat.dtype == MXFP4 && mxfp4_int8 ? MX : FLOAT;
+    if (mat.dtype == MXFP4 && mat.cols % mx::QK != 0) return false;
+    if (kind == MX) mx::dot2_table(m);
+    return kind == Q8K ? mat.cols % kq::QK_K == 0 && kq::dot2_table(mat.dtype, k)
+                       : kind == MX || dot2_table(mat.dtype, f);
   }
-  // rows a and b of m against nt activation rows: fp32 xs[t], or their Q8_K blocks xq[t]
-  void operator()(int nt, const uint8_t* a, const uint8_t* b, const float* sa, const float* sb, const Mat& m,
-                  const float* const* xs, const kq::Q8K* const* xq, float* out_a, float* out_b) const {
-    if (q8k) k[nt - 1](a, b, m.cols / kq::QK_K, xq, out_a, out_b);
-    else f[nt - 1](a, b, sa, sb, m, xs, out_a, out_b);
+  // rows a and b of `mat` against nt activation rows
+  void operator()(int nt, const uint8_t* a, const uint8_t* b, const float* sa, const float* sb, const Mat& mat,
+                  const Acts& x, float* out_a, float* out_b) const {
+    if (kind == Q8K) k[nt - 1](a, b, mat.cols / kq::QK_K, x.k, out_a, out_b);
+    else if (kind == MX) m[nt - 1](a, b, mat.cols / mx::QK, x.m, out_a, out_b);
+    else f[nt - 1](a, b, sa, sb, mat, x.f, out_a, out_b);
   }
 };
+
+// Element i of a record's bias vector at `offset` (F32, F16 or BF16); 0 without one.
+inline float bias_at(const uint8_t* record, int64_t offset, int64_t dtype, int64_t i) {
+  if (offset < 0) return 0.f;
+  const uint8_t* p = record + offset;
+  return dtype == F32 ? load1<F32>(p, i) : dtype == F16 ? load1<F16>(p, i) : load1<BF16>(p, i);
+}
 
 inline const float* scale_row(const uint8_t* record, const Mat& m, int64_t row) {
   if (m.scale_offset < 0) return nullptr;
@@ -374,6 +453,12 @@ template <int D> void dequant_rows(const uint8_t* record, const Mat& m, int64_t 
         std::memcpy(&d, row + blk, 2);
         const float scale = half_to_float(d);
         for (int k = 0; k < 32; ++k) o[c + k] = float_to_bf16(scale * float(int8_t(row[blk + 2 + k])));
+      }
+    } else if constexpr (D == MXFP4) {  // gguf-py's values (exact in bf16 but for e8m0's extremes), rounded once
+      float block[mx::QK];
+      for (int64_t c = 0, blk = 0; c < m.cols; c += mx::QK, blk += mx::BLOCK_BYTES) {
+        mx::dequant_row(row + blk, mx::QK, block);
+        for (int k = 0; k < mx::QK; ++k) o[c + k] = float_to_bf16(block[k]);
       }
     } else {  // per scale block (or the whole row): W weights at a time through the SIMD loaders
       const float* s = scale_row(record, m, r);
@@ -422,6 +507,7 @@ bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t
     case E4M3: dequant_rows<E4M3>(record, m, r0, r1, out); return true;
     case E5M2: dequant_rows<E5M2>(record, m, r0, r1, out); return true;
     case Q8_0: dequant_rows<Q8_0>(record, m, r0, r1, out); return true;
+    case MXFP4: dequant_rows<MXFP4>(record, m, r0, r1, out); return true;
     default: return false;
   }
 }
@@ -504,12 +590,18 @@ bool to_floats(int64_t dtype, const void* in, int64_t n, float* out) {
 // The pairs [num_pairs] of a call, grouped by token in ascending order (token t owns pairs
 // token_start[t] .. token_start[t + 1] - 1): out[t] = sum of weight[p] * expert_{expert[p]}(x[t])
 // over t's pairs, in pair order (deterministic); a token without pairs gets zeros. fp32 x, out.
-// K-quant matrices read Q8_K activations instead: x quantized once per token, h once per pair.
+// K-quant matrices read Q8_K activations instead, int8 MXFP4 ones their int8 rows: x quantized
+// once per token, h once per pair.
 int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t num_pairs, const int64_t* ids,
               const int64_t* pair_token, const int64_t* token_start, const float* weights, const float* x, float* out,
               int64_t num_threads) {
   RowDots gate_dots, up_dots, down_dots;
-  if (!gate_dots.bind(L.gate) || !up_dots.bind(L.up) || !down_dots.bind(L.down)) return -2;
+  const bool mx8 = L.mxfp4_int8 != 0;
+  if (!gate_dots.bind(L.gate, mx8) || !up_dots.bind(L.up, mx8) || !down_dots.bind(L.down, mx8)) return -2;
+  if ((L.gate_bias >= 0 || L.up_bias >= 0 || L.down_bias >= 0) && L.bias_dtype != F32 && L.bias_dtype != F16 &&
+      L.bias_dtype != BF16)
+    return -2;
+  const Act act(L);
   // gate and up of one dtype go row by row, gate row r with up row r; otherwise (GGUF mixes that
   // store them apart) rows r and r + 1 of each
   const bool fused = L.gate.dtype == L.up.dtype;
@@ -534,18 +626,25 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
   std::vector<int64_t> position(num_pairs);  // pair -> its place in `order`
   for (int64_t i = 0; i < num_pairs; ++i) position[order[i]] = i;
 
-  // Per pair (in `order`): h, the SwiGLU activations [inter], and y, the expert's output [hidden].
+  // Per pair (in `order`): h, the activations between the projections [inter], and y, the expert's output [hidden].
   thread_local std::vector<float> scratch;
   scratch.resize(size_t(std::max<int64_t>(num_pairs, 1) * (inter + hidden)));
   float* const h = scratch.data();
   float* const y = h + num_pairs * inter;
   // Q8_K copies for the K-quants: xq [token][hidden / 256], hq [pair in `order`][inter / 256]
-  const int64_t x_blocks = gate_dots.q8k || up_dots.q8k ? hidden / kq::QK_K : 0;
-  const int64_t h_blocks = down_dots.q8k ? inter / kq::QK_K : 0;
+  const int64_t x_blocks = gate_dots.kind == RowDots::Q8K || up_dots.kind == RowDots::Q8K ? hidden / kq::QK_K : 0;
+  const int64_t h_blocks = down_dots.kind == RowDots::Q8K ? inter / kq::QK_K : 0;
   thread_local std::vector<kq::Q8K> q8k_scratch;
   q8k_scratch.resize(size_t(num_tokens * x_blocks + num_pairs * h_blocks));
   kq::Q8K* const xq = q8k_scratch.data();
   kq::Q8K* const hq = xq + num_tokens * x_blocks;
+  // int8 rows for MXFP4 products: xm [token], hm [pair in `order`]
+  const int64_t xm_bytes = gate_dots.kind == RowDots::MX || up_dots.kind == RowDots::MX ? mx::act_row_bytes(hidden) : 0;
+  const int64_t hm_bytes = down_dots.kind == RowDots::MX ? mx::act_row_bytes(inter) : 0;
+  thread_local std::vector<uint8_t> mx_scratch;
+  mx_scratch.resize(size_t(num_tokens * xm_bytes + num_pairs * hm_bytes));
+  uint8_t* const xm = mx_scratch.data();
+  uint8_t* const hm = xm + num_tokens * xm_bytes;
   const int64_t gate_items = num_runs * ((inter + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM);
   const int64_t down_items = num_runs * ((hidden + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM);
   const int64_t sum_items = num_tokens * ((hidden + SUM_ROWS - 1) / SUM_ROWS);
@@ -567,13 +666,14 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
 
 #pragma omp parallel num_threads(threads)
   {
-    const float* xs[MAX_NT];
-    const kq::Q8K* xk[MAX_NT];
+    Acts xa;
     float ra[MAX_NT], rb[MAX_NT], rc[MAX_NT], rd[MAX_NT];
-    // 0. the tokens as Q8_K (K-quant gate or up only)
+    // 0. the tokens as Q8_K (K-quant gate or up only), as int8 rows (int8 MXFP4 gate or up only)
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < num_tokens * x_blocks; ++b) kq::quantize_q8k(x + b * kq::QK_K, kq::QK_K, xq + b);
-    // 1. h[pair, r] = silu(gate_r . x) * (up_r . x); items: (expert, 16 rows of gate and of up)
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < (xm_bytes ? num_tokens : 0); ++t) mx::quantize_row(x + t * hidden, hidden, xm + t * xm_bytes);
+    // 1. h[pair, r] = act(gate_r . x + bias, up_r . x + bias); items: (expert, 16 rows of gate and of up)
 #pragma omp for schedule(dynamic, gate_chunk)
     for (int64_t item = 0; item < gate_items; ++item) {
       const int64_t per_run = gate_items / num_runs, run = item / per_run, r0 = item % per_run * ROWS_PER_ITEM;
@@ -583,29 +683,36 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
         const int64_t r2 = std::min(r + 1, r1 - 1);  // unfused: an odd last row is paired with itself
         const uint8_t* g = record + L.gate.offset + r * L.gate.row_bytes;
         const uint8_t* u = record + L.up.offset + r * L.up.row_bytes;
+        const float bg = bias_at(record, L.gate_bias, L.bias_dtype, r), bu = bias_at(record, L.up_bias, L.bias_dtype, r);
+        const float bg2 = bias_at(record, L.gate_bias, L.bias_dtype, r2);
+        const float bu2 = bias_at(record, L.up_bias, L.bias_dtype, r2);
         for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
           const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
           for (int t = 0; t < nt; ++t) {
-            xs[t] = x + pair_token[order[i + t]] * hidden;
-            xk[t] = xq + pair_token[order[i + t]] * x_blocks;
+            const int64_t tok = pair_token[order[i + t]];
+            xa.f[t] = x + tok * hidden;
+            xa.k[t] = xq + tok * x_blocks;
+            xa.m[t] = xm + tok * xm_bytes;
           }
           if (fused) {
-            gate_dots(nt, g, u, scale_row(record, L.gate, r), scale_row(record, L.up, r), L.gate, xs, xk, ra, rb);
+            gate_dots(nt, g, u, scale_row(record, L.gate, r), scale_row(record, L.up, r), L.gate, xa, ra, rb);
           } else {  // ra, rc: gate rows r, r2; rb, rd: up rows r, r2
             gate_dots(nt, g, record + L.gate.offset + r2 * L.gate.row_bytes, scale_row(record, L.gate, r),
-                      scale_row(record, L.gate, r2), L.gate, xs, xk, ra, rc);
+                      scale_row(record, L.gate, r2), L.gate, xa, ra, rc);
             up_dots(nt, u, record + L.up.offset + r2 * L.up.row_bytes, scale_row(record, L.up, r),
-                    scale_row(record, L.up, r2), L.up, xs, xk, rb, rd);
-            for (int t = 0; t < nt; ++t) h[(i + t) * inter + r2] = rc[t] / (1.f + std::exp(-rc[t])) * rd[t];
+                    scale_row(record, L.up, r2), L.up, xa, rb, rd);
+            for (int t = 0; t < nt; ++t) h[(i + t) * inter + r2] = act(rc[t] + bg2, rd[t] + bu2);
           }
-          for (int t = 0; t < nt; ++t) h[(i + t) * inter + r] = ra[t] / (1.f + std::exp(-ra[t])) * rb[t];
+          for (int t = 0; t < nt; ++t) h[(i + t) * inter + r] = act(ra[t] + bg, rb[t] + bu);
         }
       }
     }
-    // 1b. h as Q8_K (a K-quant down only), each pair's row once
+    // 1b. h as Q8_K (a K-quant down only) or int8 rows (an int8 MXFP4 down only), each pair's row once
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < num_pairs * h_blocks; ++b) kq::quantize_q8k(h + b * kq::QK_K, kq::QK_K, hq + b);
-    // 2. y[pair, r] = down_r . h[pair]; items: (expert, 16 rows of down), two rows per pass
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < (hm_bytes ? num_pairs : 0); ++i) mx::quantize_row(h + i * inter, inter, hm + i * hm_bytes);
+    // 2. y[pair, r] = down_r . h[pair] + bias; items: (expert, 16 rows of down), two rows per pass
 #pragma omp for schedule(dynamic, down_chunk)
     for (int64_t item = 0; item < down_items; ++item) {
       const int64_t per_run = down_items / num_runs, run = item / per_run, r0 = item % per_run * ROWS_PER_ITEM;
@@ -615,16 +722,19 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
         const int64_t r2 = std::min(r + 1, r1 - 1);  // an odd last row is paired with itself
         const uint8_t* a = record + L.down.offset + r * L.down.row_bytes;
         const uint8_t* b = record + L.down.offset + r2 * L.down.row_bytes;
+        const float ba = bias_at(record, L.down_bias, L.bias_dtype, r);
+        const float bb = bias_at(record, L.down_bias, L.bias_dtype, r2);
         for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
           const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
           for (int t = 0; t < nt; ++t) {
-            xs[t] = h + (i + t) * inter;
-            xk[t] = hq + (i + t) * h_blocks;
+            xa.f[t] = h + (i + t) * inter;
+            xa.k[t] = hq + (i + t) * h_blocks;
+            xa.m[t] = hm + (i + t) * hm_bytes;
           }
-          down_dots(nt, a, b, scale_row(record, L.down, r), scale_row(record, L.down, r2), L.down, xs, xk, ra, rb);
+          down_dots(nt, a, b, scale_row(record, L.down, r), scale_row(record, L.down, r2), L.down, xa, ra, rb);
           for (int t = 0; t < nt; ++t) {
-            y[(i + t) * hidden + r] = ra[t];
-            y[(i + t) * hidden + r2] = rb[t];
+            y[(i + t) * hidden + r] = ra[t] + ba;
+            y[(i + t) * hidden + r2] = rb[t] + bb;
           }
         }
       }
@@ -650,7 +760,7 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
 
 extern "C" {
 
-int ft_moe_version() { return 8; }
+int ft_moe_version() { return 9; }
 
 int ft_moe_simd_width() { return W; }
 
@@ -700,24 +810,28 @@ int ft_moe_forward_selected(const uint8_t* bank, const Layout* layout, int64_t n
 // out[T, rows] = x[T, cols] . w[rows, cols]^T for a dense weight matrix (f32, f16 or bf16, no
 // scales), T <= 4: decode's projections and the LM head, streamed once at DRAM speed (torch's
 // GEMV reads a large bf16 matrix at about half of it). Also K-quant rows (Q4_K, Q5_K, Q6_K,
-// cols a multiple of 256) against x as Q8_K, as the expert kernel computes them. fp32 x and
+// cols a multiple of 256) against x as Q8_K, and MXFP4 rows (cols a multiple of 32) against x
+// as int8 rows, as the expert kernel computes them (MXFP4: with `mxfp4_int8`). fp32 x and
 // out, contiguous. Returns 0, -2 for an unsupported dtype or T.
 int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols, int64_t num_tokens,
                      const float* x, float* out, int64_t num_threads) {
   if (num_tokens < 1 || num_tokens > MAX_NT || dtype == E4M3 || dtype == E5M2 || dtype == Q8_0) return -2;
-  const bool kquant = kq::is_kquant(dtype);
-  const int64_t row_bytes = kquant ? cols / kq::QK_K * kq::block_bytes(dtype) : cols * elem_bytes(dtype);
+  const bool kquant = kq::is_kquant(dtype), mxfp4 = dtype == MXFP4;
+  const int64_t row_bytes = kquant ? cols / kq::QK_K * kq::block_bytes(dtype)
+                            : mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES : cols * elem_bytes(dtype);
   Mat m{0, row_bytes, dtype, rows, cols, -1, 0, 1, 1};
   RowDots dots;
-  if (!dots.bind(m)) return -2;
-  const int64_t x_blocks = kquant ? cols / kq::QK_K : 0;
+  if (!dots.bind(m, true)) return -2;
+  const int64_t x_blocks = kquant ? cols / kq::QK_K : 0, xm_bytes = mxfp4 ? mx::act_row_bytes(cols) : 0;
   std::vector<kq::Q8K> xq(size_t(num_tokens * x_blocks));
+  std::vector<uint8_t> xm(size_t(num_tokens * xm_bytes));
   if (kquant) kq::quantize_q8k(x, num_tokens * cols, xq.data());
-  const float* xs[MAX_NT];
-  const kq::Q8K* xk[MAX_NT];
+  Acts xa;
   for (int t = 0; t < num_tokens; ++t) {
-    xs[t] = x + t * cols;
-    xk[t] = xq.data() + t * x_blocks;
+    if (mxfp4) mx::quantize_row(x + t * cols, cols, xm.data() + t * xm_bytes);
+    xa.f[t] = x + t * cols;
+    xa.k[t] = xq.data() + t * x_blocks;
+    xa.m[t] = xm.data() + t * xm_bytes;
   }
   const int64_t items = (rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
   const int threads = int(std::clamp<int64_t>((rows * m.row_bytes) >> 16, 1, std::max<int64_t>(1, num_threads)));
@@ -727,7 +841,7 @@ int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols
     float ra[MAX_NT], rb[MAX_NT];
     for (int64_t r = r0; r < r1; r += 2) {
       const int64_t r2 = std::min(r + 1, r1 - 1);  // an odd last row is paired with itself
-      dots(int(num_tokens), w + r * m.row_bytes, w + r2 * m.row_bytes, nullptr, nullptr, m, xs, xk, ra, rb);
+      dots(int(num_tokens), w + r * m.row_bytes, w + r2 * m.row_bytes, nullptr, nullptr, m, xa, ra, rb);
       for (int t = 0; t < num_tokens; ++t) {
         out[t * rows + r] = ra[t];
         out[t * rows + r2] = rb[t];
@@ -763,10 +877,15 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
   return 0;
 }
 
-// Rows of a K-quant matrix as fp32, bit for bit gguf-py's gguf.quants.dequantize (the values the
-// kernel's integer products stand for; the tests hold it to that oracle). Returns 0, -2 for
-// another dtype or rows of partial super-blocks.
+// Rows of a K-quant or MXFP4 matrix as fp32, bit for bit gguf-py's gguf.quants.dequantize (the
+// values the kernel's products stand for; the tests hold it to that oracle). Returns 0, -2 for
+// another dtype or rows of partial (super-)blocks.
 int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_t cols, float* out) {
+  if (dtype == MXFP4) {
+    if (cols % mx::QK != 0) return -2;
+    for (int64_t r = 0; r < num_rows; ++r) mx::dequant_row(rows + r * (cols / mx::QK * mx::BLOCK_BYTES), cols, out + r * cols);
+    return 0;
+  }
   if (!kq::is_kquant(dtype) || cols % kq::QK_K != 0) return -2;
   const int64_t row_bytes = cols / kq::QK_K * kq::block_bytes(dtype);
   for (int64_t r = 0; r < num_rows; ++r) kq::dequant_row(dtype, rows + r * row_bytes, cols, out + r * cols);
