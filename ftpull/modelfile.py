@@ -341,7 +341,7 @@ def _field(where: str | None, line: int, instruction: str, value: str, quoted: b
         if instruction == "TEMPLATE" and not quoted:
             raise ValueError(f'TEMPLATE takes `checkpoint` or a quoted template, got {_show(value)}')
         if instruction == "TEMPLATE":
-            _check_template(value)
+            value = _jinja_template(value)
         return instruction.lower(), value  # SYSTEM, LICENSE, DESCRIPTION, quoted TEMPLATE
     except ValueError as e:
         raise ModelfileError(where, line, str(e)) from None
@@ -513,18 +513,23 @@ def _recipe_lines(recipe: Recipe, base: Recipe | None) -> list[str]:
     return out
 
 
-def _check_template(template: str) -> None:
-    """A TEMPLATE must compile here, not fail at every `ft run` later."""
+def _jinja_template(template: str) -> str:
+    """A TEMPLATE as ft renders it: Jinja as written, an Ollama (Go) template translated
+    (ftpull/go_template.py). It must compile here, not fail at every `ft run` later."""
     from runtime.text.chat_template import ChatTemplateError, compile_template
 
+    from .go_template import GoTemplateError, looks_like_go, to_jinja
+
+    go = looks_like_go(template)
     try:
-        compile_template(template)
-    except ChatTemplateError as e:
-        go = re.search(r"\{\{-?\s*(\.|\$|range |if \.)", template) is not None  # {{ .System }}: Ollama's Go templates
-        hint = ("; this is an Ollama (Go) template, and ft's templates are Jinja, as a checkpoint's chat_template is: "
-                "leave TEMPLATE out, or write `TEMPLATE checkpoint`, to use the model's own, or write it in Jinja "
-                "({{ range .Messages }} is {% for message in messages %}, {{ .Role }} and {{ .Content }} are "
-                "{{ message.role }} and {{ message.content }}, {{ if eq .Role \"user\" }} is "
-                "{% if message.role == 'user' %}, {{ end }} is {% endif %} or {% endfor %}, and the reply is "
-                "asked for under {% if add_generation_prompt %})") if go else ""
+        jinja = to_jinja(template) if go else template
+        compile_template(jinja)
+    except (GoTemplateError, ChatTemplateError) as e:
+        hint = ("; this is an Ollama (Go) template, which ft translates to the Jinja it renders (as a "
+                "checkpoint's chat_template is) where it can: leave TEMPLATE out, or write `TEMPLATE checkpoint`, "
+                "to use the model's own, or write it in Jinja ({{ range .Messages }} is {% for message in messages %}, "
+                "{{ .Role }} and {{ .Content }} are {{ message.role }} and {{ message.content }}, "
+                "{{ if eq .Role \"user\" }} is {% if message.role == 'user' %}, {{ end }} is {% endif %} or "
+                "{% endfor %}, and the reply is asked for under {% if add_generation_prompt %})") if go else ""
         raise ValueError(f"TEMPLATE: {e}{hint}") from None
+    return jinja
