@@ -28,8 +28,8 @@ from runtime.experts.cpu_kernels import native_kernel
 from runtime.experts.ggml_blocks import dequantize_blocks
 from runtime.experts.synthetic import quantize_kquant
 from runtime.layers import block_weight
-from runtime.layers.block_weight import BlockWeight
 from runtime.layers.linear import linear
+from runtime.loading.read_ftw import BlockWeight
 from runtime.planner.footprint import keeps_blocks
 from tests.kernels import DEVICE, import_kernel, needs
 
@@ -134,9 +134,9 @@ def test_a_q4_k_m_gguf_loads_its_k_quant_projections_as_blocks_and_decodes_as_wi
             entry = next(t for t in reader.index.tensors if t.name == "lm_head.weight")
         assert head.nbytes == entry.nbytes and entry.nbytes * 2.4 < head.shape[0] * head.shape[1] * 2
         with pytest.MonkeyPatch.context() as mp:
-            import runtime.loading.read_ftw as read_ftw
+            import runtime.loading.runnable as runnable
 
-            mp.setattr(read_ftw, "keeps_blocks", lambda name, dtype: False)
+            mp.setattr(runnable, "keeps_blocks", lambda name, dtype: False)
             widened = load(store, names[0], torch.bfloat16)
         assert isinstance(widened.model.lm_head, torch.Tensor)
         held = [sum(t.nbytes if isinstance(t, BlockWeight) else t.numel() * t.element_size()

@@ -18,6 +18,7 @@ from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from ..loading.read_ftw import ModelWeights, load_weights
 from ..loading.registered import RegisteredModel
 from ..models import build_model, keep_float32
+from ..planner.footprint import keeps_blocks
 from ..planner.plan import (
     PREFILL_BUFFERS,
     ModelFootprint,
@@ -201,7 +202,7 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     options.setdefault("cuda_graphs", os.environ.get("FT_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no"))
     options.setdefault("fill_pricing", os.environ.get("FT_FILL_PRICING", "hit_rate").strip().lower())
     with registered.open_ftw() as reader:
-        weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
+        weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family), keep_blocks=keeps_blocks)
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,
                                               context_length=registered.context_length)
     if cache_slots is None:

@@ -11,45 +11,21 @@ VRAM is the expert cache's. Kept as blocks:
   activations rounded to Q8_K as llama.cpp does);
 - a prompt's product dequantizes DEQUANT_CHUNK_BYTES of rows at a time into the activations'
   dtype and multiplies them (the values the load-time copy held, so prompts compute as before).
-Which tensors: `keeps_blocks` (runtime/planner/footprint.py, which counts them as stored);
-everything else is dequantized at load as before.
+Which tensors: the planner's `keeps_blocks` (runtime/planner/footprint.py, which counts them as
+stored), handed to the loader (runtime/loading/read_ftw.py, where BlockWeight is); everything
+else is dequantized at load as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from ..experts.ggml_blocks import dequantize_blocks
+from ..loading.read_ftw import BlockWeight
 
 DEQUANT_CHUNK_BYTES = 32 << 20  # float32 values of rows dequantized at once for a prompt's product
 DEVICE_GEMV_MAX_TOKENS = 4  # a GEMV re-reads the weight for each token: more tokens dequantize instead
-
-
-@dataclass(frozen=True)
-class BlockWeight:
-    """A [rows, cols] weight as `dtype_name` GGML rows: `data` uint8 [rows, row bytes]."""
-
-    data: torch.Tensor
-    dtype_name: str
-    shape: tuple[int, int]
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> BlockWeight:
-        return BlockWeight(self.data.to(device, non_blocking=non_blocking), self.dtype_name, self.shape)
-
-    def values(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """Rows [start, stop) dequantized (gguf-py's values) in `dtype`: [stop - start, cols]."""
-        return dequantize_blocks(self.data[start:stop], self.dtype_name, (self.shape[1],)).to(dtype)
 
 
 # (x [T, C], weight) -> float32 [T, rows]: set by the GPU runtime when a model runs on the GPU

@@ -20,8 +20,7 @@ from ftw.reader import page_aligned_empty, torch_dtype_of
 from ..config import ModelConfig
 from ..experts.bank import HostExpertBank
 from ..experts.dequant import dequantize
-from ..layers.block_weight import BlockWeight
-from ..planner.footprint import keeps_blocks
+from ..experts.ggml_blocks import dequantize_blocks
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Allocator = Callable[[int], torch.Tensor]  # nbytes -> contiguous uint8 tensor
@@ -32,6 +31,31 @@ class MissingWeightError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A dense [rows, cols] weight kept as `dtype_name` GGML rows (`data` uint8 [rows, row bytes]),
+    multiplied in place by runtime/layers/block_weight.py."""
+
+    data: torch.Tensor
+    dtype_name: str
+    shape: tuple[int, int]
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> BlockWeight:
+        return BlockWeight(self.data.to(device, non_blocking=non_blocking), self.dtype_name, self.shape)
+
+    def values(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, stop) dequantized (gguf-py's values) in `dtype`: [stop - start, cols]."""
+        return dequantize_blocks(self.data[start:stop], self.dtype_name, (self.shape[1],)).to(dtype)
 
 
 @dataclass
@@ -53,11 +77,12 @@ class ModelWeights:
 
 
 def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = page_aligned_empty,
-                 keep_float32: tuple[str, ...] = (), block_weights: bool = True) -> ModelWeights:
+                 keep_float32: tuple[str, ...] = (),
+                 keep_blocks: Callable[[str, str], bool] | None = None) -> ModelWeights:
     """Read every tensor of `reader`'s model: floats cast to `dtype` (except names ending in one
     of `keep_float32`, which stay float32), quantized dense weights dequantized (FP8 with its
-    `weight_scale_inv`), but for the K-quant linear projections `linear` multiplies in place with
-    `block_weights` (runtime/layers/block_weight.py), expert banks kept as stored."""
+    `weight_scale_inv`) but for the 2-d ones `keep_blocks(name, dtype)` keeps as BlockWeight
+    (the planner's rule: runtime/planner/footprint.keeps_blocks), expert banks kept as stored."""
     index = reader.index
     raw: dict[str, torch.Tensor] = {}
     banks: dict[int, HostExpertBank] = {}
@@ -77,7 +102,7 @@ def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = pa
         # that and every stored tensor beside it (an FP8 model's dense weights took 1.5x)
         tensor = raw.pop(name)
         scale = raw.pop(name + "_scale_inv", None) if name.endswith(".weight") else None
-        if block_weights and scale is None and len(entry.shape) == 2 and keeps_blocks(name, entry.dtype):
+        if keep_blocks is not None and scale is None and len(entry.shape) == 2 and keep_blocks(name, entry.dtype):
             dense[name] = BlockWeight(tensor, entry.dtype, (entry.shape[0], entry.shape[1]))
         elif entry.dtype in BLOCK_DTYPES or scale is not None:
             block = tuple(weight_block_size(index.source_config.get("quantization_config")))

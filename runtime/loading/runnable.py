@@ -13,6 +13,7 @@ from ..config import ModelConfig
 from ..experts import CPUExpertExecutor
 from ..experts.cpu_kernels import native_kernel
 from ..models import DecoderModel, build_model, keep_float32
+from ..planner.footprint import keeps_blocks
 from .family_tensors import check_registered_index
 from .read_ftw import ModelWeights, load_weights
 from .registered import RegisteredModel, open_model
@@ -58,7 +59,7 @@ def load_registered(registered: RegisteredModel, dtype: torch.dtype = torch.floa
         weights, device_model, executor = load_gpu(registered, dtype, **gpu_options)
         return LoadedModel(registered, weights, device_model, executor)
     with registered.open_ftw() as reader:
-        weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family))
+        weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family), keep_blocks=keeps_blocks)
     model = build_model(weights.config, weights, CPUExpertExecutor(weights.banks, dtype), dtype)
     return LoadedModel(registered, weights, model)
 
