@@ -48,7 +48,12 @@ COMPRESSOR_PREFIXES = (".compressor.", ".compressor.indexer.")
 
 
 class TensorProblem(Exception):
-    """What is wrong with a model's tensors or config, in words; the caller adds file and fix."""
+    """What is wrong with a model's tensors or config, in words; the caller adds file and fix.
+    `tensor`: the tensor it is about, where there is one (a converter names the file holding it)."""
+
+    def __init__(self, message: str, *, tensor: str | None = None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
 
 
 @dataclass(frozen=True)
@@ -109,16 +114,17 @@ def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape],
     for name, shape in dense.items():
         if not 1 <= len(shape) <= MAX_RANK or any(d < 1 for d in shape):
             raise TensorProblem(f"tensor {name!r} has shape {list(shape)}: a weight has 1 to {MAX_RANK} "
-                                "dimensions, none of them 0")
+                                "dimensions, none of them 0", tensor=name)
         if name.endswith(("norm.weight", "norm.bias")) and len(shape) != 1:
-            raise TensorProblem(f"tensor {name!r} has shape {list(shape)}; a norm's weight is a vector")
+            raise TensorProblem(f"tensor {name!r} has shape {list(shape)}; a norm's weight is a vector", tensor=name)
         try:
             check_dense_shape(name, shape, dict(config))
         except SourceError as e:
-            raise TensorProblem(str(e).split("; ")[0]) from None
+            raise TensorProblem(str(e).split("; ")[0], tensor=name) from None
         layer = _layer_of(name)
         if layer is not None and layer >= layers:
-            raise TensorProblem(f"tensor {name!r} is in layer {layer}; the config has {layers} layers (0 to {layers - 1})")
+            raise TensorProblem(f"tensor {name!r} is in layer {layer}; the config has {layers} layers "
+                                f"(0 to {layers - 1})", tensor=name)
     if not any(name in dense for name in _EMBEDDINGS if "lm_head" not in name):
         raise TensorProblem("the embedding table (model.embed_tokens.weight or its family's name) is missing")
     if not any(name in dense for name in _FINAL_NORMS):
@@ -138,7 +144,7 @@ def _layer_of(name: str) -> int | None:
 
 def _want(name: str, shape: Shape, expected: Shape, why: str) -> None:
     if tuple(shape) != tuple(expected):
-        raise TensorProblem(f"tensor {name!r} has shape {list(shape)}, not {list(expected)} ({why})")
+        raise TensorProblem(f"tensor {name!r} has shape {list(shape)}, not {list(expected)} ({why})", tensor=name)
 
 
 def _attention_sizes(config: Mapping[str, Any], source_config: Mapping[str, Any] | None) -> list[AttentionSizes] | None:
@@ -178,18 +184,19 @@ def _check_attention(config: Mapping[str, Any], dense: Mapping[str, Shape],
         q = dense.get(prefix + "q_proj.weight")
         if q is not None and (len(q) != 2 or q[1] != hidden or q[0] not in (heads * head_dim, 2 * heads * head_dim)):
             raise TensorProblem(f"tensor {prefix + 'q_proj.weight'!r} has shape {list(q)}, not "
-                                f"[{heads * head_dim}, {hidden}] ({sizes})")
+                                f"[{heads * head_dim}, {hidden}] ({sizes})", tensor=prefix + "q_proj.weight")
     heads, kv, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     spans: dict[str, str] = {}  # q/k norm -> "per head" or "whole projection" (OLMoE's): one for all
     for name, shape in dense.items():
         if name.endswith(".o_proj.weight") and len(shape) == 2 and shape[0] != hidden:
-            raise TensorProblem(f"tensor {name!r} has shape {list(shape)}; its rows are the hidden_size, {hidden}")
+            raise TensorProblem(f"tensor {name!r} has shape {list(shape)}; its rows are the hidden_size, {hidden}",
+                                tensor=name)
         for suffix, count in ((".self_attn.q_norm.weight", heads), (".self_attn.k_norm.weight", kv)):
             if not name.endswith(suffix):
                 continue
             if shape[0] not in (head_dim, count * head_dim):
                 raise TensorProblem(f"tensor {name!r} has shape {list(shape)}, not [{head_dim}] (head_dim) or "
-                                    f"[{count * head_dim}] ({count} heads of it)")
+                                    f"[{count * head_dim}] ({count} heads of it)", tensor=name)
             if count > 1:
                 spans[name] = "per head" if shape[0] == head_dim else "whole projection"
     if len(set(spans.values())) > 1:
@@ -214,7 +221,8 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
         gate = shapes["gate"]
         assert gate is not None
         if len(gate) != 2 or gate[1] != hidden:
-            raise TensorProblem(f"tensor {prefix}gate_proj.weight has shape {list(gate)}, not [*, {hidden}] (hidden_size)")
+            raise TensorProblem(f"tensor {prefix}gate_proj.weight has shape {list(gate)}, not [*, {hidden}] (hidden_size)",
+                                tensor=prefix + "gate_proj.weight")
         _want(prefix + "up_proj.weight", shapes["up"] or (), gate, "as gate_proj")
         _want(prefix + "down_proj.weight", shapes["down"] or (), (hidden, gate[0]), "gate_proj's, transposed")
 
@@ -295,13 +303,15 @@ FamilyCheck = Callable[[str, Mapping[str, Any], Mapping[str, Any], Mapping[str, 
 
 
 def check_source_tensors(where: str, family: str, config: Mapping[str, Any], source_config: Mapping[str, Any],
-                         dense: Mapping[str, Shape], family_check: FamilyCheck | None) -> None:
+                         dense: Mapping[str, Shape], family_check: FamilyCheck | None,
+                         file_of: Mapping[str, str] | None = None) -> None:
     """A converter's check of a source's dense tensors before it writes anything: SourceError
-    naming `where` (the file), the tensor and the fix."""
+    naming the file (`file_of` the problem's tensor's, else `where`), the tensor and the fix."""
     try:
         check_dense(config, dense, source_config)
         if family_check is not None:
             family_check(family, config, source_config, dense)
     except TensorProblem as e:
+        where = (file_of or {}).get(e.tensor or "", where)
         raise SourceError(f"{where}: {e}; the checkpoint is incomplete or damaged, or its config does not belong "
                           "to its weights: download it again from its source (nothing was converted)") from None

@@ -333,7 +333,7 @@ class _Converter:
             dense, experts, dropped = self.classify()
             shapes = {t.name: tuple(t.shape) for t in dense if not t.name.endswith("_scale_inv")}
             check_source_tensors(f"{self.src} (*.safetensors)", self.family.name, self.config, self.source_config,
-                                 shapes, self.family_check)  # before anything is written
+                                 shapes, self.family_check, {t.name: str(t.file) for t in dense})  # before any write
         except BaseException:
             self.ckpt.close()
             raise

@@ -327,6 +327,27 @@ def test_dense_tensors_the_config_sizes_are_checked(tmp_path: Path, name: str, s
         convert_checkpoint(edited, tmp_path / "ftw")
 
 
+def test_a_bad_tensor_is_named_with_the_shard_that_holds_it(tmp_path: Path) -> None:
+    """A sharded checkpoint (each tensor a file of its own, as hub checkpoints come) whose norm
+    in one shard is the wrong length: the error names that file, not the checkpoint's folder."""
+    from safetensors.torch import save_file
+
+    full = save_checkpoint("qwen3_moe", tmp_path / "hf")
+    tensors = load_all(full)
+    edited = tmp_path / "sharded"
+    edited.mkdir()
+    shutil.copy(full / "config.json", edited / "config.json")
+    bad = "model.layers.1.post_attention_layernorm.weight"
+    tensors[bad] = torch.zeros(8)
+    names = sorted(tensors)
+    for i in range(0, len(names), 8):
+        save_file({n: tensors[n] for n in names[i:i + 8]}, str(edited / f"model-{i // 8:05d}.safetensors"))
+    holder = edited / f"model-{names.index(bad) // 8:05d}.safetensors"
+    with pytest.raises(SourceError, match=r"post_attention_layernorm.weight' has shape \[8\]") as e:
+        convert_checkpoint(edited, tmp_path / "ftw")
+    assert str(e.value).startswith(f"{holder}: ")
+
+
 NESTED = b"[" * 200_000 + b"]" * 200_000  # small, and deeper than Python's recursion limit
 
 
