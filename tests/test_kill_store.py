@@ -1,4 +1,5 @@
-"""kill -9 during `ft rm`, `ft cp`, `ft create` (a Modelfile) and the server's `/api/pull` leaves
+"""kill -9 during `ft rm`, `ft cp`, `ft create` (a Modelfile) and the server's `/api/pull`, `/api/delete`
+and `/api/copy` leaves
 the store in its old state or its new one, never half: no listed model misses a blob, `ft verify`
 passes on every listed model, the next command cleans up the dead process's temp files and
 succeeds. Deterministic: the command runs under KILL_AT, which SIGKILLs it at the n-th pass of a
@@ -208,3 +209,57 @@ def test_server_pull_killed(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     code, out, err = ft(capsys, "pull", "tiny")
     assert code == 0, err
     assert _listed(home, capsys) == ["tiny:latest"] and Store(home).unreferenced_bytes() == 0
+
+
+# ---- the server's /api/delete and /api/copy ------------------------------------------------------
+
+def _request_until_the_server_dies(port: int, method: str, path: str, body: dict) -> int | None:
+    """One request; its status, or None where the server died before it answered."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=KILL_TIMEOUT_S)
+    try:
+        conn.request(method, path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        return conn.getresponse().status
+    except (http.client.HTTPException, OSError):
+        return None
+    finally:
+        conn.close()
+
+
+def _serve_killed_during(home: Path, monkeypatch: pytest.MonkeyPatch, point: str, nth: int, method: str, path: str,
+                         body: dict) -> None:
+    port = free_port()
+    monkeypatch.setenv("FT_HOST", f"127.0.0.1:{port}")
+    proc = _killed_at(point, nth, "serve", "--device", "cpu")
+    try:
+        _wait_for_server(port, proc)
+        status = _request_until_the_server_dies(port, method, path, body)
+        proc.wait(timeout=KILL_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL and status is None, status
+    monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")  # the dead server's port: nobody there now
+
+
+@pytest.mark.parametrize("point, nth", [("manifest-unlinked", 1), ("blob-removed", 1), ("blob-removed", 3)])
+def test_server_delete_killed(home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                              point: str, nth: int) -> None:
+    """Killed after the manifest's unlink: the model is gone, whole blobs or not; the next gc
+    takes what the dead one left."""
+    _serve_killed_during(home, monkeypatch, point, nth, "DELETE", "/api/delete", {"model": "tiny"})
+    assert _listed(home, capsys) == []
+    code, _, err = ft(capsys, "pull", "tiny")
+    assert code == 0, err
+    assert _listed(home, capsys) == ["tiny:latest"] and Store(home).unreferenced_bytes() == 0
+
+
+@pytest.mark.parametrize("point", ["manifest-unrenamed", "manifest-renamed"])
+def test_server_copy_killed(home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                            point: str) -> None:
+    _serve_killed_during(home, monkeypatch, point, 1, "POST", "/api/copy", {"source": "tiny", "destination": "twin"})
+    listed = _listed(home, capsys)
+    assert listed == (["tiny:latest", "twin:latest"] if point == "manifest-renamed" else ["tiny:latest"])
+    code, _, err = ft(capsys, "cp", "tiny", "twin")
+    assert code == 0, err
+    assert _listed(home, capsys) == ["tiny:latest", "twin:latest"]
