@@ -157,3 +157,38 @@ def test_a_q4_k_m_gguf_loads_its_k_quant_projections_as_blocks_and_decodes_as_wi
             steps.append(torch.stack([m.model.forward(torch.tensor([t]), session.state)[-1] for t in answer]))
     scale = steps[1].abs().max()
     assert (steps[0] - steps[1]).abs().max() < 0.05 * scale and not torch.equal(steps[0], steps[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_a_q4_k_m_gguf_decodes_with_its_head_in_place_as_widened() -> None:
+    """The hybrid runtime on CUDA (float32, captured steps where they capture): the Q6_K head
+    stays blocks on the device and decode reads it through the block GEMV; 16 greedy tokens
+    equal those of the same file with the head widened at load (float32 products of the same
+    weights either way)."""
+    from runtime.engine import Session
+    from runtime.loading.registered import open_model
+    from runtime.loading.runnable import load
+    from runtime.text.sampling import SamplingParams
+    from runtime.text.tokenizer import Tokenizer
+    from tests.test_kquant_kernel import pull_q4_k_m_and_its_f32_twin
+
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        store, names = pull_q4_k_m_and_its_f32_twin(Path(tmp))
+        tokenizer = Tokenizer.from_model(open_model(store, names[0]))
+        prompt = tokenizer.encode("abc abd bbc aab")
+        greedy = SamplingParams(temperature=0, max_tokens=16)
+        answers = []
+        for widen in (False, True):
+            with pytest.MonkeyPatch.context() as mp:
+                import runtime.gpu.build as build
+
+                if widen:
+                    mp.setattr(build, "keeps_blocks", lambda name, dtype: False)
+                loaded = load(store, names[0], torch.float32, backend="gpu", device="cuda", mode="offload",
+                              cache_slots=5)
+            head = loaded.model.model.lm_head  # (a DeviceModel's DecoderModel)
+            assert isinstance(head, BlockWeight) != widen and head.device.type == "cuda"
+            answers.append(Session(loaded.model, tokenizer, 256).generate(prompt, greedy).tokens)
+            loaded.experts.close()
+    assert len(answers[0]) == 16 and answers[0] == answers[1]
