@@ -8,9 +8,13 @@ bf16 rows streamed as floats, or K-quant rows multiplied in place with Q8_K acti
 Prints tok/s of each and their ratio, the time per token spent in the routed experts (the
 executor's calls) and the GB/s that makes of the expert bytes a token reads, and what a token
 reads in all (expert and dense bytes), whose ratio is what a purely bandwidth-bound decode gains.
+`--dense` adds a third file: the twin with its attention and output head quantized as
+llama-quantize's Q4_K_M does (q, k, o Q4_K; v and the head Q6_K), which ft keeps as blocks and
+multiplies in place (runtime/layers/block_weight.py) where it used to widen them to bf16.
 
     PYTHONPATH=. python benchmarks/bench_gguf_decode.py --threads 1,2
     PYTHONPATH=. python benchmarks/bench_gguf_decode.py --quant q4_k_m --layers 8 --experts 128
+    PYTHONPATH=. python benchmarks/bench_gguf_decode.py --quant q4_k_m --dense --threads 1,2
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ Q = gguf.GGMLQuantizationType
 QUANTS = {"q4_k": (Q.Q4_K, Q.Q4_K, Q.Q4_K), "q4_k_m": (Q.Q4_K, Q.Q4_K, Q.Q6_K),
           "q6_k": (Q.Q6_K, Q.Q6_K, Q.Q6_K)}
 EXPERT_TENSOR = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
+Q4_K_M_DENSE = {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_output": Q.Q4_K, "attn_v": Q.Q6_K}  # and output: Q6_K
+DENSE_TENSOR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output)\.weight|output\.weight")
 
 
-def requantized(src: Path, out: Path, types: tuple[Q, Q, Q]) -> Path:
-    """`src` with its bf16 expert tensors as (gate, up, down) K-quants; metadata and every other
-    tensor copied as they are."""
+def requantized(src: Path, out: Path, types: tuple[Q, Q, Q], dense: bool = False) -> Path:
+    """`src` with its bf16 expert tensors as (gate, up, down) K-quants, and with `dense` its
+    attention projections and output head as Q4_K_M's; metadata and every other tensor copied
+    as they are."""
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(out, str(reader.fields["general.architecture"].contents()))
     for name, field in reader.fields.items():
@@ -50,11 +57,14 @@ def requantized(src: Path, out: Path, types: tuple[Q, Q, Q]) -> Path:
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
     for t in reader.tensors:
-        match = EXPERT_TENSOR.fullmatch(t.name)
-        if match is None:
+        match, dense_match = EXPERT_TENSOR.fullmatch(t.name), DENSE_TENSOR.fullmatch(t.name) if dense else None
+        if match is None and dense_match is None:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
             continue
-        qtype = types[("gate", "up", "down").index(match.group(1))]
+        if dense_match is not None:
+            qtype = Q4_K_M_DENSE.get(dense_match.group(1) or "", Q.Q6_K)
+        else:
+            qtype = types[("gate", "up", "down").index(match.group(1))]
         values = torch.from_numpy(np.array(t.data)).view(torch.bfloat16).float().numpy()  # [E, rows, cols]
         blocks = quantize_kquant(values.reshape(-1, values.shape[-1]), qtype.name.lower())
         writer.add_tensor(t.name, blocks.reshape(*values.shape[:-1], -1), raw_dtype=qtype)
@@ -65,15 +75,23 @@ def requantized(src: Path, out: Path, types: tuple[Q, Q, Q]) -> Path:
     return out
 
 
-def token_bytes(shape: RaceShape, layers: int, types: tuple[Q, Q, Q] | None) -> tuple[float, float]:
+def token_bytes(shape: RaceShape, layers: int, types: tuple[Q, Q, Q] | None,
+                dense_quantized: bool = False) -> tuple[float, float]:
     """(expert, dense) MB one decode token reads: top-k experts per layer; attention, router and head."""
     h, i = shape.hidden, shape.moe_inter
+
+    def matrix(rows: int, qtype: Q | None) -> float:  # bytes of a [rows, h] weight
+        return rows * h * 2 if qtype is None else rows * h / 256 * gguf.constants.GGML_QUANT_SIZES[qtype][1]
+
     if types is None:
         expert = 3 * h * i * 2
     else:
         expert = sum(h * i // 256 * gguf.constants.GGML_QUANT_SIZES[q][1] for q in types)
-    attention = (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim * h * 2
-    dense = layers * (attention + shape.num_experts * h * 4) + shape.vocab * h * 2
+    q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    quant = Q4_K_M_DENSE if dense_quantized else {}
+    attention = (matrix(q_rows, quant.get("attn_q")) + matrix(kv_rows, quant.get("attn_k"))
+                 + matrix(kv_rows, quant.get("attn_v")) + matrix(q_rows, quant.get("attn_output")))
+    dense = layers * (attention + shape.num_experts * h * 4) + matrix(shape.vocab, Q.Q6_K if dense_quantized else None)
     return layers * shape.top_k * expert / 1e6, dense / 1e6
 
 
@@ -127,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=64, help="decode tokens per repetition")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--dense", action="store_true",
+                        help="also a twin with Q4_K_M's attention and head (kept as blocks by ft)")
     args = parser.parse_args(argv)
 
     shape = RaceShape(f"bench-{args.hidden}", args.layers, args.hidden, 8, 2, 128, args.experts, args.top_k,
@@ -135,14 +155,17 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
         bf16 = write_race_gguf(work / "bench-bf16.gguf", shape, args.layers)
-        quant = requantized(bf16, work / f"bench-{args.quant}.gguf", types)
+        files = [("bf16", bf16), (args.quant, requantized(bf16, work / f"bench-{args.quant}.gguf", types))]
+        if args.dense:
+            files.append((f"{args.quant}+dense", requantized(bf16, work / f"bench-{args.quant}-dense.gguf", types, True)))
         store = Store(work / "ft")
-        names = {label: str(pull(str(path), store).name) for label, path in (("bf16", bf16), (args.quant, quant))}
+        names = {label: str(pull(str(path), store).name) for label, path in files}
         print(f"# qwen3moe {args.layers} layers, H={shape.hidden}, {shape.num_experts} experts of I={shape.moe_inter}, "
-              f"top-{shape.top_k}, vocab {shape.vocab}; dense tensors bf16 in both; {args.tokens} tokens x {args.reps}")
+              f"top-{shape.top_k}, vocab {shape.vocab}; dense tensors bf16 but in +dense; {args.tokens} tokens x {args.reps}")
         expert_mb = {}
-        for label, t in (("bf16", None), (args.quant, types)):
-            expert_mb[label], dense_mb = token_bytes(shape, args.layers, t)
+        for label, _ in files:
+            expert_mb[label], dense_mb = token_bytes(shape, args.layers, None if label == "bf16" else types,
+                                                     dense_quantized=label.endswith("+dense"))
             print(f"# {label}: a token reads {expert_mb[label]:.1f} MB of experts and {dense_mb:.1f} MB of dense weights")
         print("# tok/s median (best); experts: ms per token in the routed experts, median, and GB/s of their bytes")
         for threads in (int(t) for t in args.threads.split(",")):
@@ -159,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
                             f"{expert_ms[label]:5.2f} ms ({gbps:4.1f} GB/s);")
             (b, b_best), (q, q_best) = tok_s["bf16"], tok_s[args.quant]
             line.append(f"{q / b:.2f}x ({q_best / b_best:.2f}x), experts {expert_ms['bf16'] / expert_ms[args.quant]:.2f}x")
+            if args.dense:
+                d, d_best = tok_s[f"{args.quant}+dense"]
+                line.append(f"+dense {d / q:.2f}x ({d_best / q_best:.2f}x) the experts-only twin's")
             print(" ".join(line))
 
 
