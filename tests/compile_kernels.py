@@ -20,6 +20,7 @@ import itertools
 import re
 import sys
 
+SHARED_BYTES = {86: 101376, 89: 101376, 90: 232448}  # the most shared memory a block can have
 SLOT_ARGS = {"token_ptr": "*i32", "slot_ptr": "*i32", "bank_addr": "i64", "bank_stride": "i64", "fill_ptr": "*i32"}
 
 
@@ -31,6 +32,7 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
         cast_out,
         expert_fill,
         fp8_gemv,
+        grouped_block_experts,
         grouped_experts,
         rms_norm,
         rotary,
@@ -108,6 +110,19 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
         sig = {"act_ptr": "*bf16", "stride_act": "i32", "w_ptr": "*bf16", "stride_row": "i64", "w2_at": "i64", **plan,
                "tokens_ptr": "*i64", "pair_weight_ptr": "*fp32", "out_ptr": "*fp32", "stride_out": "i32"}
         out.append((f"grouped_experts down block_m={block_m}", grouped_experts._down_kernel, sig, tiles))
+    codes, sb = block_gemv.KINDS, block_gemv.SUPER_BLOCK_BYTES
+    for gate, up, down in (("q4_k", "q4_k", "q6_k"), ("q5_k", "q5_k", "q6_k"), ("q8_0", "q8_0", "q8_0"),
+                           ("q4_k", "q5_k", "q4_k")):  # Q4_K_M, Q5_K_M, Q8_0, gate and up apart
+        tiles = {"HIDDEN": 2048, "INTER": 768, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "UPCAST": False}
+        sig = {"x_ptr": "*bf16", "stride_x": "i32", "rec_ptr": "*u8", "stride_row": "i64", "gate_at": "i64",
+               "up_at": "i64", **plan, "tokens_ptr": "*i64", "act_ptr": "*bf16", "stride_act": "i32"}
+        out.append((f"grouped_block_experts gate_up {gate} {up}", grouped_block_experts._gate_up_kernel, sig,
+                    {**tiles, "GATE_KIND": codes[gate], "GATE_SB": sb[codes[gate]], "UP_KIND": codes[up],
+                     "UP_SB": sb[codes[up]]}))
+        sig = {"act_ptr": "*bf16", "stride_act": "i32", "rec_ptr": "*u8", "stride_row": "i64", "down_at": "i64",
+               **plan, "tokens_ptr": "*i64", "pair_weight_ptr": "*fp32", "out_ptr": "*fp32", "stride_out": "i32"}
+        out.append((f"grouped_block_experts down {down}", grouped_block_experts._down_kernel, sig,
+                    {**tiles, "DOWN_KIND": codes[down], "DOWN_SB": sb[codes[down]]}))
     sig = {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32", "num_experts": "i32", "stride_row": "i32"}
     out.append(("router_topk", router_topk._router_topk_kernel, sig,
                 {"K": 8, "BLOCK_E": 128, "BLOCK_K": 8, "NORMALIZE": True}))
@@ -131,9 +146,13 @@ def main() -> int:
         attrs = {(i,): [["tt.divisibility", 16]] for i, (arg, kind) in enumerate(signature.items())
                  if arg not in unspecialized and (kind.startswith("*") or kind in ("i32", "i64"))}
         signature = {**signature, **{k: "constexpr" for k in constexprs}}
+        options = getattr(sys.modules[kernel.fn.__module__], "LAUNCH", {})  # (a module launching off triton's defaults)
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
-                                  target=target)
+                                  target=target, options=options)
         print(f"sm_{sm} {name}: {len(compiled.asm['cubin'])} bytes of cubin")
+        if compiled.metadata.shared > SHARED_BYTES.get(sm, SHARED_BYTES[90]):
+            print(f"  {name}: {compiled.metadata.shared} bytes of shared memory, more than an sm_{sm} block has")
+            failed = 1
         scalar_loads = len(re.findall(r"ld\.global(?:\.\w+)*\.b16\b", compiled.asm["ptx"]))
         if name.startswith("slot_experts") and constexprs.get("EVEN") and scalar_loads > 1:  # (down: its router weight)
             print(f"  {name}: {scalar_loads} two-byte loads, where the weight tiles should load as 16-byte vectors")

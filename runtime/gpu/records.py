@@ -6,6 +6,7 @@ the same bytes everywhere, so a cache fill is one copy and the device reads the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from ftw.reader import torch_dtype_of
 from ..experts.activation import activate, plain
 from ..experts.ggml_blocks import DEVICE_BLOCK_DTYPES, dequantize_blocks
 from .kernels import triton_module
+from .kernels.grouped_block_experts_ref import BLOCK_KINDS, part_bytes
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Up to this many distinct experts (decode) a call gathers their weights and runs every token
@@ -94,6 +96,24 @@ class RecordViews:
         inter2, hidden = parts["w13"].shape
         return {"w13_offset": parts["w13"].offset, "w2_offset": parts["w2"].offset, "hidden": hidden,
                 "inter": inter2 // 2}
+
+    def block_parts(self) -> dict | None:
+        """Where a GGUF record's weights are, for the block kernel that reads `data` itself
+        (kernels/grouped_block_experts.py): gate, up and down as (byte offset within a row, GGML
+        type), and H and I; None unless the parts are w13 (or w1 and w3) and w2 of the types it
+        reads, their rows whole 256-value super-blocks."""
+        parts = {p.name: p for p in self.layout.parts}
+        names = {"w13", "w2"} if "w13" in parts else {"w1", "w3", "w2"}
+        if set(parts) != names or any(p.dtype not in BLOCK_KINDS or p.shape[-1] % 256 for p in parts.values()):
+            return None
+        down = parts["w2"]
+        hidden, inter = down.shape
+        if "w13" in parts:  # up's rows follow the gate's I rows
+            w13 = parts["w13"]
+            gate, up = (w13.offset, w13.dtype), (w13.offset + part_bytes(w13.dtype, inter, hidden), w13.dtype)
+        else:
+            gate, up = (parts["w1"].offset, parts["w1"].dtype), (parts["w3"].offset, parts["w3"].dtype)
+        return {"gate": gate, "up": up, "down": (down.offset, down.dtype), "hidden": hidden, "inter": inter}
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H], w2 [n, H, I]) of `rows` (a 1-d index tensor on the data's device: a
@@ -209,8 +229,9 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
     from its row of `views`; x, weights [T, K] and out on one device.
 
     Few distinct experts (decode): gather their weights, one batched matmul for all tokens.
-    Many (prefill): on CUDA, float records in the compute dtype go through two grouped-GEMM
-    launches for the whole call (kernels/grouped_experts.py); else runs of record rows, each
+    Many (prefill): on CUDA, float records in the compute dtype and GGUF records (Q4_K, Q5_K,
+    Q6_K, Q8_0 parts, dequantized per tile) go through two grouped-GEMM launches for the whole
+    call (kernels/grouped_experts.py, grouped_block_experts.py); else runs of record rows, each
     expert over its own tokens padded to the run's longest group, bounded as GROUP_PAIRS_PER_ROW
     and COPIED_EXPERTS say.
     """
@@ -224,9 +245,9 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
         out.index_add_(0, plan.tokens, (y[plan.inverse, plan.tokens] * pair_weights[:, None]).to(out.dtype))
         return
     grouped = _grouped_kernel(x, views, dtype)
-    if grouped is not None:  # two launches for the whole call (kernels/grouped_experts.py)
-        grouped(xs, views.data, **views.float_parts(), rows=plan.rows, starts=plan.starts, counts=plan.counts,
-                tokens=plan.tokens, pair_weights=pair_weights.float(), max_count=max(plan.counts_host), out=out)
+    if grouped is not None:  # two launches for the whole call (kernels/grouped_experts.py, grouped_block_experts.py)
+        grouped(xs, views.data, rows=plan.rows, starts=plan.starts, counts=plan.counts, tokens=plan.tokens,
+                pair_weights=pair_weights.float(), max_count=max(plan.counts_host), out=out)
         return
     pair_rows = plan.rows[plan.inverse]  # [P]: each pair's record row
     max_span = CHUNK_EXPERTS if views.in_place(dtype) else COPIED_EXPERTS
@@ -251,13 +272,35 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
 
 
 def _grouped_kernel(x: torch.Tensor, views: RecordViews, dtype: torch.dtype) -> Callable | None:
-    """The grouped-GEMM kernel for a many-expert call, where it applies: on CUDA with triton, over
-    float records read in place in the compute dtype. Else None (padded runs of experts, below)."""
-    if (x.device.type != "cuda" or not views.in_place(dtype) or dtype not in (torch.bfloat16, torch.float16)
-            or not plain(views.layout.activation) or "w13_bias" in views.parts):  # (silu(gate) * up, no biases)
+    """The grouped-GEMM kernel for a many-expert call, where it applies (on CUDA: `grouped_call`).
+    Else None (padded runs of experts, in experts_from_records)."""
+    return grouped_call(views, dtype) if x.device.type == "cuda" else None
+
+
+def grouped_kind(views: RecordViews, dtype: torch.dtype) -> str | None:
+    """Which grouped kernel module computes a many-expert call over `views` in `dtype` (bf16 or
+    f16) on CUDA: "grouped_experts" for float records read in place in the compute dtype,
+    "grouped_block_experts" for GGUF records of the types it reads (RecordViews.block_parts);
+    None for the others (FP8, f32 records, other GGML types, an activation other than plain
+    silu(gate) * up, biases)."""
+    if dtype not in (torch.bfloat16, torch.float16) or not plain(views.layout.activation) or "w13_bias" in views.parts:
         return None
-    module = triton_module("grouped_experts")
-    return module.grouped_experts if module is not None else None
+    if views.in_place(dtype):
+        return "grouped_experts"
+    return "grouped_block_experts" if views.blocks and views.block_parts() is not None else None
+
+
+def grouped_call(views: RecordViews, dtype: torch.dtype) -> Callable | None:
+    """`grouped_kind`'s kernel with the records' part offsets bound: called as (x, records, rows=,
+    starts=, counts=, tokens=, pair_weights=, max_count=, out=); None where none applies or triton
+    is not installed."""
+    kind = grouped_kind(views, dtype)
+    module = triton_module(kind) if kind is not None else None
+    if module is None:
+        return None
+    if kind == "grouped_experts":
+        return functools.partial(module.grouped_experts, **views.float_parts())
+    return functools.partial(module.grouped_block_experts, **views.block_parts())
 
 
 def expert_chunks(rows: list[int], counts: list[int], max_rows: int, max_span: int) -> list[tuple[int, int]]:

@@ -2,9 +2,12 @@
 arithmetic: products accumulated in fp32, the activation silu(g) * u rounded to the compute dtype
 once, the down product in fp32 times the pair's routing weight, summed into fp32 outputs. The
 kernel matches it up to fp32 summation order. It also holds what the kernel and its callers share:
-the argument checks and the tile height."""
+the argument checks and the tile height; and the arithmetic expert by expert (`swiglu_groups`),
+which grouped_block_experts_ref shares."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -42,11 +45,24 @@ def grouped_experts_ref(x: torch.Tensor, records: torch.Tensor, *, w13_offset: i
     esize = x.element_size()
     weights = records.view(x.dtype)
     w13_at, w2_at = w13_offset // esize, w2_offset // esize
+
+    def expert(row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (weights[row, w13_at: w13_at + 2 * inter * hidden].view(2 * inter, hidden).float(),
+                weights[row, w2_at: w2_at + hidden * inter].view(hidden, inter).float())
+
+    swiglu_groups(x, expert, rows, starts, counts, tokens, pair_weights, out)
+
+
+def swiglu_groups(x: torch.Tensor, expert: Callable[[int], tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor,
+                  starts: torch.Tensor, counts: torch.Tensor, tokens: torch.Tensor, pair_weights: torch.Tensor,
+                  out: torch.Tensor) -> None:
+    """The twins' arithmetic, expert by expert: `expert(row)` gives the record's (w13 [2I, H], w2
+    [H, I]) as float32 holding values of the compute dtype (x's)."""
     for row, start, count in zip(rows.tolist(), starts.tolist(), counts.tolist(), strict=True):
         if count == 0:
             continue
-        w13 = weights[row, w13_at: w13_at + 2 * inter * hidden].view(2 * inter, hidden).float()
-        w2 = weights[row, w2_at: w2_at + hidden * inter].view(hidden, inter).float()
+        w13, w2 = expert(row)
+        inter = w2.shape[1]
         picked = tokens[start: start + count]
         h = x[picked].float() @ w13.T  # [count, 2I]
         gate, up = h[:, :inter], h[:, inter:]
