@@ -47,9 +47,10 @@ def load_model(chat: Chat, text: str) -> str:
     is refused before anything is unloaded (with the stored names it may mean); a load that fails
     loads the previous model again, and the error is raised."""
     loader: ModelLoader | None = getattr(chat, "loader", None)
-    if loader is None:
-        raise ValueError("/load works on a model this process runs; through `ft serve`, leave and `ft run` the other")
     name = parse_name(text)
+    if loader is None:  # a chat through `ft serve` (serve.RemoteChat): the server loads it
+        first = chat.load(name.display)  # type: ignore[attr-defined]
+        return "\n".join([f"Loaded model '{name.display}'", *history_lines(first)])
     loader.store.read_manifest(name)  # ModelNotFoundError, with the stored names that look like it
     kept = {k: v for k, v in chat.options.items() if chat.model_options.get(k) != v}  # the user's /set parameter
     previous = chat.model_name

@@ -162,6 +162,19 @@ class RemoteChat:
         return {"info": info, "modelfile": shown.get("modelfile") or "", "template": shown.get("template") or "",
                 "license": shown.get("license") or "", "system": self.system or shown.get("system") or ""}
 
+    def load(self, name: str) -> list[dict[str, str]]:
+        """/load through the server: `name` loaded there and this chat switched to it, its
+        conversation and /set system dropped, its /set parameters kept (as a local /load). The
+        server starts each of its conversations with its MESSAGEs, returned here to be shown.
+        ValueError where the server cannot load it (not stored there: its message says so)."""
+        try:
+            shown = self.client.post("/api/show", {"model": name}) or {}
+            self.client.post("/api/generate", {"model": name})  # an empty prompt loads it (Ollama's way)
+        except (NoServer, ServerReplyError) as e:
+            raise ValueError(f"the server could not load {name}: {e}") from None
+        self.model, self.system, self.messages = name, None, []
+        return [m for m in shown.get("messages") or () if isinstance(m, dict)]
+
     def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
         history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
         body = {"model": self.model, "messages": [*history, {"role": "user", "content": text}],

@@ -146,6 +146,32 @@ def test_show_parameters_through_the_server_is_what_a_local_chat_shows(env: str,
     assert "num_predict     5" in said[0] and all(k in said[0] for k in defaults)
 
 
+def test_load_through_the_server_switches_the_chat_to_a_model_it_loads(env: str, capsys: pytest.CaptureFixture[str]
+                                                                        ) -> None:
+    """/load in a REPL through `ft serve`: the server loads the other model, the conversation
+    and /set system go, /set parameters stay, the model's MESSAGEs are shown (the server starts
+    its conversations with them); a model the server does not have is an error and the chat
+    stays on its model."""
+    from ftpull.run import handle_command
+    from ftpull.serve import Client, RemoteChat
+
+    modelfile = Path(os.environ["FT_HOME"]) / "greeter.Modelfile"
+    modelfile.write_text('FROM tiny\nMESSAGE user "who are you?"\nMESSAGE assistant "a greeter"\n')
+    assert ft(capsys, "create", "greeter", "-f", str(modelfile))[0] == 0
+    chat = RemoteChat(Client(), "tiny", {"num_predict": 3, "temperature": 0})
+    chat.system, chat.messages = "be terse", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
+    said: list[str] = []
+    handle_command(chat, "/load greeter", said.append)  # type: ignore[arg-type]
+    assert said[-1] == "Loaded model 'greeter:latest'\n>>> who are you?\na greeter\n", said
+    assert chat.model == "greeter:latest" and chat.system is None and chat.messages == []
+    assert chat.options == {"num_predict": 3, "temperature": 0}
+    assert "greeter:latest" in ft(capsys, "ps")[1]
+    answer = chat.ask("hello", lambda s: None)  # through the server
+    assert answer.text and answer.stats.eval_tokens == 3
+    handle_command(chat, "/load no-such-model", said.append)  # type: ignore[arg-type]
+    assert said[-1].startswith("Error: the server could not load no-such-model:") and chat.model == "greeter:latest"
+
+
 def test_no_server(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")
     for command in (["ps"], ["stop", "tiny"], ["vram", "tiny", "6"]):

@@ -181,6 +181,8 @@ def show(store: Store, name: str) -> dict[str, Any]:
         "modelfile": model.text("Modelfile") or "",
         "license": c.get("license") or model.text("LICENSE"),  # (the recipe's LICENSE, kept in the config at pull)
         "capabilities": capabilities(template),
+        "messages": [{"role": m["role"], "content": m["content"]} for m in c.get("messages") or ()
+                     if isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)],
     }
 
 

@@ -151,6 +151,7 @@ def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0
             "details": details(c.get("family"), c.get("dtype"), c.get("num_params_total")),
             "model_info": model_info(c.get("family"), c),
             "capabilities": info["capabilities"],
+            "messages": info["messages"],  # (its recipe's MESSAGEs, which start its conversations)
             "modified_at": timestamp(info["modified_at"]),
         }
 
