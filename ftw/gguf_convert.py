@@ -36,6 +36,7 @@ from .gguf_source import (
     KV_B_HF,
     KV_B_SPLIT,
     LAYER_PREFIX_HF,
+    ROW_VECTORS,
     GGUFArchitecture,
     architecture_for,
     hf_rows_of_llama_qk,
@@ -155,7 +156,8 @@ class _GGUFConverter:
                 return [np.ascontiguousarray(data.reshape(t.shape[0], -1)[order]).reshape(-1)]
 
             return _Dense(hf_name, t.dtype, t.shape, unpermuted)
-        return _Dense(hf_name, t.dtype, t.shape, lambda: self._chunks(t))
+        shape = (1, *t.shape) if gguf_name in ROW_VECTORS and len(t.shape) == 1 else t.shape  # the same bytes
+        return _Dense(hf_name, t.dtype, shape, lambda: self._chunks(t))
 
     def _chunks(self, t: GGUFTensor) -> Iterator[np.ndarray]:
         for chunk in self.model.iter_chunks(t):

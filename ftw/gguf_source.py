@@ -7,8 +7,9 @@ What llama.cpp changes besides names, and how we undo it:
 - llama (Mixtral): `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k` within each head
   (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and every GGML row
   is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes, quantized or not.
-- qwen3moe, deepseek2: no permutation (their converters do not permute; DeepSeek's RoPE already
-  rotates adjacent pairs, HF `rope_interleave`).
+- qwen3moe, qwen2moe, olmoe, glm4moe, dots1, deepseek2: no permutation (their converters do not
+  permute: llama.cpp runs the first five with NeoX RoPE, as HF does; DeepSeek's RoPE already rotates
+  adjacent pairs, HF `rope_interleave`).
 - deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
   `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
@@ -30,6 +31,11 @@ from .gguf_file import GGUFModel
 LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
+QWEN2, OLMOE, GLM4, DOTS1 = "qwen2moe", "olmoe", "glm4moe", "dots1"
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1)  # per head (Qwen3, GLM, dots) or over the whole projection (OLMoE)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1)  # router at mlp.gate (Mixtral's elsewhere)
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1)  # dense MLPs beside MoE layers
+DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,9 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_v.weight", "self_attn.v_proj.weight"),
     Row("attn_v.bias", "self_attn.v_proj.bias"),
     Row("attn_output.weight", "self_attn.o_proj.weight"),
-    Row("attn_q_norm.weight", "self_attn.q_norm.weight", (QWEN3,)),  # Qwen3's per-head QK RMSNorm
-    Row("attn_k_norm.weight", "self_attn.k_norm.weight", (QWEN3,)),
+    Row("attn_output.bias", "self_attn.o_proj.bias"),  # (dots1 with attention_bias)
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", QK_NORMED),  # QK RMSNorm
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", QK_NORMED),
     Row("attn_q_a.weight", "self_attn.q_a_proj.weight", (DEEPSEEK2,)),  # MLA query down-projection
     Row("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", (DEEPSEEK2,)),
     Row("attn_q_b.weight", "self_attn.q_b_proj.weight", (DEEPSEEK2,)),  # MLA query up-projection
@@ -65,16 +72,24 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
     Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
-    Row("ffn_gate_inp.weight", "mlp.gate.weight", (QWEN3, DEEPSEEK2)),  # router [E, H]
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4,)),  # glm4moe's name for it
+    Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA,)),  # Mixtral's router
-    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (DEEPSEEK2,)),  # noaux_tc routing bias [E]
-    Row("ffn_gate.weight", "mlp.gate_proj.weight", (QWEN3, DEEPSEEK2)),  # dense layers' MLP
-    Row("ffn_up.weight", "mlp.up_proj.weight", (QWEN3, DEEPSEEK2)),
-    Row("ffn_down.weight", "mlp.down_proj.weight", (QWEN3, DEEPSEEK2)),
-    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (DEEPSEEK2,)),  # shared experts
-    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (DEEPSEEK2,)),
-    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (DEEPSEEK2,)),
+    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", WITH_DENSE_LAYERS),  # dense layers' MLP
+    Row("ffn_up.weight", "mlp.up_proj.weight", WITH_DENSE_LAYERS),
+    Row("ffn_down.weight", "mlp.down_proj.weight", WITH_DENSE_LAYERS),
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", DEEPSEEK_MOE),  # shared experts
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", DEEPSEEK_MOE),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", DEEPSEEK_MOE),
+    Row("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", (QWEN2,)),  # Qwen2-MoE's one shared expert
+    Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", (QWEN2,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", (QWEN2,)),
+    Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", (QWEN2,)),  # its sigmoid gate [1, H]: ROW_VECTORS
 )
+
+# HF [1, H] matrices that llama.cpp sizes {n_embd}: a converter may store them 1-D; read as [1, H]
+ROW_VECTORS = ("ffn_gate_inp_shexp.weight",)
 
 # Routed experts, fused per layer (torch order). They become the layer's FTW expert bank.
 EXPERT_ROWS: dict[str, str] = {
@@ -275,6 +290,108 @@ def _deepseek_v3_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def _has(model: GGUFModel, block_tensor: str) -> bool:
+    """Whether any block holds `block_tensor` (e.g. "attn_q.bias")."""
+    return any(n.startswith("blk.") and n.split(".", 2)[2] == block_tensor for n in model.tensors)
+
+
+def _rows_of(model: GGUFModel, block_tensor: str) -> int | None:
+    """The HF row count (GGUF's last dimension reversed: shape[0]) of the first block's `block_tensor`."""
+    t = next((t for n, t in model.tensors.items() if n.startswith("blk.") and n.split(".", 2)[2] == block_tensor), None)
+    return t.shape[0] if t is not None and len(t.shape) == 2 else None
+
+
+def _qwen2_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Qwen2MoeModel.set_gguf_parameters: the base keys, expert_feed_forward_length and
+    expert_shared_feed_forward_length. llama.cpp's qwen2moe graph never renormalizes the top-k
+    weights (Qwen2MoeConfig's norm_topk_prob False) and gates the shared expert by ffn_gate_inp_shexp."""
+    config = _common_config(meta, arch)
+    moe = set(_expert_layers(meta.model))
+    shared = meta.int("expert_shared_feed_forward_length", _rows_of(meta.model, "ffn_up_shexp.weight") or 0)
+    config.update(
+        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        shared_expert_intermediate_size=shared,
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
+        decoder_sparse_step=1,
+        mlp_only_layers=[i for i in range(config["num_hidden_layers"]) if i not in moe],
+        qkv_bias=_has(meta.model, "attn_q.bias"),
+        use_sliding_window=False,
+    )
+    if meta.get("feed_forward_length") is not None:
+        config["intermediate_size"] = meta.int("feed_forward_length")
+    return config
+
+
+def _olmoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """OlmoeModel.set_gguf_parameters: the base keys (feed_forward_length is OLMoE's
+    intermediate_size, the experts' width) and rms eps 1e-5. llama.cpp's olmoe graph does not
+    renormalize the top-k weights (OlmoeConfig's norm_topk_prob False). Its converter writes no
+    clip_qkv (the releases have none); attention.clamp_kqv, as OLMo's converter writes it, is read."""
+    config = _common_config(meta, arch)
+    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
+    width = meta.int(width_key) if width_key else meta.int("expert_feed_forward_length", _expert_size(meta.model))
+    config.update(
+        intermediate_size=width,
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
+        clip_qkv=meta.float("attention.clamp_kqv"),
+        attention_bias=_has(meta.model, "attn_q.bias"),
+    )
+    if meta.get("attention.key_length") is not None:
+        config["head_dim"] = meta.int("attention.key_length")
+    return config
+
+
+def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3-style MoE keys (glm4moe, dots1) as llama.cpp writes them: expert_count (the routed
+    ones), expert_shared_count, leading_dense_block_count, expert_weights_scale/_norm, and the
+    group keys the base converter writes from n_group/topk_group (1 where absent: one group)."""
+    if meta.get("expert_gating_func", 2) != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a {meta.arch} GGUF with softmax routing; "
+                                           "its Hugging Face family routes by sigmoid")
+    shared = meta.int("expert_shared_count", 1 if _has(meta.model, "ffn_up_shexp.weight") else 0)
+    config.update(
+        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        n_shared_experts=shared,
+        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
+        n_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+        attention_bias=_has(meta.model, "attn_q.bias"),
+    )
+    return config
+
+
+def _glm4_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Glm4MoeModel.set_gguf_parameters: _sigmoid_moe's keys, rope.dimension_count (head_dim times
+    partial_rotary_factor) and nextn_predict_layers (the MTP layers, counted in block_count)."""
+    config = _sigmoid_moe(meta, _common_config(meta, arch))
+    rotary = meta.int("rope.dimension_count", config["head_dim"] // 2)
+    config.update(
+        partial_rotary_factor=rotary / config["head_dim"],
+        use_qk_norm=_has(meta.model, "attn_q_norm.weight"),
+        num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
+    )
+    return config
+
+
+def _dots1_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Dots1Model.set_gguf_parameters (Qwen2MoeModel's keys and _sigmoid_moe's); llama.cpp's dots1
+    graph has no sliding window."""
+    config = _sigmoid_moe(meta, _common_config(meta, arch))
+    config.update(sliding_window=None, scoring_func="noaux_tc")
+    return config
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """One `general.architecture` ft converts: its Hugging Face identity and how to rebuild its config."""
@@ -304,6 +421,10 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(QWEN3, "qwen3_moe", "Qwen3MoeForCausalLM", _qwen3_moe_config),
         GGUFArchitecture(LLAMA, "mixtral", "MixtralForCausalLM", _mixtral_config, permute_qk=True),
         GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_v3_config),
+        GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", _qwen2_moe_config),
+        GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", _olmoe_config),
+        GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", _glm4_moe_config),
+        GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", _dots1_config),
     )
 }
 

@@ -23,7 +23,9 @@ from ftw.gguf_convert import convert_gguf
 from tests.checkpoints import load_all, save_checkpoint
 from tests.test_ftw_convert import assert_round_trip
 
-ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2}
+ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2,
+        "qwen2_moe": MODEL_ARCH.QWEN2MOE, "olmoe": MODEL_ARCH.OLMOE, "glm4_moe": MODEL_ARCH.GLM4_MOE,
+        "dots1": MODEL_ARCH.DOTS1}
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
@@ -69,6 +71,34 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
         w.add_head_count_kv(c["num_key_value_heads"])
         w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
         w.add_expert_count(c["num_local_experts"])
+    elif family == "qwen2_moe":  # Qwen2MoeModel.set_gguf_parameters (no head_dim in Qwen2's config: no key_length)
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+    elif family == "olmoe":  # OlmoeModel.set_gguf_parameters: feed_forward_length (above) is the experts' width
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_expert_count(c["num_experts"])
+        # llama.cpp's OlmoeModel writes no clamp (OLMoE's releases have clip_qkv null); the tiny model
+        # clips, so the key OlmoModel writes for it is written, or the file would not describe the model
+        w.add_clamp_kqv(c["clip_qkv"])
+    elif family in ("glm4_moe", "dots1"):  # Glm4MoeModel / Dots1Model.set_gguf_parameters
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_key_length(c["head_dim"])  # (the base converter, from head_dim)
+        w.add_value_length(c["head_dim"])
+        w.add_expert_group_count(c["n_group"])  # (the base converter, from n_group and topk_group)
+        w.add_expert_group_used_count(c["topk_group"])
+        if family == "glm4_moe":
+            factor = c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.5))
+            w.add_rope_dimension_count(int(c["head_dim"] * factor))
+            w.add_nextn_predict_layers(c["num_nextn_predict_layers"])
+        w.add_expert_count(c["n_routed_experts"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_count(c["n_shared_experts"])
+        w.add_leading_dense_block_count(c["first_k_dense_replace"])
+        w.add_expert_weights_scale(c["routed_scaling_factor"])
+        w.add_expert_weights_norm(c["norm_topk_prob"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # (dots1: from scoring_func "noaux_tc")
     else:  # deepseek_v3, as DeepseekV2Model.set_gguf_parameters writes it
         w.add_expert_count(c["n_routed_experts"])
         w.add_leading_dense_block_count(c["first_k_dense_replace"])
@@ -107,9 +137,10 @@ def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
 
 
 def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GGMLQuantizationType | None = None,
-                mtp: bool = False) -> Path:
+                mtp: bool = False, flat_shared_gate: bool = False) -> Path:
     """Write the HF checkpoint `src` as an F32 GGUF the way llama.cpp's converter would; with
-    `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN."""
+    `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN; with
+    `flat_shared_gate`, Qwen2-MoE's shared_expert_gate [1, H] as [H] (llama.cpp sizes it {n_embd})."""
     c = json.loads((src / "config.json").read_text())
     family = c["model_type"]
     arch = ARCH[family]
@@ -144,6 +175,8 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
                     w.add_tensor(gname, gguf.quants.quantize(array, kv_b_qtype), raw_dtype=kv_b_qtype)
             continue
         name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as llama.cpp does
+        if flat_shared_gate and name.endswith("shared_expert_gate.weight"):
+            t = t.reshape(-1)
         w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
     for (_, merged), by_expert in sorted(experts.items()):
         stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
@@ -155,7 +188,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1"])
 def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf")
     path = export_gguf(src, tmp_path / "model.gguf")
@@ -284,3 +317,10 @@ def test_deepseek_mtp_block_dropped_and_yarn_config(tmp_path: Path) -> None:
     assert index.source_config["rope_scaling"] == {
         "type": "yarn", "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
         "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def test_qwen2_moe_shared_expert_gate_stored_flat(tmp_path: Path) -> None:
+    src = save_checkpoint("qwen2_moe", tmp_path / "hf")
+    convert_gguf(export_gguf(src, tmp_path / "model.gguf", flat_shared_gate=True), tmp_path / "ftw")
+    reader = assert_round_trip(src, tmp_path / "ftw")
+    assert reader.tensor("model.layers.0.mlp.shared_expert_gate.weight").shape == (1, 64)
