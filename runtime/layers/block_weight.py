@@ -24,7 +24,9 @@ import torch
 
 from ..loading.read_ftw import BlockWeight
 
-DEQUANT_CHUNK_BYTES = 32 << 20  # float32 values of rows dequantized at once for a prompt's product
+# float32 bytes of rows dequantized at once for a prompt's product: the dequantization holds ~3x
+# that at its peak (ggml_blocks' temporaries), ~50 MB here, inside the fit plan's GPU reserve
+DEQUANT_CHUNK_BYTES = 16 << 20
 DEVICE_GEMV_MAX_TOKENS = 4  # a GEMV re-reads the weight for each token: more tokens dequantize instead
 
 
