@@ -30,6 +30,7 @@ from .families import check_dense_shape, family_for_config, index_in_name, norma
 from .format import BLOCK_DTYPES, Index, storage_shape
 from .gguf_file import GGUFModel, GGUFTensor
 from .gguf_source import (
+    CONCAT_ROWS,
     DROPPED_BLOCK,
     DROPPED_GLOBAL,
     EXPERT_ROWS,
@@ -104,6 +105,8 @@ class _GGUFConverter:
         dense: dict[int, list[_Dense]] = defaultdict(list)
         experts: dict[int, dict[str, GGUFTensor]] = defaultdict(dict)
         kv_b: dict[int, dict[str, GGUFTensor]] = defaultdict(dict)
+        concat_parts = self.arch.concat_parts()
+        concats: dict[tuple[int, str], dict[int, GGUFTensor]] = defaultdict(dict)
         dropped = 0
         for name, t in self.model.tensors.items():
             block = _split_block_name(name)
@@ -112,6 +115,9 @@ class _GGUFConverter:
                 dense[layer].append(self._dense(names[name], t, block[1] if block else name))
             elif (block and block[0] >= num_layers) or name in DROPPED_GLOBAL or (block and block[1] in DROPPED_BLOCK):
                 dropped += 1  # multi-token-prediction blocks, llama.cpp-only tables
+            elif block and block[1] in concat_parts:
+                hf, place = concat_parts[block[1]]
+                concats[(block[0], hf)][place] = t
             elif block and block[1] in EXPERT_ROWS:
                 experts[block[0]][EXPERT_ROWS[block[1]]] = t
             elif block and block[1] in KV_B_SPLIT:
@@ -129,6 +135,8 @@ class _GGUFConverter:
             if any(d.name == hf for d in dense[layer]):
                 raise SourceError(f"{self.model.path}: layer {layer} has both attn_kv_b and attn_k_b/attn_v_b")
             dense[layer].append(self._kv_b(layer, hf, halves))
+        for (layer, hf), parts in concats.items():
+            dense[layer].append(self._row_concat(LAYER_PREFIX_HF.format(layer=layer) + hf, parts))
         for d in (d for layer_dense in dense.values() for d in layer_dense):
             try:
                 check_dense_shape(d.name, d.shape, self.config)
@@ -163,6 +171,27 @@ class _GGUFConverter:
         for chunk in self.model.iter_chunks(t):
             yield chunk
             self.progress(chunk.nbytes)
+
+    def _row_concat(self, hf_name: str, parts: dict[int, GGUFTensor]) -> _Dense:
+        """An HF tensor llama.cpp split by rows (CONCAT_ROWS), joined back. GGML quantizes each row on
+        its own, so parts of one type join as stored; parts of different types (a mixed quantization)
+        are dequantized (gguf-py's reference) and joined in float32."""
+        want = next(len(c.parts) for c in CONCAT_ROWS if hf_name.endswith("." + c.hf))
+        if sorted(parts) != list(range(want)):
+            raise SourceError(f"{self.model.path}: {hf_name} needs {want} parts, the file has {len(parts)} of them")
+        ts = [parts[i] for i in range(want)]
+        if any(len(t.shape) != 2 or t.shape[1] != ts[0].shape[1] for t in ts):
+            raise SourceError(f"{self.model.path}: the parts of {hf_name} have shapes {[list(t.shape) for t in ts]}, "
+                              "not matrices of one width")
+        shape = (sum(t.shape[0] for t in ts), ts[0].shape[1])
+        if all(t.dtype == ts[0].dtype for t in ts):
+            return _Dense(hf_name, ts[0].dtype, shape, lambda: (c for t in ts for c in self._chunks(t)))
+
+        def joined() -> list[np.ndarray]:
+            rows = torch.cat([self._as_float(t, "f32").reshape(t.shape) for t in ts])  # [sum of rows, width]
+            return [rows.contiguous().view(torch.uint8).numpy().reshape(-1)]
+
+        return _Dense(hf_name, "f32", shape, joined)
 
     def _kv_b(self, layer: int, hf_name: str, halves: dict[str, GGUFTensor]) -> _Dense:
         """DeepSeek MLA's kv_b_proj [heads * (nope + v), kv_lora_rank] from llama.cpp's split halves.

@@ -4,7 +4,7 @@ GGUF renames every tensor (llama.cpp's names, gguf-py's `tensor_mapping.py`); FT
 Face names, so each GGUF name maps back through the tables below, one commented row per name.
 What llama.cpp changes besides names, and how we undo it:
 
-- llama (Mixtral): `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k` within each head
+- llama (Mixtral), granitemoe: `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k` within each head
   (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and every GGML row
   is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes, quantized or not.
 - qwen3moe, qwen2moe, olmoe, glm4moe, dots1, deepseek2: no permutation (their converters do not
@@ -13,6 +13,9 @@ What llama.cpp changes besides names, and how we undo it:
 - deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
   `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
+- granitemoe: the converter splits Granite's fused `input_linear` by rows into gate and up; the
+  experts' halves become the FTW record's w13 as they are, the shared MLP's are joined back
+  (CONCAT_ROWS). A granitemoe file with shared experts is a granitemoeshared model.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .gguf_file import GGUFModel
 LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
-QWEN2, OLMOE, GLM4, DOTS1 = "qwen2moe", "olmoe", "glm4moe", "dots1"
+QWEN2, OLMOE, GLM4, DOTS1, GRANITE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe"
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1)  # per head (Qwen3, GLM, dots) or over the whole projection (OLMoE)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1)  # router at mlp.gate (Mixtral's elsewhere)
 WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1)  # dense MLPs beside MoE layers
@@ -75,6 +78,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4,)),  # glm4moe's name for it
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA,)),  # Mixtral's router
+    Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
     Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
     Row("ffn_gate.weight", "mlp.gate_proj.weight", WITH_DENSE_LAYERS),  # dense layers' MLP
     Row("ffn_up.weight", "mlp.up_proj.weight", WITH_DENSE_LAYERS),
@@ -86,6 +90,22 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", (QWEN2,)),
     Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", (QWEN2,)),
     Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", (QWEN2,)),  # its sigmoid gate [1, H]: ROW_VECTORS
+    Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (GRANITE,)),  # granitemoeshared's shared MLP
+)
+
+
+@dataclass(frozen=True)
+class Concat:
+    """One Hugging Face tensor that llama.cpp's converter split by rows into several GGUF tensors."""
+
+    parts: tuple[str, ...]  # after "blk.N.", in the HF tensor's row order
+    hf: str  # after "model.layers.N."
+    archs: tuple[str, ...]
+
+
+CONCAT_ROWS: tuple[Concat, ...] = (
+    # GraniteMoeModel.modify_tensors: shared_mlp.input_linear [2S, H] split into gate rows, then up
+    Concat(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), "shared_mlp.input_linear.weight", (GRANITE,)),
 )
 
 # HF [1, H] matrices that llama.cpp sizes {n_embd}: a converter may store them 1-D; read as [1, H]
@@ -392,6 +412,33 @@ def _dots1_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def _granite_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """GraniteMoeModel.set_gguf_parameters (GraniteModel's, LlamaModel's): the multipliers as
+    attention.scale, embedding_scale, residual_scale and logit_scale (each written where truthy:
+    GraniteMoeConfig's defaults are 1.0, so real files have all four), feed_forward_length the
+    experts' width, expert_shared_feed_forward_length where a shared MLP is. Without
+    attention.scale llama.cpp scales by 1/sqrt(head_dim); without the others it scales by nothing."""
+    config = _common_config(meta, arch)
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
+    shared = meta.int("expert_shared_feed_forward_length", _rows_of(meta.model, "ffn_up_shexp.weight") or 0)
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int(width_key) if width_key else meta.int("feed_forward_length", _expert_size(meta.model)),
+        num_local_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        attention_multiplier=meta.float("attention.scale", 1.0 / math.sqrt(head_dim)),
+        embedding_multiplier=meta.float("embedding_scale", 1.0),
+        residual_multiplier=meta.float("residual_scale", 1.0),
+        logits_scaling=meta.float("logit_scale", 1.0),
+        attention_bias=_has(meta.model, "attn_q.bias"),
+    )
+    if shared:
+        config.update(model_type="granitemoeshared", architectures=["GraniteMoeSharedForCausalLM"],
+                      shared_intermediate_size=shared)
+    return config
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """One `general.architecture` ft converts: its Hugging Face identity and how to rebuild its config."""
@@ -401,6 +448,7 @@ class GGUFArchitecture:
     hf_architecture: str
     build_config: Callable[[Meta, GGUFArchitecture], dict[str, Any]]
     permute_qk: bool = False  # llama.cpp permuted attn_q/attn_k rows; undone with hf_rows_of_llama_qk
+    other_model_types: tuple[str, ...] = ()  # what build_config may make of a file instead (a variant)
 
     def hf_config(self, model: GGUFModel) -> dict[str, Any]:
         return self.build_config(Meta(model, self.name), self)
@@ -414,6 +462,10 @@ class GGUFArchitecture:
             names.update({g + r.gguf: h + r.hf for r in rows})
         return names
 
+    def concat_parts(self) -> dict[str, tuple[str, int]]:
+        """GGUF block tensor name -> (the HF block tensor it is part of, its place in it)."""
+        return {part: (c.hf, i) for c in CONCAT_ROWS if self.name in c.archs for i, part in enumerate(c.parts)}
+
 
 ARCHITECTURES: dict[str, GGUFArchitecture] = {
     a.name: a
@@ -425,6 +477,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", _olmoe_config),
         GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", _glm4_moe_config),
         GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", _dots1_config),
+        GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", _granite_moe_config, permute_qk=True,
+                         other_model_types=("granitemoeshared",)),
     )
 }
 

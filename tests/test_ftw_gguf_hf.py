@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, GGMLQuantizationType
+from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType
 
 from ftw import FTWReader, convert_checkpoint
 from ftw.gguf_convert import convert_gguf
@@ -25,7 +25,8 @@ from tests.test_ftw_convert import assert_round_trip
 
 ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2,
         "qwen2_moe": MODEL_ARCH.QWEN2MOE, "olmoe": MODEL_ARCH.OLMOE, "glm4_moe": MODEL_ARCH.GLM4_MOE,
-        "dots1": MODEL_ARCH.DOTS1}
+        "dots1": MODEL_ARCH.DOTS1, "granitemoe": MODEL_ARCH.GRANITE_MOE, "granitemoeshared": MODEL_ARCH.GRANITE_MOE}
+LLAMA_PERMUTED = ("mixtral", "granitemoe", "granitemoeshared")  # converters derived from LlamaModel
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
@@ -99,6 +100,16 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
         w.add_expert_weights_scale(c["routed_scaling_factor"])
         w.add_expert_weights_norm(c["norm_topk_prob"])
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # (dots1: from scoring_func "noaux_tc")
+    elif family in ("granitemoe", "granitemoeshared"):  # GraniteMoeModel (GraniteModel, LlamaModel)
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
+        w.add_expert_count(c["num_local_experts"])
+        w.add_attention_scale(c["attention_multiplier"])
+        w.add_embedding_scale(c["embedding_multiplier"])
+        w.add_residual_scale(c["residual_multiplier"])
+        w.add_logit_scale(c["logits_scaling"])
+        if c.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(c["shared_intermediate_size"])
     else:  # deepseek_v3, as DeepseekV2Model.set_gguf_parameters writes it
         w.add_expert_count(c["n_routed_experts"])
         w.add_leading_dense_block_count(c["first_k_dense_replace"])
@@ -137,10 +148,12 @@ def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
 
 
 def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GGMLQuantizationType | None = None,
-                mtp: bool = False, flat_shared_gate: bool = False) -> Path:
+                mtp: bool = False, flat_shared_gate: bool = False,
+                qtypes: dict[str, GGMLQuantizationType] | None = None) -> Path:
     """Write the HF checkpoint `src` as an F32 GGUF the way llama.cpp's converter would; with
     `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN; with
-    `flat_shared_gate`, Qwen2-MoE's shared_expert_gate [1, H] as [H] (llama.cpp sizes it {n_embd})."""
+    `flat_shared_gate`, Qwen2-MoE's shared_expert_gate [1, H] as [H] (llama.cpp sizes it {n_embd});
+    `qtypes`, GGUF tensors whose names end so quantized to that type (gguf-py's quantize)."""
     c = json.loads((src / "config.json").read_text())
     family = c["model_type"]
     arch = ARCH[family]
@@ -159,7 +172,21 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
         if ".experts." in name and "shared_experts" not in name:  # model.layers.L.{mlp|block_sparse_moe}.experts.E.proj.weight
             experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
             continue
-        if family == "mixtral" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if name.endswith("input_linear.weight"):  # Granite's fused gate|up rows, split by GraniteMoeModel
+            shared = "shared_mlp" in name
+            gate, up = t.split(c["shared_intermediate_size" if shared else "intermediate_size"], dim=-2)
+            kinds = ((MODEL_TENSOR.FFN_GATE_SHEXP, MODEL_TENSOR.FFN_UP_SHEXP) if shared else
+                     (MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP))
+            for kind, half in zip(kinds, (gate, up), strict=True):
+                gname = TENSOR_NAMES[kind].format(bid=parts[2]) + ".weight"
+                qtype = next((q for suffix, q in (qtypes or {}).items() if gname.endswith(suffix)), None)
+                array = half.contiguous().numpy()
+                if qtype is None:
+                    w.add_tensor(gname, array)
+                else:
+                    w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            continue
+        if family in LLAMA_PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
             kv = c["num_key_value_heads"] if "k_proj" in name else None
             t = llama_cpp_permute(t, c["num_attention_heads"], kv)
         if family == "deepseek_v3" and name.endswith("kv_b_proj.weight") and kv_b_split:
@@ -188,7 +215,8 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1",
+                                    "granitemoe", "granitemoeshared"])
 def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf")
     path = export_gguf(src, tmp_path / "model.gguf")
@@ -324,3 +352,24 @@ def test_qwen2_moe_shared_expert_gate_stored_flat(tmp_path: Path) -> None:
     convert_gguf(export_gguf(src, tmp_path / "model.gguf", flat_shared_gate=True), tmp_path / "ftw")
     reader = assert_round_trip(src, tmp_path / "ftw")
     assert reader.tensor("model.layers.0.mlp.shared_expert_gate.weight").shape == (1, 64)
+
+
+@pytest.mark.parametrize("up_qtype", [GGMLQuantizationType.Q8_0, None])
+def test_granite_shared_mlp_quantized_halves_are_joined(up_qtype: GGMLQuantizationType | None, tmp_path: Path) -> None:
+    """granitemoeshared's shared_mlp.input_linear, split by llama.cpp into gate and up: halves of one
+    quantization join as stored; a gate in Q8_0 beside an f32 up is dequantized and joined in f32."""
+    src = save_checkpoint("granitemoeshared", tmp_path / "hf")
+    q = GGMLQuantizationType.Q8_0
+    qtypes = {"ffn_gate_shexp.weight": q} | ({"ffn_up_shexp.weight": up_qtype} if up_qtype else {})
+    index = convert_gguf(export_gguf(src, tmp_path / "model.gguf", qtypes=qtypes), tmp_path / "ftw")
+    reader = FTWReader.open(tmp_path / "ftw")
+    name = "model.layers.0.shared_mlp.input_linear.weight"
+    gate, up = load_all(src)[name].chunk(2)
+    if up_qtype is None:
+        assert index.tensor(name).dtype == "f32"
+        ref = np.concatenate([gguf.quants.dequantize(gguf.quants.quantize(gate.numpy(), q), q), up.numpy()])
+        assert np.array_equal(reader.tensor(name).numpy(), ref)
+    else:
+        assert index.tensor(name).dtype == "q8_0"
+        raw = np.concatenate([gguf.quants.quantize(half.contiguous().numpy(), q) for half in (gate, up)])
+        assert reader.tensor(name).numpy().tobytes() == raw.tobytes()

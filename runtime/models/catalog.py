@@ -68,7 +68,8 @@ def rows() -> list[tuple[str, ...]]:
     """One row a family the runtime runs, by name."""
     gguf: dict[str, list[str]] = {}
     for arch, spec in ARCHITECTURES.items():
-        gguf.setdefault(spec.model_type, []).append(arch)
+        for model_type in (spec.model_type, *spec.other_model_types):
+            gguf.setdefault(model_type, []).append(arch)
     out = []
     for family in sorted(FAMILY_MODULES):
         attention, routing = KINDS[family]
