@@ -29,7 +29,7 @@ from .errors import SourceError
 from .families import check_dense_shape, family_for_config, index_in_name, normalized_config
 from .format import BLOCK_DTYPES, Index, storage_shape
 from .gguf_file import GGUFModel, GGUFTensor
-from .gguf_source import (
+from .gguf_names import (
     CONCAT_ROWS,
     DROPPED_BLOCK,
     DROPPED_GLOBAL,
@@ -38,10 +38,9 @@ from .gguf_source import (
     KV_B_SPLIT,
     LAYER_PREFIX_HF,
     ROW_VECTORS,
-    GGUFArchitecture,
-    architecture_for,
     hf_rows_of_llama_qk,
 )
+from .gguf_source import GGUFArchitecture, architecture_for
 from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
 from .rangeio import readahead
 from .reader import TORCH_DTYPES
@@ -128,7 +127,7 @@ class _GGUFConverter:
             else:
                 raise SourceError(
                     f"{self.model.path}: tensor {name!r} has no Hugging Face name in ft's {self.arch.name} table "
-                    "(ftw/gguf_source.py); this GGUF variant is not supported"
+                    "(ftw/gguf_names.py); this GGUF variant is not supported"
                 )
         for layer, halves in kv_b.items():
             hf = LAYER_PREFIX_HF.format(layer=layer) + KV_B_HF

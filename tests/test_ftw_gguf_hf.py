@@ -1,10 +1,11 @@
 """HF checkpoint -> GGUF (as llama.cpp's convert_hf_to_gguf.py writes it) -> FTW gives back the HF tensors.
 
-`export_gguf` is written independently of ftw/gguf_source.py: GGUF names come from gguf-py's own
-TensorNameMap, and it applies llama.cpp's transformations (expert stacking, the llama Q/K row
-permutation, DeepSeek's kv_b split). Converting its output with `convert_gguf` must give the HF
-tensors bit for bit under their HF names, and the same normalized config as converting the HF
-checkpoint directly: that checks the name tables, the transposition conventions and the config.
+`export_gguf` is written independently of ftw/gguf_names.py and gguf_source.py: GGUF names come
+from gguf-py's own TensorNameMap, and it applies llama.cpp's transformations (expert stacking, the
+llama Q/K row permutation, DeepSeek's kv_b split, Granite's gate|up split). Converting its output
+with `convert_gguf` must give the HF tensors bit for bit under their HF names, and the same
+normalized config as converting the HF checkpoint directly: that checks the name tables, the
+transposition conventions and the config.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """A GGUF, as llama.cpp's converter writes it, runs as its Hugging Face checkpoint does.
 
 The tiny HF checkpoint of each family ft reads GGUF for is exported by `export_gguf`
-(tests/test_ftw_gguf_hf.py, written apart from ftw/gguf_source.py), pulled through ft's own pull
-path as a local .gguf file and run by the runtime; transformers runs the HF checkpoint. Logits must
-agree and greedy decoding give the same tokens (tests/parity.py): that checks the config the GGUF
-metadata implies as the runtime reads it, which comparing tensors and the normalized config cannot.
+(tests/test_ftw_gguf_hf.py, written apart from ftw/gguf_names.py and gguf_source.py), pulled
+through ft's own pull path as a local .gguf file and run by the runtime; transformers runs the HF
+checkpoint. Logits must agree and greedy decoding give the same tokens (tests/parity.py): that
+checks the config the GGUF metadata implies as the runtime reads it, which comparing tensors and
+the normalized config cannot.
 """
 
 from __future__ import annotations

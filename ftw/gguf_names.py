@@ -1,0 +1,136 @@
+"""GGUF tensor names and llama.cpp's changes to the tensors: the tables gguf_source and gguf_convert read.
+
+GGUF renames every tensor (llama.cpp's names, gguf-py's `tensor_mapping.py`); FTW keeps Hugging
+Face names, so each GGUF name maps back through the tables below, one commented row per name.
+What llama.cpp changes besides names, and how we undo it:
+
+- llama (Mixtral), granitemoe: `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k`
+  within each head (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and every GGML row
+  is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes, quantized or not.
+- qwen3moe, qwen2moe, olmoe, glm4moe, dots1, deepseek2: no permutation (their converters do not
+  permute: llama.cpp runs the first five with NeoX RoPE, as HF does; DeepSeek's RoPE already rotates
+  adjacent pairs, HF `rope_interleave`).
+- deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
+  `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
+- Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
+- granitemoe: the converter splits Granite's fused `input_linear` by rows into gate and up; the
+  experts' halves become the FTW record's w13 as they are, the shared MLP's are joined back
+  (CONCAT_ROWS). A granitemoe file with shared experts is a granitemoeshared model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import SourceError
+
+LAYER_PREFIX_GGUF = "blk.{layer}."
+LAYER_PREFIX_HF = "model.layers.{layer}."
+QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
+QWEN2, OLMOE, GLM4, DOTS1, GRANITE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe"
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1)  # per head (Qwen3, GLM, dots) or over the whole projection (OLMoE)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1)  # router at mlp.gate (Mixtral's elsewhere)
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1)  # dense MLPs beside MoE layers
+DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
+
+
+@dataclass(frozen=True)
+class Row:
+    """One tensor name in both conventions."""
+
+    gguf: str  # after "blk.N." for block rows; the whole name for global rows
+    hf: str  # after "model.layers.N." for block rows; the whole name for global rows
+    archs: tuple[str, ...] = ()  # GGUF architectures the row applies to; () = all
+
+
+GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "model.embed_tokens.weight"),  # input embeddings [V, H]
+    Row("output_norm.weight", "model.norm.weight"),  # final RMSNorm
+    Row("output.weight", "lm_head.weight"),  # LM head; absent when tied to the embeddings
+)
+
+BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight"),  # RMSNorm before attention
+    Row("attn_q.weight", "self_attn.q_proj.weight"),  # llama: rows un-permuted, see module doc
+    Row("attn_q.bias", "self_attn.q_proj.bias"),  # (models with attention bias)
+    Row("attn_k.weight", "self_attn.k_proj.weight"),  # llama: rows un-permuted
+    Row("attn_k.bias", "self_attn.k_proj.bias"),
+    Row("attn_v.weight", "self_attn.v_proj.weight"),
+    Row("attn_v.bias", "self_attn.v_proj.bias"),
+    Row("attn_output.weight", "self_attn.o_proj.weight"),
+    Row("attn_output.bias", "self_attn.o_proj.bias"),  # (dots1 with attention_bias)
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", QK_NORMED),  # QK RMSNorm
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", QK_NORMED),
+    Row("attn_q_a.weight", "self_attn.q_a_proj.weight", (DEEPSEEK2,)),  # MLA query down-projection
+    Row("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", (DEEPSEEK2,)),
+    Row("attn_q_b.weight", "self_attn.q_b_proj.weight", (DEEPSEEK2,)),  # MLA query up-projection
+    Row("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight", (DEEPSEEK2,)),  # latent KV + RoPE key
+    Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
+    Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
+    Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4,)),  # glm4moe's name for it
+    Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
+    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA,)),  # Mixtral's router
+    Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
+    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", WITH_DENSE_LAYERS),  # dense layers' MLP
+    Row("ffn_up.weight", "mlp.up_proj.weight", WITH_DENSE_LAYERS),
+    Row("ffn_down.weight", "mlp.down_proj.weight", WITH_DENSE_LAYERS),
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", DEEPSEEK_MOE),  # shared experts
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", DEEPSEEK_MOE),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", DEEPSEEK_MOE),
+    Row("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", (QWEN2,)),  # Qwen2-MoE's one shared expert
+    Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", (QWEN2,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", (QWEN2,)),
+    Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", (QWEN2,)),  # its sigmoid gate [1, H]: ROW_VECTORS
+    Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (GRANITE,)),  # granitemoeshared's shared MLP
+)
+
+
+@dataclass(frozen=True)
+class Concat:
+    """One Hugging Face tensor that llama.cpp's converter split by rows into several GGUF tensors."""
+
+    parts: tuple[str, ...]  # after "blk.N.", in the HF tensor's row order
+    hf: str  # after "model.layers.N."
+    archs: tuple[str, ...]
+
+
+CONCAT_ROWS: tuple[Concat, ...] = (
+    # GraniteMoeModel.modify_tensors: shared_mlp.input_linear [2S, H] split into gate rows, then up
+    Concat(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), "shared_mlp.input_linear.weight", (GRANITE,)),
+)
+
+# HF [1, H] matrices that llama.cpp sizes {n_embd}: a converter may store them 1-D; read as [1, H]
+ROW_VECTORS = ("ffn_gate_inp_shexp.weight",)
+
+# Routed experts, fused per layer (torch order). They become the layer's FTW expert bank.
+EXPERT_ROWS: dict[str, str] = {
+    "ffn_gate_exps.weight": "gate",  # [E, I, H]: gate_proj / Mixtral w1
+    "ffn_up_exps.weight": "up",  # [E, I, H]: up_proj / Mixtral w3
+    "ffn_down_exps.weight": "down",  # [E, H, I]: down_proj / Mixtral w2
+    "ffn_gate_up_exps.weight": "gate_up",  # [E, 2I, H], gate rows then up rows (--fuse-gate-up-exps)
+}
+
+# DeepSeek MLA's kv_b_proj as newer llama.cpp stores it, split per head; rebuilt into KV_B_HF.
+KV_B_SPLIT: dict[str, str] = {
+    "attn_k_b.weight": "k_b",  # [n_head, kv_lora_rank, qk_nope_head_dim]: the key half, transposed
+    "attn_v_b.weight": "v_b",  # [n_head, v_head_dim, kv_lora_rank]: the value half
+}
+KV_B_HF = "self_attn.kv_b_proj.weight"
+
+# Tensors llama.cpp adds that a Hugging Face model computes instead: dropped and counted.
+DROPPED_GLOBAL = ("rope_freqs.weight",)  # RoPE frequency factors, derived from rope_scaling
+DROPPED_BLOCK = ("attn_rot_embd.weight",)  # old files' rotary tables
+
+
+def hf_rows_of_llama_qk(num_rows: int, num_heads: int) -> np.ndarray:
+    """Row indices that undo llama.cpp's `permute` of attn_q/attn_k: hf = gguf[indices].
+
+    llama.cpp stores row `(h, i, j)` of `w.reshape(heads, 2, head_dim / 2)` at `(h, j, i)`."""
+    if num_heads <= 0 or num_rows <= 0 or num_rows % (2 * num_heads):
+        raise SourceError(f"cannot un-permute {num_rows} query/key rows over {num_heads} heads")
+    gguf_from_hf = np.arange(num_rows).reshape(num_heads, 2, num_rows // num_heads // 2).swapaxes(1, 2).reshape(-1)
+    return np.argsort(gguf_from_hf)
