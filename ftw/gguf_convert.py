@@ -163,7 +163,8 @@ class _GGUFConverter:
                 return [np.ascontiguousarray(data.reshape(t.shape[0], -1)[order]).reshape(-1)]
 
             return _Dense(hf_name, t.dtype, t.shape, unpermuted)
-        shape = (1, *t.shape) if gguf_name in ROW_VECTORS and len(t.shape) == 1 else t.shape  # the same bytes
+        flat = len(t.shape) == 1 and self.arch.name in ROW_VECTORS.get(gguf_name, ())
+        shape = (1, *t.shape) if flat else t.shape  # the same bytes
         return _Dense(hf_name, t.dtype, shape, lambda: self._chunks(t))
 
     def _chunks(self, t: GGUFTensor) -> Iterator[np.ndarray]:

@@ -7,9 +7,9 @@ What llama.cpp changes besides names, and how we undo it:
 - llama (Mixtral), granitemoe: `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k`
   within each head (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and every GGML row
   is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes, quantized or not.
-- qwen3moe, qwen2moe, olmoe, glm4moe, dots1, deepseek2: no permutation (their converters do not
-  permute: llama.cpp runs the first five with NeoX RoPE, as HF does; DeepSeek's RoPE already rotates
-  adjacent pairs, HF `rope_interleave`).
+- qwen3moe, qwen2moe, olmoe, glm4moe, dots1, deepseek2, ernie4_5-moe: no permutation (their
+  converters do not permute: llama.cpp runs the first five with NeoX RoPE, as HF does; DeepSeek's
+  and ERNIE's RoPE already rotate adjacent pairs, HF `rope_interleave` and Ernie 4.5's own rotary).
 - deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
   `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
@@ -29,11 +29,12 @@ from .errors import SourceError
 LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
-QWEN2, OLMOE, GLM4, DOTS1, GRANITE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe"
+QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1)  # per head (Qwen3, GLM, dots) or over the whole projection (OLMoE)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1)  # router at mlp.gate (Mixtral's elsewhere)
-WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1)  # dense MLPs beside MoE layers
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # router at mlp.gate (Mixtral's elsewhere)
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
+SHARED_EXPERTS = (*DEEPSEEK_MOE, ERNIE)  # one dense SwiGLU under mlp.shared_experts
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,13 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA,)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
     Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
+    Row("exp_probs_b.bias", "mlp.moe_statics.e_score_correction_bias", (ERNIE,)),  # ERNIE's [1, E]: ROW_VECTORS
     Row("ffn_gate.weight", "mlp.gate_proj.weight", WITH_DENSE_LAYERS),  # dense layers' MLP
     Row("ffn_up.weight", "mlp.up_proj.weight", WITH_DENSE_LAYERS),
     Row("ffn_down.weight", "mlp.down_proj.weight", WITH_DENSE_LAYERS),
-    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", DEEPSEEK_MOE),  # shared experts
-    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", DEEPSEEK_MOE),
-    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", DEEPSEEK_MOE),
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", SHARED_EXPERTS),  # shared experts
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", SHARED_EXPERTS),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", SHARED_EXPERTS),
     Row("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", (QWEN2,)),  # Qwen2-MoE's one shared expert
     Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", (QWEN2,)),
     Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", (QWEN2,)),
@@ -103,8 +105,11 @@ CONCAT_ROWS: tuple[Concat, ...] = (
     Concat(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), "shared_mlp.input_linear.weight", (GRANITE,)),
 )
 
-# HF [1, H] matrices that llama.cpp sizes {n_embd}: a converter may store them 1-D; read as [1, H]
-ROW_VECTORS = ("ffn_gate_inp_shexp.weight",)
+# HF [1, N] matrices that llama.cpp sizes {N}: a converter may store them 1-D; read as [1, N]
+ROW_VECTORS: dict[str, tuple[str, ...]] = {
+    "ffn_gate_inp_shexp.weight": (QWEN2,),  # Qwen2-MoE's shared_expert_gate [1, H]
+    "exp_probs_b.bias": (ERNIE,),  # ERNIE's moe_statics.e_score_correction_bias [1, E]
+}
 
 # Routed experts, fused per layer (torch order). They become the layer's FTW expert bank.
 EXPERT_ROWS: dict[str, str] = {

@@ -22,6 +22,7 @@ from .gguf_names import (
     CONCAT_ROWS,
     DEEPSEEK2,
     DOTS1,
+    ERNIE,
     EXPERT_ROWS,
     GLM4,
     GLOBAL_ROWS,
@@ -333,6 +334,31 @@ def _granite_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def _ernie4_5_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Ernie4_5MoeModel.set_gguf_parameters: expert_count and expert_used_count from moe_num_experts
+    and moe_k, leading_dense_block_count (moe_layer_start_index), interleave_moe_layer_step
+    (moe_layer_interval), expert_feed_forward_length, expert_shared_count; feed_forward_length is
+    the dense layers' width. moe_layer_end_index is not written: the last layer with experts.
+    moe_norm_min is not written either: Ernie4_5_MoeConfig's 1e-12."""
+    config = _common_config(meta, arch)
+    moe = _expert_layers(meta.model)
+    config.update(
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        moe_num_experts=meta.int("expert_count"),
+        moe_k=meta.int("expert_used_count"),
+        moe_num_shared_experts=meta.int("expert_shared_count", 0),
+        moe_layer_start_index=meta.int("leading_dense_block_count", moe[0] if moe else 0),
+        moe_layer_end_index=moe[-1] if moe else -1,
+        moe_layer_interval=meta.int("interleave_moe_layer_step", 1),
+        moe_norm_min=1e-12,
+        use_bias=_has(meta.model, "attn_q.bias"),
+    )
+    if meta.get("attention.key_length") is not None:
+        config["head_dim"] = meta.int("attention.key_length")
+    return config
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """One `general.architecture` ft converts: its Hugging Face identity and how to rebuild its config."""
@@ -371,6 +397,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", _olmoe_config),
         GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", _glm4_moe_config),
         GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", _dots1_config),
+        GGUFArchitecture(ERNIE, "ernie4_5_moe", "Ernie4_5_MoeForCausalLM", _ernie4_5_moe_config),
         GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", _granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
     )

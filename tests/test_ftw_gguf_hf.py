@@ -26,7 +26,8 @@ from tests.test_ftw_convert import assert_round_trip
 
 ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2,
         "qwen2_moe": MODEL_ARCH.QWEN2MOE, "olmoe": MODEL_ARCH.OLMOE, "glm4_moe": MODEL_ARCH.GLM4_MOE,
-        "dots1": MODEL_ARCH.DOTS1, "granitemoe": MODEL_ARCH.GRANITE_MOE, "granitemoeshared": MODEL_ARCH.GRANITE_MOE}
+        "dots1": MODEL_ARCH.DOTS1, "granitemoe": MODEL_ARCH.GRANITE_MOE, "granitemoeshared": MODEL_ARCH.GRANITE_MOE,
+        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE}
 LLAMA_PERMUTED = ("mixtral", "granitemoe", "granitemoeshared")  # converters derived from LlamaModel
 
 
@@ -60,7 +61,7 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
     w.add_head_count(c["num_attention_heads"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(rope.get("rope_theta", c.get("rope_theta")))
-    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_used_count(c["moe_k"] if family == "ernie4_5_moe" else c["num_experts_per_tok"])
     w.add_feed_forward_length(c["intermediate_size"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if family == "qwen3_moe":
@@ -111,6 +112,15 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
         w.add_logit_scale(c["logits_scaling"])
         if c.get("shared_intermediate_size"):
             w.add_expert_shared_feed_forward_length(c["shared_intermediate_size"])
+    elif family == "ernie4_5_moe":  # Ernie4_5MoeModel.set_gguf_parameters
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_expert_count(c["moe_num_experts"])
+        w.add_interleave_moe_layer_step(c["moe_layer_interval"])
+        w.add_leading_dense_block_count(c["moe_layer_start_index"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_count(c["moe_num_shared_experts"])
+        # (sic: llama.cpp writes intermediate_size // num_key_value_heads here; nothing reads it)
+        w.add_expert_shared_feed_forward_length(c["intermediate_size"] // c["num_key_value_heads"])
     else:  # deepseek_v3, as DeepseekV2Model.set_gguf_parameters writes it
         w.add_expert_count(c["n_routed_experts"])
         w.add_leading_dense_block_count(c["first_k_dense_replace"])
@@ -149,11 +159,11 @@ def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
 
 
 def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GGMLQuantizationType | None = None,
-                mtp: bool = False, flat_shared_gate: bool = False,
+                mtp: bool = False, flat: tuple[str, ...] = (),
                 qtypes: dict[str, GGMLQuantizationType] | None = None) -> Path:
     """Write the HF checkpoint `src` as an F32 GGUF the way llama.cpp's converter would; with
     `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN; with
-    `flat_shared_gate`, Qwen2-MoE's shared_expert_gate [1, H] as [H] (llama.cpp sizes it {n_embd});
+    `flat`, the [1, N] tensors whose HF names end so as [N] (llama.cpp sizes them {N});
     `qtypes`, GGUF tensors whose names end so quantized to that type (gguf-py's quantize)."""
     c = json.loads((src / "config.json").read_text())
     family = c["model_type"]
@@ -203,7 +213,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
                     w.add_tensor(gname, gguf.quants.quantize(array, kv_b_qtype), raw_dtype=kv_b_qtype)
             continue
         name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # as llama.cpp does
-        if flat_shared_gate and name.endswith("shared_expert_gate.weight"):
+        if flat and name.endswith(flat):
             t = t.reshape(-1)
         w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
     for (_, merged), by_expert in sorted(experts.items()):
@@ -217,7 +227,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1",
-                                    "granitemoe", "granitemoeshared"])
+                                    "granitemoe", "granitemoeshared", "ernie4_5_moe"])
 def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf")
     path = export_gguf(src, tmp_path / "model.gguf")
@@ -233,7 +243,8 @@ def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     hf_config = json.loads((src / "config.json").read_text())
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "rms_norm_eps", "vocab_size",
                 "num_experts_per_tok", "tie_word_embeddings", "max_position_embeddings", "model_type", "architectures"):
-        assert index.source_config[key] == hf_config[key], key
+        if key in hf_config:  # (ERNIE names its top-k moe_k)
+            assert index.source_config[key] == hf_config[key], key
     assert index.metadata["source_format"] == "gguf"
 
 
@@ -348,11 +359,15 @@ def test_deepseek_mtp_block_dropped_and_yarn_config(tmp_path: Path) -> None:
         "mscale": 1.0, "mscale_all_dim": 1.0}
 
 
-def test_qwen2_moe_shared_expert_gate_stored_flat(tmp_path: Path) -> None:
-    src = save_checkpoint("qwen2_moe", tmp_path / "hf")
-    convert_gguf(export_gguf(src, tmp_path / "model.gguf", flat_shared_gate=True), tmp_path / "ftw")
+@pytest.mark.parametrize("family, name", [("qwen2_moe", "mlp.shared_expert_gate.weight"),
+                                          ("ernie4_5_moe", "mlp.moe_statics.e_score_correction_bias")])
+def test_row_vectors_stored_flat(family: str, name: str, tmp_path: Path) -> None:
+    """Qwen2-MoE's shared_expert_gate [1, H] and ERNIE's correction bias [1, E], stored 1-D, come back [1, N]."""
+    src = save_checkpoint(family, tmp_path / "hf")
+    convert_gguf(export_gguf(src, tmp_path / "model.gguf", flat=(name.replace("_bias", ".bias"),)), tmp_path / "ftw")
     reader = assert_round_trip(src, tmp_path / "ftw")
-    assert reader.tensor("model.layers.0.mlp.shared_expert_gate.weight").shape == (1, 64)
+    got = reader.tensor(f"model.layers.{1 if family == 'ernie4_5_moe' else 0}.{name}")
+    assert got.dim() == 2 and got.shape[0] == 1
 
 
 @pytest.mark.parametrize("up_qtype", [GGMLQuantizationType.Q8_0, None])
