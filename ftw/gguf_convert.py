@@ -36,7 +36,6 @@ from .gguf_names import (
     EXPERT_ROWS,
     KV_B_HF,
     KV_B_SPLIT,
-    LAYER_PREFIX_HF,
     ROW_VECTORS,
     hf_rows_of_llama_qk,
 )
@@ -130,12 +129,12 @@ class _GGUFConverter:
                     "(ftw/gguf_names.py); this GGUF variant is not supported"
                 )
         for layer, halves in kv_b.items():
-            hf = LAYER_PREFIX_HF.format(layer=layer) + KV_B_HF
+            hf = self.arch.hf_layer_prefix.format(layer=layer) + KV_B_HF
             if any(d.name == hf for d in dense[layer]):
                 raise SourceError(f"{self.model.path}: layer {layer} has both attn_kv_b and attn_k_b/attn_v_b")
             dense[layer].append(self._kv_b(layer, hf, halves))
         for (layer, hf), parts in concats.items():
-            dense[layer].append(self._row_concat(LAYER_PREFIX_HF.format(layer=layer) + hf, parts))
+            dense[layer].append(self._row_concat(self.arch.hf_layer_prefix.format(layer=layer) + hf, parts))
         for d in (d for layer_dense in dense.values() for d in layer_dense):
             try:
                 check_dense_shape(d.name, d.shape, self.config)

@@ -13,6 +13,9 @@ What llama.cpp changes besides names, and how we undo it:
 - deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
   `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
+- dbrx: DbrxModel views each flat expert tensor [E * I, H] as [E, I, H] and transposes w2's to
+  [E, H, I]: the usual ffn_*_exps, which give the FTW bank the HF checkpoint gives. DBRX keeps its
+  own HF names (transformer.blocks.N., fused Wqkv), so only its own rows apply (DBRX_ROWS).
 - granitemoe: the converter splits Granite's fused `input_linear` by rows into gate and up; the
   experts' halves become the FTW record's w13 as they are, the shared MLP's are joined back
   (CONCAT_ROWS). A granitemoe file with shared experts is a granitemoeshared model.
@@ -30,6 +33,7 @@ LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
+DBRX = "dbrx"
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1)  # per head (Qwen3, GLM, dots) or over the whole projection (OLMoE)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # router at mlp.gate (Mixtral's elsewhere)
 WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # dense MLPs beside MoE layers
@@ -88,6 +92,21 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", (QWEN2,)),
     Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", (QWEN2,)),  # its sigmoid gate [1, H]: ROW_VECTORS
     Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (GRANITE,)),  # granitemoeshared's shared MLP
+)
+
+
+# DBRX's whole table under its own names (after "transformer.blocks.N." for block rows): no generic row applies
+DBRX_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "transformer.wte.weight", (DBRX,)),
+    Row("output_norm.weight", "transformer.norm_f.weight", (DBRX,)),  # LayerNorm without bias
+    Row("output.weight", "lm_head.weight", (DBRX,)),
+)
+DBRX_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "norm_attn_norm.norm_1.weight", (DBRX,)),  # LayerNorm before attention
+    Row("attn_qkv.weight", "norm_attn_norm.attn.Wqkv.weight", (DBRX,)),  # fused q|k|v rows, as HF has them
+    Row("attn_output.weight", "norm_attn_norm.attn.out_proj.weight", (DBRX,)),
+    Row("attn_output_norm.weight", "norm_attn_norm.norm_2.weight", (DBRX,)),  # LayerNorm before the MoE
+    Row("ffn_gate_inp.weight", "ffn.router.layer.weight", (DBRX,)),  # router [E, H]
 )
 
 

@@ -20,6 +20,9 @@ from .gguf_file import GGUFModel
 from .gguf_names import (
     BLOCK_ROWS,
     CONCAT_ROWS,
+    DBRX,
+    DBRX_BLOCK_ROWS,
+    DBRX_GLOBAL_ROWS,
     DEEPSEEK2,
     DOTS1,
     ERNIE,
@@ -33,6 +36,7 @@ from .gguf_names import (
     OLMOE,
     QWEN2,
     QWEN3,
+    Row,
 )
 
 
@@ -359,6 +363,32 @@ def _ernie4_5_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def _dbrx_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """DbrxModel.set_gguf_parameters, in DBRX's own config layout: context_length (max_seq_len),
+    feed_forward_length (ffn_config.ffn_hidden_size, the experts' width), head_count_kv
+    (attn_config.kv_n_heads), rope.freq_base and attention.clamp_kqv (attn_config's rope_theta and
+    clip_qkv), expert_count and expert_used_count (moe_num_experts, moe_top_k). llama.cpp's dbrx graph
+    renormalizes the top-k weights to sum 1: the released moe_normalize_expert_weights, 1."""
+    common = _common_config(meta, arch)
+    if "rope_scaling" in common:
+        raise SourceError(f"{meta.model.path}: a dbrx GGUF with RoPE scaling; DBRX has none")
+    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
+    config = {k: common[k] for k in ("architectures", "model_type", "vocab_size", "tie_word_embeddings", "bos_token_id",
+                                     "eos_token_id")}
+    config.update(
+        d_model=common["hidden_size"],
+        n_heads=common["num_attention_heads"],
+        n_layers=common["num_hidden_layers"],
+        max_seq_len=common["max_position_embeddings"],
+        attn_config={"kv_n_heads": common["num_key_value_heads"], "clip_qkv": meta.float("attention.clamp_kqv"),
+                     "rope_theta": common["rope_theta"]},
+        ffn_config={"ffn_hidden_size": meta.int(width_key) if width_key else meta.int("feed_forward_length", _expert_size(meta.model)),
+                    "moe_num_experts": meta.int("expert_count"), "moe_top_k": meta.int("expert_used_count"),
+                    "moe_normalize_expert_weights": 1.0, "ffn_act_fn": {"name": "silu"}},
+    )
+    return config
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """One `general.architecture` ft converts: its Hugging Face identity and how to rebuild its config."""
@@ -369,16 +399,19 @@ class GGUFArchitecture:
     build_config: Callable[[Meta, GGUFArchitecture], dict[str, Any]]
     permute_qk: bool = False  # llama.cpp permuted attn_q/attn_k rows; undone with hf_rows_of_llama_qk
     other_model_types: tuple[str, ...] = ()  # what build_config may make of a file instead (a variant)
+    hf_layer_prefix: str = LAYER_PREFIX_HF  # where the HF checkpoint keeps layer N's tensors
+    rows: tuple[tuple[Row, ...], tuple[Row, ...]] = (GLOBAL_ROWS, BLOCK_ROWS)  # (global, block) name tables
 
     def hf_config(self, model: GGUFModel) -> dict[str, Any]:
         return self.build_config(Meta(model, self.name), self)
 
     def tensor_names(self, num_layers: int) -> dict[str, str]:
         """GGUF name -> Hugging Face name for every plain (non-expert) tensor of this architecture."""
-        names = {r.gguf: r.hf for r in GLOBAL_ROWS if not r.archs or self.name in r.archs}
-        rows = [r for r in BLOCK_ROWS if not r.archs or self.name in r.archs]
+        global_rows, block_rows = self.rows
+        names = {r.gguf: r.hf for r in global_rows if not r.archs or self.name in r.archs}
+        rows = [r for r in block_rows if not r.archs or self.name in r.archs]
         for layer in range(num_layers):
-            g, h = LAYER_PREFIX_GGUF.format(layer=layer), LAYER_PREFIX_HF.format(layer=layer)
+            g, h = LAYER_PREFIX_GGUF.format(layer=layer), self.hf_layer_prefix.format(layer=layer)
             names.update({g + r.gguf: h + r.hf for r in rows})
         return names
 
@@ -398,6 +431,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", _glm4_moe_config),
         GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", _dots1_config),
         GGUFArchitecture(ERNIE, "ernie4_5_moe", "Ernie4_5_MoeForCausalLM", _ernie4_5_moe_config),
+        GGUFArchitecture(DBRX, "dbrx", "DbrxForCausalLM", _dbrx_config, hf_layer_prefix="transformer.blocks.{layer}.",
+                         rows=(DBRX_GLOBAL_ROWS, DBRX_BLOCK_ROWS)),
         GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", _granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
     )

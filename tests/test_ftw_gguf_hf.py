@@ -27,7 +27,7 @@ from tests.test_ftw_convert import assert_round_trip
 ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2,
         "qwen2_moe": MODEL_ARCH.QWEN2MOE, "olmoe": MODEL_ARCH.OLMOE, "glm4_moe": MODEL_ARCH.GLM4_MOE,
         "dots1": MODEL_ARCH.DOTS1, "granitemoe": MODEL_ARCH.GRANITE_MOE, "granitemoeshared": MODEL_ARCH.GRANITE_MOE,
-        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE}
+        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE, "dbrx": MODEL_ARCH.DBRX}
 LLAMA_PERMUTED = ("mixtral", "granitemoe", "granitemoeshared")  # converters derived from LlamaModel
 
 
@@ -46,7 +46,26 @@ def _gguf_name(maps: list, hf_name: str) -> str:
     raise AssertionError(f"gguf-py has no GGUF name for {hf_name}")
 
 
+def _write_dbrx_metadata(w: gguf.GGUFWriter, c: dict) -> None:
+    """DbrxModel.set_gguf_parameters, from DBRX's own config layout."""
+    ffn, attn = c["ffn_config"], c["attn_config"]
+    w.add_block_count(c["n_layers"])
+    w.add_context_length(c["max_seq_len"])
+    w.add_embedding_length(c["d_model"])
+    w.add_feed_forward_length(ffn["ffn_hidden_size"])
+    w.add_head_count(c["n_heads"])
+    w.add_head_count_kv(attn["kv_n_heads"])
+    w.add_rope_freq_base(attn["rope_theta"])
+    w.add_clamp_kqv(attn["clip_qkv"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_expert_count(ffn["moe_num_experts"])
+    w.add_expert_used_count(ffn["moe_top_k"])
+    w.add_layer_norm_eps(1e-5)
+
+
 def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, mtp: bool) -> None:
+    if family == "dbrx":
+        return _write_dbrx_metadata(w, c)
     rope = c.get("rope_parameters") or {}
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -168,7 +187,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
     c = json.loads((src / "config.json").read_text())
     family = c["model_type"]
     arch = ARCH[family]
-    num_layers = c["num_hidden_layers"]
+    num_layers = c.get("num_hidden_layers", c.get("n_layers"))
     maps = [gguf.get_tensor_name_map(arch, num_layers), gguf.get_tensor_name_map(MODEL_ARCH.LLAMA, num_layers)]
     w = gguf.GGUFWriter(out, MODEL_ARCH_NAMES[arch])
     _write_metadata(w, c, family, kv_b_split, mtp)
@@ -180,6 +199,13 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
     for name, t in tensors.items():
         parts = name.split(".")
+        if family == "dbrx" and ".ffn.experts.mlp." in name:  # DbrxModel: flat [E * I, H] viewed [E, I, H]
+            ffn = c["ffn_config"]
+            t = t.view(ffn["moe_num_experts"], ffn["ffn_hidden_size"], c["d_model"])
+            if name.endswith(".w2"):
+                t = t.permute(0, 2, 1)  # down [E, H, I]
+            w.add_tensor(_gguf_name(maps, name + ".weight"), t.contiguous().numpy())
+            continue
         if ".experts." in name and "shared_experts" not in name:  # model.layers.L.{mlp|block_sparse_moe}.experts.E.proj.weight
             experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
             continue
@@ -227,7 +253,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1",
-                                    "granitemoe", "granitemoeshared", "ernie4_5_moe"])
+                                    "granitemoe", "granitemoeshared", "ernie4_5_moe", "dbrx"])
 def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf")
     path = export_gguf(src, tmp_path / "model.gguf")
