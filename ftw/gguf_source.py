@@ -1,21 +1,29 @@
-"""GGUF architectures ft converts: each one's Hugging Face identity and its config rebuilt from metadata.
+"""GGUF architectures ft converts: each one's Hugging Face identity, name tables and config builder.
 
-Every builder follows what llama.cpp's `convert_hf_to_gguf.py` writes for the architecture (named in
-its docstring), and normalizes it to the Hugging Face config the family's runtime reads. The tensor
-names and llama.cpp's transformations are in gguf_names.py.
+The tensor names and llama.cpp's transformations are in gguf_names.py, the config each file implies
+in gguf_config.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .errors import SourceError, UnsupportedArchitectureError
-from .families import config_int, index_in_name
+from .errors import UnsupportedArchitectureError
+from .gguf_config import (
+    Meta,
+    dbrx_config,
+    deepseek_v3_config,
+    dots1_config,
+    ernie4_5_moe_config,
+    glm4_moe_config,
+    granite_moe_config,
+    mixtral_config,
+    olmoe_config,
+    qwen2_moe_config,
+    qwen3_moe_config,
+)
 from .gguf_file import GGUFModel
 from .gguf_names import (
     BLOCK_ROWS,
@@ -26,7 +34,6 @@ from .gguf_names import (
     DEEPSEEK2,
     DOTS1,
     ERNIE,
-    EXPERT_ROWS,
     GLM4,
     GLOBAL_ROWS,
     GRANITE,
@@ -38,355 +45,6 @@ from .gguf_names import (
     QWEN3,
     Row,
 )
-
-
-def _f32(value: Any) -> float:
-    """A float32 metadata value as the decimal it was written from (1e-06, not 9.99999997e-07)."""
-    return float(str(np.float32(value)))
-
-
-class Meta:
-    """Typed access to `{arch}.*` metadata keys with errors that name the file and the key."""
-
-    def __init__(self, model: GGUFModel, arch: str) -> None:
-        self.model, self.arch, self.values = model, arch, model.metadata
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(f"{self.arch}.{key}", default)
-
-    def int(self, key: str, default: int | None = None) -> int:
-        value = self.get(key, default)
-        if isinstance(value, list) and value and all(v == value[0] for v in value):
-            value = value[0]  # a per-layer array that is uniform
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise SourceError(f"{self.model.path}: GGUF metadata {self.arch}.{key} is missing or not one integer ({value!r})")
-        return value
-
-    def float(self, key: str, default: float | None = None) -> float | None:
-        """A finite number (an rms eps of NaN or a RoPE base of "1e6x" would reach the model)."""
-        value = self.get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise SourceError(f"{self.model.path}: GGUF metadata {self.arch}.{key} is not one finite number ({value!r})")
-        return _f32(value)
-
-
-def _common_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """Keys every family shares. `num_hidden_layers` leaves out trailing MTP (nextn) blocks."""
-    model, values = meta.model, meta.values
-    embed = model.tensors.get("token_embd.weight")
-    if embed is None or len(embed.shape) != 2:
-        raise SourceError(f"{model.path}: no 2-D token_embd.weight; not a complete language model")
-    where = f"{model.path}: GGUF metadata"  # sizes checked before anything is sized by them
-    heads = config_int("num_attention_heads", meta.int("attention.head_count"), where=where)
-    blocks = config_int("num_hidden_layers", meta.int("block_count"), where=where)
-    config: dict[str, Any] = {
-        "architectures": [arch.hf_architecture],
-        "model_type": arch.model_type,
-        "hidden_size": config_int("hidden_size", meta.int("embedding_length"), where=where),
-        "num_hidden_layers": blocks - config_int("nextn_predict_layers", meta.int("nextn_predict_layers", 0), low=0,
-                                                 high=blocks - 1, where=where),
-        "num_attention_heads": heads,
-        "num_key_value_heads": meta.int("attention.head_count_kv", heads),
-        "max_position_embeddings": meta.int("context_length", 0),
-        "rms_norm_eps": meta.float("attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": meta.float("rope.freq_base", 10000.0),
-        "vocab_size": embed.shape[0],
-        "tie_word_embeddings": "output.weight" not in model.tensors,
-        "hidden_act": "silu",
-        "bos_token_id": values.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": values.get("tokenizer.ggml.eos_token_id"),
-    }
-    scaling = meta.get("rope.scaling.type")
-    if scaling is not None and not isinstance(scaling, str):
-        raise SourceError(f"{model.path}: GGUF metadata {meta.arch}.rope.scaling.type is not a string ({scaling!r})")
-    if scaling in ("linear", "yarn"):
-        rope: dict[str, Any] = {"type": scaling, "rope_type": scaling, "factor": meta.float("rope.scaling.factor", 1.0)}
-        if meta.get("rope.scaling.original_context_length") is not None:
-            rope["original_max_position_embeddings"] = config_int(
-                "rope.scaling.original_context_length", meta.int("rope.scaling.original_context_length"), where=where)
-        for key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
-            if meta.get(f"rope.scaling.{key}") is not None:
-                rope[hf_key] = meta.float(f"rope.scaling.{key}")
-        if (log_mul := meta.float("rope.scaling.yarn_log_multiplier")) is not None:
-            # llama.cpp writes 0.1 * mscale_all_dim; DeepSeek's configs set mscale equal to it
-            rope["mscale"] = rope["mscale_all_dim"] = round(log_mul / 0.1, 6)
-        config["rope_scaling"] = rope
-    elif scaling not in (None, "none"):
-        raise SourceError(f"{model.path}: RoPE scaling {scaling!r} is not supported for GGUF conversion")
-    return config
-
-
-def _expert_layers(model: GGUFModel) -> list[int]:
-    layers = set()
-    for name in model.tensors:
-        parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and ".".join(parts[2:]) in EXPERT_ROWS:
-            layers.add(index_in_name(parts[1], name))
-    return sorted(layers)
-
-
-def _expert_size(model: GGUFModel) -> int | None:
-    """The experts' intermediate size as the tensors show it (for files that omit the key)."""
-    down = next((t for n, t in model.tensors.items() if n.endswith(".ffn_down_exps.weight")), None)
-    return down.shape[-1] if down is not None and len(down.shape) == 3 else None
-
-
-def _qwen3_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    config = _common_config(meta, arch)
-    moe = set(_expert_layers(meta.model))
-    config.update(
-        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
-        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        num_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        # llama.cpp's qwen3moe graph always renormalizes the top-k weights
-        norm_topk_prob=bool(meta.get("expert_weights_norm", True)),
-        decoder_sparse_step=1,
-        mlp_only_layers=[i for i in range(config["num_hidden_layers"]) if i not in moe],
-        attention_bias="blk.0.attn_q.bias" in meta.model.tensors,
-        use_sliding_window=False,
-    )
-    if meta.get("feed_forward_length") is not None:
-        config["intermediate_size"] = meta.int("feed_forward_length")
-    return config
-
-
-def _mixtral_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    config = _common_config(meta, arch)
-    if meta.int("expert_count", 0) < 2:
-        raise UnsupportedArchitectureError(
-            f"{meta.model.path}: a dense llama GGUF (no experts); ft converts only MoE llama-architecture models (Mixtral)"
-        )
-    config.update(
-        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
-        intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        num_local_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        sliding_window=meta.get("attention.sliding_window"),
-    )
-    return config
-
-
-def _deepseek_v3_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    if meta.get("expert_gating_func") != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
-        raise UnsupportedArchitectureError(
-            f"{meta.model.path}: a deepseek2 GGUF with softmax routing (DeepSeek-V2 style); ft converts "
-            "sigmoid-routed ones (DeepSeek-V3/R1 style) only"
-        )
-    config = _common_config(meta, arch)
-    rope_dim = meta.int("rope.dimension_count")
-    mla = meta.get("attention.key_length_mla") is not None  # newer files: MQA form, per-head sizes under *_mla
-    key_length = meta.int("attention.key_length_mla" if mla else "attention.key_length")
-    q_lora_rank = meta.int("attention.q_lora_rank", 0)
-    config.update(
-        num_key_value_heads=config["num_attention_heads"],  # MLA: every head has its own key and value
-        head_dim=rope_dim,
-        q_lora_rank=q_lora_rank or None,
-        kv_lora_rank=meta.int("attention.kv_lora_rank"),
-        qk_rope_head_dim=rope_dim,
-        qk_nope_head_dim=key_length - rope_dim,
-        qk_head_dim=key_length,
-        v_head_dim=meta.int("attention.value_length_mla" if mla else "attention.value_length"),
-        intermediate_size=meta.int("feed_forward_length"),
-        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        n_routed_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        n_shared_experts=meta.int("expert_shared_count", 0),
-        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
-        moe_layer_freq=1,
-        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
-        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
-        n_group=meta.int("expert_group_count", 1),
-        topk_group=meta.int("expert_group_used_count", 1),
-        scoring_func="sigmoid",
-        topk_method="noaux_tc",
-        num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
-        rope_interleave=True,
-        attention_bias=False,
-    )
-    return config
-
-
-def _has(model: GGUFModel, block_tensor: str) -> bool:
-    """Whether any block holds `block_tensor` (e.g. "attn_q.bias")."""
-    return any(n.startswith("blk.") and n.split(".", 2)[2] == block_tensor for n in model.tensors)
-
-
-def _rows_of(model: GGUFModel, block_tensor: str) -> int | None:
-    """The HF row count (GGUF's last dimension reversed: shape[0]) of the first block's `block_tensor`."""
-    t = next((t for n, t in model.tensors.items() if n.startswith("blk.") and n.split(".", 2)[2] == block_tensor), None)
-    return t.shape[0] if t is not None and len(t.shape) == 2 else None
-
-
-def _qwen2_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """Qwen2MoeModel.set_gguf_parameters: the base keys, expert_feed_forward_length and
-    expert_shared_feed_forward_length. llama.cpp's qwen2moe graph never renormalizes the top-k
-    weights (Qwen2MoeConfig's norm_topk_prob False) and gates the shared expert by ffn_gate_inp_shexp."""
-    config = _common_config(meta, arch)
-    moe = set(_expert_layers(meta.model))
-    shared = meta.int("expert_shared_feed_forward_length", _rows_of(meta.model, "ffn_up_shexp.weight") or 0)
-    config.update(
-        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
-        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        shared_expert_intermediate_size=shared,
-        num_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
-        decoder_sparse_step=1,
-        mlp_only_layers=[i for i in range(config["num_hidden_layers"]) if i not in moe],
-        qkv_bias=_has(meta.model, "attn_q.bias"),
-        use_sliding_window=False,
-    )
-    if meta.get("feed_forward_length") is not None:
-        config["intermediate_size"] = meta.int("feed_forward_length")
-    return config
-
-
-def _olmoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """OlmoeModel.set_gguf_parameters: the base keys (feed_forward_length is OLMoE's
-    intermediate_size, the experts' width) and rms eps 1e-5. llama.cpp's olmoe graph does not
-    renormalize the top-k weights (OlmoeConfig's norm_topk_prob False). Its converter writes no
-    clip_qkv (the releases have none); attention.clamp_kqv, as OLMo's converter writes it, is read."""
-    config = _common_config(meta, arch)
-    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
-    width = meta.int(width_key) if width_key else meta.int("expert_feed_forward_length", _expert_size(meta.model))
-    config.update(
-        intermediate_size=width,
-        num_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
-        clip_qkv=meta.float("attention.clamp_kqv"),
-        attention_bias=_has(meta.model, "attn_q.bias"),
-    )
-    if meta.get("attention.key_length") is not None:
-        config["head_dim"] = meta.int("attention.key_length")
-    return config
-
-
-def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
-    """DeepSeek-V3-style MoE keys (glm4moe, dots1) as llama.cpp writes them: expert_count (the routed
-    ones), expert_shared_count, leading_dense_block_count, expert_weights_scale/_norm, and the
-    group keys the base converter writes from n_group/topk_group (1 where absent: one group)."""
-    if meta.get("expert_gating_func", 2) != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
-        raise UnsupportedArchitectureError(f"{meta.model.path}: a {meta.arch} GGUF with softmax routing; "
-                                           "its Hugging Face family routes by sigmoid")
-    shared = meta.int("expert_shared_count", 1 if _has(meta.model, "ffn_up_shexp.weight") else 0)
-    config.update(
-        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
-        intermediate_size=meta.int("feed_forward_length"),
-        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        n_routed_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        n_shared_experts=shared,
-        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
-        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
-        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
-        n_group=meta.int("expert_group_count", 1),
-        topk_group=meta.int("expert_group_used_count", 1),
-        attention_bias=_has(meta.model, "attn_q.bias"),
-    )
-    return config
-
-
-def _glm4_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """Glm4MoeModel.set_gguf_parameters: _sigmoid_moe's keys, rope.dimension_count (head_dim times
-    partial_rotary_factor) and nextn_predict_layers (the MTP layers, counted in block_count)."""
-    config = _sigmoid_moe(meta, _common_config(meta, arch))
-    rotary = meta.int("rope.dimension_count", config["head_dim"] // 2)
-    config.update(
-        partial_rotary_factor=rotary / config["head_dim"],
-        use_qk_norm=_has(meta.model, "attn_q_norm.weight"),
-        num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
-    )
-    return config
-
-
-def _dots1_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """Dots1Model.set_gguf_parameters (Qwen2MoeModel's keys and _sigmoid_moe's); llama.cpp's dots1
-    graph has no sliding window."""
-    config = _sigmoid_moe(meta, _common_config(meta, arch))
-    config.update(sliding_window=None, scoring_func="noaux_tc")
-    return config
-
-
-def _granite_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """GraniteMoeModel.set_gguf_parameters (GraniteModel's, LlamaModel's): the multipliers as
-    attention.scale, embedding_scale, residual_scale and logit_scale (each written where truthy:
-    GraniteMoeConfig's defaults are 1.0, so real files have all four), feed_forward_length the
-    experts' width, expert_shared_feed_forward_length where a shared MLP is. Without
-    attention.scale llama.cpp scales by 1/sqrt(head_dim); without the others it scales by nothing."""
-    config = _common_config(meta, arch)
-    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
-    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
-    shared = meta.int("expert_shared_feed_forward_length", _rows_of(meta.model, "ffn_up_shexp.weight") or 0)
-    config.update(
-        head_dim=head_dim,
-        intermediate_size=meta.int(width_key) if width_key else meta.int("feed_forward_length", _expert_size(meta.model)),
-        num_local_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        attention_multiplier=meta.float("attention.scale", 1.0 / math.sqrt(head_dim)),
-        embedding_multiplier=meta.float("embedding_scale", 1.0),
-        residual_multiplier=meta.float("residual_scale", 1.0),
-        logits_scaling=meta.float("logit_scale", 1.0),
-        attention_bias=_has(meta.model, "attn_q.bias"),
-    )
-    if shared:
-        config.update(model_type="granitemoeshared", architectures=["GraniteMoeSharedForCausalLM"],
-                      shared_intermediate_size=shared)
-    return config
-
-
-def _ernie4_5_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """Ernie4_5MoeModel.set_gguf_parameters: expert_count and expert_used_count from moe_num_experts
-    and moe_k, leading_dense_block_count (moe_layer_start_index), interleave_moe_layer_step
-    (moe_layer_interval), expert_feed_forward_length, expert_shared_count; feed_forward_length is
-    the dense layers' width. moe_layer_end_index is not written: the last layer with experts.
-    moe_norm_min is not written either: Ernie4_5_MoeConfig's 1e-12."""
-    config = _common_config(meta, arch)
-    moe = _expert_layers(meta.model)
-    config.update(
-        intermediate_size=meta.int("feed_forward_length"),
-        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        moe_num_experts=meta.int("expert_count"),
-        moe_k=meta.int("expert_used_count"),
-        moe_num_shared_experts=meta.int("expert_shared_count", 0),
-        moe_layer_start_index=meta.int("leading_dense_block_count", moe[0] if moe else 0),
-        moe_layer_end_index=moe[-1] if moe else -1,
-        moe_layer_interval=meta.int("interleave_moe_layer_step", 1),
-        moe_norm_min=1e-12,
-        use_bias=_has(meta.model, "attn_q.bias"),
-    )
-    if meta.get("attention.key_length") is not None:
-        config["head_dim"] = meta.int("attention.key_length")
-    return config
-
-
-def _dbrx_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """DbrxModel.set_gguf_parameters, in DBRX's own config layout: context_length (max_seq_len),
-    feed_forward_length (ffn_config.ffn_hidden_size, the experts' width), head_count_kv
-    (attn_config.kv_n_heads), rope.freq_base and attention.clamp_kqv (attn_config's rope_theta and
-    clip_qkv), expert_count and expert_used_count (moe_num_experts, moe_top_k). llama.cpp's dbrx graph
-    renormalizes the top-k weights to sum 1: the released moe_normalize_expert_weights, 1."""
-    common = _common_config(meta, arch)
-    if "rope_scaling" in common:
-        raise SourceError(f"{meta.model.path}: a dbrx GGUF with RoPE scaling; DBRX has none")
-    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
-    config = {k: common[k] for k in ("architectures", "model_type", "vocab_size", "tie_word_embeddings", "bos_token_id",
-                                     "eos_token_id")}
-    config.update(
-        d_model=common["hidden_size"],
-        n_heads=common["num_attention_heads"],
-        n_layers=common["num_hidden_layers"],
-        max_seq_len=common["max_position_embeddings"],
-        attn_config={"kv_n_heads": common["num_key_value_heads"], "clip_qkv": meta.float("attention.clamp_kqv"),
-                     "rope_theta": common["rope_theta"]},
-        ffn_config={"ffn_hidden_size": meta.int(width_key) if width_key else meta.int("feed_forward_length", _expert_size(meta.model)),
-                    "moe_num_experts": meta.int("expert_count"), "moe_top_k": meta.int("expert_used_count"),
-                    "moe_normalize_expert_weights": 1.0, "ffn_act_fn": {"name": "silu"}},
-    )
-    return config
 
 
 @dataclass(frozen=True)
@@ -423,17 +81,17 @@ class GGUFArchitecture:
 ARCHITECTURES: dict[str, GGUFArchitecture] = {
     a.name: a
     for a in (
-        GGUFArchitecture(QWEN3, "qwen3_moe", "Qwen3MoeForCausalLM", _qwen3_moe_config),
-        GGUFArchitecture(LLAMA, "mixtral", "MixtralForCausalLM", _mixtral_config, permute_qk=True),
-        GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", _deepseek_v3_config),
-        GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", _qwen2_moe_config),
-        GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", _olmoe_config),
-        GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", _glm4_moe_config),
-        GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", _dots1_config),
-        GGUFArchitecture(ERNIE, "ernie4_5_moe", "Ernie4_5_MoeForCausalLM", _ernie4_5_moe_config),
-        GGUFArchitecture(DBRX, "dbrx", "DbrxForCausalLM", _dbrx_config, hf_layer_prefix="transformer.blocks.{layer}.",
+        GGUFArchitecture(QWEN3, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_config),
+        GGUFArchitecture(LLAMA, "mixtral", "MixtralForCausalLM", mixtral_config, permute_qk=True),
+        GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", deepseek_v3_config),
+        GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config),
+        GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", olmoe_config),
+        GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", glm4_moe_config),
+        GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", dots1_config),
+        GGUFArchitecture(ERNIE, "ernie4_5_moe", "Ernie4_5_MoeForCausalLM", ernie4_5_moe_config),
+        GGUFArchitecture(DBRX, "dbrx", "DbrxForCausalLM", dbrx_config, hf_layer_prefix="transformer.blocks.{layer}.",
                          rows=(DBRX_GLOBAL_ROWS, DBRX_BLOCK_ROWS)),
-        GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", _granite_moe_config, permute_qk=True,
+        GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
     )
 }
