@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .models import ContextOverflowError, DecoderModel
+from .models.base import StateCheckpoint
 from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
@@ -23,6 +24,11 @@ OnText = Callable[[str], None]
 # prompt tokens a continuing output is decoded after (as vLLM seeds its detokenizer): enough for
 # the last word, whatever the tokenizer
 CONTEXT_TOKENS = 6
+# A model with recurrent layers keeps this many of its states saved, each where a prompt's last
+# token begins (host copies: Qwen3-Next-sized Gated DeltaNet layers hold ~2 MiB each): the
+# next turn of a conversation departs there (a reply re-rendered by the template, its thinking
+# dropped; a retried turn), and is taken back to it instead of recomputing the whole prompt.
+SAVED_STATES = 2
 
 
 class EmptyPromptError(ValueError):
@@ -76,10 +82,11 @@ class Session:
         self.context_length = context_length
         self.state = model.new_state(context_length)
         self.tokens: list[int] = []  # what `state` holds
+        self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
 
     def reset(self) -> None:
         self.state = self.model.reset_state(self.state)  # emptied in place where it can be (CUDA graphs keep its buffers)
-        self.tokens = []
+        self.tokens, self.saved = [], []
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
         """Logits of the last prompt token, reusing the state when it holds a prefix of `prompt`."""
@@ -91,21 +98,34 @@ class Session:
         new = prompt[len(self.tokens):]
         stats.cached_tokens, stats.prompt_tokens = len(self.tokens), len(new)
         start = time.perf_counter()
+        if not getattr(self.model, "rewinds", True):  # its state saved where the last token begins
+            if len(new) > 1:
+                self.model.forward(torch.tensor(new[:-1], dtype=torch.long), self.state, last_only=True)
+            self.tokens = prompt[:-1]
+            self._save_state()
+            new = new[-1:]
         logits = self.model.forward(torch.tensor(new, dtype=torch.long), self.state, last_only=True)[-1]
         stats.prompt_seconds = time.perf_counter() - start
         self.tokens = list(prompt)
         return logits
+
+    def _save_state(self) -> None:
+        if any(s.length == len(self.tokens) for s in self.saved):
+            return
+        saved = self.model.checkpoint(self.state)
+        if saved is not None:
+            self.saved = [*self.saved, saved][-SAVED_STATES:]
 
     def reusable(self, prompt: list[int]) -> int:
         """How many of `prompt`'s first tokens this session's state can keep, less at least its last
         token (whose logits start the reply): all it holds where `prompt` continues its tokens;
         where it departs from them (an edited or trimmed history, a retried turn, another request
         sharing the system prompt), the common prefix, where every layer's cache is read by
-        position (`rewinds`: the state is taken back to it); a recurrent state cannot be taken
-        back, and keeps nothing."""
+        position (`rewinds`: the state is taken back to it); a recurrent state is taken back only
+        to a saved one within the common prefix (`saved`), else keeps nothing."""
         keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         if keep < len(self.tokens) and not getattr(self.model, "rewinds", False):  # (a model that does not say cannot)
-            return 0
+            return max((s.length for s in getattr(self, "saved", ()) if s.length <= keep), default=0)
         return keep
 
     def _keep_prefix_of(self, prompt: list[int]) -> None:
@@ -113,11 +133,15 @@ class Session:
         keep = self.reusable(prompt)
         if keep == len(self.tokens):
             return
-        if keep > 0:
-            self.model.set_length(self.state, keep)
-            self.tokens = self.tokens[:keep]
-        else:
+        if keep == 0:
             self.reset()
+            return
+        if getattr(self.model, "rewinds", False):
+            self.model.set_length(self.state, keep)
+        else:
+            self.model.restore(self.state, next(s for s in self.saved if s.length == keep))
+        self.tokens = self.tokens[:keep]
+        self.saved = [s for s in self.saved if s.length <= keep]  # (the others saved a history now gone)
 
     def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None, *,
                  keep_special_tokens: bool = False, continues_text: bool = False) -> Generation:

@@ -60,6 +60,16 @@ class DeltaNetState:
         self.recurrent.zero_()
         self.length = 0
 
+    def checkpoint(self) -> DeltaNetState:
+        """A host copy of this state as it is (the engine keeps one to take a departing prompt back to)."""
+        return DeltaNetState(self.conv.to("cpu", copy=True), self.recurrent.to("cpu", copy=True), self.length)
+
+    def restore(self, saved: DeltaNetState) -> None:
+        """This state as `saved` was, in place (a captured step holds these buffers' addresses)."""
+        self.conv.copy_(saved.conv)
+        self.recurrent.copy_(saved.recurrent)
+        self.length = saved.length
+
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # rsqrt(sum + eps), not x / max(norm, eps): the form transformers (and FLA) use

@@ -1,6 +1,6 @@
 """The per-sequence state of a recurrent mixer (one tensor every token moves on: LFM2's short
 convolution window, MiniMax's lightning-attention key-value sums), which can continue its
-sequence or start a new one, never rewind."""
+sequence or start a new one, never rewind by itself; a host copy of it can be put back."""
 
 from __future__ import annotations
 
@@ -40,3 +40,12 @@ class RecurrentState:
         """Empty for a new sequence, in place (a captured step holds this buffer's address)."""
         self.value.zero_()
         self.length = 0
+
+    def checkpoint(self) -> RecurrentState:
+        """A host copy of this state as it is (the engine keeps one to take a departing prompt back to)."""
+        return RecurrentState(self.value.to("cpu", copy=True), self.length)
+
+    def restore(self, saved: RecurrentState) -> None:
+        """This state as `saved` was, in place (a captured step holds this buffer's address)."""
+        self.value.copy_(saved.value)
+        self.length = saved.length

@@ -43,7 +43,9 @@ class Mixer(Protocol):
     Its cache is positional (entries past the length never read) or has `reset()`, which
     empties it in place, so a state can be emptied and reused (`DecoderModel.reset_state`);
     a cache that counts its own `length` has it set by `DecoderModel.set_length`. A mixer whose
-    class sets `recurrent = True` keeps a state every token moves on, which cannot be rewound. A
+    class sets `recurrent = True` keeps a state every token moves on, which cannot be rewound;
+    where that cache has `checkpoint()` (a host copy) and `restore(copy)` (put back in place), a
+    state can be taken back to a saved position all the same (DecoderModel.checkpoint). A
     mixer whose class sets `chunks_prompt = True` may be given a long prompt as consecutive
     calls of a few tokens each (DecoderModel.prefill_chunk_tokens), at little more cost than one
     call: its cache holds what a later chunk reads of the earlier ones (attention's keys and
@@ -135,6 +137,15 @@ class DecodeState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class StateCheckpoint:
+    """A state's recurrent caches as they were at `length` tokens (host copies, by layer index);
+    its positional caches need nothing saved: `set_length` takes them back."""
+
+    length: int
+    caches: dict[int, Any]
+
+
 # an RMSNorm's weight, or a norm of its own: a LayerNorm (Phi-3.5-MoE, DBRX), none (FlexOlmo's post-norm block)
 Norm = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
@@ -218,6 +229,24 @@ class DecoderModel:
         state.extra.clear()
         self.set_length(state, 0)
         return state
+
+    def checkpoint(self, state: DecodeState) -> StateCheckpoint | None:
+        """`state` as it is now, to `restore` later: its recurrent caches copied to the host. None
+        where one cannot be (a recurrent cache without `checkpoint`: DeepSeek-V4's compressed KV)."""
+        saved = {}
+        for index, (block, cache) in enumerate(zip(self.blocks, state.caches, strict=True)):
+            if getattr(block.mixer, "recurrent", False):
+                if not hasattr(cache, "checkpoint"):
+                    return None
+                saved[index] = cache.checkpoint()
+        return StateCheckpoint(state.length, saved)
+
+    def restore(self, state: DecodeState, saved: StateCheckpoint) -> None:
+        """`state` taken back to `saved` (made by `checkpoint` of this state, at no more tokens than
+        it holds since): the recurrent caches put back in place, the positional ones cut."""
+        for index, copy in saved.caches.items():
+            state.caches[index].restore(copy)
+        self.set_length(state, saved.length)
 
     def set_length(self, state: DecodeState, length: int) -> None:
         """`state` holds `length` tokens: after steps at a DevicePosition (which move no host

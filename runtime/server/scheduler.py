@@ -149,6 +149,13 @@ class CancellableModel:
     def set_length(self, state: Any, length: int) -> None:  # (a session takes its state back to a prefix)
         self.model.set_length(state, length)
 
+    def checkpoint(self, state: Any) -> Any:  # (a recurrent model's session saves its state, to take it back)
+        take = getattr(self.model, "checkpoint", None)
+        return take(state) if take is not None else None
+
+    def restore(self, state: Any, saved: Any) -> None:
+        self.model.restore(state, saved)
+
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         if self.job is not None and self.job.cancelled.is_set():
             raise GenerationCancelled

@@ -1,0 +1,95 @@
+"""A model with recurrent layers (Gated DeltaNet, KDA, lightning attention, short convolutions)
+cannot take its state back by position, so a prompt that departs from what a session holds
+recomputed everything: every agent turn whose template re-renders the reply before it (Qwen3's
+drop the thinking) paid the whole system prompt again. A session now saves such a state where
+each prompt's last token begins (host copies, DecoderModel.checkpoint) and is taken back to the
+latest one within the common prefix. Oracle: a fresh session over the same prompt, to the
+float32 rounding of a recurrence computed in other chunks (the state is the same, the order of
+its sums not)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.engine import SAVED_STATES, Session
+from runtime.text.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+class _Ids:
+    """A tokenizer a Session needs: no end-of-sequence token, ids as text."""
+
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "lfm2_moe", "minimax", "kimi_linear"])
+def hybrid(request, tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("transformers")
+    from tests.checkpoints import save_checkpoint
+    from tests.parity import convert_and_load
+
+    root = tmp_path_factory.mktemp(request.param)
+    loaded = convert_and_load(save_checkpoint(request.param, root / "hf", seed=3), root / "store")
+    assert not loaded.model.rewinds  # (a recurrent family: the case this is for)
+    return loaded.model
+
+
+def _logits_after(model, prompt: list[int]) -> torch.Tensor:
+    session = Session(model, _Ids(), 256)  # type: ignore[arg-type]
+    return session._prefill(prompt, type("S", (), {})())
+
+
+def test_a_departing_prompt_is_taken_back_to_the_saved_state(hybrid) -> None:
+    session = Session(hybrid, _Ids(), 256)  # type: ignore[arg-type]
+    first = list(range(5, 45))
+    reply = session.generate(first, GREEDY)
+    assert (reply.stats.cached_tokens, reply.stats.prompt_tokens) == (0, 40)
+    assert [s.length for s in session.saved] == [39]  # where the prompt's last token begins
+    turn = first + [7, 8, 9, 10]  # the reply re-rendered otherwise, then the next message
+    again = session.generate(turn, GREEDY)
+    assert (again.stats.cached_tokens, again.stats.prompt_tokens) == (39, 5)
+    fresh = Session(hybrid, _Ids(), 256).generate(turn, GREEDY)  # type: ignore[arg-type]
+    assert again.tokens == fresh.tokens
+    torch.testing.assert_close(_logits_after(hybrid, turn), session._prefill(turn, type("S", (), {})()),
+                               rtol=1e-4, atol=1e-4)
+    retried = session.generate(turn, GREEDY)  # the same prompt again: back to its own saved state
+    assert (retried.stats.cached_tokens, retried.stats.prompt_tokens) == (len(turn) - 1, 1)
+    assert retried.tokens == fresh.tokens
+
+
+def test_only_states_of_the_history_kept_are_kept(hybrid) -> None:
+    """A departure before every saved state starts over; states saved past a take-back are dropped
+    (they were of a history now gone); at most SAVED_STATES are kept."""
+    session = Session(hybrid, _Ids(), 256)  # type: ignore[arg-type]
+    prompt = list(range(5, 25))
+    for extra in range(SAVED_STATES + 2):  # a conversation growing turn by turn
+        prompt = prompt + [50 + extra, 60 + extra]
+        session.generate(prompt, GREEDY)
+    lengths = [s.length for s in session.saved]
+    assert len(lengths) == SAVED_STATES and lengths == sorted(lengths) and lengths[-1] == len(prompt) - 1
+    back = prompt[: lengths[0] + 1] + [3]  # departs right after the older saved state
+    out = session.generate(back, GREEDY)
+    assert out.stats.cached_tokens == lengths[0] and [s.length for s in session.saved] == [lengths[0], len(back) - 1]
+    other = session.generate([9, 9, 9, 9], GREEDY)  # departs at once: nothing to keep
+    assert other.stats.cached_tokens == 0 and [s.length for s in session.saved] == [3]
+
+
+def test_a_model_whose_recurrent_cache_cannot_be_saved_starts_over() -> None:
+    """DeepSeek-V4's compressed KV has no host copy: its prompts recompute on departing, as before."""
+    from runtime.models.base import DecoderModel
+
+    class Cache:  # a recurrent cache without checkpoint()
+        length = 0
+
+    class Mixer:
+        recurrent = True
+
+    model = DecoderModel.__new__(DecoderModel)
+    model.blocks = [type("Block", (), {"mixer": Mixer()})()]
+    state = type("State", (), {"caches": [Cache()], "length": 5})()
+    assert model.checkpoint(state) is None  # type: ignore[arg-type]
