@@ -344,6 +344,31 @@ def ernie4_5_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def minimax_m2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """MiniMaxM2Model.set_gguf_parameters: the base keys (key_length from head_dim, expert_count from
+    num_local_experts, expert_gating_func from scoring_func), expert_feed_forward_length (its
+    intermediate_size, the experts' width) and rope.dimension_count (rotary_dim). Routing is
+    sigmoid with the correction bias, the top-k weights always renormalized (llama.cpp's graph and
+    transformers' alike)."""
+    if meta.get("expert_gating_func", 2) != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a minimax-m2 GGUF with softmax routing; "
+                                           "MiniMax-M2 routes by sigmoid")
+    config = _common_config(meta, arch)
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int(width_key) if width_key else meta.int("feed_forward_length", _expert_size(meta.model)),
+        num_local_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        rotary_dim=meta.int("rope.dimension_count", head_dim),
+        use_qk_norm=_has(meta.model, "attn_q_norm.weight"),
+        scoring_func="sigmoid",
+        use_routing_bias=_has(meta.model, "exp_probs_b.bias"),
+    )
+    return config
+
+
 def dbrx_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """DbrxModel.set_gguf_parameters, in DBRX's own config layout: context_length (max_seq_len),
     feed_forward_length (ffn_config.ffn_hidden_size, the experts' width), head_count_kv

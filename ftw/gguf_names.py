@@ -7,9 +7,10 @@ What llama.cpp changes besides names, and how we undo it:
 - llama (Mixtral), granitemoe: `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k`
   within each head (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and every GGML row
   is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes, quantized or not.
-- qwen3moe, qwen2moe, olmoe, glm4moe, dots1, deepseek2, ernie4_5-moe: no permutation (their
-  converters do not permute: llama.cpp runs the first five with NeoX RoPE, as HF does; DeepSeek's
-  and ERNIE's RoPE already rotate adjacent pairs, HF `rope_interleave` and Ernie 4.5's own rotary).
+- qwen3moe, qwen2moe, olmoe, glm4moe, dots1, minimax-m2, dbrx, deepseek2, ernie4_5-moe: no
+  permutation (their converters do not permute: llama.cpp runs the first seven with NeoX RoPE, as
+  HF does; DeepSeek's and ERNIE's RoPE already rotate adjacent pairs, HF `rope_interleave` and
+  Ernie 4.5's own rotary).
 - deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
   `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
@@ -33,8 +34,8 @@ LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
-DBRX = "dbrx"
-QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1)  # per head (Qwen3, GLM, dots) or over the whole projection (OLMoE)
+DBRX, MINIMAX_M2 = "dbrx", "minimax-m2"
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # router at mlp.gate (Mixtral's elsewhere)
 WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
@@ -77,10 +78,11 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4,)),  # glm4moe's name for it
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
-    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA,)),  # Mixtral's router
+    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
     Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
     Row("exp_probs_b.bias", "mlp.moe_statics.e_score_correction_bias", (ERNIE,)),  # ERNIE's [1, E]: ROW_VECTORS
+    Row("exp_probs_b.bias", "block_sparse_moe.e_score_correction_bias", (MINIMAX_M2,)),  # MiniMax-M2's [E]
     Row("ffn_gate.weight", "mlp.gate_proj.weight", WITH_DENSE_LAYERS),  # dense layers' MLP
     Row("ffn_up.weight", "mlp.up_proj.weight", WITH_DENSE_LAYERS),
     Row("ffn_down.weight", "mlp.down_proj.weight", WITH_DENSE_LAYERS),

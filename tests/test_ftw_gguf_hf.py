@@ -27,7 +27,8 @@ from tests.test_ftw_convert import assert_round_trip
 ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2,
         "qwen2_moe": MODEL_ARCH.QWEN2MOE, "olmoe": MODEL_ARCH.OLMOE, "glm4_moe": MODEL_ARCH.GLM4_MOE,
         "dots1": MODEL_ARCH.DOTS1, "granitemoe": MODEL_ARCH.GRANITE_MOE, "granitemoeshared": MODEL_ARCH.GRANITE_MOE,
-        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE, "dbrx": MODEL_ARCH.DBRX}
+        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE, "dbrx": MODEL_ARCH.DBRX,
+        "minimax_m2": MODEL_ARCH.MINIMAXM2}
 LLAMA_PERMUTED = ("mixtral", "granitemoe", "granitemoeshared")  # converters derived from LlamaModel
 
 
@@ -131,6 +132,14 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
         w.add_logit_scale(c["logits_scaling"])
         if c.get("shared_intermediate_size"):
             w.add_expert_shared_feed_forward_length(c["shared_intermediate_size"])
+    elif family == "minimax_m2":  # MiniMaxM2Model.set_gguf_parameters (and the base's, from head_dim)
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+        w.add_expert_count(c["num_local_experts"])
+        w.add_expert_feed_forward_length(c["intermediate_size"])
+        w.add_rope_dimension_count(c["rotary_dim"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # (the base's, from the release's scoring_func)
     elif family == "ernie4_5_moe":  # Ernie4_5MoeModel.set_gguf_parameters
         w.add_head_count_kv(c["num_key_value_heads"])
         w.add_expert_count(c["moe_num_experts"])
@@ -253,7 +262,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1",
-                                    "granitemoe", "granitemoeshared", "ernie4_5_moe", "dbrx"])
+                                    "granitemoe", "granitemoeshared", "ernie4_5_moe", "dbrx", "minimax_m2"])
 def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf")
     path = export_gguf(src, tmp_path / "model.gguf")
