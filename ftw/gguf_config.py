@@ -150,12 +150,15 @@ def mixtral_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
-def deepseek_v3_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    if meta.get("expert_gating_func") != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
-        raise UnsupportedArchitectureError(
-            f"{meta.model.path}: a deepseek2 GGUF with softmax routing (DeepSeek-V2 style); ft converts "
-            "sigmoid-routed ones (DeepSeek-V3/R1 style) only"
-        )
+def deepseek2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """DeepseekV2Model.set_gguf_parameters, which writes DeepSeek-V2, V2.5, V3 and R1 alike;
+    expert_gating_func tells them apart: sigmoid (2) is V3's noaux_tc routing (deepseek_v3), softmax
+    (1, or no key: the files before it, which llama.cpp reads as softmax) V2's (deepseek_v2: greedy
+    top-k, or group-limited where expert_group_count says so)."""
+    gating = meta.get("expert_gating_func", 1)  # gguf-py ExpertGatingFuncType: SOFTMAX 1, SIGMOID 2
+    if gating not in (1, 2):
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a deepseek2 GGUF with expert_gating_func {gating!r}; "
+                                           "ft converts softmax (DeepSeek-V2) and sigmoid (DeepSeek-V3) routing")
     config = _common_config(meta, arch)
     rope_dim = meta.int("rope.dimension_count")
     mla = meta.get("attention.key_length_mla") is not None  # newer files: MQA form, per-head sizes under *_mla
@@ -187,6 +190,10 @@ def deepseek_v3_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         rope_interleave=True,
         attention_bias=False,
     )
+    if gating == 1:
+        grouped = config["n_group"] > 1
+        config.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], scoring_func="softmax",
+                      topk_method="group_limited_greedy" if grouped else "greedy")
     return config
 
 

@@ -14,7 +14,7 @@ from .errors import UnsupportedArchitectureError
 from .gguf_config import (
     Meta,
     dbrx_config,
-    deepseek_v3_config,
+    deepseek2_config,
     dots1_config,
     ernie4_5_moe_config,
     glm4_moe_config,
@@ -85,7 +85,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
     for a in (
         GGUFArchitecture(QWEN3, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_config),
         GGUFArchitecture(LLAMA, "mixtral", "MixtralForCausalLM", mixtral_config, permute_qk=True),
-        GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", deepseek_v3_config),
+        GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", deepseek2_config,
+                         other_model_types=("deepseek_v2",)),
         GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config),
         GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", olmoe_config),
         GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", glm4_moe_config),

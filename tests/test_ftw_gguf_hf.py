@@ -27,7 +27,7 @@ from tests.test_ftw_convert import assert_round_trip
 ARCH = {"qwen3_moe": MODEL_ARCH.QWEN3MOE, "mixtral": MODEL_ARCH.LLAMA, "deepseek_v3": MODEL_ARCH.DEEPSEEK2,
         "qwen2_moe": MODEL_ARCH.QWEN2MOE, "olmoe": MODEL_ARCH.OLMOE, "glm4_moe": MODEL_ARCH.GLM4_MOE,
         "dots1": MODEL_ARCH.DOTS1, "granitemoe": MODEL_ARCH.GRANITE_MOE, "granitemoeshared": MODEL_ARCH.GRANITE_MOE,
-        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE, "dbrx": MODEL_ARCH.DBRX,
+        "ernie4_5_moe": MODEL_ARCH.ERNIE4_5_MOE, "dbrx": MODEL_ARCH.DBRX, "deepseek_v2": MODEL_ARCH.DEEPSEEK2,
         "minimax_m2": MODEL_ARCH.MINIMAXM2}
 LLAMA_PERMUTED = ("mixtral", "granitemoe", "granitemoeshared")  # converters derived from LlamaModel
 
@@ -64,7 +64,7 @@ def _write_dbrx_metadata(w: gguf.GGUFWriter, c: dict) -> None:
     w.add_layer_norm_eps(1e-5)
 
 
-def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, mtp: bool) -> None:
+def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, mtp: bool, gating_key: bool) -> None:
     if family == "dbrx":
         return _write_dbrx_metadata(w, c)
     rope = c.get("rope_parameters") or {}
@@ -149,10 +149,11 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
         w.add_expert_shared_count(c["moe_num_shared_experts"])
         # (sic: llama.cpp writes intermediate_size // num_key_value_heads here; nothing reads it)
         w.add_expert_shared_feed_forward_length(c["intermediate_size"] // c["num_key_value_heads"])
-    else:  # deepseek_v3, as DeepseekV2Model.set_gguf_parameters writes it
+    else:  # deepseek_v3 and deepseek_v2, as DeepseekV2Model.set_gguf_parameters writes them
         w.add_expert_count(c["n_routed_experts"])
         w.add_leading_dense_block_count(c["first_k_dense_replace"])
-        w.add_q_lora_rank(c["q_lora_rank"])
+        if c["q_lora_rank"] is not None:  # (V2-Lite's query is one projection, q_proj)
+            w.add_q_lora_rank(c["q_lora_rank"])
         w.add_kv_lora_rank(c["kv_lora_rank"])
         if kv_b_split:
             w.add_head_count_kv(1)
@@ -169,9 +170,12 @@ def _write_metadata(w: gguf.GGUFWriter, c: dict, family: str, kv_b_split: bool, 
         w.add_expert_shared_count(c["n_shared_experts"])
         w.add_expert_weights_scale(c["routed_scaling_factor"])
         w.add_expert_weights_norm(c["norm_topk_prob"])
-        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        w.add_expert_group_count(c["n_group"])
-        w.add_expert_group_used_count(c["topk_group"])
+        if gating_key:  # (from scoring_func: V3's sigmoid, V2's softmax; files before the key have none)
+            softmax = family == "deepseek_v2"
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX if softmax else gguf.ExpertGatingFuncType.SIGMOID)
+        if c["n_group"] is not None:  # (the base converter, where the config has them)
+            w.add_expert_group_count(c["n_group"])
+            w.add_expert_group_used_count(c["topk_group"])
 
 
 def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
@@ -188,18 +192,19 @@ def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
 
 def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GGMLQuantizationType | None = None,
                 mtp: bool = False, flat: tuple[str, ...] = (),
-                qtypes: dict[str, GGMLQuantizationType] | None = None) -> Path:
+                qtypes: dict[str, GGMLQuantizationType] | None = None, gating_key: bool = True) -> Path:
     """Write the HF checkpoint `src` as an F32 GGUF the way llama.cpp's converter would; with
     `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN; with
     `flat`, the [1, N] tensors whose HF names end so as [N] (llama.cpp sizes them {N});
-    `qtypes`, GGUF tensors whose names end so quantized to that type (gguf-py's quantize)."""
+    `qtypes`, GGUF tensors whose names end so quantized to that type (gguf-py's quantize); without
+    `gating_key`, a DeepSeek file as written before expert_gating_func existed."""
     c = json.loads((src / "config.json").read_text())
     family = c["model_type"]
     arch = ARCH[family]
     num_layers = c.get("num_hidden_layers", c.get("n_layers"))
     maps = [gguf.get_tensor_name_map(arch, num_layers), gguf.get_tensor_name_map(MODEL_ARCH.LLAMA, num_layers)]
     w = gguf.GGUFWriter(out, MODEL_ARCH_NAMES[arch])
-    _write_metadata(w, c, family, kv_b_split, mtp)
+    _write_metadata(w, c, family, kv_b_split, mtp, gating_key)
     if mtp:
         w.add_tensor(f"blk.{num_layers}.nextn.eh_proj.weight", np.zeros((c["hidden_size"], 2 * c["hidden_size"]), np.float32))
         w.add_tensor(f"blk.{num_layers}.attn_norm.weight", np.ones(c["hidden_size"], np.float32))
@@ -235,7 +240,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
         if family in LLAMA_PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
             kv = c["num_key_value_heads"] if "k_proj" in name else None
             t = llama_cpp_permute(t, c["num_attention_heads"], kv)
-        if family == "deepseek_v3" and name.endswith("kv_b_proj.weight") and kv_b_split:
+        if family in ("deepseek_v3", "deepseek_v2") and name.endswith("kv_b_proj.weight") and kv_b_split:
             heads, nope, v_dim = c["num_key_value_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
             kv_b = t.view(heads, nope + v_dim, t.shape[-1])
             k_b, v_b = torch.split(kv_b, [nope, v_dim], dim=1)
@@ -262,7 +267,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1",
-                                    "granitemoe", "granitemoeshared", "ernie4_5_moe", "dbrx", "minimax_m2"])
+                                    "granitemoe", "granitemoeshared", "ernie4_5_moe", "dbrx", "minimax_m2", "deepseek_v2"])
 def test_hf_to_gguf_to_ftw_round_trip(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf")
     path = export_gguf(src, tmp_path / "model.gguf")
@@ -424,3 +429,13 @@ def test_granite_shared_mlp_quantized_halves_are_joined(up_qtype: GGMLQuantizati
         assert index.tensor(name).dtype == "q8_0"
         raw = np.concatenate([gguf.quants.quantize(half.contiguous().numpy(), q) for half in (gate, up)])
         assert reader.tensor(name).numpy().tobytes() == raw.tobytes()
+
+
+def test_deepseek2_without_a_gating_key_is_deepseek_v2(tmp_path: Path) -> None:
+    """A deepseek2 file from before expert_gating_func (DeepSeek-V2, V2.5, Coder-V2 GGUFs of 2024) routes
+    by softmax, as llama.cpp reads it: DeepSeek-V2."""
+    src = save_checkpoint("deepseek_v2", tmp_path / "hf")
+    index = convert_gguf(export_gguf(src, tmp_path / "model.gguf", gating_key=False), tmp_path / "ftw")
+    assert_round_trip(src, tmp_path / "ftw")
+    assert index.family == "deepseek_v2" and index.config == convert_checkpoint(src, tmp_path / "ftw-hf").config
+    assert (index.source_config["scoring_func"], index.source_config["topk_method"]) == ("softmax", "greedy")

@@ -37,3 +37,13 @@ def test_gguf_generates_what_the_hf_checkpoint_does(family: str, tmp_path: Path,
     path = export_gguf(src, tmp_path / "model.gguf")
     ours = convert_and_load(path, tmp_path / "store")
     assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_deepseek_v2_gguf_with_group_limited_routing_runs_as_transformers(tmp_path: Path, monkeypatch) -> None:
+    """DeepSeek-V2's group_limited_greedy (V2 and V2.5, 8 groups keeping 3) comes back from the group keys."""
+    grouped = dict(topk_method="group_limited_greedy", n_group=2, topk_group=1)
+    monkeypatch.setitem(FAMILY_CONFIGS, "deepseek_v2", {**FAMILY_CONFIGS["deepseek_v2"], **grouped})
+    src = save_checkpoint("deepseek_v2", tmp_path / "hf", seed=1)
+    ours = convert_and_load(export_gguf(src, tmp_path / "model.gguf"), tmp_path / "store")
+    assert ours.config.get("topk_method") == "group_limited_greedy"
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)
