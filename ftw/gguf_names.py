@@ -5,8 +5,9 @@ Face names, so each GGUF name maps back through the tables below, one commented 
 What llama.cpp changes besides names, and how we undo it:
 
 - llama (Mixtral), granitemoe: `convert_hf_to_gguf.py` permutes the rows of `attn_q`/`attn_k`
-  within each head (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and every GGML row
-  is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes, quantized or not.
+  within each head (`LlamaModel.permute`) for its interleaved RoPE. That is a row permutation, and
+  every GGML row is quantized on its own, so `hf_rows_of_llama_qk` undoes it on the stored bytes,
+  quantized or not.
 - qwen3moe, qwen2moe, olmoe, glm4moe, dots1, minimax-m2, dbrx, deepseek2, ernie4_5-moe: no
   permutation (their converters do not permute: llama.cpp runs the first seven with NeoX RoPE, as
   HF does; DeepSeek's and ERNIE's RoPE already rotate adjacent pairs, HF `rope_interleave` and
@@ -16,10 +17,12 @@ What llama.cpp changes besides names, and how we undo it:
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
 - dbrx: DbrxModel views each flat expert tensor [E * I, H] as [E, I, H] and transposes w2's to
   [E, H, I]: the usual ffn_*_exps, which give the FTW bank the HF checkpoint gives. DBRX keeps its
-  own HF names (transformer.blocks.N., fused Wqkv), so only its own rows apply (DBRX_ROWS).
+  own HF names (transformer.blocks.N., fused Wqkv), so only its own rows apply (DBRX_*_ROWS).
 - granitemoe: the converter splits Granite's fused `input_linear` by rows into gate and up; the
   experts' halves become the FTW record's w13 as they are, the shared MLP's are joined back
   (CONCAT_ROWS). A granitemoe file with shared experts is a granitemoeshared model.
+- HF [1, N] tensors that llama.cpp sizes [N] may be stored either way; they are read [1, N]
+  (ROW_VECTORS).
 """
 
 from __future__ import annotations
