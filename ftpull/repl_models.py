@@ -68,10 +68,11 @@ def save_model(chat: Chat, text: str) -> str:
     """/save: register the chat as the model `text` (replacing one of that name), FROM the
     current model; InvalidNameError for a name outside the grammar."""
     loader: ModelLoader | None = getattr(chat, "loader", None)
-    if loader is None or chat.model_name is None:
-        raise ValueError("/save works on a model this process runs; through `ft serve`, write a Modelfile and "
-                         "`ft create NAME -f Modelfile`")
     name = parse_name(text)
+    if loader is None:  # a chat through `ft serve` (serve.RemoteChat): the server stores it
+        return f"Created new model '{chat.save(name.display)}'"  # type: ignore[attr-defined]
+    if chat.model_name is None:
+        raise ValueError("/save needs a stored model to save FROM")
     modelfile = parse_modelfile(session_modelfile(chat), name=name.model)
     result = create_from(name, modelfile, loader.store)
     return f"Created new model '{result.name.display}'"

@@ -13,12 +13,13 @@ and the clients send).
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry import InvalidNameError, RegistryError, Store
+from registry import InvalidNameError, ModelNotFoundError, RegistryError, Store, parse_name
 from runtime.engine import Generation, GenerationStats
 from runtime.server.backend import ModelManager, ModelTooLarge
 from runtime.server.protocol import BadRequest, ModelNotFound, ServerError
@@ -39,9 +40,9 @@ from .client import (  # noqa: F401 - re-exported: the client half lived here
 from .events import PullEvent
 from .fetch import PullError
 from .hub import HubError
-from .modelfile import ModelfileError
+from .modelfile import PARAMETERS, ModelfileError, _quote, parse_modelfile
 from .preflight import FitError
-from .pull import pull
+from .pull import create_from, pull
 from .resolve import ResolveError
 from .run import TurnRefused
 
@@ -74,11 +75,60 @@ def pull_for_server(store: Store) -> Callable[[str, Callable[[PullEvent], None]]
     return run
 
 
+def create_for_server(store: Store) -> Callable[[str, dict[str, Any]], str]:
+    """ft's create as the server's /api/create calls it: the request written as the Modelfile it
+    stands for (FROM, SYSTEM, TEMPLATE, PARAMETERs, MESSAGEs, LICENSE; or a Modelfile a client
+    sent), then `ft create`'s own path; ft's errors as HTTP errors."""
+
+    def run(name: str, request: dict[str, Any]) -> str:
+        try:
+            parsed = parse_modelfile(request.get("modelfile") or request_modelfile(request), name=parse_name(name).model)
+            _check_stored_base(parsed.recipe().source, store)
+            return create_from(parse_name(name), parsed, store).name.display
+        except ModelNotFoundError as e:
+            raise ModelNotFound(str(e)) from None
+        except (InvalidNameError, ModelfileError, ValueError) as e:
+            raise BadRequest(str(e)) from None
+        except (PullError, RegistryError, OSError) as e:
+            raise ServerError(str(e)) from None
+
+    return run
+
+
+def _check_stored_base(source: Any, store: Store) -> None:
+    """Over the API a model is made FROM a stored one only: not from a path on the server's disk,
+    nor by downloading (a client pulls first, with /api/pull)."""
+    stored = source.scheme == "local" and source.model_name is not None and not os.path.exists(source.path or "")
+    if not stored:
+        raise BadRequest(f"/api/create makes a model FROM a stored one, not {source.scheme}:{source.path or ''}: pull "
+                         "it first (/api/pull) and create FROM its name")
+    if not store.has_model(parse_name(source.model_name)):
+        raise ModelNotFound(f"model {source.model_name!r} not found; pull it first (/api/pull)")
+
+
+def request_modelfile(request: dict[str, Any]) -> str:
+    """The Modelfile an /api/create request's fields say."""
+    lines = [f"FROM {request['from_']}"]
+    for key in ("system", "template"):
+        if request.get(key) is not None:
+            lines.append(f"{key.upper()} {_quote(str(request[key]))}")
+    for key, value in (request.get("parameters") or {}).items():
+        for one in value if isinstance(value, list) else [value]:
+            lines.append(f"PARAMETER {key} {_quote(str(one)) if isinstance(one, str) else json.dumps(one)}")
+    for message in request.get("messages") or ():
+        lines.append(f"MESSAGE {message['role']} {_quote(message['content'])}")
+    license_text = request.get("license")
+    if license_text:
+        lines.append(f"LICENSE {_quote(chr(10).join(license_text) if isinstance(license_text, list) else license_text)}")
+    return "\n".join(lines) + "\n"
+
+
 def build_app(store: Store, *, api_key: str | None = None, **manager_options: Any) -> Any:
     """The `ft serve` app over `store`."""
     from runtime.server.app import create_app
 
-    return create_app(ModelManager(store, **manager_options), pull=pull_for_server(store), api_key=api_key)
+    return create_app(ModelManager(store, **manager_options), pull=pull_for_server(store),
+                      create=create_for_server(store), api_key=api_key)
 
 
 class PortInUse(OSError):
@@ -174,6 +224,19 @@ class RemoteChat:
             raise ValueError(f"the server could not load {name}: {e}") from None
         self.model, self.system, self.messages = name, None, []
         return [m for m in shown.get("messages") or () if isinstance(m, dict)]
+
+    def save(self, name: str) -> str:
+        """/save through the server: the chat stored there as a model FROM this one (its system
+        prompt, /set parameters and the messages so far), as a local /save writes it; the name
+        the server stored. ValueError where it could not."""
+        body = {"model": name, "from": self.model, "system": self.system, "stream": False,
+                "parameters": {k: v for k, v in self.options.items() if k in PARAMETERS} or None,
+                "messages": self.messages or None}
+        try:
+            reply = self.client.post("/api/create", {k: v for k, v in body.items() if v is not None}) or {}
+        except (NoServer, ServerReplyError) as e:
+            raise ValueError(f"the server could not create {name}: {e}") from None
+        return str(reply.get("model") or name)
 
     def ask(self, text: str, on_text: Callable[[str], None]) -> Generation:
         history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages

@@ -172,6 +172,23 @@ def test_load_through_the_server_switches_the_chat_to_a_model_it_loads(env: str,
     assert said[-1].startswith("Error: the server could not load no-such-model:") and chat.model == "greeter:latest"
 
 
+def test_save_through_the_server_stores_the_chat_there(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """/save in a REPL through `ft serve`: the server stores the chat as a model FROM the one it
+    runs (system prompt, /set parameters, the messages so far), as a local /save would."""
+    from ftpull.run import handle_command
+    from ftpull.serve import Client, RemoteChat
+
+    chat = RemoteChat(Client(), "tiny", {"num_predict": 3, "temperature": 0.5, "num_thread": 2})
+    chat.system, chat.messages = "be terse", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    said: list[str] = []
+    handle_command(chat, "/save kept-chat", said.append)  # type: ignore[arg-type]
+    assert said[-1] == "Created new model 'kept-chat:latest'", said
+    code, out, _ = ft(capsys, "show", "kept-chat", "--modelfile")
+    assert code == 0 and 'SYSTEM "be terse"' in out and "PARAMETER temperature 0.5" in out
+    assert 'MESSAGE user "hi"\nMESSAGE assistant "yo"' in out and "num_thread" not in out  # (a load option)
+    assert ft(capsys, "rm", "kept-chat")[0] == 0
+
+
 def test_no_server(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_HOST", f"127.0.0.1:{free_port()}")
     for command in (["ps"], ["stop", "tiny"], ["vram", "tiny", "6"]):

@@ -161,6 +161,34 @@ def test_list_show_copy_delete(client: ollama.Client) -> None:
         assert e.value.status_code == 404
 
 
+def test_create_from_a_stored_model(server: LiveServer, client: ollama.Client) -> None:
+    """/api/create as the `ollama` client sends it: FROM a stored model with its own system
+    prompt, parameters, messages and license, stored as `ft create` stores a Modelfile's (the
+    weights' blobs shared); and a Modelfile, as older clients send one."""
+    done = client.create(model="terse", from_="tiny", system="Be terse.", parameters={"temperature": 0.25,
+                         "stop": ["<end>", "###"]}, messages=[{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": "hello"}],
+                         license="MIT")
+    assert done.status == "success"
+    shown = client.show("terse")
+    assert shown.license == "MIT" and post(server, "/api/show", json={"model": "terse"}).json()["system"] == "Be terse."
+    assert "temperature" in shown.parameters and "0.25" in shown.parameters and '"###"' in shown.parameters
+    assert 'MESSAGE user "hi"\nMESSAGE assistant "hello"' in shown.modelfile
+    assert [m.model for m in client.list().models if m.model == "terse:latest"]
+    answer = client.chat(model="terse", messages=[{"role": "user", "content": "again"}], options=FEW)
+    assert answer.done and answer.prompt_eval_count > 0
+    streamed = list(client.create(model="twin", from_="terse", stream=True))
+    assert [p.status for p in streamed][-1] == "success"
+    legacy = post(server, "/api/create", json={"model": "legacy", "modelfile": 'FROM tiny\nSYSTEM "old style"\n',
+                                               "stream": False})
+    assert legacy.status_code == 200 and post(server, "/api/show", json={"model": "legacy"}).json()["system"] == "old style"
+    for name in ("terse", "twin", "legacy"):
+        assert client.delete(name).status == "success"
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="x", from_="no-such-model")
+    assert e.value.status_code == 404
+
+
 def test_ps_and_keep_alive(server: LiveServer, client: ollama.Client) -> None:
     client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options=FEW, keep_alive="2m")
     [loaded] = client.ps().models
@@ -243,6 +271,14 @@ BAD_REQUESTS = [
     ("/api/copy", {"source": "tiny", "destination": "a/b/c/d/e"}, 400, "name"),
     ("/api/pull", {"model": ""}, 400, "model is required"),
     ("/api/embed", {"model": "tiny", "input": "x"}, 501, "not supported"),
+    ("/api/create", {"model": "x"}, 400, "from is required"),
+    ("/api/create", {"model": "x", "from": "tiny", "files": {"a.gguf": "sha256:00"}}, 400, "uploaded files"),
+    ("/api/create", {"model": "x", "from": "tiny", "quantize": "q4_K_M"}, 400, "does not re-quantize"),
+    ("/api/create", {"model": "x", "from": "tiny", "parameters": {"temperature": -1}}, 400, "temperature"),
+    ("/api/create", {"model": "a/b/c/d/e", "from": "tiny"}, 400, "name"),
+    ("/api/create", {"model": "x", "from": "/etc"}, 400, "makes a model FROM a stored one"),
+    ("/api/create", {"model": "x", "modelfile": "FROM hf://org/repo\nFAMILY qwen3_moe\n"}, 400,
+     "pull it first (/api/pull)"),
     ("/api/nothing", {}, 404, "no such endpoint"),
 ]
 

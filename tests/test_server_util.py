@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ftpull.cli import _run
-from ftpull.serve import format_ps, parse_host, pull_for_server, server_url
+from ftpull.serve import create_for_server, format_ps, parse_host, pull_for_server, server_url
 from registry import Store
 from runtime.loading.registered import open_model
 from runtime.server.app import create_app, validation_message
@@ -75,7 +75,7 @@ class LiveServer:
 
         self.store = store
         self.manager = ModelManager(store, **manager_options)
-        self.app = create_app(self.manager, pull=pull_for_server(store), api_key=api_key)
+        self.app = create_app(self.manager, pull=pull_for_server(store), create=create_for_server(store), api_key=api_key)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",

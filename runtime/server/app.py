@@ -3,9 +3,10 @@ modules are present, over one backend; an optional API key; request bodies withi
 limits.py (size, JSON nesting); every error a JSON body in the flavour's own shape with a 4xx
 status for anything the client got wrong (never a 500 for bad input).
 
-runtime must not import ftpull, so pulling is injected: `create_app(backend, pull=fn)` where
-`fn(name, report)` pulls `name` and calls `report(event)` with objects carrying status / total /
-completed (ftpull.serve.build_app passes ft's pull).
+runtime must not import ftpull, so pulling and creating are injected: `create_app(backend,
+pull=fn, create=gn)` where `fn(name, report)` pulls `name` and calls `report(event)` with objects
+carrying status / total / completed, and `gn(name, request)` stores a model as /api/create asks
+(ftpull.serve.build_app passes ft's pull and create).
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ def _flavour_routers(backend: Backend) -> list[Any]:
 
 
 def create_app(backend: Any = None, *, store: Store | None = None, pull: ollama_api.PullFn | None = None,
-               api_key: str | None = None, version: str | None = None) -> FastAPI:
+               create: ollama_api.CreateFn | None = None, api_key: str | None = None,
+               version: str | None = None) -> FastAPI:
     """The server app over `backend` (default: a ModelManager over `store`, default Store.default())."""
     if backend is None:
         from .backend import ModelManager
@@ -213,7 +215,7 @@ def create_app(backend: Any = None, *, store: Store | None = None, pull: ollama_
 
     app = FastAPI(title="ft", version=version, lifespan=lifespan,
                   description="Ollama, OpenAI and Anthropic APIs over ft's Mixture-of-Experts runtime.")
-    app.include_router(ollama_api.make_router(backend, pull=pull, version=version))
+    app.include_router(ollama_api.make_router(backend, pull=pull, create=create, version=version))
     for router in _flavour_routers(backend):
         app.include_router(router)
 

@@ -1,6 +1,6 @@
 """Ollama's REST API (docs/api.md of Ollama, and the `ollama` Python package's types) over the
-model manager: /api/generate, /api/chat, /api/tags, /api/show, /api/pull, /api/delete,
-/api/copy, /api/ps, /api/version, and `/` ("Ollama is running").
+model manager: /api/generate, /api/chat, /api/tags, /api/show, /api/pull, /api/create,
+/api/delete, /api/copy, /api/ps, /api/version, and `/` ("Ollama is running").
 
 Only translation lives here (the wire format is ollama_types.py). Errors are `{"error": "..."}`
 with the status of the ServerError (the app's handlers render them); an error after streaming
@@ -23,6 +23,7 @@ from .ollama_types import (
     FOREVER,
     ChatBody,
     CopyBody,
+    CreateBody,
     GenerateBody,
     ModelBody,
     PullBody,
@@ -47,16 +48,18 @@ from .protocol import BadRequest, ChatRequest, Event, GenerateRequest, NotImplem
 log = logging.getLogger(__name__)
 
 PullFn = Callable[[str, Callable[[Any], None]], None]  # (name, report(event with status/total/completed))
+CreateFn = Callable[[str, dict[str, Any]], str]  # (name, what the request says) -> the name it stored
 NDJSON = "application/x-ndjson"
 PULL_FIRST_EVENT_S = 2.0  # how long a streamed pull waits for its first event before the status is sent
-UNSUPPORTED = {"/api/embed": "embeddings", "/api/embeddings": "embeddings", "/api/create": "creating models over the API "
-               "(use `ft create`)", "/api/push": "pushing models"}
+UNSUPPORTED = {"/api/embed": "embeddings", "/api/embeddings": "embeddings", "/api/push": "pushing models"}
 
 
 # ---- the router ----------------------------------------------------------------------------------
 
-def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0.0") -> APIRouter:
-    """Ollama's endpoints over `backend` (a runtime.server.backend.ModelManager)."""
+def make_router(backend: Any, *, pull: PullFn | None = None, create: CreateFn | None = None,
+                version: str = "0.0.0") -> APIRouter:
+    """Ollama's endpoints over `backend` (a runtime.server.backend.ModelManager); `pull` and
+    `create` are ft's own (injected: the runtime does not import the manager)."""
     router = APIRouter(tags=["ollama"])
 
     @router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse, include_in_schema=False)
@@ -180,6 +183,27 @@ def make_router(backend: Any, *, pull: PullFn | None = None, version: str = "0.0
                        "sessions": s.sessions, "max_sessions": s.max_sessions},
             })
         return {"models": models}
+
+    @router.post("/api/create", responses={200: {"content": {NDJSON: {}}}})
+    async def api_create(body: CreateBody) -> Response:
+        name = body.target
+        if create is None:
+            raise NotImplementedByFt("this server cannot create models; run `ft create` on its machine")
+        if body.files or body.adapters:
+            raise BadRequest("creating a model from uploaded files or adapters is not supported by ft: pull the "
+                             "checkpoint with `ft pull` on the server's machine and create FROM its name")
+        if body.quantize:
+            raise BadRequest(f"ft does not re-quantize a stored model ({body.quantize!r}): pull the quantized tag "
+                             "of its recipe (`ft show NAME` lists them) and create FROM that")
+        if not body.from_ and not body.modelfile:
+            raise BadRequest("from is required: the stored model this one is made from")
+        request = body.model_dump(exclude_none=True, exclude={"model", "name", "stream", "files", "adapters"})
+        created = await asyncio.to_thread(create, name, request)
+        statuses = [{"status": f"using model {body.from_ or 'in the Modelfile'}"}, {"status": "writing manifest"},
+                    {"status": "success", "model": created}]
+        if not body.stream:
+            return JSONResponse(statuses[-1])
+        return StreamingResponse(iter([line(s) for s in statuses]), media_type=NDJSON)
 
     @router.post("/api/pull", responses={200: {"content": {NDJSON: {}}}})
     async def api_pull(body: PullBody) -> Response:

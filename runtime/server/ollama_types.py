@@ -97,6 +97,31 @@ class CopyBody(_Body):
     destination: str = Field(min_length=1)
 
 
+class CreateMessage(_Body):
+    role: str = Field(min_length=1)
+    content: str
+
+
+class CreateBody(ModelBody):
+    """Ollama's /api/create: a model FROM a stored one, with its own system prompt, template,
+    parameters, messages and license (what a Modelfile says); or, as older clients send it, the
+    Modelfile itself. `files`, `adapters` and `quantize` (weights uploaded with /api/blobs, LoRA
+    adapters, re-quantizing) are refused by the endpoint with what to do instead."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    from_: str | None = Field(default=None, alias="from")
+    modelfile: str | None = None
+    system: str | None = None
+    template: str | None = None
+    license: str | list[str] | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[CreateMessage] | None = None
+    files: dict[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    quantize: str | None = None
+    stream: bool = True
+
+
 # ---- translation ---------------------------------------------------------------------------------
 
 def now() -> str:
