@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The llama.cpp race on the lent GPU host in device calls of under 10 minutes each
+# (../shared/device/README.md; the machine goes back ~30 s after a call, so make the next call
+# at once: what a call builds under /tmp stays for the next one only while the machine is held).
+#
+#   here:   mkdir -p .clean && git archive HEAD | gzip > .clean/ft.tar.gz
+#   device: carry [".whl", ".lcpp", ".traces", ".clean"]; command: bash .clean/device_calls.sh CALL
+#           (cp benchmarks/race/device_calls.sh .clean/ first: the script runs from the carried copy)
+#
+# CALL:
+#   setup    unpack, build llama.cpp and pull the bf16 race file beside the GPU tests, then make
+#            and pull the Q4_K_M file (~8 min); the logs and test results go to $OUT
+#   race8    the 8-thread race, -ncmoe 16, 12, 8, pp512 + tg256 + trace routing (~5 min)
+#   race6    the same at 6 threads (~5 min)
+#   quant    the Q4_K_M file at -ncmoe 16 and 8, 8 threads, with every thread's stack every 30 s
+#            should ft's side stall (~7 min)
+#   long     pp4096 and pp16384 at -ncmoe 16, 6 and 8 threads (~8 min)
+# Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth).
+set -u
+CALL=${1:?setup, race8, race6, quant or long}
+OUT=${OUT:-/tmp/race-out}
+mkdir -p "$OUT" /tmp/ft
+if [ ! -f /tmp/ft/.unpacked ]; then
+  tar xzf .clean/ft.tar.gz -C /tmp/ft && cp -r .whl .lcpp .traces /tmp/ft/ && touch /tmp/ft/.unpacked
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    /tmp/ft/.whl/*.whl
+fi
+cd /tmp/ft || exit 1
+export PYTHONPATH=/tmp/site:$PWD FT_COMMIT=${FT_COMMIT:-unknown}
+RACE=(python3 benchmarks/vs_llamacpp.py race --work /tmp/race --layers 16 --trace "$PWD/.traces/qwen3-30b-a3b.npz")
+PRICING=()
+if [ -n "${FILL_PRICING:-}" ]; then PRICING=(--fill-pricing "$FILL_PRICING"); fi
+
+case $CALL in
+  setup)
+    (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
+    build=$!
+    (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+     echo "pull rc $?" >> "$OUT/pull.log") &
+    pulled=$!
+    timeout 250 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_route_plan.py \
+      tests/test_prefill_memory.py tests/test_step_graphs.py tests/test_run.py tests/test_slot_experts.py \
+      tests/test_block_weight.py > "$OUT/gpu1.log" 2>&1
+    echo "rc $?" >> "$OUT/gpu1.log"
+    wait $pulled
+    timeout 120 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_gpu_executor.py \
+      tests/test_ggml_blocks.py tests/test_block_gemv.py tests/test_grouped_block_experts.py > "$OUT/gpu2.log" 2>&1
+    echo "rc $?" >> "$OUT/gpu2.log"
+    wait $build
+    timeout 150 python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M \
+      > "$OUT/pullq.log" 2>&1
+    echo "rc $?" >> "$OUT/pullq.log"
+    df -h /tmp | tail -1 >> "$OUT/pullq.log"
+    tail -n 3 "$OUT"/*.log ;;
+  race8 | race6)
+    threads=${CALL#race}
+    timeout 560 "${RACE[@]}" --settings 16,12,8 --threads "$threads" --prompts 512 "${PRICING[@]}" \
+      --out "$OUT/vs$threads.json" > "$OUT/race$threads.log" 2>&1
+    echo "rc $?"; tail -n 12 "$OUT/race$threads.log" ;;
+  quant)
+    timeout 560 "${RACE[@]}" --quant Q4_K_M --settings 16,8 --threads 8 --prompts 512 --ft-timeout 240 \
+      --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsq.json" > "$OUT/raceq.log" 2>&1
+    echo "rc $?"; tail -n 12 "$OUT/raceq.log" ;;
+  long)
+    timeout 560 "${RACE[@]}" --settings 16 --threads 6,8 --prompts 4096,16384 "${PRICING[@]}" \
+      --out "$OUT/vslong.json" > "$OUT/racelong.log" 2>&1
+    echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
+  *) echo "unknown call $CALL" >&2; exit 2 ;;
+esac
