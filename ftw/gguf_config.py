@@ -150,12 +150,22 @@ def mixtral_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+GLM4_7_LITE_VOCAB = 154880  # llama.cpp's test for a GLM-4.7-Flash file without expert_gating_func
+
+
 def deepseek2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """DeepseekV2Model.set_gguf_parameters, which writes DeepSeek-V2, V2.5, V3 and R1 alike;
     expert_gating_func tells them apart: sigmoid (2) is V3's noaux_tc routing (deepseek_v3), softmax
     (1, or no key: the files before it, which llama.cpp reads as softmax) V2's (deepseek_v2: greedy
-    top-k, or group-limited where expert_group_count says so)."""
-    gating = meta.get("expert_gating_func", 1)  # gguf-py ExpertGatingFuncType: SOFTMAX 1, SIGMOID 2
+    top-k, or group-limited where expert_group_count says so). As llama.cpp's loader does, a file
+    without the key that is GLM-4.7-Flash (47 or 48 blocks, 154880 tokens: Glm4MoeLiteModel writes
+    deepseek2 files) is sigmoid-routed."""
+    gating = meta.get("expert_gating_func")  # gguf-py ExpertGatingFuncType: SOFTMAX 1, SIGMOID 2
+    if gating is None:
+        embed = meta.model.tensors.get("token_embd.weight")
+        vocab = len(meta.values.get("tokenizer.ggml.tokens") or []) or (embed.shape[0] if embed is not None else 0)
+        glm_lite = meta.get("block_count") in (47, 48) and vocab == GLM4_7_LITE_VOCAB
+        gating = 2 if glm_lite else 1
     if gating not in (1, 2):
         raise UnsupportedArchitectureError(f"{meta.model.path}: a deepseek2 GGUF with expert_gating_func {gating!r}; "
                                            "ft converts softmax (DeepSeek-V2) and sigmoid (DeepSeek-V3) routing")

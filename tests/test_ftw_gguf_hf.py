@@ -439,3 +439,23 @@ def test_deepseek2_without_a_gating_key_is_deepseek_v2(tmp_path: Path) -> None:
     assert_round_trip(src, tmp_path / "ftw")
     assert index.family == "deepseek_v2" and index.config == convert_checkpoint(src, tmp_path / "ftw-hf").config
     assert (index.source_config["scoring_func"], index.source_config["topk_method"]) == ("softmax", "greedy")
+
+
+@pytest.mark.parametrize("blocks, vocab, model_type", [(48, 154880, "deepseek_v3"), (47, 154880, "deepseek_v3"),
+                                                       (27, 154880, "deepseek_v2"), (48, 102400, "deepseek_v2")])
+def test_deepseek2_without_a_gating_key_is_told_as_llama_cpp_tells_it(blocks: int, vocab: int, model_type: str) -> None:
+    """llama.cpp's loader reads a deepseek2 file without expert_gating_func as softmax (DeepSeek-V2), except
+    GLM-4.7-Flash's (47 or 48 blocks, 154880 tokens), which routes by sigmoid."""
+    from types import SimpleNamespace
+
+    from ftw.gguf_source import ARCHITECTURES
+
+    arch = "deepseek2"
+    metadata = {f"{arch}.{k}": v for k, v in dict(
+        block_count=blocks, nextn_predict_layers=1, embedding_length=64, **{"attention.head_count": 4},
+        **{"rope.dimension_count": 8, "attention.key_length": 16, "attention.value_length": 16,
+           "attention.kv_lora_rank": 16, "feed_forward_length": 128, "expert_feed_forward_length": 32,
+           "expert_count": 8, "expert_used_count": 2}).items()}
+    tensors = {"token_embd.weight": SimpleNamespace(shape=(vocab, 64))}
+    model = SimpleNamespace(path="stub.gguf", metadata=metadata, tensors=tensors)
+    assert ARCHITECTURES[arch].hf_config(model)["model_type"] == model_type
