@@ -323,10 +323,11 @@ def test_deepseek_quantized_kv_b_is_dequantized(tmp_path: Path) -> None:
         assert torch.allclose(reader.tensor(name), want, atol=0.01)
 
 
-def test_qwen3_moe_config_agrees_with_transformers_gguf_loader(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "minimax_m2"])  # (the MoE ones transformers reads)
+def test_config_agrees_with_transformers_gguf_loader(family: str, tmp_path: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    path = export_gguf(save_checkpoint("qwen3_moe", tmp_path / "hf"), tmp_path / "model.gguf")
+    path = export_gguf(save_checkpoint(family, tmp_path / "hf"), tmp_path / "model.gguf")
     theirs = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
     ours = convert_gguf(path, tmp_path / "ftw").source_config
     shared = set(theirs) & set(ours)
