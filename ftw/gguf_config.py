@@ -267,7 +267,9 @@ def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek-V3-style MoE keys (glm4moe, dots1) as llama.cpp writes them: expert_count (the routed
     ones), expert_shared_count, leading_dense_block_count, expert_weights_scale/_norm, and the
     group keys the base converter writes from n_group/topk_group (1 where absent: one group)."""
-    if meta.get("expert_gating_func", 2) != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
+    # gguf-py ExpertGatingFuncType.SIGMOID; no key where the converter leaves it to the base class,
+    # which writes it only for scoring_func "sigmoid" (dots1's release says "noaux_tc")
+    if meta.get("expert_gating_func", 2) != 2:
         raise UnsupportedArchitectureError(f"{meta.model.path}: a {meta.arch} GGUF with softmax routing; "
                                            "its Hugging Face family routes by sigmoid")
     shared = meta.int("expert_shared_count", 1 if _has(meta.model, "ffn_up_shexp.weight") else 0)
