@@ -64,6 +64,12 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
 }
+# Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
+# LLAMA3's for llama3/llama-v3, for DBRX and Smaug ("same as llama3") and for CHATGLM4 (GLM-4.5 to
+# GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE).
+PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in
+                   ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe")}
+PRE_TOKENIZERS |= {"olmo": PRE_TOKENIZERS["gpt-2"]}
 HF_JSON_KEY = "tokenizer.huggingface.json"
 
 
