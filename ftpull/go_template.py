@@ -174,6 +174,10 @@ class _Translator:
         elif head == "else" and not rest:
             if not self.blocks:
                 raise GoTemplateError("an `{{ else }}` outside any block")
+            block = self.blocks[-1]
+            if block.dots:  # a range's or with's else: `.` is the outer one again
+                del self.dots[len(self.dots) - block.dots:]
+                block.dots = 0
             self._tag("else")
         elif head == "end" and not rest:
             if not self.blocks:

@@ -86,6 +86,12 @@ def test_variables_with_else_range_else_and_literals() -> None:
     assert render(go, CHAT) == "0:system- 1:user! 2:assistant? 3:user! [Be brief.]4 2"
 
 
+def test_dot_in_an_else_of_range_or_with_is_the_outer_one() -> None:
+    go = ("{{ if .Messages }}{{ with .Tools }}{{ . }}{{ else }}[{{ .System }}]{{ end }}"
+          "{{ range .Tools }}x{{ else }}({{ .System }}){{ end }}{{ end }}")
+    assert render(go, CHAT) == "[Be brief.](Be brief.)"
+
+
 def test_text_that_looks_like_jinja_is_text() -> None:
     text = "{% raw %} {# '\\ %}{% endraw %}"  # Jinja's openers, a quote and a backslash: only text in Go
     assert render("{{ range .Messages }}" + text + "{{ .Content }}{{ end }}", CHAT[1:2]) == text + "Hi"
