@@ -16,15 +16,15 @@ import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, Start, causal_attention, sliding_causal_attention
+from ..layers.attention import KVCache, Start
 from ..layers.linear import linear
 from ..layers.mlp import biased_topk
-from ..layers.norm import rms_norm
-from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.rope import RotaryEmbedding
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
+from .exaone_moe import LocalGlobalAttention
 from .flex_olmo import PostNormedMixer, post_normed
-from .qwen3_moe import GQAAttention, dense_mlp
+from .qwen3_moe import dense_mlp
 
 # AfmoeConfig's defaults, for checkpoints whose config.json leaves a key out
 DEFAULTS = dict(sliding_window=1024, global_attn_every_n_layers=4, num_shared_experts=2, route_scale=1.0)
@@ -33,32 +33,19 @@ DEFAULTS = dict(sliding_window=1024, global_attn_every_n_layers=4, num_shared_ex
 KEEP_FLOAT32 = ("mlp.expert_bias",)
 
 
-class GatedLocalGlobalAttention(GQAAttention):
-    """Attention with per-head q/k RMSNorms before RoPE; a local layer (`window` positions)
-    rotates and attends within its window, a global one (`window` None) neither; the output is
-    gated channel by channel by sigmoid(gate_proj x) before o_proj."""
+class GatedLocalGlobalAttention(LocalGlobalAttention):
+    """EXAONE's attention (per-head q/k RMSNorms before RoPE; a local layer rotates and attends
+    within its window, a global one neither), its output gated channel by channel by
+    sigmoid(gate_proj x) before o_proj."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, window: int | None) -> None:
-        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
-        self.window, self.gate = window, weights.get(prefix + "gate_proj.weight")
+        super().__init__(config, weights, prefix, rope, dtype, window=window)
+        self.gate = weights.get(prefix + "gate_proj.weight")
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
-        t = x.shape[0]
-        q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
-        k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
-        q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        if self.window is not None:
-            cos, sin = self.rope(positions, x.dtype)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys, values = cache.append(start, k, v)
-        if self.window is None:
-            out = causal_attention(q, keys, values, start, self.scale)
-        else:
-            out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
-        out = out.reshape(t, self.heads * self.head_dim) * torch.sigmoid(linear(x, self.gate))
-        return linear(out, self.o, self.o_bias)
+        gated = self.attend(x, positions, cache, start) * torch.sigmoid(linear(x, self.gate))
+        return linear(gated, self.o, self.o_bias)
 
 
 class BiasedSigmoidMoE:

@@ -39,6 +39,10 @@ class LocalGlobalAttention(GQAAttention):
         self.window = window
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
+        return linear(self.attend(x, positions, cache, start), self.o, self.o_bias)
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
+        """The attended values before o_proj, [T, heads x head_dim] (AfMoE gates them)."""
         t = x.shape[0]
         q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
         k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -52,7 +56,7 @@ class LocalGlobalAttention(GQAAttention):
             out = causal_attention(q, keys, values, start, self.scale)
         else:
             out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
-        return linear(out.reshape(t, self.heads * self.head_dim), self.o, self.o_bias)
+        return out.reshape(t, self.heads * self.head_dim)
 
 
 def layer_types(config: ModelConfig) -> list[str]:
