@@ -12,11 +12,11 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from .sources import URI, Source, SourceScheme, parse_source  # noqa: F401 - Source is part of the Modelfile API
 
@@ -466,6 +466,23 @@ def _word(text: str) -> str:
 
 def _format_param(value: ParamValue) -> str:
     return repr(value) if isinstance(value, float) else str(value)
+
+
+def variant_modelfile(base: str, *, system: str | None = None, template: str | None = None,
+                      parameters: Mapping[str, Any] | None = None, messages: Sequence[Mapping[str, str]] = (),
+                      license: str | None = None) -> str:
+    """A Modelfile FROM stored model `base` saying what a variant of it changes (the REPL's
+    /save, the server's /api/create): SYSTEM, TEMPLATE, a PARAMETER per value (stop's list one
+    line each), a MESSAGE per message, LICENSE."""
+    lines = [f"FROM {base}"]
+    lines += [f"{key} {_quote(text)}" for key, text in (("SYSTEM", system), ("TEMPLATE", template)) if text]
+    for key, value in (parameters or {}).items():
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            lines.append(f"PARAMETER {key} {_quote(one) if isinstance(one, str) else _format_param(one)}")
+    lines += [f"MESSAGE {m['role']} {_quote(m['content'])}" for m in messages]
+    if license:
+        lines.append(f"LICENSE {_quote(license)}")
+    return "\n".join(lines) + "\n"
 
 
 def _recipe_lines(recipe: Recipe, base: Recipe | None) -> list[str]:

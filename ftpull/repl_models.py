@@ -22,7 +22,7 @@ from runtime.text.chat_template import ChatTemplateError
 from runtime.text.tokenizer import TokenizerError
 
 from .fetch import PullError
-from .modelfile import PARAMETERS, ModelfileError, _quote, parse_modelfile
+from .modelfile import PARAMETERS, ModelfileError, parse_modelfile, variant_modelfile
 from .pull import create_from
 
 if TYPE_CHECKING:
@@ -81,19 +81,9 @@ def save_model(chat: Chat, text: str) -> str:
 def session_modelfile(chat: Chat) -> str:
     """The chat as a Modelfile FROM its model: SYSTEM, PARAMETERs (the model's own with the
     chat's over them; num_ctx where the user set one), a MESSAGE per message so far."""
-    lines = [f"FROM {chat.model_name}"]
-    if chat.system:
-        lines.append(f"SYSTEM {_quote(chat.system)}")
     options = {**chat.options, **({"num_ctx": chat.num_ctx} if chat.num_ctx is not None else {})}
-    for key, value in options.items():
-        if key not in PARAMETERS:  # (a load option such as num_thread: not a recipe's)
-            continue
-        if key == "stop":
-            lines += [f"PARAMETER stop {_quote(str(s))}" for s in value]
-        else:
-            lines.append(f"PARAMETER {key} {value!r}")
-    lines += [f"MESSAGE {m['role']} {_quote(m['content'])}" for m in chat.messages]
-    return "\n".join(lines) + "\n"
+    return variant_modelfile(str(chat.model_name), system=chat.system, messages=chat.messages,
+                             parameters={k: v for k, v in options.items() if k in PARAMETERS})  # (not load options)
 
 
 def history_lines(messages: list[dict[str, str]]) -> list[str]:

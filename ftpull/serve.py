@@ -40,7 +40,7 @@ from .client import (  # noqa: F401 - re-exported: the client half lived here
 from .events import PullEvent
 from .fetch import PullError
 from .hub import HubError
-from .modelfile import PARAMETERS, ModelfileError, _quote, parse_modelfile
+from .modelfile import PARAMETERS, ModelfileError, parse_modelfile, variant_modelfile
 from .preflight import FitError
 from .pull import create_from, pull
 from .resolve import ResolveError
@@ -108,19 +108,10 @@ def _check_stored_base(source: Any, store: Store) -> None:
 
 def request_modelfile(request: dict[str, Any]) -> str:
     """The Modelfile an /api/create request's fields say."""
-    lines = [f"FROM {request['from_']}"]
-    for key in ("system", "template"):
-        if request.get(key) is not None:
-            lines.append(f"{key.upper()} {_quote(str(request[key]))}")
-    for key, value in (request.get("parameters") or {}).items():
-        for one in value if isinstance(value, list) else [value]:
-            lines.append(f"PARAMETER {key} {_quote(str(one)) if isinstance(one, str) else json.dumps(one)}")
-    for message in request.get("messages") or ():
-        lines.append(f"MESSAGE {message['role']} {_quote(message['content'])}")
     license_text = request.get("license")
-    if license_text:
-        lines.append(f"LICENSE {_quote(chr(10).join(license_text) if isinstance(license_text, list) else license_text)}")
-    return "\n".join(lines) + "\n"
+    return variant_modelfile(request["from_"], system=request.get("system"), template=request.get("template"),
+                             parameters=request.get("parameters"), messages=request.get("messages") or (),
+                             license="\n".join(license_text) if isinstance(license_text, list) else license_text)
 
 
 def build_app(store: Store, *, api_key: str | None = None, **manager_options: Any) -> Any:
