@@ -65,15 +65,19 @@ def to_jinja(template: str) -> str:
             "{%- macro ft_last(System, Prompt, Response) +%}" + upto_response + "{%+ endmacro -%}" + _LEGACY_DRIVER)
 
 
+# one step of Ollama's collate(), message m into ft.messages: merged into the last one where of its role
+_MERGE_INTO_FT_MESSAGES = (
+    "{%- if ft.messages and ft.messages[-1].role == m.role -%}"
+    "{%- set ft.messages = ft.messages[:-1] + [dict(ft.messages[-1], content=(ft.messages[-1].content or '') "
+    "+ '\\n\\n' + (m.content or ''))] -%}"
+    "{%- else -%}{%- set ft.messages = ft.messages + [m] -%}{%- endif -%}"
+)
 # Ollama's collate(): consecutive messages of one role merged, every system message's content joined
 _MESSAGES_PRELUDE = (
     "{%- set ft = namespace(system=[], messages=[]) -%}"
     "{%- for m in messages -%}"
     "{%- if m.role == 'system' -%}{%- set ft.system = ft.system + [m.content or ''] -%}{%- endif -%}"
-    "{%- if ft.messages and ft.messages[-1].role == m.role -%}"
-    "{%- set ft.messages = ft.messages[:-1] + [dict(ft.messages[-1], content=(ft.messages[-1].content or '') "
-    "+ '\\n\\n' + (m.content or ''))] -%}"
-    "{%- else -%}{%- set ft.messages = ft.messages + [m] -%}{%- endif -%}"
+    + _MERGE_INTO_FT_MESSAGES +
     "{%- endfor -%}"
     "{%- set System = ft.system | join('\\n\\n') -%}{%- set Messages = ft.messages -%}{%- set Tools = tools or [] +%}"
 )
@@ -81,10 +85,7 @@ _MESSAGES_PRELUDE = (
 _LEGACY_DRIVER = (
     "{%- set ft = namespace(system='', prompt='', response='', messages=[]) -%}"
     "{%- for m in messages -%}"
-    "{%- if ft.messages and ft.messages[-1].role == m.role -%}"
-    "{%- set ft.messages = ft.messages[:-1] + [dict(ft.messages[-1], content=(ft.messages[-1].content or '') "
-    "+ '\\n\\n' + (m.content or ''))] -%}"
-    "{%- else -%}{%- set ft.messages = ft.messages + [m] -%}{%- endif -%}"
+    + _MERGE_INTO_FT_MESSAGES +
     "{%- endfor -%}"
     "{%- for m in ft.messages -%}"
     "{%- if m.role == 'system' -%}"
