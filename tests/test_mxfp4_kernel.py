@@ -23,7 +23,6 @@ Oracles and tolerances, as tests/test_kquant_kernel.py's for the K-quants:
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import numpy as np
@@ -32,42 +31,20 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from ftw.format import SWIGLU, ExpertActivation, ExpertPart
-from runtime.experts import cpu_kernels
 from runtime.experts.activation import activate
 from runtime.experts.bank import HostExpertBank
 from runtime.experts.cpu_kernels import (
-    AVX2_FLAGS,
-    NATIVE_FLAGS,
-    NO_VNNI_FLAGS,
-    SCALAR_FLAGS,
     ExpertKernel,
-    Kernel,
-    KernelBuildError,
     UnsupportedBank,
 )
 from runtime.experts.executor import CPUExpertExecutor, ReferenceCPUExpertExecutor
 from runtime.experts.synthetic import random_bank
-from tests.test_cpu_experts import _cpu_flags
+from tests import test_kquant_kernel
+
+kernels = test_kquant_kernel.kernels  # the fixture: every build this CPU runs (the same builds)
 
 NUM_EXPERTS, TOP_K = 16, 8
 VARIANTS = ["native", "avx512", "avx2", "scalar"]
-
-
-@pytest.fixture(scope="module")
-def kernels() -> dict[str, Kernel]:
-    """Every build whose MXFP4 path this CPU can run: native, AVX-512 without VNNI, AVX2, scalar."""
-    flags = _cpu_flags()
-    variants = {"native": NATIVE_FLAGS, "scalar": SCALAR_FLAGS}
-    if {"avx512bw", "avx512vl", "avx512_vnni"} <= flags:
-        variants["avx512"] = NO_VNNI_FLAGS
-    if {"avx2", "fma", "f16c"} <= flags:
-        variants["avx2"] = AVX2_FLAGS
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            paths = dict(zip(variants, pool.map(cpu_kernels.build, variants.values()), strict=True))
-    except KernelBuildError as e:
-        pytest.skip(f"no C++ compiler here: {e}")
-    return {name: Kernel(path) for name, path in paths.items()}
 
 
 def q8_32(x: np.ndarray) -> np.ndarray:
