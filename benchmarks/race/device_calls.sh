@@ -15,9 +15,11 @@
 #   quant    the Q4_K_M file at -ncmoe 16 and 8, 8 threads, with every thread's stack every 30 s
 #            should ft's side stall (~7 min)
 #   long     pp4096 and pp16384 at -ncmoe 16, 6 and 8 threads (~8 min)
+#   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
+#            8-thread race at $SETTINGS (default 8) (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth).
 set -u
-CALL=${1:?setup, race8, race6, quant or long}
+CALL=${1:?setup, race8, race6, quant, long or quick}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -65,5 +67,15 @@ case $CALL in
     timeout 560 "${RACE[@]}" --settings 16 --threads 6,8 --prompts 4096,16384 "${PRICING[@]}" \
       --out "$OUT/vslong.json" > "$OUT/racelong.log" 2>&1
     echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
+  quick)
+    (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
+    build=$!
+    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+    echo "pull rc $?" >> "$OUT/pull.log"
+    wait $build
+    tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"
+    timeout 300 "${RACE[@]}" --settings "${SETTINGS:-8}" --threads 8 --prompts 512 --ft-timeout 200 \
+      --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsquick.json" > "$OUT/racequick.log" 2>&1
+    echo "rc $?"; tail -n 12 "$OUT/racequick.log" ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
