@@ -1,7 +1,8 @@
 """`ft verify`'s checks of one model: every blob re-hashed (the registry), then the FTW index read
 through ftw and held against the manifest (registry.verify.check_index_agrees: each shard the index
 names is a shard layer, listed once, with the index's sha256 and size), then opened as a load
-opens it (RegisteredModel.open_ftw: its layout, the tensors its family needs). All blobs hashing
+opens it (RegisteredModel.open_ftw: its layout, the tensors its family needs), every failing check
+reported (RegisteredModel.index_problems), not only the first. All blobs hashing
 right is not enough: an index whose shard sha256 differs from the manifest's digest would pass.
 """
 
@@ -31,8 +32,9 @@ def verify_model(store: Store, name: ModelName | str, progress: ProgressFn | Non
         return [*bad, Disagreement(index_layer.title, "index", str(e))]
     disagreements = check_index_agrees(manifest, index.shards, index_layer.title)
     if not bad and not disagreements:
-        try:  # the way a load opens it: layout, shard sizes and the tensors the family needs
-            open_model(store, name).open_ftw().close()
+        try:  # the way a load opens it: layout, shard sizes and the tensors the family needs, each problem
+            problems = open_model(store, name).index_problems()
         except FTWError as e:
-            disagreements.append(Disagreement(index_layer.title, "index", str(e)))
+            problems = [str(e)]
+        disagreements += [Disagreement(index_layer.title, "index", p) for p in problems]
     return [*bad, *disagreements]

@@ -288,13 +288,35 @@ def check_source_agrees(family: str, config: Mapping[str, Any], source_config: d
 
 
 def check_index_tensors(index: Index) -> None:
-    """A stored index's config (and the source config it came from), dense tensors and banks."""
-    check_config(index.config, index.source_config)
-    check_source_agrees(index.family, index.config, index.source_config)
-    check_dense(index.config, {t.name: t.shape for t in index.tensors if not t.name.endswith("_scale_inv")},
-                index.source_config)
-    check_banks(index.config, {b.layer: BankShape(b.num_experts, {p.name: p.shape for p in b.parts}, b.quant)
-                               for b in index.banks})
+    """A stored index's config (and the source config it came from), dense tensors and banks:
+    raises the first of `index_tensor_problems`."""
+    problems = index_tensor_problems(index)
+    if problems:
+        raise problems[0]
+
+
+def index_tensor_problems(index: Index) -> list[TensorProblem]:
+    """Every check of a stored index that fails, the first problem of each (`ft verify` reports
+    them all): its config, then, where the config holds (the others read their sizes from it),
+    its source config's agreement, its dense tensors and its banks, each checked on its own."""
+    try:
+        check_config(index.config, index.source_config)
+    except TensorProblem as e:
+        return [e]
+    dense = {t.name: t.shape for t in index.tensors if not t.name.endswith("_scale_inv")}
+    banks = {b.layer: BankShape(b.num_experts, {p.name: p.shape for p in b.parts}, b.quant) for b in index.banks}
+    checks: list[Callable[[], None]] = [
+        lambda: check_source_agrees(index.family, index.config, index.source_config),
+        lambda: check_dense(index.config, dense, index.source_config),
+        lambda: check_banks(index.config, banks),
+    ]
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except TensorProblem as e:
+            problems.append(e)
+    return problems
 
 
 # what `ft pull` passes the converters as `family_check`: (family, normalized config, source

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ftw.errors import CorruptIndexError
 from registry import InvalidModelManifestError, Store
 from registry.model_manifest import (
     MEDIA_CONFIG,
@@ -322,3 +323,28 @@ def test_generated_manifest_mutations_full_sweep(home: Path, capsys: pytest.Capt
         pytest.skip("the full sweep runs with -m fuzz_full")
     outcomes = _run_cases(home, capsys, FULL_CASES)
     assert outcomes["refused"] > FULL_CASES // 2, outcomes
+
+
+def test_verify_reports_every_failing_check_of_the_index_not_only_the_first(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A norm made a matrix and an expert bank of too many experts (whose records then overlap the
+    next tensor): a load stops at the first problem, `ft verify` names all three, the layout's
+    first, one line each, and `--json` lists them."""
+    store = Store(home)
+    path = store.manifest_path("tiny")
+    doc = json.loads(path.read_bytes())
+    index = _index_of(store, doc)
+    norm = next(t for t in index["tensors"] if t["name"].endswith("input_layernorm.weight"))
+    norm["shape"] = [*norm["shape"], 1]
+    index["banks"][0]["num_experts"] += 1
+    _store_index(store, doc, index)
+    path.write_text(json.dumps(doc))
+    code, _, err = ft(capsys, "verify", "tiny")
+    assert code == 1 and "Traceback" not in err, err
+    assert "a norm's weight is a vector" in err and "the expert bank of layer" in err, err
+    code, out, _ = ft(capsys, "verify", "--json", "tiny")
+    problems = json.loads(out)["tiny"]
+    assert code == 1 and len(problems) == 3, problems  # the extra expert's bytes also overlap a tensor: the layout's
+    assert "overlap" in problems[0]["detail"], problems
+    with pytest.raises(CorruptIndexError, match="overlap"):
+        open_model(store, "tiny").open_ftw()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftw.check_tensors import TensorProblem, check_index_tensors
+from ftw.check_tensors import index_tensor_problems
 from ftw.errors import CorruptIndexError, CorruptShardError
 from ftw.format import Index
 from registry import Manifest, ModelName, Store
@@ -87,12 +87,28 @@ class RegisteredModel:
             reader = FTWReader(index, shards, origin=origin)
         except CorruptIndexError as e:  # (the layout's messages name the problem; add the fix)
             raise CorruptIndexError(self.unusable(str(e).removeprefix(origin + ": "))) from None
-        try:
-            check_index_tensors(index)
-        except TensorProblem as e:
+        problems = index_tensor_problems(index)
+        if problems:
             reader.close()
-            raise CorruptIndexError(self.unusable(str(e))) from None
+            raise CorruptIndexError(self.unusable(str(problems[0])))
         return reader
+
+    def index_problems(self) -> list[str]:
+        """Every reason `open_ftw` would refuse this model, each as its message (`ft verify`
+        reports them all; a load stops at the first): the layout's, else each failing check of
+        the config, the dense tensors and the banks. Empty when it opens."""
+        try:
+            reader = self.open_ftw()
+        except CorruptIndexError as e:
+            first = str(e)
+        else:
+            reader.close()
+            return []
+        index_path = next(self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX)
+        problems = index_tensor_problems(Index.from_json(index_path.read_bytes(),
+                                                         origin=f"{self.name.display}: model.ftw.json"))
+        found = [self.unusable(str(p)) for p in problems]
+        return found if first in found else [first, *found]  # (the layout's problem comes first, where it is one)
 
     def unusable(self, problem: str) -> str:
         """The message of a stored model whose index its runtime cannot use: the problem and the fix."""
