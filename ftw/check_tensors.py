@@ -287,17 +287,9 @@ def check_source_agrees(family: str, config: Mapping[str, Any], source_config: d
                                 f"{str(normalized[key])[:40]}")
 
 
-def check_index_tensors(index: Index) -> None:
-    """A stored index's config (and the source config it came from), dense tensors and banks:
-    raises the first of `index_tensor_problems`."""
-    problems = index_tensor_problems(index)
-    if problems:
-        raise problems[0]
-
-
 def index_tensor_problems(index: Index) -> list[TensorProblem]:
-    """Every check of a stored index that fails, the first problem of each (`ft verify` reports
-    them all): its config, then, where the config holds (the others read their sizes from it),
+    """Every check of a stored index that fails, the first problem of each (a load refuses the
+    first, `ft verify` reports them all): its config, then, where the config holds (the others read their sizes from it),
     its source config's agreement, its dense tensors and its banks, each checked on its own."""
     try:
         check_config(index.config, index.source_config)

@@ -75,18 +75,8 @@ class RegisteredModel:
         """The FTW reader over this model's shards (layout checked, shards not re-hashed), its
         config, tensors and banks checked as a download's are (ftw/check_tensors.py): a stored
         index is read from a disk, and a value that crashed `ft run` must be refused by name."""
-        index_path = next((self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX), None)
-        if index_path is None:
-            raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")
-        index = Index.from_json(index_path.read_bytes(), origin=f"{self.name.display}: model.ftw.json")
-        shards = {d.title: self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_SHARD}
-        from ftw.reader import FTWReader  # (torch: only a load needs it)
-
-        origin = f"{self.name.display}: model.ftw.json"
-        try:
-            reader = FTWReader(index, shards, origin=origin)
-        except CorruptIndexError as e:  # (the layout's messages name the problem; add the fix)
-            raise CorruptIndexError(self.unusable(str(e).removeprefix(origin + ": "))) from None
+        index = self._read_index()
+        reader = self._reader(index)
         problems = index_tensor_problems(index)
         if problems:
             reader.close()
@@ -95,20 +85,32 @@ class RegisteredModel:
 
     def index_problems(self) -> list[str]:
         """Every reason `open_ftw` would refuse this model, each as its message (`ft verify`
-        reports them all; a load stops at the first): the layout's, else each failing check of
+        reports them all; a load stops at the first): the layout's, then each failing check of
         the config, the dense tensors and the banks. Empty when it opens."""
+        index = self._read_index()
         try:
-            reader = self.open_ftw()
+            self._reader(index).close()
+            layout = []
         except CorruptIndexError as e:
-            first = str(e)
-        else:
-            reader.close()
-            return []
-        index_path = next(self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX)
-        problems = index_tensor_problems(Index.from_json(index_path.read_bytes(),
-                                                         origin=f"{self.name.display}: model.ftw.json"))
-        found = [self.unusable(str(p)) for p in problems]
-        return found if first in found else [first, *found]  # (the layout's problem comes first, where it is one)
+            layout = [str(e)]
+        return [*layout, *(self.unusable(str(p)) for p in index_tensor_problems(index))]
+
+    def _read_index(self) -> Index:
+        index_path = next((self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_INDEX), None)
+        if index_path is None:
+            raise CorruptIndexError(f"{self.name.display} has no FTW index in its manifest; re-pull it")
+        return Index.from_json(index_path.read_bytes(), origin=f"{self.name.display}: model.ftw.json")
+
+    def _reader(self, index: Index) -> FTWReader:
+        """The reader over `index`'s shards; CorruptIndexError with the fix where its layout is wrong."""
+        from ftw.reader import FTWReader  # (torch: only a load needs it)
+
+        shards = {d.title: self.files[d.title] for d in self.manifest.layers if d.media_type == MEDIA_FTW_SHARD}
+        origin = f"{self.name.display}: model.ftw.json"
+        try:
+            return FTWReader(index, shards, origin=origin)
+        except CorruptIndexError as e:  # (the layout's messages name the problem; add the fix)
+            raise CorruptIndexError(self.unusable(str(e).removeprefix(origin + ": "))) from None
 
     def unusable(self, problem: str) -> str:
         """The message of a stored model whose index its runtime cannot use: the problem and the fix."""
