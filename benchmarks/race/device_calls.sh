@@ -32,14 +32,17 @@ export PYTHONPATH=/tmp/site:$PWD FT_COMMIT=${FT_COMMIT:-unknown}
 RACE=(python3 benchmarks/vs_llamacpp.py race --work /tmp/race --layers 16 --trace "$PWD/.traces/qwen3-30b-a3b.npz")
 PRICING=()
 if [ -n "${FILL_PRICING:-}" ]; then PRICING=(--fill-pricing "$FILL_PRICING"); fi
+start_build_and_pull() {  # llama.cpp's build and the bf16 race file's pull, side by side: $build, $pulled
+  (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
+  build=$!
+  (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+   echo "pull rc $?" >> "$OUT/pull.log") &
+  pulled=$!
+}
 
 case $CALL in
   setup)
-    (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
-    build=$!
-    (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
-     echo "pull rc $?" >> "$OUT/pull.log") &
-    pulled=$!
+    start_build_and_pull
     timeout 250 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_route_plan.py \
       tests/test_prefill_memory.py tests/test_step_graphs.py tests/test_run.py tests/test_slot_experts.py \
       tests/test_block_weight.py > "$OUT/gpu1.log" 2>&1
@@ -68,11 +71,8 @@ case $CALL in
       --out "$OUT/vslong.json" > "$OUT/racelong.log" 2>&1
     echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
   quick)
-    (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
-    build=$!
-    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
-    echo "pull rc $?" >> "$OUT/pull.log"
-    wait $build
+    start_build_and_pull
+    wait $pulled $build
     tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"
     timeout 300 "${RACE[@]}" --settings "${SETTINGS:-8}" --threads 8 --prompts 512 --ft-timeout 200 \
       --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsquick.json" > "$OUT/racequick.log" 2>&1
