@@ -261,6 +261,30 @@ def test_a_captured_steps_calls_keep_the_cache_and_counters_in_step() -> None:
 
 @pytest.mark.gpu
 @needs_cuda
+def test_the_hit_rates_read_back_allocates_nothing_with_several_strides() -> None:
+    """A block-quant model's counters come in several strides (its experts and its dense block
+    weights). Their read-back runs after a queued replay, while the stream waits on the next
+    step's doorbell: an allocation there can free cached blocks, and cudaFree waits for the
+    device, which waits for this thread (the Q4_K_M race's stall at -ncmoe 8)."""
+    from runtime.gpu.executor_stats import RecentHitRate
+    from runtime.gpu.kernels import HIT, NUM_COUNTS, NUM_UNIQUE
+
+    rate = RecentHitRate(torch.device("cuda"))
+    totals = [torch.zeros(NUM_COUNTS, dtype=torch.int64, device="cuda") for _ in range(3)]
+    for _ in range(3):  # three windows: the second and third fold in what the one before read back
+        for t in totals:
+            t[HIT] += 1
+            t[NUM_UNIQUE] += 4
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+        rate.observe(None, totals, calls=RecentHitRate.WINDOW)
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+        torch.cuda.synchronize()
+    assert rate.value == pytest.approx(0.25)
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize(("mode", "cpu_half"), [("offload", False), ("auto", False), ("auto", True), ("cpu", False)])
 def test_captured_steps_match_per_layer_graphs(mode: str, cpu_half: bool) -> None:
     """The same routing through two executors, one replaying whole steps: equal outputs and

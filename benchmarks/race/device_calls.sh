@@ -16,8 +16,9 @@
 #            should ft's side stall (~7 min)
 #   long     pp4096 and pp16384 at -ncmoe 16, 6 and 8 threads (~8 min)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
-#            8-thread race at $SETTINGS (default 8) (~7 min)
-# Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth).
+#            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
+# Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
+# SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M).
 set -u
 CALL=${1:?setup, race8, race6, quant, long or quick}
 OUT=${OUT:-/tmp/race-out}
@@ -74,8 +75,14 @@ case $CALL in
     start_build_and_pull
     wait $pulled $build
     tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"
-    timeout 300 "${RACE[@]}" --settings "${SETTINGS:-8}" --threads 8 --prompts 512 --ft-timeout 200 \
-      --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsquick.json" > "$OUT/racequick.log" 2>&1
+    QUANTIZED=()
+    if [ -n "${QUANT:-}" ]; then
+      python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant "$QUANT" > "$OUT/pullq.log" 2>&1
+      tail -n 1 "$OUT/pullq.log"
+      QUANTIZED=(--quant "$QUANT")
+    fi
+    timeout 300 "${RACE[@]}" "${QUANTIZED[@]}" --settings "${SETTINGS:-8}" --threads 8 --prompts 512 \
+      --ft-timeout 200 --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsquick.json" > "$OUT/racequick.log" 2>&1
     echo "rc $?"; tail -n 12 "$OUT/racequick.log" ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -105,6 +105,9 @@ class RecentHitRate:
             # here was a host-to-device copy from pageable memory, which waits for the stream, and the
             # stream was waiting for the CPU share's hand-off from this thread: a hang, on the H200.)
             self._host = torch.zeros(NUM_COUNTS, dtype=torch.int64, device="cpu").pin_memory()
+            # the strides' sums added up in place: an allocation here, made while the stream waits on the
+            # next step's doorbell, can free cached blocks, and cudaFree waits for the device (a hang)
+            self._device_sums = torch.zeros(NUM_COUNTS, dtype=torch.int64, device=device)
             self._event: torch.cuda.Event | None = None
             self._last = [0] * len(self.KEPT)
             self._calls = self._calls_in_flight = 0
@@ -122,6 +125,16 @@ class RecentHitRate:
     def _fold(self, block: list[int], calls: int) -> None:
         decay = HIT_RATE_DECAY ** calls
         self.sums = [decay * old + new for old, new in zip(self.sums, block, strict=True)]
+
+    def _sum_on_device(self, totals: Collection[torch.Tensor]) -> torch.Tensor:
+        """The running sums of every stride, added up without allocating."""
+        first, *rest = totals
+        if not rest:
+            return first
+        self._device_sums.copy_(first)
+        for more in rest:
+            self._device_sums.add_(more)
+        return self._device_sums
 
     def observe(self, counts: torch.Tensor | None, totals: Collection[torch.Tensor], calls: int = 1) -> None:
         """One decode call: its plan's `counts` (read off CUDA), and the device's running sums
@@ -141,8 +154,7 @@ class RecentHitRate:
                 self._last = [0] * len(self.KEPT)
             self._fold([a - b for a, b in zip(now, self._last, strict=True)], self._calls_in_flight)
             self._last = now
-        sums = torch.stack(list(totals)).sum(dim=0) if len(totals) > 1 else next(iter(totals))
-        self._host.copy_(sums, non_blocking=True)
+        self._host.copy_(self._sum_on_device(totals), non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
         self._calls_in_flight, self._calls = self._calls, 0
