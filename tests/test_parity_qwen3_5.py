@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.layers.gated_deltanet import DeltaNetState, RecurrentRewindError, gated_delta_rule
+from runtime.layers.gated_deltanet import DeltaNetState, gated_delta_rule
+from runtime.layers.recurrent_state import RecurrentRewindError
 from tests.checkpoints import QWEN3_5_TEXT, QWEN3_5_VISION, save_checkpoint
 from tests.parity import (
     assert_parity,

@@ -26,10 +26,10 @@ import torch
 
 from ..loading.read_ftw import ModelWeights
 from .attention import MASKED_SCORES_PER_CALL, Start
-from .gated_deltanet import RecurrentRewindError
 from .kv_compressor import CompressorState, KVCompressor, LightningIndexer
 from .linear import linear
 from .norm import Float32RMSNorm, unweighted_rms_norm
+from .recurrent_state import RecurrentRewindError
 from .rope import RotaryEmbedding, apply_rotary_pairs
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"

@@ -15,6 +15,7 @@ decode runs the rule one token at a time. Both follow transformers' torch fallba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,35 +25,19 @@ from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .linear import linear
 from .norm import rms_norm
+from .recurrent_state import ForwardOnlyState
 
 CHUNK_SIZE = 64
 
 
-class RecurrentRewindError(ValueError):
-    """A recurrent state was asked to continue from a position it is not at."""
-
-
 @dataclass
-class DeltaNetState:
+class DeltaNetState(ForwardOnlyState):
     """One layer's state for one sequence: the conv's last inputs and the delta-rule matrices."""
 
     conv: torch.Tensor  # [conv_dim, kernel - 1], compute dtype
     recurrent: torch.Tensor  # [v_heads, k_head_dim, v_head_dim], float32 (as transformers keeps it)
     length: int = 0
-
-    def seek(self, start: Start) -> None:
-        """Start a forward at `start`: 0 begins a new sequence; anything else must continue this
-        one. A DevicePosition (a captured decode step) continues it unchecked: its position is on
-        the device, and the caller keeps `length` (DecoderModel.set_length)."""
-        if isinstance(start, DevicePosition):
-            return
-        if start == 0:
-            self.reset()
-        elif start != self.length:
-            raise RecurrentRewindError(
-                f"a linear-attention state at token {self.length} cannot continue from token {start}; "
-                "recurrent layers cannot rewind: restart the sequence from token 0"
-            )
+    described_as: ClassVar[str] = "linear-attention state"
 
     def reset(self) -> None:
         """Empty for a new sequence, in place (a captured step holds these buffers' addresses)."""

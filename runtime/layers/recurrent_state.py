@@ -5,31 +5,48 @@ sequence or start a new one, never rewind by itself; a host copy of it can be pu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .attention import DevicePosition, Start
-from .gated_deltanet import RecurrentRewindError
 
 
-@dataclass
-class RecurrentState:
-    """One layer's state for one sequence, and how many tokens it has seen."""
+class RecurrentRewindError(ValueError):
+    """A recurrent state was asked to continue from a position it is not at."""
 
-    value: torch.Tensor
-    length: int = 0
+
+class ForwardOnlyState:
+    """A per-sequence state that can start a new sequence or continue its own, never rewind:
+    `length` tokens seen, `reset` empties it (RecurrentState, gated_deltanet.DeltaNetState)."""
+
+    length: int
+    described_as: ClassVar[str] = "recurrent state"  # (in the rewind error)
 
     def seek(self, start: Start) -> None:
-        """Start a forward at `start`: 0 begins a new sequence, anything else must continue this one
-        (a DevicePosition, a captured decode step, continues it unchecked; the caller keeps `length`)."""
+        """Start a forward at `start`: 0 begins a new sequence; anything else must continue this
+        one. A DevicePosition (a captured decode step) continues it unchecked: its position is on
+        the device, and the caller keeps `length` (DecoderModel.set_length)."""
         if isinstance(start, DevicePosition):
             return
         if start == 0:
             self.reset()
         elif start != self.length:
             raise RecurrentRewindError(
-                f"a recurrent state at token {self.length} cannot continue from token {start}; "
+                f"a {self.described_as} at token {self.length} cannot continue from token {start}; "
                 "recurrent layers cannot rewind: restart the sequence from token 0")
+
+    def reset(self) -> None:
+        """Empty for a new sequence, in place."""
+        raise NotImplementedError
+
+
+@dataclass
+class RecurrentState(ForwardOnlyState):
+    """One layer's state for one sequence, and how many tokens it has seen."""
+
+    value: torch.Tensor
+    length: int = 0
 
     def advance(self, start: Start, num_tokens: int) -> None:
         """The call from `start` has moved the state on by `num_tokens` (a DevicePosition's: the caller counts)."""

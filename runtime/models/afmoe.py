@@ -19,12 +19,11 @@ from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, Start
 from ..layers.linear import linear
 from ..layers.mlp import biased_topk
-from ..layers.rope import RotaryEmbedding
+from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
-from .exaone_moe import LocalGlobalAttention
 from .flex_olmo import PostNormedMixer, post_normed
-from .qwen3_moe import dense_mlp
+from .qwen3_moe import GQAAttention, dense_mlp
 
 # AfmoeConfig's defaults, for checkpoints whose config.json leaves a key out
 DEFAULTS = dict(sliding_window=1024, global_attn_every_n_layers=4, num_shared_experts=2, route_scale=1.0)
@@ -33,14 +32,15 @@ DEFAULTS = dict(sliding_window=1024, global_attn_every_n_layers=4, num_shared_ex
 KEEP_FLOAT32 = ("mlp.expert_bias",)
 
 
-class GatedLocalGlobalAttention(LocalGlobalAttention):
+class GatedLocalGlobalAttention(GQAAttention):
     """EXAONE's attention (per-head q/k RMSNorms before RoPE; a local layer rotates and attends
     within its window, a global one neither), its output gated channel by channel by
     sigmoid(gate_proj x) before o_proj."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, window: int | None) -> None:
-        super().__init__(config, weights, prefix, rope, dtype, window=window)
+        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True, window=window,
+                         rotary=apply_rotary if window is not None else None)
         self.gate = weights.get(prefix + "gate_proj.weight")
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:

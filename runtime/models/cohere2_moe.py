@@ -15,7 +15,6 @@ import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, Start, causal_attention, sliding_causal_attention
 from ..layers.linear import linear
 from ..layers.mlp import sigmoid_topk, softmax_topk
 from ..layers.norm import LayerNorm
@@ -28,31 +27,6 @@ from .qwen3_moe import GQAAttention, dense_mlp
 DEFAULTS = dict(sliding_window=4096, sliding_window_pattern=4, prefix_dense_sliding_window_pattern=1,
                 num_shared_experts=0, shared_expert_combination_strategy="average", expert_selection_fn="softmax",
                 norm_topk_prob=True, logit_scale=0.0625, layer_norm_eps=1e-5)
-
-
-class CohereAttention(GQAAttention):
-    """GQA without q/k norms; `rotates`: RoPE on queries and keys (interleaved pairs, Cohere's
-    rotate_half); `window`: attention within that many positions (None: all of them)."""
-
-    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
-                 dtype: torch.dtype, *, window: int | None, rotates: bool) -> None:
-        super().__init__(config, weights, prefix, rope, dtype, qk_norm=False)
-        self.window, self.rotates = window, rotates
-
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
-        t = x.shape[0]
-        q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
-        k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
-        if self.rotates:  # (the pairs come out de-interleaved, q and k alike: their products are the same)
-            cos, sin = self.rope(positions, x.dtype)
-            q, k = apply_rotary_interleaved(q, cos, sin), apply_rotary_interleaved(k, cos, sin)
-        keys, values = cache.append(start, k, v)
-        if self.window is None:
-            out = causal_attention(q, keys, values, start, self.scale)
-        else:
-            out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
-        return linear(out.reshape(t, self.heads * self.head_dim), self.o, self.o_bias)
 
 
 class CohereMoE:
@@ -122,8 +96,11 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     for i, kind in enumerate(types):
         p = f"model.layers.{i}."
         layer_window = window if kind == "sliding_attention" else None
-        attention = CohereAttention(config, weights, p + "self_attn.", rope, dtype, window=layer_window,
-                                    rotates=layer_window is not None or (i in dense and prefix_pattern == 1))
+        rotates = layer_window is not None or (i in dense and prefix_pattern == 1)
+        # RoPE in interleaved pairs, Cohere's rotate_half (the pairs come out de-interleaved, q and k
+        # alike: their products are the same); no q/k norms
+        attention = GQAAttention(config, weights, p + "self_attn.", rope, dtype, qk_norm=False, window=layer_window,
+                                 rotary=apply_rotary_interleaved if rotates else None)
         ffn: FFN = CohereMoE(config, weights, i, p + "mlp.", executor) if i in config.moe_layers else (
             dense_mlp(weights, p + "mlp."))
         blocks.append(Block(norm(p + "input_layernorm.weight"), attention, norm(p + "input_layernorm.weight"), ffn,

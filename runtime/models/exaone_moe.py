@@ -12,9 +12,6 @@ import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, Start, causal_attention, sliding_causal_attention
-from ..layers.linear import linear
-from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
@@ -29,34 +26,12 @@ DEFAULTS = dict(sliding_window=4096, sliding_window_pattern=4, num_shared_expert
 KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
 
 
-class LocalGlobalAttention(GQAAttention):
+def local_global_attention(config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
+                           dtype: torch.dtype, *, window: int | None) -> GQAAttention:
     """Attention with per-head q/k RMSNorms; a local layer (`window` positions) rotates queries and
-    keys and attends within its window, a global one (`window` None) neither."""
-
-    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
-                 dtype: torch.dtype, *, window: int | None) -> None:
-        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
-        self.window = window
-
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
-        return linear(self.attend(x, positions, cache, start), self.o, self.o_bias)
-
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
-        """The attended values before o_proj, [T, heads x head_dim] (AfMoE gates them)."""
-        t = x.shape[0]
-        q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
-        k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
-        q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        if self.window is not None:
-            cos, sin = self.rope(positions, x.dtype)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys, values = cache.append(start, k, v)
-        if self.window is None:
-            out = causal_attention(q, keys, values, start, self.scale)
-        else:
-            out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
-        return out.reshape(t, self.heads * self.head_dim)
+    keys and attends within its window, a global one (`window` None) neither (NoPE)."""
+    return GQAAttention(config, weights, prefix, rope, dtype, qk_norm=True, window=window,
+                        rotary=apply_rotary if window is not None else None)
 
 
 def layer_types(config: ModelConfig) -> list[str]:
@@ -83,8 +58,8 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     blocks = []
     for i, kind in enumerate(layer_types(config)):
         p = f"model.layers.{i}."
-        attention = LocalGlobalAttention(config, weights, p + "self_attn.", rope, dtype,
-                                         window=window if kind == "sliding_attention" else None)
+        attention = local_global_attention(config, weights, p + "self_attn.", rope, dtype,
+                                           window=window if kind == "sliding_attention" else None)
         # the bias beside the router as released, in it where transformers >= 5 saves its own layout
         bias = "e_score_correction_bias" if weights.maybe(p + "mlp.e_score_correction_bias") is not None else (
             "gate.e_score_correction_bias")

@@ -17,10 +17,9 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, Start, causal_attention, sliding_causal_attention
+from ..layers.attention import KVCache, Start
 from ..layers.linear import linear
-from ..layers.norm import rms_norm
-from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.rope import RotaryEmbedding
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 from .qwen3_moe import GQAAttention, dense_mlp
@@ -37,24 +36,14 @@ class GatedAttention(GQAAttention):
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, window: int | None, per_head: bool) -> None:
-        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
-        self.window, self.per_head, self.gate = window, per_head, weights.get(prefix + "g_proj.weight")
+        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True, window=window)
+        self.per_head, self.gate = per_head, weights.get(prefix + "g_proj.weight")
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
         t = x.shape[0]
-        q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
-        k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
-        q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        cos, sin = self.rope(positions, x.dtype)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys, values = cache.append(start, k, v)
-        if self.window is None:
-            out = causal_attention(q, keys, values, start, self.scale)
-        else:
-            out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
+        out = self.attend(x, positions, cache, start)  # [T, Hq * D]
         gate = F.softplus(linear(x, self.gate).to(torch.float32)).to(out.dtype)  # [T, Hq] or [T, Hq * D]
-        out = out * gate[:, :, None] if self.per_head else out.reshape(t, -1) * gate
+        out = out.view(t, self.heads, self.head_dim) * gate[:, :, None] if self.per_head else out * gate
         return linear(out.reshape(t, self.heads * self.head_dim), self.o, self.o_bias)
 
 

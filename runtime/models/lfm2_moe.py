@@ -27,17 +27,11 @@ DEFAULTS = dict(use_expert_bias=True, norm_topk_prob=True, routed_scaling_factor
 KEEP_FLOAT32 = ("feed_forward.expert_bias",)
 
 
-class Lfm2Attention(GQAAttention):
+def lfm2_attention(config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
+                   dtype: torch.dtype) -> GQAAttention:
     """GQAAttention under LFM2's names: q/k norms `q_layernorm`/`k_layernorm`, output `out_proj`."""
-
-    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
-                 dtype: torch.dtype) -> None:
-        self.q, self.k, self.v = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkv")
-        self.o = weights.get(prefix + "out_proj.weight")
-        self.q_bias = self.k_bias = self.v_bias = self.o_bias = None
-        self.q_norm, self.k_norm = weights.get(prefix + "q_layernorm.weight"), weights.get(prefix + "k_layernorm.weight")
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.eps, self.rope, self.dtype, self.scale = config.rms_norm_eps, rope, dtype, config.head_dim ** -0.5
+    return GQAAttention(config, weights, prefix, rope, dtype, qk_norm=True,
+                        norm_names=("q_layernorm", "k_layernorm"), out_name="out_proj")
 
 
 class Lfm2MoE:
@@ -85,7 +79,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     for i, kind in enumerate(types):
         p = f"model.layers.{i}."
         mixer: Mixer = (ShortConv(weights, p + "conv.", dtype) if kind == "conv"
-                        else Lfm2Attention(config, weights, p + "self_attn.", rope, dtype))
+                        else lfm2_attention(config, weights, p + "self_attn.", rope, dtype))
         ffn: FFN = Lfm2MoE(config, weights, i, p + "feed_forward.", executor) if i in config.moe_layers else (
             dense_mlp(weights, p + "feed_forward."))
         blocks.append(Block(weights.get(p + "operator_norm.weight"), mixer, weights.get(p + "ffn_norm.weight"), ffn))

@@ -9,7 +9,7 @@ import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
-from ..layers.attention import KVCache, Start, causal_attention
+from ..layers.attention import KVCache, Start, causal_attention, sliding_causal_attention
 from ..layers.linear import linear
 from ..layers.mlp import softmax_topk, swiglu_mlp
 from ..layers.norm import rms_norm
@@ -17,40 +17,56 @@ from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 
+# how queries and keys are rotated: (x [T, heads, D], cos, sin) -> x rotated (layers/rope.py)
+Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 class GQAAttention:
     """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache;
-    scores scaled by `scale` (1/sqrt(head_dim) where None)."""
+    scores scaled by `scale` (1/sqrt(head_dim) where None). `rotary` rotates queries and keys (None:
+    no position encoding, NoPE); `window`: attention within that many positions (None: all of them).
+    `norm_names` and `out_name` name the q/k norms and the output projection under `prefix`."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
     chunks_prompt = True  # a long prompt may come in chunks: later ones read the earlier ones' keys (base.Mixer)
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
-                 dtype: torch.dtype, *, qk_norm: bool, scale: float | None = None) -> None:
-        self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}_proj.weight") for p in "qkvo")
+                 dtype: torch.dtype, *, qk_norm: bool, scale: float | None = None,
+                 rotary: Rotary | None = apply_rotary, window: int | None = None,
+                 norm_names: tuple[str, str] = ("q_norm", "k_norm"), out_name: str = "o_proj") -> None:
+        projections = ("q_proj", "k_proj", "v_proj", out_name)
+        self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}.weight") for p in projections)
         # attention_bias: q, k, v and o each have one (transformers' Qwen3MoeAttention)
-        self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}_proj.bias") for p in "qkvo")
-        self.q_norm = weights.get(prefix + "q_norm.weight") if qk_norm else None
-        self.k_norm = weights.get(prefix + "k_norm.weight") if qk_norm else None
+        self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}.bias") for p in projections)
+        self.q_norm, self.k_norm = (weights.get(f"{prefix}{name}.weight") if qk_norm else None for name in norm_names)
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.eps, self.rope, self.dtype = config.rms_norm_eps, rope, dtype
+        self.eps, self.rope, self.dtype, self.rotary, self.window = config.rms_norm_eps, rope, dtype, rotary, window
         self.scale = self.head_dim ** -0.5 if scale is None else scale  # (Granite's attention_multiplier)
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
+        return linear(self.attend(x, positions, cache, start), self.o, self.o_bias)
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
+        """The attended values before the output projection, [T, heads x head_dim] (a gated
+        attention weighs them first)."""
         t = x.shape[0]
         q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
         k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
         v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        cos, sin = self.rope(positions, x.dtype)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rotary is not None:
+            cos, sin = self.rope(positions, x.dtype)
+            q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
         keys, values = cache.append(start, k, v)
-        out = causal_attention(q, keys, values, start, self.scale)
-        return linear(out.reshape(t, self.heads * self.head_dim), self.o, self.o_bias)
+        if self.window is None:
+            out = causal_attention(q, keys, values, start, self.scale)
+        else:
+            out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
+        return out.reshape(t, self.heads * self.head_dim)
 
 
 class SoftmaxMoE:
