@@ -77,12 +77,13 @@ def file_layers(gguf: Path) -> int:
 
 
 def step_quantize(args: argparse.Namespace, source: Path) -> Path:
-    """The bf16 race file quantized by llama.cpp's llama-quantize (built first where it is not)."""
+    """The bf16 race file quantized by llama.cpp's llama-quantize (built first where it is not;
+    neither where the quantized file exists)."""
     from benchmarks.race import llama
 
-    binary = llama.build(Path(args.llama_build))
     dest = gguf_path(args.work, args.shape, file_layers(source), args.quant)
     if not dest.exists():
+        binary = llama.build(Path(args.llama_build))
         start = time.perf_counter()
         llama.quantize(binary, source, dest, args.quant.upper(), threads=os.cpu_count() or 8)
         print(f"quantized {source.name} to {dest.name} ({dest.stat().st_size / 2**30:.1f} GiB) in "

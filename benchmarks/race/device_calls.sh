@@ -15,12 +15,13 @@
 #   quant    the Q4_K_M file at -ncmoe 16 and 8, 8 threads, with every thread's stack every 30 s
 #            should ft's side stall (~7 min)
 #   long     pp4096 and pp16384 at -ncmoe 16, 6 and 8 threads (~8 min)
+#   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M).
 set -u
-CALL=${1:?setup, race8, race6, quant, long or quick}
+CALL=${1:?setup, race8, race6, quant, long, quick or profile}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -84,5 +85,33 @@ case $CALL in
     timeout 300 "${RACE[@]}" "${QUANTIZED[@]}" --settings "${SETTINGS:-8}" --threads 8 --prompts 512 \
       --ft-timeout 200 --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsquick.json" > "$OUT/racequick.log" 2>&1
     echo "rc $?"; tail -n 12 "$OUT/racequick.log" ;;
+  profile)
+    # where a decode token's time goes (benchmarks/profile_decode.py), Q4_K_M against bf16: a
+    # CPU-only llama-quantize (no llama-bench needed) beside the bf16 pull, then four profiles
+    (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+     echo "pull rc $?" >> "$OUT/pull.log") &
+    pulled=$!
+    mkdir -p /tmp/lcpq && tar xJf .lcpp/llama.cpp-*-src.tar.xz -C /tmp/lcpq
+    (cd /tmp/lcpq/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+       > /dev/null && cmake --build build --target llama-quantize -j 12 > /dev/null) > "$OUT/lcpq.log" 2>&1
+    source=/tmp/race/qwen3-30b-a3b-16l-bf16.gguf
+    until [ -f $source ] || ! kill -0 $pulled 2> /dev/null; do sleep 2; done
+    while [ -f $source ] && [ "$(stat -c %s $source)" != "$(sleep 3; stat -c %s $source)" ]; do :; done
+    /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source /tmp/race/qwen3-30b-a3b-16l-q4_k_m.gguf Q4_K_M 8 \
+      > "$OUT/quantize.log" 2>&1
+    echo "quantize rc $?" >> "$OUT/lcpq.log"
+    wait $pulled
+    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
+    q4=local/qwen3-30b-a3b-16l-q4_k_m
+    PROFILE=(python3 benchmarks/profile_decode.py --store /tmp/race/ft --threads 8)
+    timeout 75 "${PROFILE[@]}" --model $q4 --vram-gib 12 --out "$OUT/q4_12g.json" > "$OUT/q4_12g.log" 2>&1
+    FT_CUDA_GRAPHS=0 timeout 75 "${PROFILE[@]}" --model $q4 --vram-gib 12 --out "$OUT/q4_12g_eager.json" \
+      > "$OUT/q4_12g_eager.log" 2>&1
+    timeout 75 "${PROFILE[@]}" --model $q4 --vram-gib 3.57 --out "$OUT/q4_3g.json" > "$OUT/q4_3g.log" 2>&1
+    timeout 100 "${PROFILE[@]}" --model local/qwen3-30b-a3b-16l-bf16 --vram-gib 24 --out "$OUT/bf16_24g.json" \
+      > "$OUT/bf16_24g.log" 2>&1
+    grep -h '"tok_s' "$OUT"/*.log ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
