@@ -8,10 +8,10 @@ Q5_K, Q8_0).
 
 where W_p is the weight part at `part_offset` of the record in slot p's slot: `rows` GGML rows of
 `cols` values, each row cols / 256 super-blocks of `block_bytes` (Q8_0: eight of its 32-value
-blocks). Grid (pairs, rows / BLOCK_R): a program walks its rows' super-blocks, dequantizes a
-[BLOCK_R, 256] tile from the bytes as gguf-py does (each sub-block's scale d x sc and min
-dmin x m in float32, then d x q - dm; `ggml_blocks.py` is the torch form the tests hold it to),
-and adds its products with the input's 256 values in float32. A pair the route plan left to the
+blocks). Grid (pairs, rows / BLOCK_R): a program walks its rows' super-blocks and adds each one's dot
+with the input's 256 values in float32 (`ggml_dequant.super_block_dot`: a sub-block's scale and
+min applied once to the dot of its integer quants, not to each value as the weights' values
+would be; `ggml_blocks.py` is the torch form of those values the tests hold it to). A pair the route plan left to the
 CPU (slot -1) stores zeros. No weight is copied or widened in memory: a Q4_K record is read as its
 2.7 MB, where the gather path dequantized it into a 9.4 MB bf16 copy first.
 """
@@ -22,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .ggml_dequant import KINDS, SUPER_BLOCK_BYTES, dequant
+from .ggml_dequant import KINDS, SUPER_BLOCK_BYTES, super_block_dot
+
+BLOCK_R, NUM_WARPS = 16, 4  # rows a program, and its warps (benchmarks/bench_block_gemv.py sweeps them)
 
 
 @triton.jit
@@ -39,17 +41,16 @@ def _block_gemv_kernel(in_ptr, stride_in, index_ptr, slots_ptr, stride_slot, par
     src = in_ptr + tl.load(index_ptr + p).to(tl.int64) * stride_in
     row_bytes: tl.constexpr = COLS // 256 * SB_BYTES
     safe_rows = tl.where(mask_r, rows, 0).to(tl.int64)  # (masked rows read row 0: a record's own bytes)
-    base = slots_ptr + slot.to(tl.int64) * stride_slot + part_offset + safe_rows[:, None] * row_bytes
-    v = tl.arange(0, 256)
+    base = slots_ptr + slot.to(tl.int64) * stride_slot + part_offset + safe_rows * row_bytes
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for b in range(0, COLS // 256):
-        xs = tl.load(src + b * 256 + v).to(tl.float32)
-        acc += tl.sum(dequant(base + b * SB_BYTES, v, KIND) * xs[None, :], axis=1)
+        acc += super_block_dot(base + b * SB_BYTES, src + b * 256, KIND)
     tl.store(out_ptr + p * stride_out + rows, acc, mask=mask_r)
 
 
 def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, slot_of: torch.Tensor, *,
-               part_offset: int, kind: str, rows: int, cols: int) -> torch.Tensor:
+               part_offset: int, kind: str, rows: int, cols: int, block_r: int = BLOCK_R,
+               num_warps: int = NUM_WARPS) -> torch.Tensor:
     """float32 [P, rows]: pair p's weight part (`kind` blocks at `part_offset` of slot slot_of[p]'s
     record) times inputs[index[p]] (inputs [N, cols], any float dtype); zeros where slot_of[p] < 0.
     `index` and `slot_of` int32 [P] on the slots' device."""
@@ -66,10 +67,9 @@ def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, s
     out = torch.empty(pairs, rows, dtype=torch.float32, device=slots.device)
     if pairs == 0:
         return out
-    block_r = 16
     _block_gemv_kernel[(pairs, triton.cdiv(rows, block_r))](
         inputs, inputs.stride(0), index, slots, slots.stride(0), part_offset, slot_of, out, out.stride(0),
-        ROWS=rows, COLS=cols, KIND=code, SB_BYTES=SUPER_BLOCK_BYTES[code], BLOCK_R=block_r, num_warps=4)
+        ROWS=rows, COLS=cols, KIND=code, SB_BYTES=SUPER_BLOCK_BYTES[code], BLOCK_R=block_r, num_warps=num_warps)
     return out
 
 
