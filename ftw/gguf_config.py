@@ -388,6 +388,39 @@ def minimax_m2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+# What llama.cpp's gpt-oss graph computes and no GGUF key says: the clamped SwiGLU's alpha and limit
+# (ggml_swiglu_oai(..., 1.702, 7.0), the released GptOssConfig's swiglu_limit 7.0) and YaRN without
+# truncation (the release's rope_scaling truncate false)
+GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT = 1.702, 7.0
+
+
+def gpt_oss_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """GptOssModel.set_gguf_parameters: the base keys (feed_forward_length and expert_feed_forward_length
+    both the experts' width, key_length from head_dim, YaRN's factor, original context and betas),
+    attention.sliding_window. Sliding and full layers alternate, sliding first (llama.cpp's
+    swa pattern 2, GptOssConfig's layer_types); every layer is a MoE."""
+    config = _common_config(meta, arch)
+    layers = config["num_hidden_layers"]
+    width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)
+    rope = config.pop("rope_scaling", None)
+    if rope is not None:
+        rope = {**rope, "truncate": False}
+        rope.pop("type", None)
+    config.update(
+        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
+        intermediate_size=meta.int(width_key) if width_key else _expert_size(meta.model),
+        num_local_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        sliding_window=meta.int("attention.sliding_window"),
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        attention_bias=True,
+        swiglu_limit=GPT_OSS_SWIGLU_LIMIT,
+        swiglu_alpha=GPT_OSS_SWIGLU_ALPHA,
+        rope_scaling=rope,
+    )
+    return config
+
+
 def dbrx_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """DbrxModel.set_gguf_parameters, in DBRX's own config layout: context_length (max_seq_len),
     feed_forward_length (ffn_config.ffn_hidden_size, the experts' width), head_count_kv

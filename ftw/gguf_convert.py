@@ -33,6 +33,7 @@ from .gguf_names import (
     CONCAT_ROWS,
     DROPPED_BLOCK,
     DROPPED_GLOBAL,
+    EXPERT_BIAS_ROWS,
     EXPERT_ROWS,
     KV_B_HF,
     KV_B_SPLIT,
@@ -118,6 +119,8 @@ class _GGUFConverter:
                 concats[(block[0], hf)][place] = t
             elif block and block[1] in EXPERT_ROWS:
                 experts[block[0]][EXPERT_ROWS[block[1]]] = t
+            elif block and block[1] in EXPERT_BIAS_ROWS:
+                experts[block[0]][EXPERT_BIAS_ROWS[block[1]]] = t
             elif block and block[1] in KV_B_SPLIT:
                 kv_b[block[0]][KV_B_SPLIT[block[1]]] = t
             elif block and PER_EXPERT_NAME.match(block[1]):
@@ -261,6 +264,7 @@ class _GGUFConverter:
         parts = [(name, ts[0].dtype, shapes[name]) for name, ts in sources.items()]
         for _, dtype, shape in parts:
             self.params_by_dtype[dtype] += num_experts * math.prod(shape)
+        parts += self._bias_parts(layer, src, sources, inter, hidden)
 
         def read(e: int) -> dict[str, list[np.ndarray]]:
             return {name: [self.model.read_bytes(t, e * (t.nbytes // num_experts), t.nbytes // num_experts) for t in ts]
@@ -268,11 +272,36 @@ class _GGUFConverter:
 
         expert_bytes = sum(t.nbytes for ts in sources.values() for t in ts) // num_experts
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
-        with self.writer.expert_bank(layer, num_experts, parts) as bank:
+        activation = self.family.expert_activation(self.family.text_config(self.source_config))
+        with self.writer.expert_bank(layer, num_experts, parts, activation=activation) as bank:
             for e, pieces in enumerate(readahead(self.pool, read, num_experts, depth)):
                 bank.write_expert(e, pieces)
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b in bufs))
         return 3 * inter * hidden
+
+    def _bias_parts(self, layer: int, src: dict[str, GGUFTensor], sources: dict[str, list[GGUFTensor]], inter: int,
+                    hidden: int) -> list[tuple[str, str, tuple[int, ...]]]:
+        """The experts' biases (gpt-oss: ffn_{gate,up,down}_exps.bias, all three or none) as the record's
+        w13_bias [2I] (gate's, then up's) and w2_bias [H], added to `sources`; their parts."""
+        given = [role for role in ("gate_bias", "up_bias", "down_bias") if role in src]
+        if not given:
+            return []
+        num_experts = self.config["num_experts"]
+        expected = {"gate_bias": (num_experts, inter), "up_bias": (num_experts, inter), "down_bias": (num_experts, hidden)}
+        for role, shape in expected.items():
+            t = src.get(role)
+            if t is None:
+                raise SourceError(f"{self.model.path}: layer {layer} has expert biases {given} but not ffn_{role[:-5]}"
+                                  "_exps.bias; a file ft can read has all three or none")
+            if t.shape != shape or t.dtype not in FLOAT_DTYPES:
+                raise SourceError(f"{self.model.path}: {t.name} is {t.dtype} {list(t.shape)}, expected a float "
+                                  f"tensor {list(shape)}")
+        gate, up, down = src["gate_bias"], src["up_bias"], src["down_bias"]
+        if gate.dtype != up.dtype:
+            raise SourceError(f"{self.model.path}: layer {layer}'s gate and up expert biases differ in type "
+                              f"({gate.dtype}, {up.dtype})")
+        sources.update(w13_bias=[gate, up], w2_bias=[down])
+        return [("w13_bias", gate.dtype, (2 * inter,)), ("w2_bias", down.dtype, (hidden,))]
 
     def run(self) -> Index:
         self.pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ftw-gguf-read")

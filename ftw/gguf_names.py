@@ -21,6 +21,10 @@ What llama.cpp changes besides names, and how we undo it:
 - granitemoe: the converter splits Granite's fused `input_linear` by rows into gate and up; the
   experts' halves become the FTW record's w13 as they are, the shared MLP's are joined back
   (CONCAT_ROWS). A granitemoe file with shared experts is a granitemoeshared model.
+- gpt-oss: GptOssModel splits the HF experts' interleaved gate_up_proj (gate the even rows, up the
+  odd ones, biases alike) into ffn_gate_exps and ffn_up_exps, transposes float experts to [E, out,
+  in], and repacks MXFP4 ones into GGML's MXFP4 blocks (an e8m0 byte, then 16 bytes of nibbles,
+  value j low and j + 16 high), which FTW keeps as they are (`mxfp4`); the sinks are `attn_sinks`.
 - HF [1, N] tensors that llama.cpp sizes [N] may be stored either way; they are read [1, N]
   (ROW_VECTORS).
 """
@@ -37,7 +41,7 @@ LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
-DBRX, MINIMAX_M2 = "dbrx", "minimax-m2"
+DBRX, MINIMAX_M2, GPT_OSS = "dbrx", "minimax-m2", "gpt-oss"
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # router at mlp.gate (Mixtral's elsewhere)
 WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # dense MLPs beside MoE layers
@@ -79,10 +83,13 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
     Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
-    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4,)),  # glm4moe's name for it
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS)),  # glm4moe's, gpt-oss's name
+    Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS,)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
+    Row("ffn_gate_inp.weight", "mlp.router.weight", (GPT_OSS,)),  # gpt-oss's router, with a bias
+    Row("ffn_gate_inp.bias", "mlp.router.bias", (GPT_OSS,)),
     Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
     Row("exp_probs_b.bias", "mlp.moe_statics.e_score_correction_bias", (ERNIE,)),  # ERNIE's [1, E]: ROW_VECTORS
     Row("exp_probs_b.bias", "block_sparse_moe.e_score_correction_bias", (MINIMAX_M2,)),  # MiniMax-M2's [E]
@@ -141,6 +148,14 @@ EXPERT_ROWS: dict[str, str] = {
     "ffn_up_exps.weight": "up",  # [E, I, H]: up_proj / Mixtral w3
     "ffn_down_exps.weight": "down",  # [E, H, I]: down_proj / Mixtral w2
     "ffn_gate_up_exps.weight": "gate_up",  # [E, 2I, H], gate rows then up rows (--fuse-gate-up-exps)
+}
+
+# The routed experts' biases (gpt-oss), fused per layer like their weights: [E, I] gate and up, [E, H]
+# down. They become the FTW record's w13_bias (gate's, then up's) and w2_bias.
+EXPERT_BIAS_ROWS: dict[str, str] = {
+    "ffn_gate_exps.bias": "gate_bias",
+    "ffn_up_exps.bias": "up_bias",
+    "ffn_down_exps.bias": "down_bias",
 }
 
 # DeepSeek MLA's kv_b_proj as newer llama.cpp stores it, split per head; rebuilt into KV_B_HF.

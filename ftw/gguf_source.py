@@ -18,6 +18,7 @@ from .gguf_config import (
     dots1_config,
     ernie4_5_moe_config,
     glm4_moe_config,
+    gpt_oss_config,
     granite_moe_config,
     minimax_m2_config,
     mixtral_config,
@@ -37,6 +38,7 @@ from .gguf_names import (
     ERNIE,
     GLM4,
     GLOBAL_ROWS,
+    GPT_OSS,
     GRANITE,
     LAYER_PREFIX_GGUF,
     LAYER_PREFIX_HF,
@@ -97,6 +99,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          rows=(DBRX_GLOBAL_ROWS, DBRX_BLOCK_ROWS)),
         GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
+        GGUFArchitecture(GPT_OSS, "gpt_oss", "GptOssForCausalLM", gpt_oss_config),
     )
 }
 

@@ -45,6 +45,12 @@ _QWEN2_SPLIT = (
 _LLAMA3_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+# o200k (gpt-oss, Llama 4, MiniMax-M2): cased words with their contraction, digits in threes
+_GPT4O_SPLIT = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 _DEEPSEEK_V3_SPLITS = (
     r"\p{N}{1,3}",
     "[一-龥\u3040-ゟ゠-ヿ]+",
@@ -63,13 +69,16 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "llama-bpe": PreTokenizer((_LLAMA3_SPLIT,)),  # Llama 3
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
+    "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
 }
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
 # LLAMA3's for llama3/llama-v3, for DBRX and Smaug ("same as llama3") and for CHATGLM4 (GLM-4.5 to
-# GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE).
+# GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE); GPT4O's (the
+# tokenizer.json original its comment quotes) for llama4 and minimax-m2.
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in
                    ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe")}
 PRE_TOKENIZERS |= {"olmo": PRE_TOKENIZERS["gpt-2"]}
+PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["gpt-4o"] for name in ("llama4", "minimax-m2")}
 HF_JSON_KEY = "tokenizer.huggingface.json"
 
 

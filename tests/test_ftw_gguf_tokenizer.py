@@ -335,3 +335,17 @@ def test_llama_cpp_names_of_one_regex_rebuild_alike() -> None:
     for name in ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe"):
         assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS["llama-bpe"], name
     assert PRE_TOKENIZERS["olmo"] == PRE_TOKENIZERS["gpt-2"]
+
+
+def test_gpt_4o_pre_tokenizer_splits_as_o200k(tmp_path: Path) -> None:
+    """gpt-oss's, Llama 4's and MiniMax-M2's files name "gpt-4o" (or their own name for it): o200k's
+    split keeps a contraction on its word, parts camel case and groups digits in threes, where
+    Llama 3's regex would keep "HelloWorld" whole and "'s" apart."""
+    tokens = ["a", "b", "<|endoftext|>"]
+    path = write_tokenizer_gguf(tmp_path / "o200k.gguf", tokens, [NORMAL, NORMAL, CONTROL], pre="gpt-4o", merges=[],
+                                ids={"eos_token_id": 2})
+    tokenizer = rebuilt(path)
+    pieces = [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str("HelloWorld's 12345 ok?!\n\nNEXT")]
+    assert pieces == ["Hello", "World's", "Ġ", "123", "45", "Ġok", "?!ĊĊ", "NEXT"]  # (line ends stay on the punctuation)
+    for name in ("llama4", "minimax-m2"):
+        assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS["gpt-4o"], name
