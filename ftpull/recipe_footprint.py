@@ -29,7 +29,8 @@ from .modelfile import Recipe
 
 FOOTPRINTS_FILE = "footprints.json"
 FP8_BLOCK = 128  # FP8 checkpoints' weight_scale_inv: one f32 per 128 x 128 block
-GGUF_BITS_PER_WEIGHT = {"q4_k_m": 4.85, "q4_k_s": 4.58, "q5_k_m": 5.69, "q6_k": 6.56, "q8_0": 8.5}  # llama.cpp's figures
+# llama.cpp's figures; mxfp4: gpt-oss's files (MXFP4 experts, 4.25 bits, most of the weights)
+GGUF_BITS_PER_WEIGHT = {"q4_k_m": 4.85, "q4_k_s": 4.58, "q5_k_m": 5.69, "q6_k": 6.56, "q8_0": 8.5, "mxfp4": 4.25}
 SOURCE = "recipe"  # ModelFootprint.source of these
 
 
@@ -183,6 +184,6 @@ def _is_linear_layer(text: dict[str, Any], layer: int) -> bool:
 
 
 def _gguf_quant(path: str) -> str:
-    m = re.search(r"(q\d_k_[sm]|q\d_k|q\d_0)", path.lower())
+    m = re.search(r"(q\d_k_[sm]|q\d_k|q\d_0|mxfp4)", path.lower())
     return m.group(1) if m else ""
 

@@ -388,6 +388,48 @@ def minimax_m2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def qwen35moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Qwen3_5MoeTextModel (Qwen3NextModel's, Qwen2MoeModel's and the base's keys): the DeltaNet's sizes
+    as ssm.* (conv_kernel, state_size the key head dim, group_count the key heads, time_step_rank the
+    value heads, inner_size all value heads' width), full_attention_interval (every n-th layer full
+    attention), rope.dimension_count (the rotated channels of a head) and dimension_sections (M-RoPE,
+    equal positions for text). MTP blocks (nextn) are left out. Its value heads come in llama.cpp's
+    tiled order (_LinearAttentionVReorderBase), which the runtime reads as such."""
+    config = _common_config(meta, arch)
+    where = f"{meta.model.path}: GGUF metadata"
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    value_heads = config_int("ssm.time_step_rank", meta.int("ssm.time_step_rank"), where=where)
+    inner = config_int("ssm.inner_size", meta.int("ssm.inner_size"), where=where)
+    if inner % value_heads:
+        raise SourceError(f"{where} ssm.inner_size {inner} is no whole number of {value_heads} value heads")
+    interval = config_int("full_attention_interval", meta.int("full_attention_interval", 4), where=where)
+    rotated = config_int("rope.dimension_count", meta.int("rope.dimension_count", head_dim // 4), high=head_dim,
+                         where=where)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"],
+                            "partial_rotary_factor": rotated / head_dim}
+    sections = meta.get("rope.dimension_sections")
+    if isinstance(sections, list) and all(isinstance(v, int) for v in sections):
+        rope.update(mrope_section=[v for v in sections if v][:3], mrope_interleaved=True)
+    layers = config["num_hidden_layers"]
+    config.update(
+        head_dim=head_dim,
+        linear_conv_kernel_dim=meta.int("ssm.conv_kernel"),
+        linear_key_head_dim=meta.int("ssm.state_size"),
+        linear_num_key_heads=meta.int("ssm.group_count"),
+        linear_num_value_heads=value_heads,
+        linear_value_head_dim=inner // value_heads,
+        linear_value_head_order="tiled",
+        layer_types=["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)],
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        shared_expert_intermediate_size=meta.int("expert_shared_feed_forward_length", 0) or None,
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        rope_parameters=rope,
+        attention_bias=False,
+    )
+    return config
+
+
 # What llama.cpp's gpt-oss graph computes and no GGUF key says: the clamped SwiGLU's alpha and limit
 # (ggml_swiglu_oai(..., 1.702, 7.0), the released GptOssConfig's swiglu_limit 7.0) and YaRN without
 # truncation (the release's rope_scaling truncate false)

@@ -38,6 +38,8 @@ from .gguf_names import (
     KV_B_HF,
     KV_B_SPLIT,
     ROW_VECTORS,
+    UNDONE,
+    Undo,
     hf_rows_of_llama_qk,
 )
 from .gguf_source import GGUFArchitecture, architecture_for
@@ -165,9 +167,29 @@ class _GGUFConverter:
                 return [np.ascontiguousarray(data.reshape(t.shape[0], -1)[order]).reshape(-1)]
 
             return _Dense(hf_name, t.dtype, t.shape, unpermuted)
+        undo = UNDONE.get(gguf_name)
+        if undo is not None and self.arch.name in undo.archs:
+            return self._undone(hf_name, t, undo)
         flat = len(t.shape) == 1 and self.arch.name in ROW_VECTORS.get(gguf_name, ())
         shape = (1, *t.shape) if flat else t.shape  # the same bytes
         return _Dense(hf_name, t.dtype, shape, lambda: self._chunks(t))
+
+    def _undone(self, hf_name: str, t: GGUFTensor, undo: Undo) -> _Dense:
+        """A tensor llama.cpp changed in value (gguf_names.UNDONE), changed back, in float32."""
+        if t.dtype not in FLOAT_DTYPES:
+            raise SourceError(f"{self.model.path}: {t.name} is {t.dtype}; llama.cpp writes it as floats, and ft "
+                              "reads it only so")
+
+        def values() -> list[np.ndarray]:
+            with np.errstate(invalid="raise", divide="raise"):
+                try:
+                    out = undo.inverse(self._as_float(t, "f32").numpy())
+                except FloatingPointError:
+                    raise SourceError(f"{self.model.path}: {t.name} holds values llama.cpp's converter cannot have "
+                                      "written (e.g. a decay that is not negative); the file is damaged") from None
+            return [np.ascontiguousarray(out, dtype=np.float32).reshape(-1).view(np.uint8)]
+
+        return _Dense(hf_name, "f32", undo.hf_shape(tuple(t.shape)), values)
 
     def _chunks(self, t: GGUFTensor) -> Iterator[np.ndarray]:
         for chunk in self.model.iter_chunks(t):

@@ -25,12 +25,17 @@ What llama.cpp changes besides names, and how we undo it:
   odd ones, biases alike) into ffn_gate_exps and ffn_up_exps, transposes float experts to [E, out,
   in], and repacks MXFP4 ones into GGML's MXFP4 blocks (an e8m0 byte, then 16 bytes of nibbles,
   value j low and j + 16 high), which FTW keeps as they are (`mxfp4`); the sinks are `attn_sinks`.
+- qwen35moe (Qwen3.5/3.6): Qwen3NextModel changes values (UNDONE: A_log, the conv's shape, the
+  (1 + w) norms) and _LinearAttentionVReorderBase reorders the DeltaNet's value heads from grouped
+  by key head to tiled; undoing that would permute out_proj's columns across quantized blocks, so
+  the tiled order is kept and the config says so (`linear_value_head_order`).
 - HF [1, N] tensors that llama.cpp sizes [N] may be stored either way; they are read [1, N]
   (ROW_VECTORS).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +46,10 @@ LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
-DBRX, MINIMAX_M2, GPT_OSS = "dbrx", "minimax-m2", "gpt-oss"
-QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # router at mlp.gate (Mixtral's elsewhere)
+DBRX, MINIMAX_M2, GPT_OSS, QWEN35 = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe"
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, QWEN35)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, QWEN35)  # router at mlp.gate (Mixtral's elsewhere)
+QWEN_SHARED_EXPERT = (QWEN2, QWEN35)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
 WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
 SHARED_EXPERTS = (*DEEPSEEK_MOE, ERNIE)  # one dense SwiGLU under mlp.shared_experts
@@ -83,7 +89,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
     Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
-    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS)),  # glm4moe's, gpt-oss's name
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, QWEN35)),  # their name for it
     Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS,)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2)),  # Mixtral's router
@@ -99,10 +105,20 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", SHARED_EXPERTS),  # shared experts
     Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", SHARED_EXPERTS),
     Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", SHARED_EXPERTS),
-    Row("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", (QWEN2,)),  # Qwen2-MoE's one shared expert
-    Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", (QWEN2,)),
-    Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", (QWEN2,)),
-    Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", (QWEN2,)),  # its sigmoid gate [1, H]: ROW_VECTORS
+    Row("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", QWEN_SHARED_EXPERT),  # Qwen2-MoE's, Qwen3.5's
+    Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", QWEN_SHARED_EXPERT),
+    Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", QWEN_SHARED_EXPERT),
+    Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", QWEN_SHARED_EXPERT),  # its gate [1, H]: ROW_VECTORS
+    # Qwen3.5's Gated DeltaNet layers (value heads in llama.cpp's tiled order: gguf_config.py)
+    Row("attn_qkv.weight", "linear_attn.in_proj_qkv.weight", (QWEN35,)),
+    Row("attn_gate.weight", "linear_attn.in_proj_z.weight", (QWEN35,)),
+    Row("ssm_alpha.weight", "linear_attn.in_proj_a.weight", (QWEN35,)),
+    Row("ssm_beta.weight", "linear_attn.in_proj_b.weight", (QWEN35,)),
+    Row("ssm_a", "linear_attn.A_log", (QWEN35,)),  # stored -exp(A_log): UNDONE
+    Row("ssm_dt.bias", "linear_attn.dt_bias", (QWEN35,)),
+    Row("ssm_conv1d.weight", "linear_attn.conv1d.weight", (QWEN35,)),  # stored [C, K]: UNDONE
+    Row("ssm_norm.weight", "linear_attn.norm.weight", (QWEN35,)),
+    Row("ssm_out.weight", "linear_attn.out_proj.weight", (QWEN35,)),
     Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (GRANITE,)),  # granitemoeshared's shared MLP
 )
 
@@ -136,9 +152,41 @@ CONCAT_ROWS: tuple[Concat, ...] = (
     Concat(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), "shared_mlp.input_linear.weight", (GRANITE,)),
 )
 
+# Qwen3.5 under its own prefixes (model.language_model., layers there too): the generic block rows apply
+QWEN35_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "model.language_model.embed_tokens.weight", (QWEN35,)),
+    Row("output_norm.weight", "model.language_model.norm.weight", (QWEN35,)),  # (1 + w): UNDONE
+    Row("output.weight", "lm_head.weight", (QWEN35,)),
+)
+
+
+@dataclass(frozen=True)
+class Undo:
+    """A float tensor llama.cpp's converter changed in value, not only in name: `inverse` maps the
+    file's values (float32) back to the Hugging Face tensor's, `hf_shape` its shape."""
+
+    archs: tuple[str, ...]
+    inverse: Callable[[np.ndarray], np.ndarray]
+    hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]] = lambda shape: shape
+
+
+def _minus_one(w: np.ndarray) -> np.ndarray:
+    return w - np.float32(1.0)
+
+
+# Qwen3NextModel.modify_tensors (Qwen3.5's too): A_log stored as -exp(A_log); the depthwise conv
+# squeezed from [C, 1, K]; every RMSNorm but the DeltaNet's output norm stored as 1 + w (the
+# (1 + w) the model computes). By GGUF name (after "blk.N." for block rows).
+UNDONE: dict[str, Undo] = {
+    "ssm_a": Undo((QWEN35,), lambda a: np.log(-a)),
+    "ssm_conv1d.weight": Undo((QWEN35,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),
+    **{name: Undo((QWEN35,), _minus_one) for name in ("attn_norm.weight", "post_attention_norm.weight",
+                                                      "attn_q_norm.weight", "attn_k_norm.weight", "output_norm.weight")},
+}
+
 # HF [1, N] matrices that llama.cpp sizes {N}: a converter may store them 1-D; read as [1, N]
 ROW_VECTORS: dict[str, tuple[str, ...]] = {
-    "ffn_gate_inp_shexp.weight": (QWEN2,),  # Qwen2-MoE's shared_expert_gate [1, H]
+    "ffn_gate_inp_shexp.weight": QWEN_SHARED_EXPERT,  # Qwen2-MoE's and Qwen3.5's shared_expert_gate [1, H]
     "exp_probs_b.bias": (ERNIE,),  # ERNIE's moe_statics.e_score_correction_bias [1, E]
 }
 

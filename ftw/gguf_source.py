@@ -25,6 +25,7 @@ from .gguf_config import (
     olmoe_config,
     qwen2_moe_config,
     qwen3_moe_config,
+    qwen35moe_config,
 )
 from .gguf_file import GGUFModel
 from .gguf_names import (
@@ -47,6 +48,8 @@ from .gguf_names import (
     OLMOE,
     QWEN2,
     QWEN3,
+    QWEN35,
+    QWEN35_GLOBAL_ROWS,
     Row,
 )
 
@@ -100,6 +103,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
         GGUFArchitecture(GPT_OSS, "gpt_oss", "GptOssForCausalLM", gpt_oss_config),
+        GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
+                         hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
 }
 

@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config import ModelConfig, UnsupportedFamilyError
 from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .linear import linear
@@ -127,13 +127,17 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor, *, chunked: bool, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     state: torch.Tensor, *, chunked: bool, in_place: bool = False,
+                     tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv], state [Hv, Dk, Dv] float32 -> (out [T, Hv, Dv] in v's
-    dtype, new state). Each q/k head serves Hv/Hk consecutive value heads. `in_place`: the new
-    state is written into `state`, which is returned."""
+    dtype, new state). Each q/k head serves Hv/Hk consecutive value heads (`tiled`: value head j is
+    q/k head j mod Hk's, the order llama.cpp's GGUF files store the value heads in). `in_place`: the
+    new state is written into `state`, which is returned."""
     dtype = q.dtype
     groups = v.shape[1] // k.shape[1]
-    if groups > 1:
+    if groups > 1 and tiled:
+        q, k = q.repeat(1, groups, 1), k.repeat(1, groups, 1)
+    elif groups > 1:
         q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
     q, k, v, g, beta = (x.transpose(0, 1).to(torch.float32).contiguous() for x in (q, k, v, g, beta))  # heads first
     q, k = l2norm(q), l2norm(k)
@@ -156,7 +160,11 @@ class GatedDeltaNet:
     """The mixer: projections, causal conv, gated delta rule, gated RMSNorm, out_proj.
 
     Sizes come from the `linear_*` config keys Qwen3.5 and Qwen3-Next share. `project` is Qwen3.5's
-    split (separate in_proj_qkv / z / b / a); a family with fused projections overrides it.
+    split (separate in_proj_qkv / z / b / a); a family with fused projections overrides it. The
+    value heads are grouped by key head as transformers has them, or, where `linear_value_head_order`
+    is "tiled" (ft's key, set by the GGUF converter: ftw/gguf_config.py), in llama.cpp's order: every
+    tensor indexed by value head (v's rows of in_proj_qkv and the conv, z, a, b, A_log, dt_bias,
+    out_proj's columns) stays as the file stores it, and only the key head each value head reads changes.
     """
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
@@ -174,6 +182,10 @@ class GatedDeltaNet:
         self.a_log, self.dt_bias = weights.get(prefix + "A_log"), weights.get(prefix + "dt_bias")
         self.norm, self.out = weights.get(prefix + "norm.weight"), weights.get(prefix + "out_proj.weight")
         self.eps, self.dtype = config.rms_norm_eps, dtype
+        order = config.get("linear_value_head_order", "grouped")
+        if order not in ("grouped", "tiled"):
+            raise UnsupportedFamilyError(f"linear_value_head_order {order!r}: ft reads \"grouped\" or \"tiled\"")
+        self.tiled = order == "tiled"
 
     def load_projections(self, weights: ModelWeights, prefix: str) -> None:
         self.in_qkv, self.in_z, self.in_b, self.in_a = (
@@ -205,7 +217,7 @@ class GatedDeltaNet:
         beta = b.sigmoid()
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # float32, as transformers (fp16: A -> -inf)
         out, _ = gated_delta_rule(q, k, v, g, beta, cache.recurrent, chunked=t > 1 if chunked is None else chunked,
-                                  in_place=True)
+                                  in_place=True, tiled=self.tiled)
         if not isinstance(start, DevicePosition):
             cache.length = start + t
         out = gated_rms_norm(out, z.reshape(t, self.v_heads, self.v_head_dim), self.norm, self.eps)

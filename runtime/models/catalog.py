@@ -74,9 +74,9 @@ def rows() -> list[tuple[str, ...]]:
     for family in sorted(FAMILY_MODULES):
         attention, routing = KINDS[family]
         types = FAMILIES[family].model_types
-        tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if family in gguf else "")
-        out.append((family, ", ".join(types), ", ".join(gguf.get(family, [])) or "-", attention, routing,
-                    "CPU and GPU (hybrid)", tested))
+        archs = list(dict.fromkeys(a for t in types for a in gguf.get(t, [])))  # (Qwen3.5's file is its text model's)
+        tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if archs else "")
+        out.append((family, ", ".join(types), ", ".join(archs) or "-", attention, routing, "CPU and GPU (hybrid)", tested))
     return out
 
 

@@ -69,7 +69,9 @@ def compute_bytes(dtype: str) -> int:
 BLOCK_WEIGHT_DTYPES = ("q4_k", "q5_k", "q6_k")
 BLOCK_WEIGHT_SUFFIXES = tuple(f"{name}.weight" for name in (
     "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "lm_head",
-    "gate_proj", "up_proj", "down_proj"))
+    "gate_proj", "up_proj", "down_proj",
+    # Qwen3.5's Gated DeltaNet (layers/gated_deltanet.py reads them only through `linear`)
+    *(f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"))))
 
 
 def keeps_blocks(name: str, dtype: str) -> bool:

@@ -1,0 +1,154 @@
+"""Qwen3.5/3.6 MoE as a GGUF file (`qwen35moe`), written the way llama.cpp's converter writes it
+(conversion/qwen.py: Qwen3_5MoeTextModel over _LinearAttentionVReorderBase, Qwen3NextModel and
+Qwen2MoeModel, at llama.cpp 0c1e570), pulled through ft and run against transformers.
+
+`export_qwen35_gguf` follows that converter, not ftw/gguf_names.py: gguf-py's own tensor names;
+the DeltaNet's value heads reordered from grouped by key head to tiled (v's rows of in_proj_qkv
+and of the conv, in_proj_z's, in_proj_a's and _b's rows, A_log, dt_bias, out_proj's columns);
+A_log stored as -exp(A_log), dt_bias as ssm_dt.bias, the conv squeezed, every RMSNorm but the
+DeltaNet's output norm stored as 1 + w; the experts stacked; the vision tower and MTP left out.
+The tiny model has 2 key heads and 4 value heads, so the tiled order differs from transformers'.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from gguf.constants import MODEL_ARCH
+
+from ftw.gguf_convert import convert_gguf
+from tests.checkpoints import load_all, save_checkpoint
+from tests.parity import assert_parity, convert_and_load
+from tests.test_ftw_gguf_hf import _add_byte_level_tokenizer, _gguf_name
+from tests.test_parity import PROMPT, STEPS, hf_model
+
+pytest.importorskip("transformers")
+
+TEXT_PREFIX = "model.language_model."
+
+
+def reorder_v_heads(tensor: torch.Tensor, dim: int, num_k_heads: int, num_v_per_k: int, head_dim: int) -> torch.Tensor:
+    """_LinearAttentionVReorderBase._reorder_v_heads: grouped (by key head) to tiled along `dim`."""
+    shape = list(tensor.shape)
+    dim = dim + len(shape) if dim < 0 else dim
+    new_shape = shape[:dim] + [num_k_heads, num_v_per_k, head_dim] + shape[dim + 1:]
+    perm = list(range(len(new_shape)))
+    perm[dim], perm[dim + 1] = perm[dim + 1], perm[dim]
+    return tensor.reshape(*new_shape).permute(*perm).contiguous().reshape(*shape)
+
+
+def llama_cpp_tensor(name: str, t: torch.Tensor, c: dict) -> tuple[str, torch.Tensor]:
+    """One text tensor as llama.cpp's modify_tensors chain leaves it (name still HF's, "model." rooted)."""
+    k_heads, v_heads = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    k_dim, v_dim, per_k = c["linear_key_head_dim"], c["linear_value_head_dim"], v_heads // k_heads
+    if "linear_attn." in name and k_heads != v_heads:  # _LinearAttentionVReorderBase.modify_tensors
+        if ".in_proj_qkv." in name:
+            qk = 2 * k_heads * k_dim
+            t = torch.cat([t[:qk], reorder_v_heads(t[qk:], 0, k_heads, per_k, v_dim)])
+        elif ".in_proj_z." in name:
+            t = reorder_v_heads(t, 0, k_heads, per_k, v_dim)
+        elif ".in_proj_b." in name or ".in_proj_a." in name:
+            t = reorder_v_heads(t, 0, k_heads, per_k, 1)
+        elif ".A_log" in name or ".dt_bias" in name:
+            t = reorder_v_heads(t.unsqueeze(-1), 0, k_heads, per_k, 1).squeeze(-1)
+        elif ".conv1d" in name:
+            data, qk = t.squeeze(), 2 * k_heads * k_dim
+            t = torch.cat([data[:qk], reorder_v_heads(data[qk:], 0, k_heads, per_k, v_dim)])
+        elif ".out_proj." in name:
+            t = reorder_v_heads(t, 1, k_heads, per_k, v_dim)
+    if name.endswith(".A_log"):  # Qwen3NextModel.modify_tensors
+        t = -torch.exp(t)
+    elif name.endswith(".dt_bias"):
+        name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+    elif "conv1d" in name:
+        t = t.squeeze()
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        t = t + 1
+    return name, t
+
+
+def export_qwen35_gguf(src: Path, out: Path) -> Path:
+    """The Qwen3.5 MoE checkpoint `src` (transformers' ConditionalGeneration layout) as an F32 qwen35moe GGUF."""
+    c = json.loads((src / "config.json").read_text())["text_config"]
+    layers, head_dim = c["num_hidden_layers"], c["head_dim"]
+    rope = c["rope_parameters"]
+    w = gguf.GGUFWriter(out, "qwen35moe")
+    w.add_block_count(layers)  # (TextModel, then Qwen2MoeModel's and Qwen3NextModel's keys)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(c["num_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(c["linear_key_head_dim"])
+    w.add_ssm_group_count(c["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(c["linear_num_value_heads"])
+    w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
+    w.add_full_attention_interval(c.get("full_attention_interval", 4))
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    w.add_rope_dimension_sections([11, 11, 10, 0])  # _Qwen35MRopeMixin's default
+    _add_byte_level_tokenizer(w, c["vocab_size"])
+    maps = [gguf.get_tensor_name_map(MODEL_ARCH.QWEN35MOE, layers)]
+    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    for name, t in load_all(src).items():
+        if name.startswith(("model.visual.", "mtp.")):
+            continue
+        name = "model." + name[len(TEXT_PREFIX):] if name.startswith(TEXT_PREFIX) else name
+        parts = name.split(".")
+        if ".mlp.experts." in name:  # model.layers.L.mlp.experts.E.proj.weight, stacked by Qwen2MoeModel
+            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            continue
+        name, t = llama_cpp_tensor(name, t, c)
+        w.add_tensor(_gguf_name(maps, name), t.float().contiguous().numpy())
+    for (_, merged), by_expert in sorted(experts.items()):
+        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
+        w.add_tensor(_gguf_name(maps, merged), stacked.float().contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_qwen35moe_gguf_generates_what_transformers_does(tmp_path: Path) -> None:
+    src = save_checkpoint("qwen3_5_moe", tmp_path / "hf", seed=1)
+    path = export_qwen35_gguf(src, tmp_path / "model.gguf")
+    ours = convert_and_load(path, tmp_path / "store")
+    assert ours.config.get("linear_value_head_order") == "tiled"
+    assert ours.config.get("layer_types") == ["linear_attention"] * 3 + ["full_attention"]
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_the_reversible_changes_come_back(tmp_path: Path) -> None:
+    """A_log, the conv's [C, 1, K] and the (1 + w) norms are the HF checkpoint's again (to float32
+    rounding); the tiled tensors are kept as the file has them."""
+    src = save_checkpoint("qwen3_5_moe", tmp_path / "hf", seed=1)
+    index = convert_gguf(export_qwen35_gguf(src, tmp_path / "model.gguf"), tmp_path / "ftw")
+    from ftw import FTWReader
+
+    reader, hf = FTWReader.open(tmp_path / "ftw"), load_all(src)
+    assert index.source_config["linear_value_head_order"] == "tiled"
+    for name in ("layers.1.input_layernorm.weight", "layers.3.self_attn.q_norm.weight", "norm.weight",
+                 "layers.2.linear_attn.norm.weight"):
+        torch.testing.assert_close(reader.tensor(TEXT_PREFIX + name), hf[TEXT_PREFIX + name], rtol=0, atol=1e-6)
+    c = json.loads((src / "config.json").read_text())["text_config"]
+    conv, hf_conv = reader.tensor(TEXT_PREFIX + "layers.0.linear_attn.conv1d.weight"), hf[TEXT_PREFIX + "layers.0.linear_attn.conv1d.weight"]
+    qk = 2 * c["linear_num_key_heads"] * c["linear_key_head_dim"]
+    assert conv.shape == hf_conv.shape  # [C, 1, K] again
+    assert torch.equal(conv[:qk], hf_conv[:qk])  # (its value channels are tiled)
+    a_log = hf[TEXT_PREFIX + "layers.0.linear_attn.A_log"]
+    tiled = reorder_v_heads(a_log.unsqueeze(-1), 0, c["linear_num_key_heads"], 2, 1).squeeze(-1)
+    assert not torch.equal(tiled, a_log)  # (the order matters in this model)
+    torch.testing.assert_close(reader.tensor(TEXT_PREFIX + "layers.0.linear_attn.A_log"), tiled, rtol=1e-6, atol=1e-6)
