@@ -388,13 +388,12 @@ def minimax_m2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
-def qwen35moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """Qwen3_5MoeTextModel (Qwen3NextModel's, Qwen2MoeModel's and the base's keys): the DeltaNet's sizes
-    as ssm.* (conv_kernel, state_size the key head dim, group_count the key heads, time_step_rank the
-    value heads, inner_size all value heads' width), full_attention_interval (every n-th layer full
-    attention), rope.dimension_count (the rotated channels of a head) and dimension_sections (M-RoPE,
-    equal positions for text). MTP blocks (nextn) are left out. Its value heads come in llama.cpp's
-    tiled order (_LinearAttentionVReorderBase), which the runtime reads as such."""
+def _deltanet_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Qwen3NextModel's keys (with Qwen2MoeModel's and the base's), which Qwen3.5's file shares: the
+    DeltaNet's sizes as ssm.* (conv_kernel, state_size the key head dim, group_count the key heads,
+    time_step_rank the value heads, inner_size all value heads' width), full_attention_interval
+    (every n-th layer full attention), rope.dimension_count (the rotated channels of a head). MTP
+    blocks (nextn) are left out."""
     config = _common_config(meta, arch)
     where = f"{meta.model.path}: GGUF metadata"
     head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
@@ -405,11 +404,6 @@ def qwen35moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     interval = config_int("full_attention_interval", meta.int("full_attention_interval", 4), where=where)
     rotated = config_int("rope.dimension_count", meta.int("rope.dimension_count", head_dim // 4), high=head_dim,
                          where=where)
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"],
-                            "partial_rotary_factor": rotated / head_dim}
-    sections = meta.get("rope.dimension_sections")
-    if isinstance(sections, list) and all(isinstance(v, int) for v in sections):
-        rope.update(mrope_section=[v for v in sections if v][:3], mrope_interleaved=True)
     layers = config["num_hidden_layers"]
     config.update(
         head_dim=head_dim,
@@ -418,15 +412,40 @@ def qwen35moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         linear_num_key_heads=meta.int("ssm.group_count"),
         linear_num_value_heads=value_heads,
         linear_value_head_dim=inner // value_heads,
-        linear_value_head_order="tiled",
         layer_types=["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)],
         moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
         shared_expert_intermediate_size=meta.int("expert_shared_feed_forward_length", 0) or None,
         num_experts=meta.int("expert_count"),
         num_experts_per_tok=meta.int("expert_used_count"),
-        rope_parameters=rope,
+        rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"],
+                         "partial_rotary_factor": rotated / head_dim},
         attention_bias=False,
     )
+    return config
+
+
+def qwen35moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Qwen3_5MoeTextModel: Qwen3-Next's keys (_deltanet_config) and rope.dimension_sections (M-RoPE,
+    equal positions for text). Its value heads come in llama.cpp's tiled order
+    (_LinearAttentionVReorderBase), which the runtime reads as such."""
+    config = _deltanet_config(meta, arch)
+    sections = meta.get("rope.dimension_sections")
+    if isinstance(sections, list) and all(isinstance(v, int) for v in sections):
+        config["rope_parameters"].update(mrope_section=[v for v in sections if v][:3], mrope_interleaved=True)
+    config["linear_value_head_order"] = "tiled"
+    return config
+
+
+def qwen3next_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Qwen3NextModel (_deltanet_config): value heads grouped by key head, as transformers has them;
+    the top-k weights always renormalized (llama.cpp's graph, the release's norm_topk_prob); dense
+    MLP layers where a layer has no experts (Qwen3-MoE's mlp_only_layers)."""
+    config = _deltanet_config(meta, arch)
+    moe = set(_expert_layers(meta.model))
+    config.update(norm_topk_prob=True, decoder_sparse_step=1,
+                  mlp_only_layers=[i for i in range(config["num_hidden_layers"]) if i not in moe])
+    if meta.get("feed_forward_length") is not None:
+        config["intermediate_size"] = meta.int("feed_forward_length")
     return config
 
 

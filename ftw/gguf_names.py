@@ -25,6 +25,9 @@ What llama.cpp changes besides names, and how we undo it:
   odd ones, biases alike) into ffn_gate_exps and ffn_up_exps, transposes float experts to [E, out,
   in], and repacks MXFP4 ones into GGML's MXFP4 blocks (an e8m0 byte, then 16 bytes of nibbles,
   value j low and j + 16 high), which FTW keeps as they are (`mxfp4`); the sinks are `attn_sinks`.
+- qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
+  (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
+  qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
 - qwen35moe (Qwen3.5/3.6): Qwen3NextModel changes values (UNDONE: A_log, the conv's shape, the
   (1 + w) norms) and _LinearAttentionVReorderBase reorders the DeltaNet's value heads from grouped
   by key head to tiled; undoing that would permute out_proj's columns across quantized blocks, so
@@ -46,11 +49,12 @@ LAYER_PREFIX_GGUF = "blk.{layer}."
 LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
-DBRX, MINIMAX_M2, GPT_OSS, QWEN35 = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe"
-QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, QWEN35)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, QWEN35)  # router at mlp.gate (Mixtral's elsewhere)
-QWEN_SHARED_EXPERT = (QWEN2, QWEN35)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
-WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE)  # dense MLPs beside MoE layers
+DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
+DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
+QWEN_SHARED_EXPERT = (QWEN2, *DELTANET)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE, QWEN3NEXT)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
 SHARED_EXPERTS = (*DEEPSEEK_MOE, ERNIE)  # one dense SwiGLU under mlp.shared_experts
 
@@ -89,7 +93,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
     Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
-    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, QWEN35)),  # their name for it
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, *DELTANET)),  # their name for it
     Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS,)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2)),  # Mixtral's router
@@ -109,16 +113,18 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", QWEN_SHARED_EXPERT),
     Row("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", QWEN_SHARED_EXPERT),
     Row("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", QWEN_SHARED_EXPERT),  # its gate [1, H]: ROW_VECTORS
-    # Qwen3.5's Gated DeltaNet layers (value heads in llama.cpp's tiled order: gguf_config.py)
-    Row("attn_qkv.weight", "linear_attn.in_proj_qkv.weight", (QWEN35,)),
-    Row("attn_gate.weight", "linear_attn.in_proj_z.weight", (QWEN35,)),
+    # the Gated DeltaNet layers (Qwen3.5's value heads in llama.cpp's tiled order: gguf_config.py)
+    Row("attn_qkv.weight", "linear_attn.in_proj_qkv.weight", DELTANET),  # q | k | v, all heads of each
+    Row("attn_gate.weight", "linear_attn.in_proj_z.weight", DELTANET),
     Row("ssm_alpha.weight", "linear_attn.in_proj_a.weight", (QWEN35,)),
     Row("ssm_beta.weight", "linear_attn.in_proj_b.weight", (QWEN35,)),
-    Row("ssm_a", "linear_attn.A_log", (QWEN35,)),  # stored -exp(A_log): UNDONE
-    Row("ssm_dt.bias", "linear_attn.dt_bias", (QWEN35,)),
-    Row("ssm_conv1d.weight", "linear_attn.conv1d.weight", (QWEN35,)),  # stored [C, K]: UNDONE
-    Row("ssm_norm.weight", "linear_attn.norm.weight", (QWEN35,)),
-    Row("ssm_out.weight", "linear_attn.out_proj.weight", (QWEN35,)),
+    Row("ssm_in.weight", "linear_attn.in_proj_qkvz.weight", (QWEN3NEXT,)),  # older Qwen3-Next files: HF's, grouped
+    Row("ssm_ba.weight", "linear_attn.in_proj_ba.weight", (QWEN3NEXT,)),  # HF's, grouped per key head
+    Row("ssm_a", "linear_attn.A_log", DELTANET),  # stored -exp(A_log): UNDONE
+    Row("ssm_dt.bias", "linear_attn.dt_bias", DELTANET),
+    Row("ssm_conv1d.weight", "linear_attn.conv1d.weight", DELTANET),  # stored [C, K]: UNDONE
+    Row("ssm_norm.weight", "linear_attn.norm.weight", DELTANET),
+    Row("ssm_out.weight", "linear_attn.out_proj.weight", DELTANET),
     Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (GRANITE,)),  # granitemoeshared's shared MLP
 )
 
@@ -178,9 +184,9 @@ def _minus_one(w: np.ndarray) -> np.ndarray:
 # squeezed from [C, 1, K]; every RMSNorm but the DeltaNet's output norm stored as 1 + w (the
 # (1 + w) the model computes). By GGUF name (after "blk.N." for block rows).
 UNDONE: dict[str, Undo] = {
-    "ssm_a": Undo((QWEN35,), lambda a: np.log(-a)),
-    "ssm_conv1d.weight": Undo((QWEN35,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),
-    **{name: Undo((QWEN35,), _minus_one) for name in ("attn_norm.weight", "post_attention_norm.weight",
+    "ssm_a": Undo(DELTANET, lambda a: np.log(-a)),
+    "ssm_conv1d.weight": Undo(DELTANET, lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),
+    **{name: Undo(DELTANET, _minus_one) for name in ("attn_norm.weight", "post_attention_norm.weight",
                                                       "attn_q_norm.weight", "attn_k_norm.weight", "output_norm.weight")},
 }
 

@@ -25,6 +25,7 @@ from .gguf_config import (
     olmoe_config,
     qwen2_moe_config,
     qwen3_moe_config,
+    qwen3next_config,
     qwen35moe_config,
 )
 from .gguf_file import GGUFModel
@@ -48,6 +49,7 @@ from .gguf_names import (
     OLMOE,
     QWEN2,
     QWEN3,
+    QWEN3NEXT,
     QWEN35,
     QWEN35_GLOBAL_ROWS,
     Row,
@@ -103,6 +105,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
         GGUFArchitecture(GPT_OSS, "gpt_oss", "GptOssForCausalLM", gpt_oss_config),
+        GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )

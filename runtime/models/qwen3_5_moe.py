@@ -75,7 +75,8 @@ def layer_types(config: ModelConfig) -> list[str]:
 
 
 def hybrid_model(config: ModelConfig, weights: ModelWeights, dtype: torch.dtype, *, prefix: str,
-                 deltanet: type[GatedDeltaNet], moe: Callable[[int, str], FFN]) -> DecoderModel:
+                 deltanet: Callable[[ModelConfig, ModelWeights, str, torch.dtype], GatedDeltaNet],
+                 moe: Callable[[int, str], FFN]) -> DecoderModel:
     """The Qwen3.5-style hybrid under `prefix`: `deltanet` or gated full attention by `layer_types`,
     then `moe(layer, "...layers.N.mlp.")` on the MoE layers and a dense SwiGLU MLP on the others."""
     rope = partial_rotary(config, 0.25)  # transformers' default for these families

@@ -70,8 +70,10 @@ BLOCK_WEIGHT_DTYPES = ("q4_k", "q5_k", "q6_k")
 BLOCK_WEIGHT_SUFFIXES = tuple(f"{name}.weight" for name in (
     "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "lm_head",
     "gate_proj", "up_proj", "down_proj",
-    # Qwen3.5's Gated DeltaNet (layers/gated_deltanet.py reads them only through `linear`)
-    *(f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"))))
+    # Qwen3.5's and Qwen3-Next's Gated DeltaNet (layers/gated_deltanet.py, models/qwen3_next.py read them
+    # only through `linear`)
+    *(f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "in_proj_qkvz", "in_proj_ba",
+                                   "out_proj"))))
 
 
 def keeps_blocks(name: str, dtype: str) -> bool:

@@ -1,6 +1,7 @@
-"""Qwen3.5/3.6 MoE as a GGUF file (`qwen35moe`), written the way llama.cpp's converter writes it
-(conversion/qwen.py: Qwen3_5MoeTextModel over _LinearAttentionVReorderBase, Qwen3NextModel and
-Qwen2MoeModel, at llama.cpp 0c1e570), pulled through ft and run against transformers.
+"""The Gated DeltaNet hybrids as GGUF files, Qwen3.5/3.6 MoE (`qwen35moe`) and Qwen3-Next
+(`qwen3next`), written the way llama.cpp's converter writes them (conversion/qwen.py:
+Qwen3_5MoeTextModel over _LinearAttentionVReorderBase, Qwen3NextModel and Qwen2MoeModel, at
+llama.cpp 0c1e570), pulled through ft and run against transformers.
 
 `export_qwen35_gguf` follows that converter, not ftw/gguf_names.py: gguf-py's own tensor names;
 the DeltaNet's value heads reordered from grouped by key head to tiled (v's rows of in_proj_qkv
@@ -8,6 +9,8 @@ and of the conv, in_proj_z's, in_proj_a's and _b's rows, A_log, dt_bias, out_pro
 A_log stored as -exp(A_log), dt_bias as ssm_dt.bias, the conv squeezed, every RMSNorm but the
 DeltaNet's output norm stored as 1 + w; the experts stacked; the vision tower and MTP left out.
 The tiny model has 2 key heads and 4 value heads, so the tiled order differs from transformers'.
+Qwen3-Next's file keeps the grouped order, and newer converters split its in_proj_qkvz into
+attn_qkv and attn_gate (older ones kept it whole as ssm_in): both are tested.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from gguf.constants import MODEL_ARCH
 
 from ftw.gguf_convert import convert_gguf
+from tests import checkpoints
 from tests.checkpoints import load_all, save_checkpoint
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_gguf_hf import _add_byte_level_tokenizer, _gguf_name
@@ -41,11 +45,12 @@ def reorder_v_heads(tensor: torch.Tensor, dim: int, num_k_heads: int, num_v_per_
     return tensor.reshape(*new_shape).permute(*perm).contiguous().reshape(*shape)
 
 
-def llama_cpp_tensor(name: str, t: torch.Tensor, c: dict) -> tuple[str, torch.Tensor]:
-    """One text tensor as llama.cpp's modify_tensors chain leaves it (name still HF's, "model." rooted)."""
+def llama_cpp_tensor(name: str, t: torch.Tensor, c: dict, *, tiled: bool = True) -> tuple[str, torch.Tensor]:
+    """One text tensor as llama.cpp's modify_tensors chain leaves it (name still HF's, "model." rooted);
+    `tiled`: Qwen3.5's reorder of the value heads first."""
     k_heads, v_heads = c["linear_num_key_heads"], c["linear_num_value_heads"]
     k_dim, v_dim, per_k = c["linear_key_head_dim"], c["linear_value_head_dim"], v_heads // k_heads
-    if "linear_attn." in name and k_heads != v_heads:  # _LinearAttentionVReorderBase.modify_tensors
+    if tiled and "linear_attn." in name and k_heads != v_heads:  # _LinearAttentionVReorderBase.modify_tensors
         if ".in_proj_qkv." in name:
             qk = 2 * k_heads * k_dim
             t = torch.cat([t[:qk], reorder_v_heads(t[qk:], 0, k_heads, per_k, v_dim)])
@@ -71,13 +76,11 @@ def llama_cpp_tensor(name: str, t: torch.Tensor, c: dict) -> tuple[str, torch.Te
     return name, t
 
 
-def export_qwen35_gguf(src: Path, out: Path) -> Path:
-    """The Qwen3.5 MoE checkpoint `src` (transformers' ConditionalGeneration layout) as an F32 qwen35moe GGUF."""
-    c = json.loads((src / "config.json").read_text())["text_config"]
+def _write_deltanet_metadata(w: gguf.GGUFWriter, c: dict) -> None:
+    """TextModel's, Qwen2MoeModel's and Qwen3NextModel's keys."""
     layers, head_dim = c["num_hidden_layers"], c["head_dim"]
-    rope = c["rope_parameters"]
-    w = gguf.GGUFWriter(out, "qwen35moe")
-    w.add_block_count(layers)  # (TextModel, then Qwen2MoeModel's and Qwen3NextModel's keys)
+    rope = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0)}
+    w.add_block_count(layers)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     w.add_head_count(c["num_attention_heads"])
@@ -97,7 +100,17 @@ def export_qwen35_gguf(src: Path, out: Path) -> Path:
     w.add_ssm_time_step_rank(c["linear_num_value_heads"])
     w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
     w.add_full_attention_interval(c.get("full_attention_interval", 4))
-    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))))
+    if c.get("intermediate_size"):
+        w.add_feed_forward_length(c["intermediate_size"])
+
+
+def export_qwen35_gguf(src: Path, out: Path) -> Path:
+    """The Qwen3.5 MoE checkpoint `src` (transformers' ConditionalGeneration layout) as an F32 qwen35moe GGUF."""
+    c = json.loads((src / "config.json").read_text())["text_config"]
+    layers = c["num_hidden_layers"]
+    w = gguf.GGUFWriter(out, "qwen35moe")
+    _write_deltanet_metadata(w, c)
     w.add_rope_dimension_sections([11, 11, 10, 0])  # _Qwen35MRopeMixin's default
     _add_byte_level_tokenizer(w, c["vocab_size"])
     maps = [gguf.get_tensor_name_map(MODEL_ARCH.QWEN35MOE, layers)]
@@ -112,6 +125,10 @@ def export_qwen35_gguf(src: Path, out: Path) -> Path:
             continue
         name, t = llama_cpp_tensor(name, t, c)
         w.add_tensor(_gguf_name(maps, name), t.float().contiguous().numpy())
+    return _finish(w, maps, experts, out)
+
+
+def _finish(w: gguf.GGUFWriter, maps: list, experts: dict, out: Path) -> Path:
     for (_, merged), by_expert in sorted(experts.items()):
         stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
         w.add_tensor(_gguf_name(maps, merged), stacked.float().contiguous().numpy())
@@ -120,6 +137,55 @@ def export_qwen35_gguf(src: Path, out: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def split_qkvz(t: torch.Tensor, c: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3NextModel.modify_tensors' in_proj_qkvz [per key head: q | k | v (r heads) | z (r heads)]
+    -> (attn_qkv [q of all heads | k | v], attn_gate [z])."""
+    k_heads, per_k = c["linear_num_key_heads"], c["linear_num_value_heads"] // c["linear_num_key_heads"]
+    k_dim, v_dim, hidden = c["linear_key_head_dim"], c["linear_value_head_dim"], c["hidden_size"]
+    sizes = [k_dim, k_dim, per_k * v_dim, per_k * v_dim]
+    q, k, v, z = torch.split(t.permute(1, 0).contiguous().view(-1, k_heads, sum(sizes)), sizes, dim=-1)
+    q, k, v, z = (part.contiguous().view(hidden, -1) for part in (q, k, v, z))
+    return torch.cat([q, k, v], dim=-1).permute(1, 0).contiguous(), z.permute(1, 0).contiguous()
+
+
+def export_qwen3next_gguf(src: Path, out: Path, *, whole_qkvz: bool = False) -> Path:
+    """The Qwen3-Next checkpoint `src` as an F32 qwen3next GGUF; `whole_qkvz`: as older converters
+    wrote it (ssm_in)."""
+    c = json.loads((src / "config.json").read_text())
+    layers = c["num_hidden_layers"]
+    w = gguf.GGUFWriter(out, "qwen3next")
+    _write_deltanet_metadata(w, c)
+    _add_byte_level_tokenizer(w, c["vocab_size"])
+    maps = [gguf.get_tensor_name_map(MODEL_ARCH.QWEN3NEXT, layers)]
+    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    for name, t in load_all(src).items():
+        if name.startswith("mtp."):
+            continue
+        parts = name.split(".")
+        if ".mlp.experts." in name:
+            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            continue
+        if name.endswith("in_proj_qkvz.weight") and not whole_qkvz:
+            qkv, z = split_qkvz(t, c)
+            w.add_tensor(f"blk.{parts[2]}.attn_qkv.weight", qkv.float().numpy())
+            w.add_tensor(f"blk.{parts[2]}.attn_gate.weight", z.float().numpy())
+            continue
+        name, t = llama_cpp_tensor(name, t, c, tiled=False)
+        w.add_tensor(_gguf_name(maps, name), t.float().contiguous().numpy())
+    return _finish(w, maps, experts, out)
+
+
+@pytest.mark.parametrize("whole_qkvz", [False, True], ids=["split", "whole"])
+def test_qwen3next_gguf_generates_what_transformers_does(whole_qkvz: bool, tmp_path: Path, monkeypatch) -> None:
+    # llama.cpp's qwen3next graph renormalizes the top-k (its file has no key for it), as the release does
+    monkeypatch.setattr(checkpoints, "QWEN3_NEXT", {**checkpoints.QWEN3_NEXT, "norm_topk_prob": True})
+    src = save_checkpoint("qwen3_next", tmp_path / "hf", seed=1)
+    ours = convert_and_load(export_qwen3next_gguf(src, tmp_path / "model.gguf", whole_qkvz=whole_qkvz),
+                            tmp_path / "store")
+    assert ours.config.get("linear_value_head_order", "grouped") == "grouped"
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)
 
 
 def test_qwen35moe_gguf_generates_what_transformers_does(tmp_path: Path) -> None:
