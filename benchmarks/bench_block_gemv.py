@@ -1,5 +1,5 @@
 """Decode's GGML block GEMV on the GPU (runtime/gpu/kernels/block_gemv.py) at a Qwen3-30B-A3B
-Q4_K_M model's shapes, against cuBLAS's bf16 GEMV of the same shape (the bandwidth a kernel
+Q4_K_M model's shapes (and gpt-oss-20b's MXFP4 experts), against cuBLAS's bf16 GEMV of the same shape (the bandwidth a kernel
 that reads every byte once can reach), side by side in one process:
 
 - experts: one token's 8 routed experts read from cache slots (gate and up, Q4_K, [1536, 2048];
@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from runtime.gpu.kernels.block_gemv import block_gemv  # noqa: E402
-from runtime.gpu.kernels.ggml_dequant import KINDS, SUPER_BLOCK_BYTES  # noqa: E402
+from runtime.gpu.kernels.ggml_dequant import KINDS, MXFP4_BLOCK_BYTES, SUPER_BLOCK_BYTES  # noqa: E402
 
 # (name, kind, rows, cols, pairs): what one decode token of the Q4_K_M race file multiplies
 SHAPES = [
@@ -37,6 +37,9 @@ SHAPES = [
     ("experts down", "q6_k", 2048, 768, 8),
     ("q_proj", "q4_k", 4096, 2048, 1),
     ("output head", "q6_k", 151936, 2048, 1),
+    # gpt-oss-20b's MXFP4 experts (its GGUF's): one token's 4, [2 x 2880, 2880] and [2880, 2880]
+    ("gpt-oss experts gate+up", "mxfp4", 5760, 2880, 4),
+    ("gpt-oss experts down", "mxfp4", 2880, 2880, 4),
 ]
 
 
@@ -54,7 +57,7 @@ def _time_us(fn, reps: int) -> float:
 
 def _measure(name: str, kind: str, rows: int, cols: int, pairs: int, tiles: dict[str, dict], reps: int,
              gen: torch.Generator) -> dict:
-    part = rows * cols // 256 * SUPER_BLOCK_BYTES[KINDS[kind]]
+    part = rows * cols // 32 * MXFP4_BLOCK_BYTES if kind == "mxfp4" else rows * cols // 256 * SUPER_BLOCK_BYTES[KINDS[kind]]
     slots = torch.randint(0, 256, (pairs, part), dtype=torch.uint8, device="cuda", generator=gen)
     inputs = torch.randn(1, cols, device="cuda", dtype=torch.bfloat16, generator=gen)
     index = torch.zeros(pairs, dtype=torch.int32, device="cuda")

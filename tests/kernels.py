@@ -31,12 +31,14 @@ def needs(kernel) -> pytest.MarkDecorator:
 def gathered_pairs(views, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
                    weight: torch.Tensor) -> torch.Tensor:
     """The reference of a decode call's device pairs: each pair with a slot adds its routing weight
-    times its expert (RecordViews' float32 weights, records.swiglu_experts) on its token's row."""
+    times its expert (RecordViews' float32 weights and biases, records.swiglu_experts with the
+    bank's activation) on its token's row."""
     from runtime.gpu.records import swiglu_experts
 
     out = torch.zeros(x.shape, dtype=torch.float32)
     for t, s, w in zip(token.tolist(), slot.tolist(), weight.tolist(), strict=True):
         if s >= 0:
             w13, w2 = views.weights(s, torch.float32)
-            out[t] += w * swiglu_experts(x[t: t + 1].float(), w13, w2)[0, 0]
+            biases = views.biases(s, torch.float32)
+            out[t] += w * swiglu_experts(x[t: t + 1].float(), w13, w2, views.layout.activation, biases)[0, 0]
     return out

@@ -94,3 +94,62 @@ def test_gguf_decode_experts_from_slots_as_the_gather_path(dtypes) -> None:
     views = RecordViews(slots, bank.layout)
     ref = gathered_pairs(views, x, token, slot, weight)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@needs_triton
+def test_mxfp4_rows_of_blocks_that_are_no_whole_super_block() -> None:
+    """gpt-oss's MXFP4 (rows of 32-value blocks: 2880 is 90 of them, no whole 256-value
+    super-block): 11 blocks a row, so the kernel's last step of eight is masked, against gguf-py's
+    blocks dequantized."""
+    rows, cols, offset = 40, 352, 34
+    rng = np.random.default_rng(7)
+    parts = [_blocks(rng.standard_normal((rows, cols)).astype(np.float32), "mxfp4") for _ in range(2)]
+    nbytes = parts[0].size
+    assert nbytes == rows * cols // 32 * 17
+    slots = torch.full((2, offset + nbytes + 40), 0xFF, dtype=torch.uint8)
+    for s, raw in enumerate(parts):
+        slots[s, offset: offset + nbytes] = torch.from_numpy(raw.reshape(-1))
+    inputs = torch.randn(2, cols, generator=torch.Generator().manual_seed(8))
+    slot_of, index = torch.tensor([1, 0, -1], dtype=torch.int32), torch.tensor([0, 1, 1], dtype=torch.int32)
+    ours = block_gemv(inputs.to(DEVICE), index.to(DEVICE), slots.to(DEVICE), slot_of.to(DEVICE), part_offset=offset,
+                      kind="mxfp4", rows=rows, cols=cols).cpu()
+    weights = dequantize_blocks(slots[:, offset: offset + nbytes], "mxfp4", (rows, cols))
+    for p, (s, i) in enumerate(zip(slot_of.tolist(), index.tolist(), strict=True)):
+        if s < 0:
+            assert torch.equal(ours[p], torch.zeros(rows))
+            continue
+        ref = weights[s] @ inputs[i]
+        torch.testing.assert_close(ours[p], ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    with pytest.raises(ValueError, match="multiple of 32"):
+        block_gemv(inputs[:, :100].contiguous().to(DEVICE), index.to(DEVICE), slots.to(DEVICE), slot_of.to(DEVICE),
+                   part_offset=0, kind="mxfp4", rows=1, cols=100)
+
+
+@needs_triton
+def test_gpt_oss_style_mxfp4_experts_with_biases_from_slots_as_the_gather_path() -> None:
+    """MXFP4 records with gate|up and down biases and the clamped SwiGLU (a gpt-oss GGUF's experts):
+    the block path reads the weights in place and adds the biases, as the gather path computes them."""
+    from ftw.format import ExpertActivation
+    from runtime.experts.synthetic import random_bank
+    from runtime.gpu.records import RecordViews
+    from runtime.gpu.slot_compute import block_parts, block_slot_experts, pair_biases
+
+    block_module = __import__("runtime.gpu.kernels.block_gemv", fromlist=["KINDS"])
+    hidden, inter = 352, 96
+    clamped = ExpertActivation("swiglu_clamped", 1.702, 7.0)
+    bank = random_bank("mxfp4", 5, hidden, inter, seed=9, activation=clamped, bias_dtype="f32")
+    parts = block_parts(bank.layout, block_module.KINDS, block_module.VALUES_PER_BLOCK)
+    assert parts is not None and set(parts) == {"w13", "w2"}
+    assert block_parts(bank.layout, block_module.KINDS) is None  # (352 values: no whole super-blocks)
+    slots = bank.data[[3, 0, 4]].clone()
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(2, hidden, generator=gen)
+    token = torch.tensor([0, 0, 1, 1], dtype=torch.int32)
+    slot = torch.tensor([2, 0, -1, 1], dtype=torch.int32)
+    weight = torch.softmax(torch.randn(4, generator=gen), 0)
+    out = torch.zeros(2, hidden, device=DEVICE)
+    biases = pair_biases(slots.to(DEVICE), slot.to(DEVICE), bank.layout)
+    block_slot_experts(x.to(DEVICE), token.to(DEVICE), slot.to(DEVICE), weight.to(DEVICE), slots.to(DEVICE), parts,
+                       torch.float32, out, block_gemv, clamped, biases)
+    ref = gathered_pairs(RecordViews(slots, bank.layout), x, token, slot, weight)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())

@@ -16,6 +16,8 @@ fills before it (`fills_in_launch`).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 import torch
 
 from ftw import ExpertBank
@@ -78,22 +80,28 @@ def pair_biases(slots: torch.Tensor, slot: torch.Tensor, layout: ExpertBank) -> 
     return out[0], out[1]
 
 
-def block_parts(layout: ExpertBank, kinds) -> dict | None:
+def block_parts(layout: ExpertBank, kinds: Mapping[str, int] | Collection[str],
+                values_per_block: Mapping[str, int] | None = None) -> dict | None:
     """The layout's weight parts by name where the block kernel reads them all (`kinds`, its GGML
-    types; every part's rows a whole number of 256-value super-blocks): w13, or w1 and w3 (gate
-    and up stored apart), and w2. Else None."""
-    parts = {p.name: p for p in layout.parts}
+    types; every part's rows a whole number of its blocks, `values_per_block`, 256-value
+    super-blocks by default): w13, or w1 and w3 (gate and up stored apart), and w2; the biases
+    beside them (gpt-oss's) are read by `pair_biases`. Else None."""
+    parts = {p.name: p for p in layout.parts if p.name not in BIAS_PARTS}
     names = {"w13", "w2"} if "w13" in parts else {"w1", "w3", "w2"}
-    if set(parts) != names or any(p.dtype not in kinds or p.shape[-1] % 256 for p in parts.values()):
+    per_block = values_per_block or {}
+    if set(parts) != names or any(p.dtype not in kinds or p.shape[-1] % per_block.get(p.dtype, 256)
+                                  for p in parts.values()):
         return None
     return parts
 
 
 def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
                        slots: torch.Tensor, parts: dict, compute_dtype: torch.dtype, out: torch.Tensor,
-                       gemv, activation: ExpertActivation = SWIGLU) -> None:
+                       gemv, activation: ExpertActivation = SWIGLU,
+                       biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """out += each device pair's weight x its expert(x[token]), the GGUF parts (`block_parts`)
-    read in place from the slots by `gemv` (kernels/block_gemv.block_gemv, or a twin); pairs with
+    read in place from the slots by `gemv` (kernels/block_gemv.block_gemv, or a twin), plus
+    `biases` (`pair_biases`: gate|up [P, 2I], down [P, H]) where the records have them; pairs with
     slot -1 add zeros."""
 
     def rows_times(name: str, inputs: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
@@ -103,11 +111,19 @@ def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
 
     def gate_up(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if "w13" in parts:
-            return rows_times("w13", xs, token).chunk(2, dim=1)
-        return rows_times("w1", xs, token), rows_times("w3", xs, token)
+            gate, up = rows_times("w13", xs, token).chunk(2, dim=1)
+        else:
+            gate, up = rows_times("w1", xs, token), rows_times("w3", xs, token)
+        if biases is None:
+            return gate, up
+        gate_bias, up_bias = biases[0].chunk(2, dim=1)
+        return gate + gate_bias, up + up_bias
 
-    _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up, lambda act, index: rows_times("w2", act, index),
-                  activation)
+    def down(act: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        y = rows_times("w2", act, index)
+        return y if biases is None else y + biases[1]
+
+    _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up, down, activation)
 
 
 FP8_PARTS = {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
@@ -207,13 +223,14 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
             out.index_add_(0, token.long(), biases[1] * weight.float()[:, None])
         return
     block = triton_module("block_gemv") if x.is_cuda and dtype is None else None
-    parts = block_parts(layout, block.KINDS) if block is not None else None
+    parts = block_parts(layout, block.KINDS, block.VALUES_PER_BLOCK) if block is not None else None
     fp8 = triton_module("fp8_gemv") if x.is_cuda and dtype is None and parts is None else None
     scaled = fp8_parts(layout, fp8.KINDS) if fp8 is not None else None
     if zero_out:
         out.zero_()
     if parts is not None:
-        block_slot_experts(x, token, slot, weight, slots, parts, compute_dtype, out, block.block_gemv, layout.activation)
+        block_slot_experts(x, token, slot, weight, slots, parts, compute_dtype, out, block.block_gemv, layout.activation,
+                           biases)
         return
     if scaled is not None:
         fp8_slot_experts(x, token, slot, weight, slots, scaled, views.block, compute_dtype, out, fp8.fp8_gemv,

@@ -1,6 +1,6 @@
 """Triton kernel: rows of GGML block-quant weights times a vector, read in place from expert-cache
 slots and dequantized in registers (a GGUF model's decode experts: Q4_K_M's Q4_K and Q6_K, Q5_K_M's
-Q5_K, Q8_0).
+Q5_K, Q8_0; gpt-oss's MXFP4, whose rows of 32-value blocks need not be whole super-blocks).
 
 `block_gemv` computes, for every pair p whose slot is not -1,
 
@@ -22,7 +22,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .ggml_dequant import KINDS, SUPER_BLOCK_BYTES, super_block_dot
+from .ggml_dequant import KINDS as SUPER_BLOCK_KINDS
+from .ggml_dequant import (
+    MXFP4,
+    MXFP4_BLOCK_BYTES,
+    SUPER_BLOCK_BYTES,
+    mxfp4_step_dot,
+    super_block_dot,
+)
+
+KINDS = {**SUPER_BLOCK_KINDS, "mxfp4": MXFP4}  # what block_gemv reads in place
+VALUES_PER_BLOCK = {**{kind: 256 for kind in SUPER_BLOCK_KINDS}, "mxfp4": 32}  # a row is a whole number of these
 
 BLOCK_R, NUM_WARPS = 16, 4  # rows a program, and its warps (benchmarks/bench_block_gemv.py sweeps them)
 
@@ -30,7 +40,7 @@ BLOCK_R, NUM_WARPS = 16, 4  # rows a program, and its warps (benchmarks/bench_bl
 @triton.jit
 def _block_gemv_kernel(in_ptr, stride_in, index_ptr, slots_ptr, stride_slot, part_offset, slot_of_ptr, out_ptr,
                        stride_out, ROWS: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr,
-                       SB_BYTES: tl.constexpr, BLOCK_R: tl.constexpr):
+                       SB_BYTES: tl.constexpr, ROW_BYTES: tl.constexpr, BLOCK_R: tl.constexpr):
     p = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rows < ROWS
@@ -39,12 +49,15 @@ def _block_gemv_kernel(in_ptr, stride_in, index_ptr, slots_ptr, stride_slot, par
         tl.store(out_ptr + p * stride_out + rows, tl.zeros((BLOCK_R,), dtype=tl.float32), mask=mask_r)
         return
     src = in_ptr + tl.load(index_ptr + p).to(tl.int64) * stride_in
-    row_bytes: tl.constexpr = COLS // 256 * SB_BYTES
     safe_rows = tl.where(mask_r, rows, 0).to(tl.int64)  # (masked rows read row 0: a record's own bytes)
-    base = slots_ptr + slot.to(tl.int64) * stride_slot + part_offset + safe_rows * row_bytes
+    base = slots_ptr + slot.to(tl.int64) * stride_slot + part_offset + safe_rows * ROW_BYTES
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for b in range(0, COLS // 256):
-        acc += super_block_dot(base + b * SB_BYTES, src + b * 256, KIND)
+    if KIND == 4:  # MXFP4: 32-value blocks, eight at a time, the last step masked
+        for step in range(0, (COLS // 32 + 7) // 8):
+            acc += mxfp4_step_dot(base, src, step, COLS // 32)
+    else:
+        for b in range(0, COLS // 256):
+            acc += super_block_dot(base + b * SB_BYTES, src + b * 256, KIND)
     tl.store(out_ptr + p * stride_out + rows, acc, mask=mask_r)
 
 
@@ -56,11 +69,13 @@ def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, s
     `index` and `slot_of` int32 [P] on the slots' device."""
     if kind not in KINDS:
         raise ValueError(f"block_gemv reads {', '.join(sorted(KINDS))}, not {kind}")
-    code = KINDS[kind]
-    if cols % 256 or inputs.dim() != 2 or inputs.shape[1] != cols or inputs.stride(1) != 1:
-        raise ValueError(f"block_gemv: inputs are [N, {cols}] with cols a multiple of 256, not {list(inputs.shape)}")
+    code, per_block = KINDS[kind], VALUES_PER_BLOCK[kind]
+    if cols % per_block or inputs.dim() != 2 or inputs.shape[1] != cols or inputs.stride(1) != 1:
+        raise ValueError(f"block_gemv: inputs are [N, {cols}] with cols a multiple of {per_block}, not "
+                         f"{list(inputs.shape)}")
+    row_bytes = cols // 32 * MXFP4_BLOCK_BYTES if code == MXFP4 else cols // 256 * SUPER_BLOCK_BYTES[code]
     if slots.dtype != torch.uint8 or slots.dim() != 2 or slots.stride(1) != 1 \
-            or part_offset + rows * cols // 256 * SUPER_BLOCK_BYTES[code] > slots.shape[1]:
+            or part_offset + rows * row_bytes > slots.shape[1]:
         raise ValueError(f"block_gemv: the {kind} part at byte {part_offset} ({rows} x {cols}) does not fit a "
                          f"{slots.shape[1]}-byte slot")
     pairs = slot_of.numel()
@@ -69,7 +84,8 @@ def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, s
         return out
     _block_gemv_kernel[(pairs, triton.cdiv(rows, block_r))](
         inputs, inputs.stride(0), index, slots, slots.stride(0), part_offset, slot_of, out, out.stride(0),
-        ROWS=rows, COLS=cols, KIND=code, SB_BYTES=SUPER_BLOCK_BYTES[code], BLOCK_R=block_r, num_warps=num_warps)
+        ROWS=rows, COLS=cols, KIND=code, SB_BYTES=SUPER_BLOCK_BYTES.get(code, 0), ROW_BYTES=row_bytes, BLOCK_R=block_r,
+        num_warps=num_warps)
     return out
 
 

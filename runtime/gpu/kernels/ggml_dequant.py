@@ -116,3 +116,35 @@ def super_block_dot(blk, x, KIND: tl.constexpr):
     scaled = tl.sum(sc_low * dot_low + sc_high * dot_high, axis=1)
     offsets = tl.sum(mn_low * tl.sum(x_low, axis=2) + mn_high * tl.sum(x_high, axis=2), axis=1)
     return _f16_at(blk) * scaled - _f16_at(blk + 2) * offsets
+
+
+MXFP4 = 4  # (block_gemv only: 32-value blocks, so rows need not be whole 256-value super-blocks)
+MXFP4_BLOCK_BYTES = 17  # an e8m0 exponent byte, then 16 bytes of e2m1 nibbles (value j low, j + 16 high)
+
+
+@triton.jit
+def _e2m1(n):
+    """e2m1 nibbles -> float32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (bit 3 the sign)."""
+    m = n & 7
+    magnitude = tl.where(m < 4, m.to(tl.float32) * 0.5,
+                         tl.where((m & 1) == 1, 3.0, 2.0) * tl.where(m >= 6, 2.0, 1.0))
+    return tl.where((n & 8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def mxfp4_step_dot(row, x, step, NUM_BLOCKS: tl.constexpr):
+    """Rows' MXFP4 blocks step * 8 .. step * 8 + 7 (those below NUM_BLOCKS) at byte pointers `row`
+    [R] (each row's first block) times the inputs at `x` (the row's first value): float32 [R]. A
+    block is E2M1[nibble] x 2^(e - 127) (ggml's e8m0_to_fp32_half times its doubled values), its
+    exponent applied once to the dot of its 32 values."""
+    i = step * 8 + tl.arange(0, 8)[None, :, None]  # [1, 8, 1]: block index within the row
+    j = tl.arange(0, 16)[None, None, :]
+    present = i < NUM_BLOCKS
+    at = row[:, None, None] + i * 17
+    q = tl.load(at + 1 + j, mask=present, other=0).to(tl.int32)  # [R, 8, 16]
+    x_low = tl.load(x + i * 32 + j, mask=present, other=0.0).to(tl.float32)  # [1, 8, 16]
+    x_high = tl.load(x + i * 32 + 16 + j, mask=present, other=0.0).to(tl.float32)
+    dots = tl.sum(_e2m1(q & 0xF) * x_low + _e2m1(q >> 4) * x_high, axis=2)  # [R, 8]
+    blocks = step * 8 + tl.arange(0, 8)[None, :]  # [1, 8]
+    e = tl.load(row[:, None] + blocks * 17, mask=blocks < NUM_BLOCKS, other=127).to(tl.float32)  # [R, 8]
+    return tl.sum(tl.exp2(e - 127.0) * dots, axis=1)
