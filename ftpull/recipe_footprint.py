@@ -84,6 +84,8 @@ def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:
     quant = config.get("quantization_config") or {}
     if "fp4" in (config.get("expert_dtype"), quant.get("expert_dtype")):  # (DeepSeek-V4-Flash's: kept mxfp4, ftw/fp4.py)
         return "mxfp4"
+    if quant.get("quant_method") == "mxfp4":  # (gpt-oss's: kept, ftw/convert.py)
+        return "mxfp4"
     return "fp8" if quant.get("quant_method") == "fp8" else "f32" if config.get("torch_dtype") == "float32" else "bf16"
 
 

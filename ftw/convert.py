@@ -3,8 +3,8 @@
 Dense tensors are copied in 64 MiB chunks; experts are assembled one at a time into the
 runtime's record layout (gate and up fused as `w13` [2I, H], `down` as `w2` [H, I], FP8 block
 scales or gpt-oss's biases beside them), so peak memory is a few chunks plus one expert whatever
-the model size. gpt-oss's MXFP4 experts are dequantized to bf16 here, exactly (ftw/mxfp4.py);
-keeping them MXFP4 in the records is separate work.
+the model size. gpt-oss's MXFP4 experts are kept as they are (GGML `mxfp4` records, the bytes
+repacked: ftw/fp4.py) at DTYPE auto, or dequantized exactly to a float DTYPE asked for (ftw/mxfp4.py).
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ class _Converter:
         num_experts, inter, hidden = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         source_dtype = src.weight_dtype()
         fp4 = self._fp4_experts(layer, src, source_dtype)
-        dtype = fp4 or self.stored_dtype(source_dtype)
+        kept_mxfp4 = self.target == "auto" and any(key.endswith("_blocks") for key in src.fused)  # (gpt-oss's)
+        dtype = "mxfp4" if kept_mxfp4 else fp4 or self.stored_dtype(source_dtype)
         parts: list[tuple[str, str, tuple[int, ...]]] = [("w13", dtype, (2 * inter, hidden)), ("w2", dtype, (hidden, inter))]
         biased = "gate_up_proj_bias" in src.fused  # (gpt-oss's; _fused_reader checks that down_proj_bias is there too)
         if biased:  # (in their own dtype, or the cast: MXFP4 weights come with bf16 biases, a test's with f32)
@@ -192,7 +193,7 @@ class _Converter:
                     raise SourceError(f"layer {layer}: FP8 expert weights without {proj}.weight_scale_inv block scales")
                 parts.append((part, _scale_dtype(scale.dtype), scale.shape))
             quant = {"fp8_block": self.fp8_block, "scale": "weight_scale_inv"}
-        read_expert = (self._fused_reader(layer, src, inter, hidden) if src.fused
+        read_expert = (self._fused_reader(layer, src, inter, hidden, kept_mxfp4) if src.fused
                        else self._per_expert_reader(layer, src, inter, hidden, fp4))
         expert_bytes = sum(nbytes_of(d, shape) for _, d, shape in parts)
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
@@ -269,7 +270,9 @@ class _Converter:
 
         return read
 
-    def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int):
+    def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int, kept_mxfp4: bool = False):
+        """Each expert's pieces from fused tensors; `kept_mxfp4`: MXFP4 weights as GGML mxfp4 rows
+        (else dequantized to bf16, exactly)."""
         num_experts = self.config["num_experts"]
         # w13 from one gate_up_proj, or from a gate_proj and an up_proj apart (DBRX's w1 and v1); each
         # weight a float tensor or MXFP4 blocks and scales (gpt-oss's release); gpt-oss's biases beside them
@@ -304,9 +307,13 @@ class _Converter:
             """One expert's [rows, cols] (its torch Linear layout) of `proj`, and its dtype."""
             if proj in mxfp4:
                 blocks, scales = mxfp4_shapes(*shapes[proj])
-                values = dequantize_mxfp4(of_expert(src.fused[proj + "_blocks"], e).reshape(blocks),
-                                          of_expert(src.fused[proj + "_scales"], e).reshape(scales))
-                data, dtype = torch.from_numpy(values).to(torch.bfloat16).view(torch.uint8).numpy(), "bf16"
+                packed = of_expert(src.fused[proj + "_blocks"], e).reshape(blocks)
+                exponents = of_expert(src.fused[proj + "_scales"], e).reshape(scales)
+                if kept_mxfp4:  # (a row's bytes whole: the interleaved gate and up rows reorder alike)
+                    data, dtype = to_mxfp4_rows(packed.reshape(blocks[0], -1), exponents).reshape(-1), "mxfp4"
+                else:
+                    values = dequantize_mxfp4(packed, exponents)
+                    data, dtype = torch.from_numpy(values).to(torch.bfloat16).view(torch.uint8).numpy(), "bf16"
             else:
                 t, (rows, cols, transposed) = src.fused[proj], layouts[proj]
                 data, dtype = of_expert(t, e), t.dtype

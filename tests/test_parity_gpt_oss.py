@@ -22,9 +22,10 @@ pytest.importorskip("transformers")
 
 
 def test_mxfp4_experts_convert_to_the_weights_transformers_dequantizes_and_match_it(tmp_path: Path) -> None:
-    """The released experts are MXFP4 (`gate_up_proj_blocks`, `_scales`, ...): converted to bf16
-    (every MXFP4 value is exact in it), they are bit for bit the weights transformers loads them
-    as on the CPU (Mxfp4Config(dequantize=True)), with gate and up apart; then the model matches."""
+    """The released experts are MXFP4 (`gate_up_proj_blocks`, `_scales`, ...): kept as GGML mxfp4
+    records (DTYPE auto: 17 bytes a 32 values, a quarter of bf16's), they are bit for bit the
+    weights transformers loads them as on the CPU (Mxfp4Config(dequantize=True)), with gate and
+    up apart; then the model matches."""
     from transformers import AutoModelForCausalLM, Mxfp4Config
 
     src = to_mxfp4(save_checkpoint("gpt_oss", tmp_path / "hf", seed=1), tmp_path / "mxfp4")
@@ -33,7 +34,7 @@ def test_mxfp4_experts_convert_to_the_weights_transformers_dequantizes_and_match
                                                quantization_config=Mxfp4Config(dequantize=True)).eval()
     ours = convert_and_load(src, tmp_path / "store")
     for layer, bank in ours.weights.banks.items():
-        assert bank.layout.part("w13").dtype == bank.layout.part("w2").dtype == "bf16"
+        assert bank.layout.part("w13").dtype == bank.layout.part("w2").dtype == "mxfp4"
         experts = ref.model.layers[layer].mlp.experts  # gate_up_proj [E, H, 2I] (gate, up alternating), down [E, I, H]
         for e in range(bank.num_experts):
             w13, w2 = bank.weights(e, torch.float32)
@@ -41,6 +42,24 @@ def test_mxfp4_experts_convert_to_the_weights_transformers_dequantizes_and_match
             assert torch.equal(w13, torch.cat([gate_up[0::2], gate_up[1::2]]))
             assert torch.equal(w2, experts.down_proj[e].T)
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_mxfp4_experts_asked_as_bf16_are_dequantized_exactly(tmp_path: Path) -> None:
+    """DTYPE bf16 dequantizes the MXFP4 experts (exact in bf16): the same values as the kept records'."""
+    from ftw import FTWReader, convert_checkpoint
+    from runtime.experts.bank import HostExpertBank
+
+    src = to_mxfp4(save_checkpoint("gpt_oss", tmp_path / "hf", seed=2), tmp_path / "mxfp4")
+    kept, widened = convert_checkpoint(src, tmp_path / "kept"), convert_checkpoint(src, tmp_path / "bf16", dtype="bf16")
+    assert {p.dtype for b in kept.banks for p in b.parts if p.name in ("w13", "w2")} == {"mxfp4"}
+    assert {p.dtype for b in widened.banks for p in b.parts if p.name in ("w13", "w2")} == {"bf16"}
+    assert sum(b.nbytes for b in kept.banks) < sum(b.nbytes for b in widened.banks) / 3
+    readers = FTWReader.open(tmp_path / "kept"), FTWReader.open(tmp_path / "bf16")
+    for a, b in zip(kept.banks, widened.banks, strict=True):
+        banks = [HostExpertBank(x.layer, x, r.bank_bytes(x.layer)) for x, r in zip((a, b), readers, strict=True)]
+        for e in range(a.num_experts):
+            for mine, theirs in zip(banks[0].weights(e, torch.float32), banks[1].weights(e, torch.float32), strict=True):
+                assert torch.equal(mine, theirs)
 
 
 def test_the_released_config_layout_matches_transformers(tmp_path: Path) -> None:

@@ -3,10 +3,11 @@ logit per head (layers/sink_attention.py), in two kinds of layer as `layer_types
 ones attend within a window of `sliding_window` positions, full ones to everything; YaRN RoPE
 (rotate-half) on both. Every layer is a MoE: a router with a bias, softmax over its top-k logits,
 experts with biases and gpt-oss's clamped SwiGLU (their records carry both: the converter writes
-the activation into each bank, ftw/families.py, and the executor computes it). The CPU executor's
-torch path computes them (the compiled kernel refuses such banks); on the GPU the slot kernel
-computes the activation and the gate|up biases, gathered from the pairs' slots, and the down bias
-is added after it (runtime/gpu/slot_compute.py).
+the activation into each bank, ftw/families.py, and the executor computes it), their weights
+MXFP4 as released (or a float dtype asked for at conversion). The CPU kernel computes them, MXFP4
+with int8 products; on the GPU the block kernel reads MXFP4 records in place (the slot kernel
+float ones) with the activation, and the biases gathered from the pairs' slots are added
+(runtime/gpu/slot_compute.py).
 
 RMSNorm as GptOssRMSNorm has it: the weight kept in float32 (transformers' _keep_in_fp32_modules)
 times the float32 normalized input, cast back after the multiply.

@@ -41,11 +41,14 @@ def converted_bytes(expert: ExpertTensorName | None, name: str, dtype: str, nbyt
                     target_dtype: str) -> tuple[str, int]:
     """The FTW dtype and bytes a source tensor (`expert`: its parse_expert_name) becomes once
     converted to the Modelfile DTYPE `target_dtype`: floats cast (FP8 block scales kept),
-    gpt-oss's MXFP4 `_blocks` dequantized to bf16 (or the cast), their `_scales` gone into them."""
+    gpt-oss's MXFP4 `_blocks` kept as mxfp4 records (auto) or dequantized to the cast, their
+    `_scales` gone into them."""
     cast = CAST_BYTES.get(target_dtype)
     if expert is not None and expert.what == "scales":
         return dtype, 0
-    if expert is not None and expert.what == "blocks":
+    if expert is not None and expert.what == "blocks":  # (kept: 16 bytes of nibbles and the scale's byte a block)
+        if target_dtype == "auto":
+            return "mxfp4", nbytes + nbytes // 16
         return target_dtype if cast else "bf16", nbytes * MXFP4_VALUES_PER_BYTE * (cast or FLOAT_BYTES["bf16"])
     # DeepSeek-V4's FP4 experts (int8 nibble pairs, e8m0 scales): kept as mxfp4, the same bytes, or cast
     if cast and expert is not None and dtype == "i8" and expert.what == "weight":
