@@ -81,18 +81,21 @@ def test_the_released_config_layout_matches_transformers(tmp_path: Path) -> None
     assert_parity(ours, ref, PROMPT, STEPS)
 
 
+@pytest.mark.parametrize("mxfp4", [False, True], ids=["float", "mxfp4"])
 @pytest.mark.parametrize("mode, slots", [("offload", 8), ("auto", 3), ("cpu", 8)])
-def test_the_gpu_backend_gives_the_cpu_backends_tokens(mode: str, slots: int, tmp_path: Path) -> None:
+def test_the_gpu_backend_gives_the_cpu_backends_tokens(mode: str, slots: int, mxfp4: bool, tmp_path: Path) -> None:
     """The hybrid executor (on the CPU device: the device paths' torch forms) computes gpt-oss's
     experts with their biases and clamped activation wherever they run: from cache slots
     ("offload"; "auto" with a cache smaller than a token's experts, misses split with the CPU) or
-    all on the CPU ("cpu"). Same tokens and logits as the CPU backend."""
+    all on the CPU ("cpu"). Same tokens and logits as the CPU backend, float experts or the
+    release's MXFP4 kept as mxfp4 records."""
     from ftpull.pull import pull
     from registry import Store
     from runtime.loading.runnable import load
 
     store = Store(tmp_path / "store")
-    name = str(pull(str(save_checkpoint("gpt_oss", tmp_path / "hf", seed=2)), store).name)
+    src = save_checkpoint("gpt_oss", tmp_path / "hf", seed=2)
+    name = str(pull(str(to_mxfp4(src, tmp_path / "mxfp4") if mxfp4 else src), store).name)
     reference = load(store, name, torch.float32)
     hybrid = load(store, name, torch.float32, mode=mode, backend="gpu", device="cpu", cache_slots=slots)
     tokens, logits = our_greedy(hybrid, PROMPT, 16)
