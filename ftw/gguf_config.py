@@ -388,6 +388,33 @@ def minimax_m2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def hunyuan_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """HunYuanMoEModel.set_gguf_parameters: the base keys (head_count, key_length from head_dim, ...),
+    expert_feed_forward_length (the experts' width, moe_intermediate_size's one value),
+    expert_shared_feed_forward_length (the shared MLP's, intermediate_size), expert_used_count
+    (moe_topk's one value), expert_shared_count; rope.freq_base with the NTK alpha already in it.
+    Routing is a softmax top-k, renormalized (llama.cpp's graph and transformers' alike)."""
+    config = _common_config(meta, arch)
+    width = meta.int("expert_feed_forward_length", _expert_size(meta.model))
+    shared = meta.int("expert_shared_feed_forward_length", width)
+    if shared != width:
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a hunyuan-moe GGUF whose shared MLP ({shared}) and "
+                                           f"experts ({width}) differ in width; ft reads Hunyuan's one intermediate_size")
+    if meta.int("expert_shared_count", 1) != 1:
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a hunyuan-moe GGUF with {meta.get('expert_shared_count')} "
+                                           "shared MLPs; Hunyuan has one")
+    config.update(
+        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
+        intermediate_size=width,
+        num_experts=meta.int("expert_count"),
+        moe_topk=meta.int("expert_used_count"),
+        rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]},
+        attention_bias=_has(meta.model, "attn_q.bias"),
+        use_qk_norm=True,
+    )
+    return config
+
+
 def _deltanet_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """Qwen3NextModel's keys (with Qwen2MoeModel's and the base's), which Qwen3.5's file shares: the
     DeltaNet's sizes as ssm.* (conv_kernel, state_size the key head dim, group_count the key heads,

@@ -25,6 +25,8 @@ What llama.cpp changes besides names, and how we undo it:
   odd ones, biases alike) into ffn_gate_exps and ffn_up_exps, transposes float experts to [E, out,
   in], and repacks MXFP4 ones into GGML's MXFP4 blocks (an e8m0 byte, then 16 bytes of nibbles,
   value j low and j + 16 high), which FTW keeps as they are (`mxfp4`); the sinks are `attn_sinks`.
+- hunyuan-moe: HunYuanMoEModel folds the NTK alpha into rope.freq_base (base * alpha^(d / (d - 2)),
+  which is what ft's "dynamic" rope computes from alpha), so the file's base is used as it is.
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -50,6 +52,7 @@ LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
+HUNYUAN = "hunyuan-moe"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
@@ -99,6 +102,12 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
     Row("ffn_gate_inp.weight", "mlp.router.weight", (GPT_OSS,)),  # gpt-oss's router, with a bias
+    Row("ffn_gate_inp.weight", "mlp.gate.wg.weight", (HUNYUAN,)),  # Hunyuan's router
+    Row("attn_q_norm.weight", "self_attn.query_layernorm.weight", (HUNYUAN,)),  # Hunyuan's q/k norms (after RoPE)
+    Row("attn_k_norm.weight", "self_attn.key_layernorm.weight", (HUNYUAN,)),
+    Row("ffn_gate_shexp.weight", "mlp.shared_mlp.gate_proj.weight", (HUNYUAN,)),  # Hunyuan's shared MLP
+    Row("ffn_up_shexp.weight", "mlp.shared_mlp.up_proj.weight", (HUNYUAN,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_mlp.down_proj.weight", (HUNYUAN,)),
     Row("ffn_gate_inp.bias", "mlp.router.bias", (GPT_OSS,)),
     Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
     Row("exp_probs_b.bias", "mlp.moe_statics.e_score_correction_bias", (ERNIE,)),  # ERNIE's [1, E]: ROW_VECTORS
