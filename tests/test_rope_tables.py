@@ -60,7 +60,8 @@ def test_a_models_forward_computes_the_tables_once(monkeypatch, tmp_path) -> Non
         calls.append(id(cos))
         return apply(x, cos, sin)
 
-    monkeypatch.setattr("runtime.models.qwen3_moe.apply_rotary", recording)
+    for block in model.blocks:  # (GQAAttention holds its rotary: apply_rotary, here recorded)
+        monkeypatch.setattr(block.mixer, "rotary", recording)
     state = model.new_state(16)
     model.forward(torch.tensor([1, 2, 3]), state)
     prompt_calls, calls[:] = list(calls), []
