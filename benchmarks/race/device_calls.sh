@@ -15,13 +15,15 @@
 #   quant    the Q4_K_M file at -ncmoe 16 and 8, 8 threads, with every thread's stack every 30 s
 #            should ft's side stall (~7 min)
 #   long     pp4096 and pp16384 at -ncmoe 16, 6 and 8 threads (~8 min)
+#   kernels  a cold machine's block-GEMV bench (against .clean/ftold.tar.gz's where carried) and GPU
+#            kernel tests beside the build and pull, then the Q4_K_M race at -ncmoe 8 (~9 min)
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M).
 set -u
-CALL=${1:?setup, race8, race6, quant, long, quick or profile}
+CALL=${1:?setup, race8, race6, quant, long, quick, kernels or profile}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -40,6 +42,19 @@ start_build_and_pull() {  # llama.cpp's build and the bf16 race file's pull, sid
   (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
    echo "pull rc $?" >> "$OUT/pull.log") &
   pulled=$!
+}
+
+quantize_early() {  # a CPU-only llama-quantize (no llama-bench), the bf16 file once written (pull $1), as $2
+  mkdir -p /tmp/lcpq && tar xJf .lcpp/llama.cpp-*-src.tar.xz -C /tmp/lcpq
+  (cd /tmp/lcpq/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+     > /dev/null && cmake --build build --target llama-quantize -j 12 > /dev/null) > "$OUT/lcpq.log" 2>&1
+  local source=/tmp/race/qwen3-30b-a3b-16l-bf16.gguf
+  until [ -f $source ] || ! kill -0 "$1" 2> /dev/null; do sleep 2; done
+  while [ -f $source ] && [ "$(stat -c %s $source)" != "$(sleep 3; stat -c %s $source)" ]; do :; done
+  /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source "/tmp/race/qwen3-30b-a3b-16l-${2,,}.gguf" "$2" 8 \
+    > "$OUT/quantize.log" 2>&1
+  echo "quantize rc $?" >> "$OUT/lcpq.log"
 }
 
 case $CALL in
@@ -74,6 +89,7 @@ case $CALL in
     echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
   quick)
     start_build_and_pull
+    if [ -n "${QUANT:-}" ]; then quantize_early $pulled "$QUANT"; fi  # (not waiting for llama-bench's build)
     wait $pulled $build
     tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"
     QUANTIZED=()
@@ -85,23 +101,33 @@ case $CALL in
     timeout 300 "${RACE[@]}" "${QUANTIZED[@]}" --settings "${SETTINGS:-8}" --threads 8 --prompts 512 \
       --ft-timeout 200 --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsquick.json" > "$OUT/racequick.log" 2>&1
     echo "rc $?"; tail -n 12 "$OUT/racequick.log" ;;
+  kernels)
+    # the block GEMV against cuBLAS bf16 (and, where .clean/ftold.tar.gz is carried, the kernel
+    # of that commit side by side), its GPU tests, beside the llama.cpp build and the bf16 pull;
+    # then the Q4_K_M race at -ncmoe 8 (~9 min)
+    start_build_and_pull
+    timeout 120 python3 benchmarks/bench_block_gemv.py --out "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
+    if [ -f "$OLDPWD/.clean/ftold.tar.gz" ]; then
+      mkdir -p /tmp/ftold && tar xzf "$OLDPWD/.clean/ftold.tar.gz" -C /tmp/ftold
+      PYTHONPATH=/tmp/site:/tmp/ftold timeout 60 python3 benchmarks/bench_block_gemv.py --tiles default \
+        --out "$OUT/gemv_old.json" > "$OUT/gemv_old.log" 2>&1
+    fi
+    timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_block_gemv.py tests/test_block_weight.py \
+      tests/test_slot_experts.py > "$OUT/gpu_kernels.log" 2>&1
+    echo "rc $?" >> "$OUT/gpu_kernels.log"
+    quantize_early $pulled Q4_K_M
+    wait $pulled $build
+    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    timeout 200 "${RACE[@]}" --quant Q4_K_M --settings 8 --threads 8 --prompts 512 --ft-timeout 150 \
+      --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsq8.json" > "$OUT/raceq8.log" 2>&1
+    echo "rc $?"; tail -n 3 "$OUT/gpu_kernels.log"; tail -n 6 "$OUT/raceq8.log" ;;
   profile)
     # where a decode token's time goes (benchmarks/profile_decode.py), Q4_K_M against bf16: a
     # CPU-only llama-quantize (no llama-bench needed) beside the bf16 pull, then four profiles
     (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
      echo "pull rc $?" >> "$OUT/pull.log") &
     pulled=$!
-    mkdir -p /tmp/lcpq && tar xJf .lcpp/llama.cpp-*-src.tar.xz -C /tmp/lcpq
-    (cd /tmp/lcpq/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
-       > /dev/null && cmake --build build --target llama-quantize -j 12 > /dev/null) > "$OUT/lcpq.log" 2>&1
-    source=/tmp/race/qwen3-30b-a3b-16l-bf16.gguf
-    until [ -f $source ] || ! kill -0 $pulled 2> /dev/null; do sleep 2; done
-    while [ -f $source ] && [ "$(stat -c %s $source)" != "$(sleep 3; stat -c %s $source)" ]; do :; done
-    /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source /tmp/race/qwen3-30b-a3b-16l-q4_k_m.gguf Q4_K_M 8 \
-      > "$OUT/quantize.log" 2>&1
-    echo "quantize rc $?" >> "$OUT/lcpq.log"
-    wait $pulled
+    quantize_early $pulled Q4_K_M
     python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
     tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
     q4=local/qwen3-30b-a3b-16l-q4_k_m
