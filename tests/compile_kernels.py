@@ -89,11 +89,14 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
                **{name: "i32" for name in ("stride_t", "stride_h", "stride_cos", "stride_out_t", "stride_out_h")}}
         out.append((f"rotary rot={rot}", rotary._rotary_kernel, sig, {"DIM": 128, "ROT": rot, "BLOCK": 128}))
     for kind, code in block_gemv.KINDS.items():
+        cols = 2880 if kind == "mxfp4" else 2048  # (gpt-oss's MXFP4 rows: no whole super-blocks)
+        sb_bytes = block_gemv.SUPER_BLOCK_BYTES.get(code, 0)
+        row_bytes = cols // 32 * block_gemv.MXFP4_BLOCK_BYTES if kind == "mxfp4" else cols // 256 * sb_bytes
         for source in ("*bf16", "*fp32"):
             sig = {"in_ptr": source, "stride_in": "i32", "index_ptr": "*i32", "slots_ptr": "*u8", "stride_slot": "i64",
                    "part_offset": "i64", "slot_of_ptr": "*i32", "out_ptr": "*fp32", "stride_out": "i32"}
             out.append((f"block_gemv {kind} {source[1:]}", block_gemv._block_gemv_kernel, sig,
-                        {"ROWS": 1536, "COLS": 2048, "KIND": code, "SB_BYTES": block_gemv.SUPER_BLOCK_BYTES[code],
+                        {"ROWS": 1536, "COLS": cols, "KIND": code, "SB_BYTES": sb_bytes, "ROW_BYTES": row_bytes,
                          "BLOCK_R": 16}))
     for kind, code in fp8_gemv.KINDS.items():
         sig = {"in_ptr": "*bf16", "stride_in": "i32", "index_ptr": "*i32", "slots_ptr": "*u8", "stride_slot": "i64",
