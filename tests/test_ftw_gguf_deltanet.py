@@ -27,7 +27,13 @@ from ftw.gguf_convert import convert_gguf
 from tests import checkpoints
 from tests.checkpoints import load_all, save_checkpoint
 from tests.parity import assert_parity, convert_and_load
-from tests.test_ftw_gguf_hf import _add_byte_level_tokenizer, _gguf_name
+from tests.test_ftw_gguf_hf import (
+    _add_byte_level_tokenizer,
+    _gguf_name,
+    add_stacked_experts,
+    collect_expert,
+    write_gguf,
+)
 from tests.test_parity import PROMPT, STEPS, hf_model
 
 pytest.importorskip("transformers")
@@ -119,24 +125,13 @@ def export_qwen35_gguf(src: Path, out: Path) -> Path:
         if name.startswith(("model.visual.", "mtp.")):
             continue
         name = "model." + name[len(TEXT_PREFIX):] if name.startswith(TEXT_PREFIX) else name
-        parts = name.split(".")
         if ".mlp.experts." in name:  # model.layers.L.mlp.experts.E.proj.weight, stacked by Qwen2MoeModel
-            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            collect_expert(experts, name, t)
             continue
         name, t = llama_cpp_tensor(name, t, c)
         w.add_tensor(_gguf_name(maps, name), t.float().contiguous().numpy())
-    return _finish(w, maps, experts, out)
-
-
-def _finish(w: gguf.GGUFWriter, maps: list, experts: dict, out: Path) -> Path:
-    for (_, merged), by_expert in sorted(experts.items()):
-        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(_gguf_name(maps, merged), stacked.float().contiguous().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    add_stacked_experts(w, maps, experts)
+    return write_gguf(w, out)
 
 
 def split_qkvz(t: torch.Tensor, c: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +160,7 @@ def export_qwen3next_gguf(src: Path, out: Path, *, whole_qkvz: bool = False) -> 
             continue
         parts = name.split(".")
         if ".mlp.experts." in name:
-            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            collect_expert(experts, name, t)
             continue
         if name.endswith("in_proj_qkvz.weight") and not whole_qkvz:
             qkv, z = split_qkvz(t, c)
@@ -174,7 +169,8 @@ def export_qwen3next_gguf(src: Path, out: Path, *, whole_qkvz: bool = False) -> 
             continue
         name, t = llama_cpp_tensor(name, t, c, tiled=False)
         w.add_tensor(_gguf_name(maps, name), t.float().contiguous().numpy())
-    return _finish(w, maps, experts, out)
+    add_stacked_experts(w, maps, experts)
+    return write_gguf(w, out)
 
 
 @pytest.mark.parametrize("whole_qkvz", [False, True], ids=["split", "whole"])

@@ -26,7 +26,7 @@ from ftw.gguf_file import GGUFModel
 from ftw.gguf_source import architecture_for
 from tests.checkpoints import FAMILY_CONFIGS, load_all, save_checkpoint, to_mxfp4
 from tests.parity import assert_parity, convert_and_load
-from tests.test_ftw_gguf_hf import _add_byte_level_tokenizer, _gguf_name
+from tests.test_ftw_gguf_hf import _add_byte_level_tokenizer, _gguf_name, write_gguf
 from tests.test_parity import PROMPT, STEPS
 
 pytest.importorskip("transformers")
@@ -113,11 +113,7 @@ def export_gpt_oss_gguf(src: Path, out: Path) -> Path:
         elif what == "down_proj_scales":
             w.add_tensor(_gguf_name(maps, f"{base}.down_proj.weight"),
                          repack_mxfp4(tensors[f"{base}.down_proj_blocks"], t), raw_dtype=GGMLQuantizationType.MXFP4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    return write_gguf(w, out)
 
 
 @pytest.fixture

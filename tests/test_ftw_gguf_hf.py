@@ -47,6 +47,27 @@ def _gguf_name(maps: list, hf_name: str) -> str:
     raise AssertionError(f"gguf-py has no GGUF name for {hf_name}")
 
 
+def collect_expert(experts: dict, name: str, t: torch.Tensor) -> None:
+    """Keep a per-expert tensor (model.layers.L.<block>.experts.E.proj.weight) for `add_stacked_experts`."""
+    parts = name.split(".")
+    experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+
+
+def add_stacked_experts(w: gguf.GGUFWriter, maps: list, experts: dict) -> None:
+    """Each layer's collected experts stacked [E, ...] under their GGUF name, as llama.cpp's converters do."""
+    for (_, merged), by_expert in sorted(experts.items()):
+        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
+        w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
+
+
+def write_gguf(w: gguf.GGUFWriter, out: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def _write_dbrx_metadata(w: gguf.GGUFWriter, c: dict) -> None:
     """DbrxModel.set_gguf_parameters, from DBRX's own config layout."""
     ffn, attn = c["ffn_config"], c["attn_config"]
@@ -221,7 +242,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
             w.add_tensor(_gguf_name(maps, name + ".weight"), t.contiguous().numpy())
             continue
         if ".experts." in name and "shared_experts" not in name:  # model.layers.L.{mlp|block_sparse_moe}.experts.E.proj.weight
-            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            collect_expert(experts, name, t)
             continue
         if name.endswith("input_linear.weight"):  # Granite's fused gate|up rows, split by GraniteMoeModel
             shared = "shared_mlp" in name
@@ -256,14 +277,8 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
         if flat and name.endswith(flat):
             t = t.reshape(-1)
         w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
-    for (_, merged), by_expert in sorted(experts.items()):
-        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    add_stacked_experts(w, maps, experts)
+    return write_gguf(w, out)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe", "dots1",

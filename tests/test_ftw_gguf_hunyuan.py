@@ -20,7 +20,13 @@ from gguf.constants import MODEL_ARCH
 
 from tests.checkpoints import load_all, save_checkpoint
 from tests.parity import assert_parity, convert_and_load
-from tests.test_ftw_gguf_hf import _add_byte_level_tokenizer, _gguf_name
+from tests.test_ftw_gguf_hf import (
+    _add_byte_level_tokenizer,
+    _gguf_name,
+    add_stacked_experts,
+    collect_expert,
+    write_gguf,
+)
 from tests.test_parity import PROMPT, STEPS, hf_model
 
 pytest.importorskip("transformers")
@@ -53,19 +59,12 @@ def export_hunyuan_gguf(src: Path, out: Path) -> Path:
     maps = [gguf.get_tensor_name_map(MODEL_ARCH.HUNYUAN_MOE, c["num_hidden_layers"])]
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
     for name, t in load_all(src).items():
-        parts = name.split(".")
         if ".mlp.experts." in name:
-            experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
+            collect_expert(experts, name, t)
             continue
         w.add_tensor(_gguf_name(maps, name), t.float().contiguous().numpy())
-    for (_, merged), by_expert in sorted(experts.items()):
-        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(_gguf_name(maps, merged), stacked.float().contiguous().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    add_stacked_experts(w, maps, experts)
+    return write_gguf(w, out)
 
 
 def test_hunyuan_gguf_generates_what_transformers_does(tmp_path: Path) -> None:
