@@ -109,27 +109,54 @@ def _local_write_error(e: BaseException) -> str | None:
     return None
 
 
-def _unresolved_host(e: BaseException) -> bool:
-    """Whether `e` (or what caused it) is a failed name lookup: this machine is offline or its DNS
-    does not answer. Not retried: a lookup that failed fails again within seconds, and five
-    attempts with backoff kept an offline user waiting 15-20 s for the same answer."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, socket.gaierror):
-            return True
-        text = str(e)
-        if any(m in text for m in ("Name or service not known", "Temporary failure in name resolution",
-                                   "nodename nor servname provided", "getaddrinfo failed", "No address associated")):
-            return True
+def _causes(e: BaseException | None) -> list[BaseException]:
+    """`e` and what caused it, outermost first (each once)."""
+    chain: list[BaseException] = []
+    while e is not None and all(e is not seen for seen in chain):
+        chain.append(e)
         e = e.__cause__ or e.__context__
-    return False
+    return chain
+
+
+def _unreachable_reason(e: BaseException) -> str | None:
+    """Why the host could not be reached where `e` (or what caused it) says it never answered: a
+    failed name lookup (offline, or a DNS that does not answer) or a refused connection (nothing
+    listens there). Neither is retried: it fails again within seconds, and five attempts with
+    backoff kept an offline user waiting 15-20 s for the same answer."""
+    for cause in _causes(e):
+        text = str(cause)
+        if isinstance(cause, socket.gaierror) or any(m in text for m in (
+                "Name or service not known", "Temporary failure in name resolution",
+                "nodename nor servname provided", "getaddrinfo failed", "No address associated")):
+            return "resolve"
+        if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) == errno.ECONNREFUSED \
+                or "Connection refused" in text:
+            return "refused"
+    return None
+
+
+def _host_of(e: BaseException) -> str:
+    """The host a failed request went to (an httpx error's request; a download may be redirected
+    off the endpoint), else the endpoint's."""
+    for cause in _causes(e):
+        try:
+            host = cause.request.url.host  # type: ignore[attr-defined]  # (httpx raises without a request)
+        except (AttributeError, RuntimeError):
+            continue
+        if host:
+            return str(host)
+    return endpoint().split("://", 1)[-1].split("/", 1)[0]
+
+
+OFFLINE_WAYS = ("to work offline: models already pulled run (`ft list`), `ft pull ./checkpoint-dir` or "
+                "`ft pull ./model.gguf` converts files on this machine, HF_ENDPOINT=URL names another hub")
 
 
 def with_retries(what: str, fn: Callable[[], T], *, resumes: bool = False) -> T:
     """Run `fn`, retrying transient failures (network, 5xx, 429) with exponential backoff.
     `resumes`: `fn` downloads a file that a later pull resumes (the message says so; a metadata
-    step has nothing to resume). A host that does not resolve is not retried.
+    step has nothing to resume). A host that does not resolve or refuses the connection is not
+    retried.
 
     `FT_PULL_RETRIES` (default 5 attempts) and `FT_PULL_RETRY_DELAY_S` (first backoff, default 1 s)
     tune it.
@@ -162,12 +189,14 @@ def with_retries(what: str, fn: Callable[[], T], *, resumes: bool = False) -> T:
             if local is not None:  # the disk, not the network: retrying downloads it all again
                 raise HubError(f"{what}: {local}; the pull resumes from what is downloaded when run again") from e
             again = "run the pull again: it resumes" if resumes else "try again"
-            if _unresolved_host(e):
-                host = endpoint().split("://", 1)[-1].split("/", 1)[0]
-                raise HubUnreachable(
-                    f"{what}: cannot resolve {host}: this machine is offline or its DNS does not answer; connect "
-                    f"and {again} (models already pulled run offline: `ft list`; HF_ENDPOINT names another hub)"
-                ) from None
+            unreachable = _unreachable_reason(e)
+            if unreachable is not None:
+                host = _host_of(e)
+                why = (f"cannot resolve {host}: this machine is offline or its DNS does not answer; connect"
+                       if unreachable == "resolve" else
+                       f"{host} refused the connection: nothing answers there ({endpoint()}"
+                       f"{', from HF_ENDPOINT' if 'HF_ENDPOINT' in os.environ else ''}); start it or fix the address")
+                raise HubUnreachable(f"{what}: {why} and {again} ({OFFLINE_WAYS})") from None
             if _permanent(e) or attempt == attempts:
                 raise (HubError if _permanent(e) else HubUnreachable)(
                     f"{what} failed after {attempt} attempt(s): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "

@@ -596,6 +596,27 @@ def test_a_host_that_does_not_resolve_is_not_retried(store: Store, monkeypatch) 
         hub.fetch_checkpoint_info("Qwen/Qwen3-30B-A3B", None)
     assert time.perf_counter() - start < 2.0  # one attempt, no backoff
     assert "resumes" not in str(e.value) and "ft list" in str(e.value)
+    assert "`ft pull ./model.gguf`" in str(e.value) and "HF_ENDPOINT" in str(e.value)  # the ways to work offline
+
+
+def test_a_host_that_refuses_the_connection_is_not_retried(store: Store, monkeypatch) -> None:
+    """HF_ENDPOINT at a port where nothing listens (a local mirror not started) was retried five
+    times with backoff, 15 s, then "check the network": it fails at once, naming the host."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("FT_PULL_RETRIES", "5")
+    monkeypatch.setenv("FT_PULL_RETRY_DELAY_S", "2")
+    start = time.perf_counter()
+    with pytest.raises(hub.HubUnreachable, match=rf"looking up Qwen/Qwen3-30B-A3B: 127\.0\.0\.1 refused the connection: "
+                                                 rf"nothing answers there \(http://127\.0\.0\.1:{port}, from HF_ENDPOINT\)"
+                       ) as e:
+        pull("hf://Qwen/Qwen3-30B-A3B", store)
+    assert time.perf_counter() - start < 2.0  # one attempt, no backoff
+    assert "resumes" not in str(e.value) and "`ft pull ./checkpoint-dir`" in str(e.value)
 
 
 def test_a_recipe_of_a_family_not_converted_yet_is_refused_before_the_network(store: Store, monkeypatch,
