@@ -31,6 +31,7 @@ from . import fit as fit_mod
 from . import launch as launch_mod
 from . import show as show_mod
 from .client import Client, NoServer, ServerAddressError, ServerReplyError
+from .events import PullEvent, Report, is_up_to_date
 from .hub import HubError
 from .modelfile import ModelfileError
 from .preflight import FitError
@@ -182,7 +183,7 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
             return
     store = _store()
     with ProgressPrinter() as printer:
-        pulled = pull(name, store, report=printer)
+        pulled = pull(name, store, report=_unless_up_to_date(printer))
     overrides = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict))
                  if v is not None}
     # the name the pull registered (a path or hf:// address is not itself a model name)
@@ -191,6 +192,12 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
                                                overrides=overrides, threads=threads, device=device,
                                                vram_gib=vram_gib, mode=mode)[1:]
     _answer_or_chat(chat, " ".join(prompt), verbose, load_seconds)
+
+
+def _unless_up_to_date(report: Report) -> Report:
+    """`ft run`'s pull report: a stored, whole model is run without a word about it (as `ollama
+    run` does; "is up to date" on every run read as if something had been checked online)."""
+    return lambda event: None if is_up_to_date(event) else report(event)
 
 
 def _answer_or_chat(chat: Any, text: str, verbose: bool, load_seconds: float) -> None:
@@ -238,11 +245,11 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
     import time
 
     from . import serve as serve_mod
-    from .events import PullEvent
 
     with ProgressPrinter() as printer:
+        report = _unless_up_to_date(printer)
         for event in client.stream("/api/pull", {"model": name, "stream": True}):
-            printer(PullEvent(event.get("status", ""), event.get("total"), event.get("completed")))
+            report(PullEvent(event.get("status", ""), event.get("total"), event.get("completed")))
     start = time.perf_counter()
     client.post("/api/generate", {"model": name})  # an empty prompt loads the model (Ollama's way)
     load_seconds = time.perf_counter() - start
@@ -308,10 +315,10 @@ def vram_cmd(name: str, gib: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the server's /api/ps).")
 def ps_cmd(as_json: bool) -> None:
     """List the models a running `ft serve` has loaded."""
-    from . import serve as serve_mod
+    from .client import format_ps
 
-    reply = serve_mod.Client().get("/api/ps")
-    click.echo(json.dumps(reply, indent=1) if as_json else serve_mod.format_ps(reply.get("models", [])))
+    reply = Client().get("/api/ps")
+    click.echo(json.dumps(reply, indent=1) if as_json else format_ps(reply.get("models", [])))
 
 
 @cli.command("launch")
@@ -334,10 +341,8 @@ def stop_cmd(name: str) -> None:
     """Unload model NAME from a running `ft serve` (after its current requests)."""
     from registry import parse_name
 
-    from . import serve as serve_mod
-
     display = parse_name(name).display  # a bad name is refused before any server is asked
-    client = serve_mod.Client()
+    client = Client()
     loaded = {m["name"] for m in client.get("/api/ps").get("models", [])}
     if display not in loaded:
         raise click.ClickException(f"model '{name}' is not running" + (f" (running: {', '.join(sorted(loaded))})"

@@ -78,10 +78,10 @@ def _unload_from_server(names: tuple[str, ...]) -> None:
     effort, in a few seconds: the removal goes on whatever the server, or FT_HOST, says."""
     import http.client
 
-    from . import serve as serve_mod
+    from . import client as client_mod  # (not serve.py: it brings torch, 2-3 s of `ft rm`)
 
     try:
-        client = serve_mod.Client(timeout_s=UNLOAD_TIMEOUT_S)
+        client = client_mod.Client(timeout_s=UNLOAD_TIMEOUT_S)
         if not client.running():
             return
         loaded = {m.get("name") for m in client.get("/api/ps").get("models", [])}
@@ -89,7 +89,7 @@ def _unload_from_server(names: tuple[str, ...]) -> None:
             with contextlib.suppress(InvalidNameError):
                 if parse_name(name).display in loaded:
                     client.post("/api/generate", {"model": name, "keep_alive": 0})
-    except (serve_mod.NoServer, serve_mod.ServerReplyError, serve_mod.ServerAddressError, http.client.HTTPException,
+    except (client_mod.NoServer, client_mod.ServerReplyError, client_mod.ServerAddressError, http.client.HTTPException,
             OSError, ValueError, AttributeError) as e:
         click.echo(f"could not ask the running server to unload: {e}", err=True)
 

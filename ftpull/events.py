@@ -16,6 +16,18 @@ class PullEvent:
 
 
 Report = Callable[[PullEvent], None]
+UP_TO_DATE = " is up to date"
+
+
+def up_to_date(name: str) -> PullEvent:
+    """What a pull of `name` says when the model is stored and whole: nothing was done."""
+    return PullEvent(f"{name}{UP_TO_DATE}")
+
+
+def is_up_to_date(event: PullEvent) -> bool:
+    """Whether `event` is `up_to_date`'s (from this process or a server's /api/pull stream): `ft
+    run` does not print it, as `ollama run` says nothing of a model it has."""
+    return event.total is None and event.status.endswith(UP_TO_DATE)
 
 
 def quiet(event: PullEvent) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from registry import InvalidNameError, ModelName, Store, parse_name
 from runtime.loading.registered import open_model
 
-from .events import PullEvent, Report, quiet
+from .events import PullEvent, Report, quiet, up_to_date
 from .fetch import PullError, download_key, fetch, remove_downloads
 from .modelfile import Modelfile, Recipe, load_modelfile
 from .register import convert_and_register, modelfile_text, register_variant
@@ -66,7 +66,7 @@ def _kept_or_healed(store: Store, name: ModelName, recipe_target: Callable[[], P
     `text` resolves to is the one it was made from (never a same-named recipe's other model over it)."""
     damaged = _damaged_files(store, name)
     if not damaged:
-        report(PullEvent(f"{name.display} is up to date"))
+        report(up_to_date(name.display))
         return PullResult(name, True, store.read_manifest(name).total_size)
     target = recipe_target()
     if target is None or target.name != name or not _made_from(store, name, target):
@@ -191,7 +191,7 @@ def install(
                 store.download_lock(download_key(repo)) if repo else contextlib.nullcontext():  # (its files: from download to delete)
             if store.has_model(target.name) and not replace_existing \
                     and not (heal and _damaged_files(store, target.name)):  # another process pulled it while we waited
-                report(PullEvent(f"{target.name.display} is up to date"))
+                report(up_to_date(target.name.display))
                 return PullResult(target.name, True, store.read_manifest(target.name).total_size)
             fetched = fetch(target, store, work, force, report)
             manifest = convert_and_register(target, store, fetched, work, report)

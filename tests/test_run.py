@@ -46,8 +46,11 @@ def test_one_prompt_streams_an_answer(home: Path, capsys, monkeypatch) -> None:
     code, out, err = ft(capsys, "run", "tiny", "Hello there", "--seed", "3", "--num-predict", "12", "--verbose")
     assert code == 0 and out.strip()
     assert "eval rate:" in err and "prompt eval rate:" in err and "load duration:" in err
+    # a stored model is run without a word about it, as `ollama run` does (it said "is up to date" every run)
+    assert "up to date" not in err
     # same seed, same answer
     assert ft(capsys, "run", "tiny", "Hello there", "--seed", "3", "--num-predict", "12")[1] == out
+    assert "tiny:latest is up to date" in ft(capsys, "pull", "tiny")[2]  # (ft pull still says so)
 
 
 def test_prompt_from_stdin_and_repl(home: Path) -> None:
