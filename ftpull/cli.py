@@ -44,6 +44,9 @@ USER_ERRORS = (RegistryError, FTWError, HubError, FitError, PullError, ResolveEr
                NoServer, ServerReplyError, ServerAddressError, NoGPUError, launch_mod.LaunchError)
 
 
+FIRST_USE_LOGGERS = ("runtime.experts.cpu_kernels",)  # (their INFO lines: one-time builds, shown by default)
+
+
 def _store() -> Store:
     return Store.default()
 
@@ -89,6 +92,10 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 def cli(verbose: bool) -> None:
     """ft: pull, convert and run Mixture-of-Experts models on one PC."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # one-time work a user waits for is said without -v: the CPU kernel's compile for this CPU
+    # (seconds, at a machine's first load) was a silent wait before the first answer
+    for name in FIRST_USE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 @cli.command("pull")

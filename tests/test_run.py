@@ -515,6 +515,21 @@ def test_the_cpu_kernel_is_made_at_load_not_in_the_first_prompt(home: Path, monk
     assert made == ["load"]
 
 
+def test_a_first_use_kernel_build_is_said_on_stderr(home: Path, tmp_path: Path) -> None:
+    """The CPU kernel's compile at a machine's first load (~8 s) was silent without -v: `ft run`
+    says it on stderr now. (A stand-in compiler that builds nothing: the run goes on, on torch.)"""
+    cxx = tmp_path / "cxx"
+    cxx.write_text("#!/bin/sh\n[ \"$1\" = -dumpfullversion ] && echo 1; exit 0\n")
+    cxx.chmod(0o755)
+    env = {**os.environ, "FT_HOME": str(home), "CXX": str(cxx), "FT_KERNEL_CACHE": str(tmp_path / "kernels")}
+    done = subprocess.run([sys.executable, "-m", "ftpull", "run", "tiny", "hi", "--num-predict", "2", "--local"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "compiling the CPU expert kernel for this CPU (once; kept in" in done.stderr, done.stderr
+    assert "CPU expert kernel unavailable" in done.stderr  # (the stand-in's; said once, not twice)
+    assert done.stderr.count("compiling the CPU expert kernel") == 1
+
+
 def test_repl_shows_the_models_sections_and_sets_verbose_as_ollama_does(home: Path, monkeypatch, capsys) -> None:
     """/show info, modelfile, system, template, license and parameters (the context it runs with
     among them), /set verbose and /set quiet, through a chat `ft run` loaded."""
