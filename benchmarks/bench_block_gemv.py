@@ -8,11 +8,11 @@ that reads every byte once can reach), side by side in one process:
   [151936, 2048]), one weight each.
 
 Prints microseconds a call and GB/s of stored bytes for each kernel shape at each (rows a
-program, warps) in `--tiles`, and bf16 cuBLAS's. The bytes are random (a speed test: the values
+program, super-blocks of a row side by side, warps) in `--tiles`, and bf16 cuBLAS's. The bytes are random (a speed test: the values
 do not matter; tests/test_block_gemv.py holds the results to gguf-py's).
 
     python3 benchmarks/bench_block_gemv.py
-    python3 benchmarks/bench_block_gemv.py --tiles 16x4,32x4,32x8 --reps 200
+    python3 benchmarks/bench_block_gemv.py --tiles 8x8x4,16x4x8,32x2x8 --reps 200
 """
 
 from __future__ import annotations
@@ -44,15 +44,24 @@ SHAPES = [
 
 
 def _time_us(fn, reps: int) -> float:
+    """Device microseconds a call: `reps` calls captured in one CUDA graph and replayed, as decode
+    runs them (timed launch by launch, a Triton kernel of a few microseconds measures the ~20 us
+    its Python launcher takes on the host instead)."""
     for _ in range(3):
         fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
-        fn()
+    for _ in range(3):
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / reps
+    return 1e3 * start.elapsed_time(end) / (3 * reps)
 
 
 def _measure(name: str, kind: str, rows: int, cols: int, pairs: int, tiles: dict[str, dict], reps: int,
@@ -76,16 +85,16 @@ def _measure(name: str, kind: str, rows: int, cols: int, pairs: int, tiles: dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiles", default="default,8x2,32x4,32x8,64x8",
-                        help="rows a program x warps, comma-separated; `default`: the kernel's own choice")
+    parser.add_argument("--tiles", default="default,8x4x4,8x8x4,16x4x4,16x8x8,32x2x8,32x4x8,8x1x2",
+                        help="rows a program x super-blocks side by side x warps, comma-separated; `default`: "
+                             "the kernel's own choice (MXFP4 reads 8 blocks a step whatever the middle figure)")
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_block_gemv times the CUDA kernel: run it on the GPU machine "
                          "(tests/test_block_gemv.py checks it on the CPU)")
-    tiles = {t: {} if t == "default" else dict(zip(("block_r", "num_warps"), map(int, t.split("x")), strict=True))
-             for t in args.tiles.split(",")}
+    tiles = {t: {} if t == "default" else {"tile": tuple(map(int, t.split("x")))} for t in args.tiles.split(",")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out = []
     for shape in SHAPES:

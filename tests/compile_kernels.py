@@ -97,7 +97,7 @@ def variants(sm: int = 90) -> list[tuple[str, object, dict[str, str], dict[str, 
                    "part_offset": "i64", "slot_of_ptr": "*i32", "out_ptr": "*fp32", "stride_out": "i32"}
             out.append((f"block_gemv {kind} {source[1:]}", block_gemv._block_gemv_kernel, sig,
                         {"ROWS": 1536, "COLS": cols, "KIND": code, "SB_BYTES": sb_bytes, "ROW_BYTES": row_bytes,
-                         "BLOCK_R": 16}))
+                         "BLOCK_R": 8, "SPAN": 8}))
     for kind, code in fp8_gemv.KINDS.items():
         sig = {"in_ptr": "*bf16", "stride_in": "i32", "index_ptr": "*i32", "slots_ptr": "*u8", "stride_slot": "i64",
                "part_offset": "i64", "scale_offset": "i64", "slot_of_ptr": "*i32", "out_ptr": "*fp32",

@@ -29,11 +29,13 @@ def _blocks(w: np.ndarray, kind: str) -> np.ndarray:
 
 @needs_triton
 @pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k", "q8_0"])
-@pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float32])
-def test_rows_times_inputs_as_the_dequantized_weights(kind: str, input_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("input_dtype", "cols", "tile"), [(torch.bfloat16, 512, None), (torch.float32, 768, None),
+                                                           (torch.float32, 768, (16, 2, 4))])
+def test_rows_times_inputs_as_the_dequantized_weights(kind: str, input_dtype: torch.dtype, cols: int, tile) -> None:
     """Three slots of one part each (at an offset, slots wider than the part), five pairs reading
-    them in any order and one left to the CPU (slot -1: zeros), 40 rows (not a whole tile)."""
-    rows, cols, offset = 40, 512, 256
+    them in any order and one left to the CPU (slot -1: zeros), 40 rows (not a whole tile); rows of
+    3 super-blocks read 4 (or 2, twice) side by side, the spare ones masked."""
+    rows, offset = 40, 256
     rng = np.random.default_rng(3)
     parts = [_blocks(rng.standard_normal((rows, cols)).astype(np.float32), kind) for _ in range(3)]
     nbytes = parts[0].size
@@ -44,7 +46,7 @@ def test_rows_times_inputs_as_the_dequantized_weights(kind: str, input_dtype: to
     slot_of = torch.tensor([2, -1, 0, 2, 1], dtype=torch.int32)
     index = torch.tensor([0, 1, 2, 1, 0], dtype=torch.int32)
     ours = block_gemv(inputs.to(DEVICE), index.to(DEVICE), slots.to(DEVICE), slot_of.to(DEVICE), part_offset=offset,
-                      kind=kind, rows=rows, cols=cols).cpu()
+                      kind=kind, rows=rows, cols=cols, tile=tile).cpu()
     weights = dequantize_blocks(slots[:, offset: offset + nbytes], kind, (rows, cols))  # [3, rows, cols]
     for p, (s, i) in enumerate(zip(slot_of.tolist(), index.tolist(), strict=True)):
         if s < 0:
@@ -65,6 +67,8 @@ def test_a_part_that_does_not_fit_the_slot_is_refused() -> None:
         block_gemv(torch.zeros(1, 100, device=DEVICE), one, slots, one, part_offset=0, kind="q4_k", rows=1, cols=100)
     with pytest.raises(ValueError, match="not q2_k"):
         block_gemv(x, one, slots, one, part_offset=0, kind="q2_k", rows=1, cols=256)
+    with pytest.raises(ValueError, match="4-byte aligned"):  # Q4_K is read as int32 words
+        block_gemv(x, one, slots, one, part_offset=2, kind="q4_k", rows=1, cols=256)
 
 
 @needs_triton

@@ -68,54 +68,109 @@ def dequant(blk, v, KIND: tl.constexpr):
 
 
 @triton.jit
+def _f16_bits(h):
+    """float16 bit patterns in the low 16 bits of integers -> float32."""
+    return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _scale_min_words(s0, s1, s2, j):
+    """Q4_K's and Q5_K's 6-bit scales and mins of sub-blocks `j` (0..7) from the three little-endian
+    words s0, s1, s2 of their 12 scale bytes q[0..11]: j < 4: q[j] & 63 and q[j + 4] & 63; else
+    (with i = j - 4) q[i + 8] & 15 | q[i] >> 6 << 4 and q[i + 8] >> 4 | q[i + 4] >> 6 << 4."""
+    shift = 8 * (j % 4)
+    a = (s0 >> shift) & 0xFF  # q[j % 4]
+    b = (s1 >> shift) & 0xFF  # q[j % 4 + 4]
+    c = (s2 >> shift) & 0xFF  # q[j % 4 + 8]
+    low = j < 4
+    sc = tl.where(low, a & 63, (c & 0xF) | ((a >> 6) << 4))
+    mn = tl.where(low, b & 63, (c >> 4) | ((b >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
 def super_block_dot(blk, x, KIND: tl.constexpr):
-    """Rows' super-blocks at byte pointers `blk` [R] times the 256 inputs at `x`: float32 [R].
+    """Super-blocks at byte pointers `blk` [R, S] (row r's super-block s) times the 256 inputs each
+    at `x` [1, S]: float32 [R, S]. A caller sums over S: a row's super-blocks are read side by
+    side, not one after another, so a program keeps many loads in flight.
 
     A sub-block's scale (and min) is read and applied once, to the dot of its integer quants with
     its inputs, not to each value: for Q4_K and Q5_K, d * sum_j sc_j (q_j . x_j) - dmin * sum_j
-    m_j sum(x_j); for Q6_K d * sum_s sc_s (q_s . x_s); for Q8_0 sum_i d_i (q_i . x_i). Each quant
-    byte is loaded once for the values it holds (Q4_K's low and high nibbles: sub-blocks 2g and
-    2g + 1 of its 64-value group g). The values equal `dequant`'s up to float32 rounding."""
-    row = blk[:, None, None]
-    if KIND == 3:  # Q8_0: eight 34-byte blocks, an fp16 scale then 32 int8
-        i = tl.arange(0, 8)[None, :, None]
-        w = tl.arange(0, 32)[None, None, :]
-        q = tl.load(row + i * 34 + 2 + w).to(tl.int8, bitcast=True).to(tl.float32)  # [R, 8, 32]
-        dots = tl.sum(q * tl.load(x + i * 32 + w).to(tl.float32), axis=2)  # [R, 8]
-        return tl.sum(_f16_at(blk[:, None] + tl.arange(0, 8)[None, :] * 34) * dots, axis=1)
-    if KIND == 2:  # Q6_K: ql[128], qh[64], int8 scales[16], d; value v = 16 s + t, scale s
-        s = tl.arange(0, 16)[None, :, None]
-        t = tl.arange(0, 16)[None, None, :]
-        half, s8 = s // 8, s % 8
-        ql = tl.load(row + half * 64 + (s % 4) * 16 + t).to(tl.int32)
-        ql = (ql >> (4 * (s8 // 4))) & 0xF
-        qh = tl.load(row + 128 + half * 32 + (s % 2) * 16 + t).to(tl.int32)
-        qh = (qh >> (2 * (s8 // 2))) & 3
-        q = ((ql | (qh << 4)) - 32).to(tl.float32)  # [R, 16, 16]
-        dots = tl.sum(q * tl.load(x + s * 16 + t).to(tl.float32), axis=2)  # [R, 16]
-        sc = tl.load(blk[:, None] + 192 + tl.arange(0, 16)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
-        return _f16_at(blk + 208) * tl.sum(sc * dots, axis=1)
+    m_j sum(x_j); for Q6_K d * sum_s sc_s (q_s . x_s); for Q8_0 sum_i d_i (q_i . x_i). The bytes
+    are read as wide words, each holding several values: Q4_K's and Q5_K's (144 and 176 bytes) as
+    int32, so `blk` must be 4-byte aligned; Q6_K's and Q8_0's (210 and 34) as int16, 2-byte
+    aligned. The values equal `dequant`'s up to float32 rounding."""
+    xs = x[:, :, None, None]
+    if KIND == 3:  # Q8_0: eight 34-byte blocks (17 halfwords), an fp16 scale then 32 int8
+        half = blk.to(tl.pointer_type(tl.int16))
+        i = tl.arange(0, 8)[None, None, :, None]
+        m = tl.arange(0, 16)[None, None, None, :]
+        h = tl.load(half[:, :, None, None] + i * 17 + 1 + m).to(tl.int32)  # [R, S, 8, 16]: int8 values 2 m, 2 m + 1
+        at = xs + i * 32 + 2 * m
+        dots = tl.sum(((h << 24) >> 24).to(tl.float32) * tl.load(at).to(tl.float32)
+                      + ((h << 16) >> 24).to(tl.float32) * tl.load(at + 1).to(tl.float32), axis=3)  # [R, S, 8]
+        d = _f16_bits(tl.load(half[:, :, None] + tl.arange(0, 8)[None, None, :] * 17).to(tl.int32))
+        return tl.sum(d * dots, axis=2)
+    if KIND == 2:  # Q6_K: ql[128], qh[64], int8 scales[16], d; value 128 h + 32 t + c (c < 32)
+        # takes ql byte 64 h + 32 (t % 2) + c (nibble t // 2), qh byte 32 h + c (bits 2 t) and scale
+        # 8 h + 2 t + c // 16. With c = 16 mh + 2 k + e (e a halfword's byte), a = 4 h + 2 (t % 2) + mh
+        # indexes both the ql halfwords 8 a + k and, for t // 2 in 0 and 1, one scale per (a, t // 2).
+        half = blk.to(tl.pointer_type(tl.int16))
+        a = tl.arange(0, 8)[None, None, :, None]
+        k = tl.arange(0, 8)[None, None, None, :]
+        h, t_low, mh = a // 4, (a // 2) % 2, a % 2
+        ql = tl.load(half[:, :, None, None] + 8 * a + k).to(tl.int32)  # [R, S, 8, 8]
+        qh = tl.load(half[:, :, None, None] + 64 + 16 * h + 8 * mh + k).to(tl.int32)
+        x_at = xs + 128 * h + 32 * t_low + 16 * mh + 2 * k  # (+ 64 for t // 2 = 1, + e)
+        a3 = tl.arange(0, 8)[None, None, :]
+        scale_at = blk[:, :, None] + 192 + 8 * (a3 // 4) + 2 * ((a3 // 2) % 2) + a3 % 2  # [R, S, 8]: 8 h + 2 t + mh
+        total = tl.zeros(blk.shape, dtype=tl.float32)
+        for t_high in tl.static_range(2):
+            t = 2 * t_high + t_low
+            acc = tl.zeros(ql.shape, dtype=tl.float32)
+            for e in tl.static_range(2):
+                q = ((ql >> (8 * e + 4 * t_high)) & 0xF) | ((((qh >> (8 * e)) >> (2 * t)) & 3) << 4)
+                acc += (q - 32).to(tl.float32) * tl.load(x_at + 64 * t_high + e).to(tl.float32)
+            sc = tl.load(scale_at + 4 * t_high).to(tl.int8, bitcast=True).to(tl.float32)
+            total += tl.sum(sc * tl.sum(acc, axis=3), axis=2)
+        return _f16_bits(tl.load(half + 104).to(tl.int32)) * total
     # Q4_K, Q5_K: d, dmin, 12 bytes of scales and mins, (Q5_K: qh[32],) qs[128]. qs byte 32 g + w
-    # holds value 64 g + w (low nibble, sub-block 2 g) and 64 g + 32 + w (high, sub-block 2 g + 1)
-    g = tl.arange(0, 4)[None, :, None]
-    w = tl.arange(0, 32)[None, None, :]
-    qs_at: tl.constexpr = 16 if KIND == 0 else 48
-    q = tl.load(row + qs_at + g * 32 + w).to(tl.int32)  # [R, 4, 32]
-    low, high = q & 0xF, q >> 4
-    if KIND == 1:  # the fifth bit of value 32 j + w is bit j of qh[w]
-        qh = tl.load(row + 16 + w).to(tl.int32)  # [R, 1, 32]
-        low = low | (((qh >> (2 * g)) & 1) << 4)
-        high = high | (((qh >> (2 * g + 1)) & 1) << 4)
-    x_low = tl.load(x + g * 64 + w).to(tl.float32)  # [1, 4, 32]
-    x_high = tl.load(x + g * 64 + 32 + w).to(tl.float32)
-    dot_low = tl.sum(low.to(tl.float32) * x_low, axis=2)  # [R, 4]
-    dot_high = tl.sum(high.to(tl.float32) * x_high, axis=2)
-    j = 2 * tl.arange(0, 4)[None, :]
-    sc_low, mn_low = _scale_min_k4(blk[:, None], j)  # [R, 4]
-    sc_high, mn_high = _scale_min_k4(blk[:, None], j + 1)
-    scaled = tl.sum(sc_low * dot_low + sc_high * dot_high, axis=1)
-    offsets = tl.sum(mn_low * tl.sum(x_low, axis=2) + mn_high * tl.sum(x_high, axis=2), axis=1)
-    return _f16_at(blk) * scaled - _f16_at(blk + 2) * offsets
+    # holds value 64 g + w (low nibble, sub-block 2 g) and 64 g + 32 + w (high, sub-block 2 g + 1);
+    # it is byte b of word 8 g + k, w = 4 k + b
+    words = blk.to(tl.pointer_type(tl.int32))
+    row = words[:, :, None, None]
+    g = tl.arange(0, 4)[None, None, :, None]
+    k = tl.arange(0, 8)[None, None, None, :]
+    qs_at: tl.constexpr = 4 if KIND == 0 else 12
+    q = tl.load(row + qs_at + 8 * g + k)  # [R, S, 4, 8]
+    if KIND == 1:  # the fifth bit of value 32 j + w is bit j of qh[w]: byte b of qh word k
+        qh = tl.load(row + 4 + k)  # [R, S, 1, 8]
+    x_at = xs + 64 * g + 4 * k
+    acc_low = tl.zeros(q.shape, dtype=tl.float32)
+    acc_high = tl.zeros(q.shape, dtype=tl.float32)
+    sum_low = tl.zeros(x_at.shape, dtype=tl.float32)
+    sum_high = tl.zeros(x_at.shape, dtype=tl.float32)
+    for b in tl.static_range(4):
+        low = (q >> (8 * b)) & 0xF
+        high = (q >> (8 * b + 4)) & 0xF
+        if KIND == 1:
+            bits = qh >> (8 * b)
+            low = low | (((bits >> (2 * g)) & 1) << 4)
+            high = high | (((bits >> (2 * g + 1)) & 1) << 4)
+        x_low = tl.load(x_at + b).to(tl.float32)  # [1, S, 4, 8]
+        x_high = tl.load(x_at + 32 + b).to(tl.float32)
+        acc_low += low.to(tl.float32) * x_low
+        acc_high += high.to(tl.float32) * x_high
+        sum_low += x_low
+        sum_high += x_high
+    d_dmin = tl.load(words)  # [R, S]: d | dmin << 16, then the scale words
+    s0, s1, s2 = tl.load(words + 1)[:, :, None], tl.load(words + 2)[:, :, None], tl.load(words + 3)[:, :, None]
+    j = 2 * tl.arange(0, 4)[None, None, :]
+    sc_low, mn_low = _scale_min_words(s0, s1, s2, j)  # [R, S, 4]
+    sc_high, mn_high = _scale_min_words(s0, s1, s2, j + 1)
+    scaled = tl.sum(sc_low * tl.sum(acc_low, axis=3) + sc_high * tl.sum(acc_high, axis=3), axis=2)
+    offsets = tl.sum(mn_low * tl.sum(sum_low, axis=3) + mn_high * tl.sum(sum_high, axis=3), axis=2)
+    return _f16_bits(d_dmin) * scaled - _f16_bits(d_dmin >> 16) * offsets
 
 
 MXFP4 = 4  # (block_gemv only: 32-value blocks, so rows need not be whole 256-value super-blocks)
