@@ -99,8 +99,9 @@ def _repair_advice(store: Store, name: ModelName, damaged: list[str]) -> str:
 
 
 def _damaged_files(store: Store, name: ModelName) -> list[str]:
-    """The titles of the model's blobs that are missing or not the size its manifest says (sizes
-    only: `ft verify` hashes)."""
+    """The titles of the model's blobs that are missing, not the size its manifest says, or
+    corrupt as far as the quick check a load makes sees (Store.verify without rehash; `ft verify`
+    hashes everything)."""
     config = store.read_manifest(name).config.digest
     return ["the config" if bad.digest == config else bad.title for bad in store.verify(name, rehash=False)]
 

@@ -301,8 +301,9 @@ class Store:
     def verify(self, name: ModelName | str, progress: ProgressFn | None = None, *, rehash: bool = True) -> list[BadBlob]:
         """Re-hash every blob of `name`; returns the missing, truncated or corrupt ones.
 
-        `progress(bytes_done, bytes_total)` is called while hashing. Without `rehash`, sizes and
-        sampled digests only (4 MiB read a blob: what a pull or a load can afford every time).
+        `progress(bytes_done, bytes_total)` is called while hashing. Without `rehash`, sizes, the
+        sha256 of small blobs and the sampled digests of large ones (64 MiB read a blob at most:
+        what a pull or a load can afford every time; verify.QUICK_FULL_HASH_MAX_BYTES).
         """
         return verify_manifest(self._blobs, self.read_manifest(name), progress, rehash=rehash)
 

@@ -14,6 +14,12 @@ from .manifest import Descriptor, Manifest
 from .model_manifest import MEDIA_FTW_SHARD
 
 Problem = Literal["missing", "truncated", "oversized", "corrupt"]
+# A quick check (a load's, a pull's of a stored model) hashes whole the blobs of at most this size
+# (configs, tokenizers, indexes, a small model's shards: ~40 ms at most each), where 64 samples of
+# 64 KiB cover little of them (half of the tiny model's 8 MB shard: a byte flipped between two
+# samples was run without a word). Shards are up to 4 GiB: those are sampled, as their full hash
+# would add seconds a GiB to every load.
+QUICK_FULL_HASH_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -50,9 +56,10 @@ def verify_manifest(blobs: BlobStore, manifest: Manifest, progress: ProgressFn |
 
     `progress(bytes_done, bytes_total)` is called as bytes are hashed; a missing or wrongly
     sized blob is not read but counts as done, so that the total is always reached. Without
-    `rehash`, presence, sizes and each blob's sampled digest (blobs.py: 4 MiB read a blob) are
-    checked: missing, truncated, oversized, and corrupt where the samples say so. A full hash
-    that finds a blob good keeps its sampled digest anew.
+    `rehash`, the quick check: presence, sizes, the sha256 of blobs of at most
+    QUICK_FULL_HASH_MAX_BYTES and the sampled digest of larger ones (blobs.py: 4 MiB read a
+    blob): missing, truncated, oversized, and corrupt where the hash or samples say so. A full
+    hash that finds a blob good keeps its sampled digest anew.
     """
     unique: dict[tuple[str, int], Descriptor] = {}
     for d in manifest.blobs:  # (a digest named twice with two sizes: both checked, one is wrong)
@@ -91,7 +98,7 @@ def _check_one(blobs: BlobStore, d: Descriptor, tick: Callable[[int], None], reh
         return bad("missing")
     if size != d.size:
         return bad("truncated" if size < d.size else "oversized", size)
-    if not rehash:
+    if not rehash and d.size > QUICK_FULL_HASH_MAX_BYTES:
         try:
             sampled = blobs.sample_matches(d.digest, d.size)
         except FileNotFoundError:  # removed while we looked
@@ -106,12 +113,14 @@ def _check_one(blobs: BlobStore, d: Descriptor, tick: Callable[[int], None], reh
         return bad("truncated" if ref.size < d.size else "oversized", ref.size, ref.digest)
     if ref.digest != d.digest:
         return bad("corrupt", ref.size, ref.digest)
-    blobs.record_sample(BlobRef(d.digest, d.size))
+    if rehash:  # (a quick check of a small blob keeps what it found: it writes nothing in the store)
+        blobs.record_sample(BlobRef(d.digest, d.size))
     return None
 
 
 def sampled_check(path: Path, d: Descriptor) -> BadBlob | None:
-    """One stored blob checked as a load can afford: present, its size, its sampled digest."""
+    """One stored blob checked as a load can afford: present, its size, and its sha256 where it
+    is small (QUICK_FULL_HASH_MAX_BYTES), else its sampled digest."""
     return _check_one(BlobStore(path.parent), d, lambda n: None, rehash=False)
 
 

@@ -342,11 +342,14 @@ def test_names_are_case_insensitive_tags_too(home: Path, capsys) -> None:
     assert not old.exists()
 
 
-def test_a_blob_rotted_on_the_disk_is_refused_at_load_and_healed_by_pull(home: Path, capsys) -> None:
+def test_a_blob_rotted_on_the_disk_is_refused_at_load_and_healed_by_pull(home: Path, capsys, monkeypatch) -> None:
     """Same size, other bytes (it was loaded without a word, and `ft pull` said "up to date"): a
     load's sampled check refuses it with the fix, and `ft pull` (or the pull `ft run` makes first)
-    fetches it again."""
+    fetches it again. (Every blob sampled here, as a large one is: the tiny model's are hashed whole.)"""
     from ftw.errors import CorruptShardError
+    from registry import verify
+
+    monkeypatch.setattr(verify, "QUICK_FULL_HASH_MAX_BYTES", 0)
     from runtime.loading.registered import MEDIA_FTW_SHARD, open_model
     from runtime.loading.runnable import load_registered
 
@@ -370,3 +373,26 @@ def test_a_blob_rotted_on_the_disk_is_refused_at_load_and_healed_by_pull(home: P
     rot()
     code, out, err = ft(capsys, "run", "tiny", "hi", "--num-predict", "1", "--local")
     assert code == 0 and "missing or damaged; pulling it again" in out + err and path.read_bytes() == good
+
+
+def test_a_small_blob_is_hashed_whole_at_load(home: Path, capsys) -> None:
+    """A byte flipped between two of the 64 samples of the tiny model's 8 MB shard was loaded
+    without a word: a blob of at most 64 MiB is hashed whole when a model loads."""
+    from ftw.errors import CorruptShardError
+    from registry.blobs import SAMPLE_BYTES, SAMPLE_CHUNKS
+    from runtime.loading.registered import MEDIA_FTW_SHARD, open_model
+    from runtime.loading.runnable import load_registered
+
+    assert ft(capsys, "pull", "tiny")[0] == 0
+    store = Store(home)
+    shard = next(d for d in store.read_manifest("tiny").layers if d.media_type == MEDIA_FTW_SHARD)
+    path = store.blob_path(shard.digest)
+    assert shard.size > SAMPLE_CHUNKS * SAMPLE_BYTES  # (sampled, not read whole, by the sampled digest)
+    data = bytearray(path.read_bytes())
+    data[SAMPLE_BYTES + 100] ^= 0xFF  # after the first sample, before the second (at ~size / 63)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptShardError, match=r"model-00001.ftw .*corrupt: sha256 is .*`ft pull tiny:latest`"):
+        load_registered(open_model(store, "tiny"))
+    code, out, err = ft(capsys, "run", "tiny", "hi", "--num-predict", "1", "--local")  # its pull sees it too
+    assert code == 0 and "missing or damaged; pulling it again" in out + err
+    assert store.verify("tiny") == []  # whole again

@@ -62,9 +62,10 @@ class RegisteredModel:
                                     "them again") from None
 
     def check_files(self) -> None:
-        """Each of the model's files checked as a load can afford (present, its size, its sampled
-        digest), so that a file rotted on the disk since it was stored is refused, not run:
-        CorruptShardError naming it and the fix. Once a load (runnable.load_registered)."""
+        """Each of the model's files checked as a load can afford (present, its size, its sha256
+        where it is small, else its sampled digest: registry.verify.sampled_check), so that a file
+        rotted on the disk since it was stored is refused, not run: CorruptShardError naming it and
+        the fix. Once a load (runnable.load_registered)."""
         for d in self.manifest.layers:
             bad = sampled_check(self.files[d.title], d)
             if bad is not None:
