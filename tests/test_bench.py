@@ -306,3 +306,51 @@ def test_the_policy_check_is_not_judged_on_the_cpu(report: dict) -> None:
 
     assert "policy_check" not in report
     assert "policy check: only with --device cuda" in format_report(report)
+
+
+def test_a_budget_above_the_free_vram_is_refused_before_anything_is_built(capsys: pytest.CaptureFixture[str],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the cache is sized from --budget-gib (8 by default): more than the GPU has free was
+    found by an out-of-memory error after the banks were built and pinned."""
+    import torch
+
+    from runtime.bench import moe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (5 << 30, 8 << 30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "RTX 4060 Laptop GPU")
+    monkeypatch.setattr(moe, "make_banks", lambda *a, **k: pytest.fail("banks built"))
+    with pytest.raises(SystemExit) as e:
+        _run(["bench"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1
+    assert ("--budget-gib 8 needs 8.0 GiB of VRAM, RTX 4060 Laptop GPU has 5.0 GiB free of 8.0 GiB: "
+            "pass --budget-gib 4.5 or less") in err
+
+
+def test_files_it_reads_and_writes_are_checked_before_anything_is_built(tmp_path, capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.bench import moe
+
+    monkeypatch.setattr(moe, "make_banks", lambda *a, **k: pytest.fail("banks built"))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    for args, said in ((["--profile-dir", str(blocked / "traces")], f"--profile-dir {blocked / 'traces'}: cannot write"),
+                       (["--profile", str(tmp_path / "none.json")], "none.json: no such file")):
+        with pytest.raises(SystemExit) as e:
+            _run(["bench", "--shape", "tiny", "--device", "cpu", *args])
+        assert e.value.code == 1 and said in capsys.readouterr().err
+
+
+def test_a_failed_policy_check_ends_the_run_with_status_1(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ft bench` printed `policy check: FAIL` and exited 0: scripts and CI took it for a pass."""
+    from runtime.bench import moe
+
+    report = {"policies": {}, "policy_check": {"ok": False, "auto": 10.0, "best": "offload", "best_tok_s": 20.0}}
+    monkeypatch.setattr(moe, "run_bench", lambda cfg: report)
+    with pytest.raises(SystemExit) as e:
+        _run(["bench", "--json"])
+    assert e.value.code == 1 and json.loads(capsys.readouterr().out)["policy_check"]["ok"] is False
+    report["policy_check"]["ok"] = True
+    _run(["bench", "--json"])  # (a passed one returns)

@@ -48,9 +48,10 @@ from ..experts import CPUExpertExecutor, HostExpertBank
 from ..experts.synthetic import random_bank
 from ..gpu import BandwidthProfile, CacheTooSmallError, build_hybrid, load_or_measure, measure
 from ..gpu.host_memory import HostPinner
-from ..planner.plan import RAM_RESERVE_BYTES, ModelFootprint, PlanOverrides, kv_layout, plan, size
+from ..planner.plan import ModelFootprint, PlanOverrides, kv_layout, plan
 from ..planner.resources import GPU, Machine
 from .ceilings import ceiling_profile, host_read_gbps, link_gbps
+from .preflight import HOST_PROBE_BYTES, check_device, check_host_memory, check_paths
 from .report import format_report, json_ready  # noqa: F401 - re-exported for the CLI
 from .roofline import roofline
 from .routing_synth import calibrated_router, routing_stats
@@ -131,20 +132,6 @@ def cache_plan(shape: BenchShape, cfg: BenchConfig, top_k: int, built_layers: in
             "kv_bytes": p.kv_bytes, "context": p.context_length, "cache_bytes": planned * stride,
             "problems": [str(x) for x in p.problems], "min_slots": built_layers * top_k,
             "full_min_slots": moe * top_k}
-
-
-def _check_host_memory(host_bytes: int, host_banks: int, shape: BenchShape) -> None:
-    """Refuse before building banks that would not fit the RAM available now (built first, they
-    took a 24 GB machine down in a machine-wide out-of-memory kill)."""
-    available = Machine.probe().ram_available_bytes
-    room = available - RAM_RESERVE_BYTES
-    if host_bytes <= room:
-        return
-    per_bank = host_bytes // max(1, host_banks)
-    fits = max(0, room // per_bank) if per_bank else 0
-    raise ValueError(f"the {shape.name} host banks need {size(host_bytes)} ({host_banks} layers of {size(per_bank)}), "
-                     f"{size(available)} of RAM is available: build fewer with --host-banks {max(1, fits)} (the layers "
-                     f"share them, every read still made) or --layers {max(1, fits)}, or --shape tiny")
 
 
 def make_banks(shape: BenchShape, layers: list[int], seed: int, distinct: int | None = None) -> dict[int, HostExpertBank]:
@@ -230,9 +217,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown policies {unknown}: choose from {', '.join(POLICIES)}")
     shape, device = SHAPES[cfg.shape], torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda needs a CUDA GPU and none was found: run `ft bench --device cpu --shape tiny`, "
-                         "or a real shape with --device cpu --layers 2")
+    check_device(device, cfg.budget_gib)  # before anything is built: refusals with the numbers (preflight.py)
+    check_paths(cfg.profile, cfg.profile_dir)
     threads = cfg.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     layers = shape.moe_layers[: cfg.layers] if cfg.layers else shape.moe_layers
@@ -245,7 +231,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise ValueError(f"--pcie-repeat must be at least 1, not {cfg.pcie_repeat}")
     sizing["host_banks"] = min(cfg.host_banks or len(layers), len(layers))
     sizing["host_bytes"] = sizing["host_banks"] * shape.num_experts * sizing["slot_bytes"]
-    _check_host_memory(sizing["host_bytes"], sizing["host_banks"], shape)
+    check_host_memory(sizing["host_bytes"], sizing["host_banks"], shape, device)
     banks = make_banks(shape, layers, cfg.seed, cfg.host_banks)
     pinner = None
     if device.type == "cuda":
@@ -257,7 +243,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     hbm = memory_gbps(device)
     stride = sizing["slot_bytes"]
     link = link_gbps(device, stride, pcie_repeat=cfg.pcie_repeat)
-    host_read = host_read_gbps(threads, (1 << 30) if device.type == "cuda" else (256 << 20))
+    host_read = host_read_gbps(threads, HOST_PROBE_BYTES.get(device.type, HOST_PROBE_BYTES["cpu"]))
     ceilings = ceiling_profile(profile, link, host_read)
     stats = routing_stats(decode.astype(np.int32), shape.num_experts, window=min(128, len(decode))) \
         if len(decode) >= 2 else None
