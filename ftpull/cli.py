@@ -287,6 +287,10 @@ def serve_cmd(host: str | None, port: int | None, api_key: str | None, device: s
     gpu = probe_gpu() if device != "cpu" else None
     if device == "gpu" and gpu is None:
         raise NoGPUError("--device gpu needs a CUDA GPU and none was found; serve with --device cpu")
+    if vram_gib is not None and gpu is None:  # (as ft run and ft fit say it)
+        click.echo(f"note: --vram-gib {vram_gib:g} has no effect: "
+                   + ("--device cpu uses no GPU" if device == "cpu" else "no GPU was found, so models run on the CPU"),
+                   err=True)
     where = ("on the CPU" if gpu is None else f"on the {gpu.name} (the hybrid runtime)" if device == "gpu"
              else f"on the {gpu.name} where their plan fits (the hybrid runtime), else on the CPU")
 

@@ -207,6 +207,21 @@ def test_serve_on_the_gpu_without_one_is_refused(capsys: pytest.CaptureFixture[s
     assert code == 1 and "--device gpu needs a CUDA GPU" in err and "--device cpu" in err
 
 
+def test_serve_says_a_vram_budget_does_nothing_without_a_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ft serve --vram-gib 4` on a machine without a GPU took the budget without a word (ft run
+    and ft fit say it does nothing). A taken port ends the command after the note."""
+    import socket
+
+    monkeypatch.setattr("runtime.planner.resources.probe_gpu", lambda: None)
+    monkeypatch.setenv("FT_HOME", str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        code, _, err = ft(capsys, "serve", "--vram-gib", "4", "--port", str(taken.getsockname()[1]))
+    assert code == 1 and "note: --vram-gib 4 has no effect: no GPU was found, so models run on the CPU" in err, err
+
+
 def test_serve_on_a_taken_port_says_so_before_listening(tmp_path: Path) -> None:
     """A busy port is an error that names it and the fix, with no "listening on" said before it."""
     import socket
