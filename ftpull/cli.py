@@ -186,6 +186,9 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
         if client.running():
             options = {k: v for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict),
                                          ("num_ctx", num_ctx), ("num_thread", threads)) if v is not None}
+            if vram_gib is not None or mode != "auto":  # (load options a chat request cannot carry)
+                click.echo("note: --vram-gib and --mode apply to a model this process loads; the running ft serve "
+                           f"keeps its own (`ft vram {name} GIB` changes its budget; --local runs here)", err=True)
             _run_on_server(client, name, " ".join(prompt), options, verbose)
             return
     store = _store()

@@ -222,6 +222,20 @@ def test_serve_says_a_vram_budget_does_nothing_without_a_gpu(capsys: pytest.Capt
     assert code == 1 and "note: --vram-gib 4 has no effect: no GPU was found, so models run on the CPU" in err, err
 
 
+def test_run_through_a_server_says_its_load_options_stay_here(capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ft run M --vram-gib 4` with an `ft serve` running went to the server without the budget,
+    and without a word."""
+    from ftpull import cli, client
+
+    monkeypatch.setattr(client.Client, "running", lambda self: True)
+    monkeypatch.setattr(cli, "_run_on_server", lambda *a: None)
+    code, _, err = ft(capsys, "run", "tiny", "hi", "--vram-gib", "4")
+    assert code == 0 and "--vram-gib and --mode apply to a model this process loads" in err
+    assert "`ft vram tiny GIB`" in err and "--local" in err
+    assert "--vram-gib" not in ft(capsys, "run", "tiny", "hi")[2]
+
+
 def test_serve_on_a_taken_port_says_so_before_listening(tmp_path: Path) -> None:
     """A busy port is an error that names it and the fix, with no "listening on" said before it."""
     import socket
