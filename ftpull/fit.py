@@ -26,7 +26,7 @@ from runtime.planner.resources import Machine
 from . import hub
 from .fetch import check_family, gguf_parts
 from .modelfile import builtin_modelfiles
-from .recipe_footprint import NoStoredFootprintError, recipe_footprint
+from .recipe_footprint import NoStoredFootprintError, log_if_stale, recipe_footprint
 from .resolve import PullTarget, resolve
 
 WIDTH = 80
@@ -123,6 +123,8 @@ def _remote_footprint(target: PullTarget) -> ModelFootprint:
         return ModelFootprint.from_sizes(expert_bytes=total, name=name, context_length=ctx or 0)
     remote = hub.fetch_checkpoint_info(source.repo_id, source.revision)
     check_family(recipe, remote.config)
+    if _shipped(target):  # the footprint an offline `ft fit` uses, checked while the real config is here
+        log_if_stale(recipe, remote.config)
     return ModelFootprint.from_checkpoint(remote.config, remote.tensors, target_dtype=recipe.dtype, name=name,
                                           context_length=ctx)
 

@@ -5,12 +5,14 @@ Modelfiles/footprints.json (same keys as config.json, so ft's own config normali
 From that the sizes the FTW converter would produce are computed, tensor by tensor as the
 checkpoint's headers would give them: an estimate (a family's small extras, such as biases or
 norms some layers lack, may differ), said as such by `ft fit`. Used only where the Hub cannot be
-reached; a pulled model is planned from its FTW index, a reachable Hub's from its headers.
+reached; a pulled model is planned from its FTW index, a reachable Hub's from its headers, and
+then the stored keys are checked against the real config.json (a warning names any that differ).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from importlib import resources
@@ -26,6 +28,8 @@ from runtime.planner.footprint import (
 )
 
 from .modelfile import Recipe
+
+log = logging.getLogger(__name__)
 
 FOOTPRINTS_FILE = "footprints.json"
 FP8_BLOCK = 128  # FP8 checkpoints' weight_scale_inv: one f32 per 128 x 128 block
@@ -48,6 +52,41 @@ def stored_config(model: str, tag: str | None = None) -> dict[str, Any]:
         raise NoStoredFootprintError(f"the recipe {model!r} stores no footprint in Modelfiles/{FOOTPRINTS_FILE}")
     overlay = models.get(f"{model}:{tag}") if tag else None
     return {**config, **overlay} if isinstance(overlay, dict) else config
+
+
+def stale_keys(recipe: Recipe, config: dict[str, Any]) -> list[str]:
+    """Where the config.json subset stored for the shipped `recipe` disagrees with its checkpoint's
+    real `config` (read when the Hub answers): one "key: stored X, config.json Y" each (nested keys
+    dotted); empty where they agree, or where none is stored. Keys config.json lacks are not
+    compared (a stored default)."""
+    try:
+        stored = stored_config(recipe.name, recipe.tag)
+    except NoStoredFootprintError:
+        return []
+    return _differences(stored, config, "")
+
+
+def _differences(stored: dict[str, Any], real: dict[str, Any], prefix: str) -> list[str]:
+    out: list[str] = []
+    for key, value in stored.items():
+        if key not in real:
+            continue
+        if isinstance(value, dict) and isinstance(real[key], dict):
+            out += _differences(value, real[key], f"{prefix}{key}.")
+        elif value != real[key]:
+            out.append(f"{prefix}{key}: stored {value!r}, config.json {real[key]!r}")
+    return out
+
+
+def log_if_stale(recipe: Recipe, config: dict[str, Any]) -> None:
+    """A warning where the stored footprint of `recipe` (a shipped one) no longer matches its
+    checkpoint's config.json: `ft fit` offline would plan from wrong sizes."""
+    stale = stale_keys(recipe, config)
+    if stale:
+        log.warning("%s: the footprint stored with the recipe (Modelfiles/%s) differs from the checkpoint's "
+                    "config.json (%s): `ft fit` offline plans from the stored one; update its entry",
+                    recipe.ref, FOOTPRINTS_FILE, "; ".join(stale[:4]) + (f"; {len(stale) - 4} more" if len(stale) > 4
+                                                                           else ""))
 
 
 def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:

@@ -127,3 +127,34 @@ def test_a_network_failure_reads_as_unreachable_and_a_refusal_does_not(monkeypat
     with pytest.raises(hub.HubError) as e:
         hub.with_retries("looking up org/repo", lambda: (_ for _ in ()).throw(hub.NotASafetensorsRepoError("x")))
     assert not isinstance(e.value, hub.HubUnreachable)
+
+
+def test_online_the_stored_footprint_is_checked_against_the_real_config(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The footprint an offline `ft fit` plans from is a copy of config.json's sizes: where the Hub
+    answers, `ft fit` compares them and names every key that no longer agrees."""
+    import logging
+
+    from ftpull.fit import fit
+    from registry import Store
+
+    real = dict(QWEN3_30B)
+
+    def online(repo_id: str, revision: str | None) -> hub.RemoteCheckpoint:
+        return hub.RemoteCheckpoint(repo_id, "0" * 40, dict(real), (), qwen3_30b_tensors())
+
+    monkeypatch.setattr(hub, "fetch_checkpoint_info", online)
+    store = Store(tmp_path / "ft_home")
+    with caplog.at_level(logging.WARNING, logger="ftpull.recipe_footprint"):
+        fit("qwen3-30b-a3b", store, PlanOverrides(), DESKTOP_5090)
+    assert not caplog.records  # (they agree)
+    real.update(num_experts=256, rope_scaling={"type": "yarn"})  # (a key the recipe does not store: not compared)
+    with caplog.at_level(logging.WARNING, logger="ftpull.recipe_footprint"):
+        fit("qwen3-30b-a3b", store, PlanOverrides(), DESKTOP_5090)
+    assert [r.getMessage() for r in caplog.records] == [
+        "qwen3-30b-a3b:latest: the footprint stored with the recipe (Modelfiles/footprints.json) differs from the "
+        "checkpoint's config.json (num_experts: stored 128, config.json 256): `ft fit` offline plans from the stored "
+        "one; update its entry"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ftpull.recipe_footprint"):
+        fit("hf://Qwen/Qwen3-30B-A3B", store, PlanOverrides(), DESKTOP_5090)  # (no recipe's: nothing stored)
+    assert not caplog.records
