@@ -7,11 +7,13 @@ on stderr and exit status 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import select
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +200,22 @@ def run_cmd(name: str, prompt: tuple[str, ...], verbose: bool, num_ctx: int | No
                  if v is not None}
     # the name the pull registered (a path or hf:// address is not itself a model name)
     # (the chat holds the weights: a /load lets them go)
-    chat, load_seconds = run_mod.load_for_chat(store, str(pulled.name), dtype=dtype, num_ctx=num_ctx,
-                                               overrides=overrides, threads=threads, device=device,
-                                               vram_gib=vram_gib, mode=mode)[1:]
+    with _nothing_to_resume():
+        chat, load_seconds = run_mod.load_for_chat(store, str(pulled.name), dtype=dtype, num_ctx=num_ctx,
+                                                   overrides=overrides, threads=threads, device=device,
+                                                   vram_gib=vram_gib, mode=mode)[1:]
     _answer_or_chat(chat, " ".join(prompt), verbose, load_seconds)
+
+
+@contextlib.contextmanager
+def _nothing_to_resume() -> Iterator[None]:
+    """Ctrl-C after the pull (while the model loads): the model is stored, so no "a download
+    resumes" (`_interrupted`'s hint for a run that may still be downloading)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted (the model is stored: `ft run` loads it again)", err=True)
+        sys.exit(130)
 
 
 def _unless_up_to_date(report: Report) -> Report:
@@ -261,7 +275,8 @@ def _run_on_server(client: Client, name: str, text: str, options: dict[str, obje
         for event in client.stream("/api/pull", {"model": name, "stream": True}):
             report(PullEvent(event.get("status", ""), event.get("total"), event.get("completed")))
     start = time.perf_counter()
-    client.post("/api/generate", {"model": name})  # an empty prompt loads the model (Ollama's way)
+    with _nothing_to_resume():
+        client.post("/api/generate", {"model": name})  # an empty prompt loads the model (Ollama's way)
     load_seconds = time.perf_counter() - start
     _answer_or_chat(serve_mod.RemoteChat(client, name, options), text, verbose, load_seconds)
 

@@ -515,6 +515,20 @@ def test_the_cpu_kernel_is_made_at_load_not_in_the_first_prompt(home: Path, monk
     assert made == ["load"]
 
 
+def test_ctrl_c_while_a_stored_model_loads_promises_no_download(home: Path, capsys, monkeypatch) -> None:
+    """Ctrl-C during `ft run`'s load said "a download resumes where it stopped" (its hint for the
+    pull): the model is stored by then, and the message says so."""
+    from ftpull import run as run_mod
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("FT_HOME", str(home))
+    monkeypatch.setattr(run_mod, "load_for_chat", interrupted)
+    code, _, err = ft(capsys, "run", "tiny", "hi", "--local")
+    assert code == 130 and "resumes" not in err and "interrupted (the model is stored" in err, err
+
+
 def test_a_first_use_kernel_build_is_said_on_stderr(home: Path, tmp_path: Path) -> None:
     """The CPU kernel's compile at a machine's first load (~8 s) was silent without -v: `ft run`
     says it on stderr now. (A stand-in compiler that builds nothing: the run goes on, on torch.)"""
