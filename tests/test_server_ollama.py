@@ -61,6 +61,25 @@ def test_pull_unknown_model_is_404(client: ollama.Client) -> None:
     assert e.value.status_code == 404 and "no-such-model-here" in e.value.error
 
 
+def test_a_pull_from_an_unreachable_hub_says_its_step_and_fails_at_once(client: ollama.Client,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, a client of the server saw nothing for 18-20 s of retried lookups: the stream
+    names its step, then the error names the host, at once."""
+    import time
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # (nothing listens there)
+    monkeypatch.setenv("FT_PULL_RETRIES", "5")
+    monkeypatch.setenv("FT_PULL_RETRY_DELAY_S", "2")
+    said: list[str] = []
+    start = time.perf_counter()
+    with pytest.raises(ollama.ResponseError) as e:
+        for event in client.pull("hf://Qwen/Qwen3-30B-A3B", stream=True):
+            said.append(event.status)
+    assert time.perf_counter() - start < 3.0
+    assert said == ["pulling manifest of Qwen/Qwen3-30B-A3B"]
+    assert "127.0.0.1 refused the connection" in e.value.error and "ft pull ./model.gguf" in e.value.error
+
+
 def test_version_root_and_openapi(server: LiveServer) -> None:
     assert httpx.get(server.url + "/").text == "Ollama is running"
     assert httpx.head(server.url + "/").status_code == 200
