@@ -529,6 +529,20 @@ def test_ctrl_c_while_a_stored_model_loads_promises_no_download(home: Path, caps
     assert code == 130 and "resumes" not in err and "interrupted (the model is stored" in err, err
 
 
+def test_ctrl_c_during_a_one_shot_answer_says_it_stopped(home: Path, capsys, monkeypatch) -> None:
+    """Ctrl-C during `ft run M PROMPT`'s answer said "a download resumes where it stopped"."""
+    from ftpull import run as run_mod
+
+    def interrupted(self: object, text: str, on_text) -> None:
+        on_text("partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("FT_HOME", str(home))
+    monkeypatch.setattr(run_mod.Chat, "ask", interrupted)
+    code, out, err = ft(capsys, "run", "tiny", "hi", "--local")
+    assert code == 130 and out == "partial" and err == "\n(stopped)\n", err
+
+
 def test_a_first_use_kernel_build_is_said_on_stderr(home: Path, tmp_path: Path) -> None:
     """The CPU kernel's compile at a machine's first load (~8 s) was silent without -v: `ft run`
     says it on stderr now. (A stand-in compiler that builds nothing: the run goes on, on torch.)"""
