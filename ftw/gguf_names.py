@@ -27,6 +27,8 @@ What llama.cpp changes besides names, and how we undo it:
   value j low and j + 16 high), which FTW keeps as they are (`mxfp4`); the sinks are `attn_sinks`.
 - hunyuan-moe: HunYuanMoEModel folds the NTK alpha into rope.freq_base (base * alpha^(d / (d - 2)),
   which is what ft's "dynamic" rope computes from alpha), so the file's base is used as it is.
+- exaone-moe (K-EXAONE): nothing but names (NeoX RoPE, as HF); its MTP blocks, counted in block_count,
+  are dropped.
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -52,14 +54,14 @@ LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
-HUNYUAN = "hunyuan-moe"
+HUNYUAN, EXAONE_MOE = "hunyuan-moe", "exaone-moe"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
-QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
 QWEN_SHARED_EXPERT = (QWEN2, *DELTANET)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
-WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE, QWEN3NEXT)  # dense MLPs beside MoE layers
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
-SHARED_EXPERTS = (*DEEPSEEK_MOE, ERNIE)  # one dense SwiGLU under mlp.shared_experts
+SHARED_EXPERTS = (*DEEPSEEK_MOE, ERNIE, EXAONE_MOE)  # one dense SwiGLU under mlp.shared_experts
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", DEEPSEEK_MOE),  # noaux_tc routing bias [E]
     Row("exp_probs_b.bias", "mlp.moe_statics.e_score_correction_bias", (ERNIE,)),  # ERNIE's [1, E]: ROW_VECTORS
     Row("exp_probs_b.bias", "block_sparse_moe.e_score_correction_bias", (MINIMAX_M2,)),  # MiniMax-M2's [E]
+    Row("exp_probs_b.bias", "mlp.e_score_correction_bias", (EXAONE_MOE,)),  # K-EXAONE's, beside the router [E]
     Row("ffn_gate.weight", "mlp.gate_proj.weight", WITH_DENSE_LAYERS),  # dense layers' MLP
     Row("ffn_up.weight", "mlp.up_proj.weight", WITH_DENSE_LAYERS),
     Row("ffn_down.weight", "mlp.down_proj.weight", WITH_DENSE_LAYERS),

@@ -29,6 +29,7 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
+from .gguf_config_layered import exaone_moe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     BLOCK_ROWS,
@@ -39,6 +40,7 @@ from .gguf_names import (
     DEEPSEEK2,
     DOTS1,
     ERNIE,
+    EXAONE_MOE,
     GLM4,
     GLOBAL_ROWS,
     GPT_OSS,
@@ -108,6 +110,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          other_model_types=("granitemoeshared",)),
         GGUFArchitecture(GPT_OSS, "gpt_oss", "GptOssForCausalLM", gpt_oss_config),
         GGUFArchitecture(HUNYUAN, "hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", hunyuan_moe_config),
+        GGUFArchitecture(EXAONE_MOE, "exaone_moe", "ExaoneMoeForCausalLM", exaone_moe_config),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),

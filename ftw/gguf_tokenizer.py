@@ -57,6 +57,12 @@ _DEEPSEEK_V3_SPLITS = (
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
 )
 
+# K-EXAONE's (tokenizer.json's original, which llama-vocab.cpp quotes): letters joined across single spaces
+_EXAONE_MOE_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+
 
 @dataclass(frozen=True)
 class PreTokenizer:
@@ -70,6 +76,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
     "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
+    "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
 }
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
 # LLAMA3's for llama3/llama-v3, for DBRX and Smaug ("same as llama3") and for CHATGLM4 (GLM-4.5 to

@@ -349,3 +349,13 @@ def test_gpt_4o_pre_tokenizer_splits_as_o200k(tmp_path: Path) -> None:
     assert pieces == ["Hello", "World's", "Ġ", "123", "45", "Ġok", "?!ĊĊ", "NEXT"]  # (line ends stay on the punctuation)
     for name in ("llama4", "minimax-m2"):
         assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS["gpt-4o"], name
+
+
+def test_exaone_moe_pre_tokenizer_joins_words_across_single_spaces(tmp_path: Path) -> None:
+    """K-EXAONE's files name "exaone-moe": its tokenizer.json's regex (llama-vocab.cpp quotes it) keeps
+    a run of words one piece across single spaces, digits one by one, and one line end on punctuation."""
+    tokens = ["a", "b", "<|endoftext|>"]
+    path = write_tokenizer_gguf(tmp_path / "exaone.gguf", tokens, [NORMAL, NORMAL, CONTROL], pre="exaone-moe",
+                                merges=[], ids={"eos_token_id": 2})
+    pieces = [piece for piece, _ in rebuilt(path).pre_tokenizer.pre_tokenize_str("Hello big world's 123 ok?!\n\nNEXT")]
+    assert pieces == ["HelloĠbigĠworld", "'s", "Ġ", "1", "2", "3", "Ġok", "?!Ċ", "Ċ", "NEXT"]  # (as the regex module splits)

@@ -1,0 +1,78 @@
+"""The Hugging Face config of GGUF architectures whose layers come in kinds (sliding-window and
+global, convolution and attention), one builder per architecture, as gguf_config.py's are: each
+follows what llama.cpp's converter (named in its docstring, at llama.cpp 0c1e570) writes and gives
+the config the family's runtime reads, with llama.cpp's defaults where the file says nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import SourceError, UnsupportedArchitectureError
+from .gguf_config import Meta, _common_config, _expert_size
+
+if TYPE_CHECKING:
+    from .gguf_source import GGUFArchitecture
+
+SIGMOID = 2  # gguf-py ExpertGatingFuncType.SIGMOID
+
+
+def _sliding_layers(meta: Meta, num_layers: int, every: int) -> list[bool]:
+    """attention.sliding_window_pattern as llama.cpp's load_swa_pattern reads it: one bool a layer
+    (what converters write from layer_types), else a period n (n - 1 sliding layers, then a full
+    one; 0: all sliding), else `every`, the architecture's default period."""
+    where = f"{meta.model.path}: GGUF metadata {meta.arch}.attention.sliding_window_pattern"
+    pattern = meta.get("attention.sliding_window_pattern", every)
+    if isinstance(pattern, list):
+        if len(pattern) < num_layers or not all(isinstance(v, bool) for v in pattern):
+            raise SourceError(f"{where} is not one bool for each of the {num_layers} layers ({pattern!r})")
+        return list(pattern[:num_layers])
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
+        raise SourceError(f"{where} is neither a period nor one bool a layer ({pattern!r})")
+    return [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
+
+
+def _no_rope_scaling(meta: Meta, config: dict[str, Any]) -> None:
+    if config.pop("rope_scaling", None) is not None or "rope_freqs.weight" in meta.model.tensors:
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a {meta.arch} GGUF with RoPE scaling; ft reads "
+                                           f"{meta.arch} files with plain RoPE, as the released models have it")
+
+
+def exaone_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """ExaoneMoEModel.set_gguf_parameters (with Exaone4Model's and the base's): key_length from
+    head_dim, feed_forward_length (the dense layers' width), expert_feed_forward_length,
+    expert_shared_count, expert_weights_scale and _norm (routed_scaling_factor, norm_topk_prob),
+    leading_dense_block_count (first_k_dense_replace), the group keys, attention.sliding_window and
+    sliding_window_pattern (one bool a layer from layer_types; llama.cpp's default: every fourth
+    layer full), nextn_predict_layers (MTP blocks, counted in block_count). llama.cpp's graph, as
+    transformers, rotates only the sliding layers (the global ones are NoPE), at rope.freq_base_swa
+    where the file has one. Routing is sigmoid with the correction bias (exp_probs_b)."""
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{meta.model.path}: an exaone-moe GGUF with expert_gating_func "
+                                           f"{meta.get('expert_gating_func')!r}; K-EXAONE routes by sigmoid")
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    layers = config["num_hidden_layers"]
+    dense = meta.int("leading_dense_block_count", 0)
+    width = meta.int("expert_feed_forward_length", _expert_size(meta.model))
+    shared = meta.int("expert_shared_count", 1)
+    if shared and meta.int("expert_shared_feed_forward_length", width * shared) != width * shared:
+        raise SourceError(f"{meta.model.path}: an exaone-moe GGUF whose shared experts are not {shared} x {width} wide")
+    config.update(
+        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=width,
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        num_shared_experts=shared,
+        first_k_dense_replace=dense,
+        mlp_layer_types=["dense" if i < dense else "sparse" for i in range(layers)],
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
+        n_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+        sliding_window=meta.int("attention.sliding_window"),
+        layer_types=["sliding_attention" if s else "full_attention" for s in _sliding_layers(meta, layers, 4)],
+        rope_parameters={"rope_type": "default", "rope_theta": meta.float("rope.freq_base_swa", config["rope_theta"])},
+    )
+    return config

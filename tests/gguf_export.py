@@ -1,0 +1,65 @@
+"""What the llama.cpp-style GGUF exporters of the newer families share: the base converter's keys
+(TextModel.set_gguf_parameters at llama.cpp 0c1e570) and a byte-level vocabulary written as
+get_vocab_base writes one, padded to the embedding's rows.
+
+The exporters follow llama.cpp's converters, not ftw/gguf_names.py: GGUF names come from gguf-py's
+own tensor tables.
+"""
+
+from __future__ import annotations
+
+import gguf
+
+# gguf-py TokenType
+NORMAL, CONTROL, UNUSED = 1, 3, 5
+
+
+def add_base_keys(w: gguf.GGUFWriter, c: dict, *, block_count: int | None = None) -> None:
+    """TextModel.set_gguf_parameters for a config that names its keys as transformers does."""
+    w.add_block_count(block_count if block_count is not None else c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    rope = c.get("rope_parameters") or {}
+    if "rope_theta" in rope or "rope_theta" in c:
+        w.add_rope_freq_base(rope.get("rope_theta", c.get("rope_theta")))
+    eps = c.get("rms_norm_eps", c.get("norm_eps"))
+    if eps is not None:
+        w.add_layer_norm_rms_eps(eps)
+    experts = next((c[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in c), None)
+    if experts is not None:
+        w.add_expert_count(experts)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    if c.get("n_group") is not None:
+        w.add_expert_group_count(c["n_group"])
+        w.add_expert_group_used_count(c["topk_group"])
+    if c.get("head_dim") is not None:
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+
+def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: int = 16, bos: int | None = None,
+                     eos: int | None = None) -> None:
+    """A byte-level BPE vocabulary `num_pad` tokens shorter than the embedding, padded as
+    get_vocab_base pads it ([PAD<i>] tokens of type UNUSED at the ids past the tokenizer's), its
+    special tokens CONTROL at the ids the model's config names, `pre` the tokenizer.ggml.pre name."""
+    real = vocab_size - num_pad
+    tokens = [f"t{i}" for i in range(real - 3)] + ["a", "b", "ab"] + [f"[PAD{i}]" for i in range(real, vocab_size)]
+    types = [NORMAL] * real + [UNUSED] * num_pad
+    for special, token_id in (("<|bos|>", bos), ("<|eos|>", eos)):
+        if token_id is not None:
+            assert token_id < real - 3, "a special id among the merged tokens or the padding"
+            tokens[token_id], types[token_id] = special, CONTROL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["a b"])
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    w.add_chat_template("{{ messages[0]['content'] }}")
