@@ -76,10 +76,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Session:
     """One sequence of a loaded model; not thread-safe (the server queues requests per session)."""
 
-    def __init__(self, model: DecoderModel, tokenizer: Tokenizer, context_length: int) -> None:
+    def __init__(self, model: DecoderModel, tokenizer: Tokenizer, context_length: int,
+                 prefill_slice: int | None = None) -> None:
+        """`prefill_slice`: a prompt's new tokens go to the model in forward passes of at most this
+        many (None: all at once), so that concurrent generations of one model (the server's
+        sessions) take turns between them and a long prompt does not hold up the others' tokens."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
+        self.prefill_slice = prefill_slice
         self.state = model.new_state(context_length)
         self.tokens: list[int] = []  # what `state` holds
         self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
@@ -99,14 +104,23 @@ class Session:
         stats.cached_tokens, stats.prompt_tokens = len(self.tokens), len(new)
         start = time.perf_counter()
         if not getattr(self.model, "rewinds", True):  # its state saved where the last token begins
-            if len(new) > 1:
-                self.model.forward(torch.tensor(new[:-1], dtype=torch.long), self.state, last_only=True)
-            self.tokens = prompt[:-1]
+            self._feed(prompt[:-1])
             self._save_state()
-            new = new[-1:]
-        logits = self.model.forward(torch.tensor(new, dtype=torch.long), self.state, last_only=True)[-1]
+        logits = self._feed(prompt)
+        assert logits is not None  # (`reusable` keeps the last token out: it is always fed)
         stats.prompt_seconds = time.perf_counter() - start
-        self.tokens = list(prompt)
+        return logits
+
+    def _feed(self, prompt: list[int]) -> torch.Tensor | None:
+        """Forward `prompt`'s tokens past those the state holds (`self.tokens`, a prefix of it), in
+        slices of `prefill_slice`, `tokens` following each pass (so a pass refused part way, a
+        cancelled generation's, leaves them in step with the state); the last token's logits."""
+        logits = None
+        step = self.prefill_slice or len(prompt)
+        while len(self.tokens) < len(prompt):
+            piece = prompt[len(self.tokens): len(self.tokens) + step]
+            logits = self.model.forward(torch.tensor(piece, dtype=torch.long), self.state, last_only=True)[-1]
+            self.tokens = prompt[: len(self.tokens) + len(piece)]
         return logits
 
     def _save_state(self) -> None:

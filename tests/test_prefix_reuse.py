@@ -114,16 +114,42 @@ def test_the_pool_gives_a_side_request_its_own_session_and_the_main_one_back() -
     from runtime.server.session_pool import SessionPool
 
     pool = SessionPool(lambda context: _FakeSession(context), 100, size=2)
-    main = pool.choose([1, 2, 3, 4], 100)
+
+    def generation(prompt: list[int], context: int = 100) -> _FakeSession:
+        session = pool.choose(prompt, context)
+        pool.give_back(session)
+        return session
+
+    main = generation([1, 2, 3, 4])
     main.tokens = [1, 2, 3, 4, 5, 6]  # (the prompt and its reply)
-    side = pool.choose([1, 9, 9], 100)  # shares one token: it would throw away most of main's state
+    side = generation([1, 9, 9])  # shares one token: it would throw away most of main's state
     assert side is not main and len(pool.sessions) == 2
     side.tokens = [1, 9, 9, 7]
-    assert pool.choose([1, 2, 3, 4, 5, 6, 8], 100) is main  # the main conversation, continued
-    assert pool.choose([1, 2, 3, 4, 0], 100) is main  # edited near its end: still main's (keeps over half)
-    third = pool.choose([5, 5, 5], 100)  # a third conversation, the pool full: the least recently used
+    assert generation([1, 2, 3, 4, 5, 6, 8]) is main  # the main conversation, continued
+    assert generation([1, 2, 3, 4, 0]) is main  # edited near its end: still main's (keeps over half)
+    third = generation([5, 5, 5])  # a third conversation, the pool full: the least recently used
     assert third is side
-    assert pool.choose([1, 2], 50) is not main and pool.sessions == [pool.sessions[0]]  # another context: anew
+    assert generation([1, 2], 50) is not main and pool.sessions == [pool.sessions[0]]  # another context: anew
+
+
+def test_a_session_is_not_chosen_while_a_generation_runs_in_it() -> None:
+    """Concurrent generations: the conversation's own session is busy, so a second request that
+    continues it gets another (and the pool never hands one session to two generations); given
+    back, it is chosen again; a context change drops only the free sessions, a busy one when given back."""
+    from runtime.server.session_pool import SessionPool
+
+    pool = SessionPool(lambda context: _FakeSession(context), 100, size=2)
+    main = pool.choose([1, 2, 3], 100)
+    main.tokens = [1, 2, 3, 4]
+    other = pool.choose([1, 2, 3, 4, 5], 100)  # continues main's, but main is busy
+    assert other is not main
+    pool.give_back(other)
+    pool.give_back(main)
+    assert pool.choose([1, 2, 3, 4, 5], 100) is main
+    fresh = pool.choose([7], 50)  # main still busy: the free one is dropped, a new one made
+    assert fresh is not main and fresh.context_length == 50 and main in pool.sessions
+    pool.give_back(main)
+    assert main not in pool.sessions and pool.sessions == [fresh]
 
 
 def test_a_state_that_cannot_be_taken_back_is_kept_only_by_a_continuation() -> None:
@@ -132,7 +158,10 @@ def test_a_state_that_cannot_be_taken_back_is_kept_only_by_a_continuation() -> N
     pool = SessionPool(lambda context: _FakeSession(context, rewinds=False), 100, size=2)
     first = pool.choose([1, 2, 3], 100)
     first.tokens = [1, 2, 3, 4]
-    assert pool.choose([1, 2, 3, 9], 100) is not first  # it would have to start over: another session
+    pool.give_back(first)
+    second = pool.choose([1, 2, 3, 9], 100)
+    assert second is not first  # it would have to start over: another session
+    pool.give_back(second)
     assert pool.choose([1, 2, 3, 4, 5], 100) is first
 
 
@@ -156,3 +185,35 @@ def test_a_side_request_does_not_cost_the_main_conversation_its_cache(store) -> 
         assert len(runner_sessions.sessions) == 2
         shown = httpx.get(server.url + "/api/ps", timeout=30).json()["models"][0]["ft"]  # as `ft ps` shows them
         assert shown["sessions"] == 2 and shown["max_sessions"] == runner_sessions.size > 1
+
+
+def test_a_prompt_fed_in_slices_answers_as_one_fed_whole(store) -> None:
+    """Concurrent generations feed their prompts in slices (Session.prefill_slice: each a turn of
+    the model); the state, the tokens and the reply are those of the prompt fed at once, and a
+    pass refused part way leaves the tokens in step with the state."""
+    loaded, tokenizer = load(store, "tiny", torch.float32), Tokenizer.from_model(open_model(store, "tiny"))
+    prompt = list(range(5, 75))
+    whole = Session(loaded.model, tokenizer, 256).generate(prompt, GREEDY)
+    sliced = Session(loaded.model, tokenizer, 256, prefill_slice=16)
+    reply = sliced.generate(prompt, GREEDY)
+    assert reply.tokens == whole.tokens and (reply.stats.cached_tokens, reply.stats.prompt_tokens) == (0, 70)
+
+    class Refusing:  # the model refuses its third pass, as a cancelled generation's does
+        def __init__(self, model) -> None:
+            self.model, self.passes, self.rewinds = model, 0, True
+
+        def forward(self, ids, state, last_only=False):
+            self.passes += 1
+            if self.passes == 3:
+                raise RuntimeError("refused")
+            return self.model.forward(ids, state, last_only)
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+    cut = Session(Refusing(loaded.model), tokenizer, 256, prefill_slice=16)
+    with pytest.raises(RuntimeError, match="refused"):
+        cut.generate(prompt, GREEDY)
+    assert len(cut.tokens) == cut.state.length == 32
+    resumed = cut.generate(prompt, GREEDY)  # the two slices fed are kept
+    assert resumed.stats.cached_tokens == 32 and resumed.tokens == whole.tokens

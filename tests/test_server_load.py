@@ -188,6 +188,30 @@ def test_disconnect_mid_stream_frees_the_slot(server: LiveServer, slow_tiny: Any
     assert r.done and time.monotonic() - start < 3
 
 
+def test_a_second_client_is_answered_while_a_long_generation_runs(server: LiveServer, slow_tiny: Any) -> None:
+    """On the CPU a model keeps several sessions, and as many generations run at once, their
+    forward passes taking turns: a short request is answered while another client's long one
+    streams (one at a time, it waited for the whole of it), and the long one goes on."""
+    assert slow_tiny.sessions.size >= 2, "the test machine's RAM holds one tiny session only"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "a long story"}],
+            "options": {"num_predict": 100000, "temperature": 0}}
+    with httpx.stream("POST", server.url + "/api/chat", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            assert json.loads(next(lines))["done"] is False
+        start = time.monotonic()
+        short = ollama.Client(host=server.url).chat(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                    options={"num_predict": 8, "temperature": 0})
+        answered_s = time.monotonic() - start
+        assert short.done and short.eval_count == 8
+        assert slow_tiny.active == 1, "the long generation ended (or stopped) while the short one ran"
+        assert answered_s < 3, f"the short request waited {answered_s:.1f} s for the long one"
+        for _ in range(3):  # the long one streams on
+            assert json.loads(next(lines))["done"] is False
+    assert server.wait_for(lambda: slow_tiny.active == 0, timeout_s=3)
+    assert all(len(s.tokens) == s.state.length for s in slow_tiny.sessions.sessions)  # each session reusable
+
+
 def test_disconnect_while_queued_leaves_the_queue(server: LiveServer, slow_tiny: Any) -> None:
     blocker = threading.Event()
     slow_tiny.executor.submit(blocker.wait, 30)  # the worker is busy: requests queue behind it

@@ -1,8 +1,9 @@
 """The model manager behind `ft serve`: loads models on first use, keeps them for keep_alive,
-unloads them under memory pressure, and runs one generation at a time per model on that model's
-worker thread (torch on the CPU would block the event loop), with a bounded queue in front.
+unloads them under memory pressure, and runs each model's generations on its worker threads
+(torch on the CPU would block the event loop; one a session, runner.py: several at once on the
+CPU, one on the GPU), with a bounded queue in front.
 
-Each loaded model is a `Runner` (runner.py): its session, its worker thread, its parser. This
+Each loaded model is a `Runner` (runner.py): its sessions, its worker threads, its parser. This
 module decides: which models are loaded, when they go (room.py: which go to make room for a
 load), who waits, who gets 503.
 

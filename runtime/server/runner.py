@@ -1,6 +1,8 @@
-"""A loaded model as the server runs it: weights, tokenizer, the planned context, one `Session`
-(so a chat turn that extends the previous one only prefills the new tokens) and one worker thread
-that runs its generations, one at a time.
+"""A loaded model as the server runs it: weights, tokenizer, the planned context, its sessions (so a
+chat turn that extends the previous one only prefills the new tokens) and a worker thread per
+session: on the CPU, where RAM holds several sessions, as many generations run at once, their
+forward passes taking turns (scheduler.Turnstile) a decode step or a prompt slice each; on the
+GPU one session, one generation at a time.
 
 Raw generated text goes through the family's incremental parser (`runtime.server.parsers`) into
 text, reasoning and tool-call events.
@@ -78,6 +80,10 @@ class LoadedStatus:
 
 
 MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM holds their KV
+# prompt tokens a forward pass takes where generations run concurrently: a long prompt is fed in
+# slices, each one turn, so another request's tokens come between them (on a CPU model of 3B
+# active parameters, a slice is about a second)
+PREFILL_SLICE_TOKENS = 512
 
 
 def sessions_for(plan: Plan) -> int:
@@ -106,10 +112,14 @@ class Runner:
         self.asked_ctx = fitted.context_length  # the num_ctx its load planned for (set by the manager)
         self.load_seconds = load_seconds
         self.model = CancellableModel(loaded.model)
-        self.sessions = SessionPool(lambda context: Session(cast(DecoderModel, self.model), tokenizer, context),
-                                    fitted.context_length, sessions_for(fitted))
-        self.session = self.sessions.sessions[0]  # the one the running (or last) generation uses
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ft-{registered.name.model}")
+        size = sessions_for(fitted)
+        slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else None
+        self.sessions = SessionPool(
+            lambda context: Session(cast(DecoderModel, self.model), tokenizer, context, prefill_slice=slice_tokens),
+            fitted.context_length, size)
+        self.session: Session | None = None  # the session the latest generation started in (a diagnostic)
+        # a generation a session at once (SessionPool hands each its own)
+        self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"ft-{registered.name.model}")
         self.weight_bytes = tensor_bytes(loaded.weights.dense, 2) + sum(
             b.data.numel() * b.data.element_size() for b in loaded.weights.banks.values())
         self.active = 0  # jobs submitted and not finished (loop thread only)
@@ -128,9 +138,9 @@ class Runner:
         """Take no more jobs. A generation still running finishes for its client, or with `cancel`
         (the server shuts down) stops at its next token."""
         self.executor.shutdown(wait=False, cancel_futures=True)
-        job = self.model.job
-        if cancel and job is not None:
-            job.cancel()
+        if cancel:
+            for job in self.model.jobs:
+                job.cancel()
 
     def release(self) -> None:
         """Once no job runs: give back what the GPU runtime holds beyond Python's reach (the CPU
@@ -167,32 +177,33 @@ class Runner:
             max_sessions=self.sessions.size)
 
     def run(self, job: Job) -> None:
-        """On the runner's worker thread: one generation, ending in Done, an error, or nothing
-        (cancelled: nobody listens). Whatever fails, the request hears of it."""
+        """On a worker thread: one generation in a session of its own, ending in Done, an error, or
+        nothing (cancelled: nobody listens). Whatever fails, the request hears of it."""
         job.ticket.release()  # running now, no longer queued
         if job.cancelled.is_set():
             return
-        self.model.job = job
+        session = self.session = self.sessions.choose(job.inputs["prompt"], job.inputs["num_ctx"])
+        self.model.running(job)
         try:
-            done = self._generation(job)
+            done = self._generation(job, session)
         except GenerationCancelled:
-            self.session.tokens = self.session.tokens[: self.session.state.length]
+            session.tokens = session.tokens[: session.state.length]
             return
         except ContextOverflowError as e:
             job.emit(BadRequest(str(e)))
             return
         except Exception as e:  # a bug or a broken model: report it, keep the server up
             log.exception("generation on %s failed", self.registered.name.display)
-            self.session.reset()
+            session.reset()
             job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
             return
         finally:
-            self.model.job = None
+            self.model.running(None)
+            self.sessions.give_back(session)
         job.emit(done)
 
-    def _generation(self, job: Job) -> Done:
+    def _generation(self, job: Job, session: Session) -> Done:
         inputs = job.inputs
-        session = self.session = self.sessions.choose(inputs["prompt"], inputs["num_ctx"])
         # the request's tool definitions type the parsed calls' arguments; a template that ends its
         # generation prompt with <think> makes the output start as reasoning
         rendered = inputs["prompt"][: len(inputs["prompt"]) - inputs.get("opening_tokens", 0)]  # before a forced call

@@ -1,10 +1,14 @@
-"""Queueing pieces of the model manager: admission to the bounded queue, keep-alive durations, and
-the hand-off of one generation between the event loop and the model's worker thread.
+"""Queueing pieces of the model manager: admission to the bounded queue, keep-alive durations, the
+hand-off of one generation between the event loop and a model's worker thread, and the turns
+concurrent generations of one model take.
 
-Policy only; no model code. A generation is a `Job`: the worker thread runs it and pushes events
+Policy only; no model code. A generation is a `Job`: a worker thread runs it and pushes events
 into an asyncio queue through `loop.call_soon_threadsafe`; the request's coroutine reads them.
 Cancelling a job (client gone) sets an event the model checks before every forward pass, so the
-worker stops at the next token and the model's slot frees.
+worker stops at the next token and the model's slot frees. A model that keeps several sessions
+runs as many generations at once, each on its own worker thread and session, their forward
+passes taking turns first come, first served (`Turnstile`): one decode step, or one slice of a
+prompt, each.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import logging
 import math
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .protocol import Busy
@@ -125,8 +131,32 @@ class Job:
         self.cancelled.set()
 
 
+class Turnstile:
+    """A fair lock: threads get it in the order they asked (a ticket lock). A plain lock may hand
+    itself straight back to the thread that released it, so one generation's steps could starve
+    another's."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0  # the next ticket to give out
+        self._serving = 0  # the ticket whose turn it is
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._cond:
+            ticket, self._next = self._next, self._next + 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
+
+
 class CancellableModel:
-    """A model wrapper that refuses the next forward pass once the running job is cancelled.
+    """A model wrapper that refuses the next forward pass once the job its thread runs is
+    cancelled, and makes concurrent generations' forward passes take turns (`Turnstile`).
 
     The session keeps `tokens` in step with the state only between passes, so after a refusal
     the caller trims `session.tokens` to `session.state.length` (what the state really holds).
@@ -134,7 +164,20 @@ class CancellableModel:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.job: Job | None = None
+        self.turnstile = Turnstile()
+        self._jobs: dict[int, Job] = {}  # worker thread -> the job it runs
+
+    def running(self, job: Job | None) -> None:
+        """The calling worker thread runs `job` now (None: nothing)."""
+        if job is None:
+            self._jobs.pop(threading.get_ident(), None)
+        else:
+            self._jobs[threading.get_ident()] = job
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The jobs running now."""
+        return list(self._jobs.values())
 
     def new_state(self, max_tokens: int) -> Any:
         return self.model.new_state(max_tokens)
@@ -157,6 +200,8 @@ class CancellableModel:
         self.model.restore(state, saved)
 
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
-        if self.job is not None and self.job.cancelled.is_set():
-            raise GenerationCancelled
-        return self.model.forward(input_ids, state, last_only)
+        job = self._jobs.get(threading.get_ident())
+        with self.turnstile.turn():  # (a job cancelled while it waited for its turn stops here too)
+            if job is not None and job.cancelled.is_set():
+                raise GenerationCancelled
+            return self.model.forward(input_ids, state, last_only)

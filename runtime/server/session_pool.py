@@ -6,11 +6,16 @@ A request goes to the session that keeps the most of its prompt (Session.reusabl
 common prefix it can keep). Where that would throw away more than half of what the session holds
 (another conversation's), it goes to an empty session while the pool has room, else to the one
 used least recently. Sessions are made on first use, each with the whole context's state.
+
+Generations run concurrently, one a session: a session is taken (`choose`) until its generation
+gives it back (`give_back`), and only free ones are chosen. The pool is shared by the model's
+worker threads, so its bookkeeping takes a lock.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 
 from ..engine import Session
@@ -25,29 +30,46 @@ class SessionPool:
         self.make, self.size, self.context_length = make, size, context_length
         self.sessions: list[Session] = [make(context_length)]
         self._used: dict[int, int] = {id(self.sessions[0]): 0}
+        self._taken: set[int] = set()  # ids of the sessions generations run in now
         self._clock = itertools.count(1)
+        self._lock = threading.Lock()
 
     def choose(self, prompt: list[int], context_length: int) -> Session:
-        """The session `prompt` runs in (a context other than the pool's: the pool starts over)."""
-        if context_length != self.context_length:
-            self.sessions, self._used, self.context_length = [], {}, context_length
-        session = self._pick(prompt)
-        self._used[id(session)] = next(self._clock)
-        return session
+        """A free session for `prompt`, taken until `give_back` (a context other than the pool's: the
+        free sessions are dropped and the pool starts over). The caller runs at most `size`
+        generations at once, so one is free."""
+        with self._lock:
+            if context_length != self.context_length:
+                self.sessions = [s for s in self.sessions if id(s) in self._taken]  # (gone when given back)
+                self.context_length = context_length
+            session = self._pick(prompt)
+            self._used[id(session)] = next(self._clock)
+            self._taken.add(id(session))
+            return session
+
+    def give_back(self, session: Session) -> None:
+        """`session`'s generation is over: the session may be chosen again (one of an older context
+        leaves the pool)."""
+        with self._lock:
+            self._taken.discard(id(session))
+            if session.context_length != self.context_length and session in self.sessions:
+                self.sessions.remove(session)
+                self._used.pop(id(session), None)
 
     def _pick(self, prompt: list[int]) -> Session:
-        if not self.sessions:
+        free = [s for s in self.sessions if id(s) not in self._taken and s.context_length == self.context_length]
+        if not free:
             return self._new()
-        kept = {id(s): s.reusable(prompt) for s in self.sessions}
-        best = max(self.sessions, key=lambda s: (kept[id(s)], self._used[id(s)]))
+        kept = {id(s): s.reusable(prompt) for s in free}
+        best = max(free, key=lambda s: (kept[id(s)], self._used[id(s)]))
         if 2 * kept[id(best)] >= len(best.tokens):  # it keeps at least half of what it holds
             return best
-        empty = next((s for s in self.sessions if not s.tokens), None)
+        empty = next((s for s in free if not s.tokens), None)
         if empty is not None:
             return empty
         if len(self.sessions) < self.size:
             return self._new()
-        return min(self.sessions, key=lambda s: self._used[id(s)])
+        return min(free, key=lambda s: self._used[id(s)])
 
     def _new(self) -> Session:
         session = self.make(self.context_length)
