@@ -53,6 +53,17 @@ class Meta:
         return _f32(value)
 
 
+def _kv_heads(meta: Meta, heads: int) -> int:
+    """attention.head_count_kv: one number, or one a layer where layers without attention (LFM2's
+    convolutions) have 0 and the attention layers one value."""
+    value = meta.get("attention.head_count_kv", heads)
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        attending = set(value) - {0}
+        if len(attending) == 1:
+            return attending.pop()
+    return meta.int("attention.head_count_kv", heads)
+
+
 def _common_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """Keys every family shares. `num_hidden_layers` leaves out trailing MTP (nextn) blocks."""
     model, values = meta.model, meta.values
@@ -69,7 +80,7 @@ def _common_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         "num_hidden_layers": blocks - config_int("nextn_predict_layers", meta.int("nextn_predict_layers", 0), low=0,
                                                  high=blocks - 1, where=where),
         "num_attention_heads": heads,
-        "num_key_value_heads": meta.int("attention.head_count_kv", heads),
+        "num_key_value_heads": _kv_heads(meta, heads),
         "max_position_embeddings": meta.int("context_length", 0),
         "rms_norm_eps": meta.float("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": meta.float("rope.freq_base", 10000.0),

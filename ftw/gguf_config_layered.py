@@ -76,3 +76,43 @@ def exaone_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         rope_parameters={"rope_type": "default", "rope_theta": meta.float("rope.freq_base_swa", config["rope_theta"])},
     )
     return config
+
+
+def lfm2moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """LFM2MoeModel.set_gguf_parameters (with the base's): head_count_kv one a layer, 0 on the
+    short-convolution layers (so layer_types), feed_forward_length (the dense layers' width),
+    expert_feed_forward_length, leading_dense_block_count (num_dense_layers), shortconv.l_cache
+    (conv_L_cache), the rms eps from norm_eps, expert_gating_func sigmoid. llama.cpp's lfm2moe graph
+    always renormalizes the top-k weights and scales them by nothing (it reads no
+    expert_weights_scale, and the converter writes none): Lfm2MoeConfig's defaults, norm_topk_prob
+    true and routed_scaling_factor 1, which a file cannot say otherwise."""
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{meta.model.path}: an lfm2moe GGUF with expert_gating_func "
+                                           f"{meta.get('expert_gating_func')!r}; LFM2-MoE routes by sigmoid")
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    layers = config["num_hidden_layers"]
+    kv_heads = meta.get("attention.head_count_kv")
+    if not isinstance(kv_heads, list) or len(kv_heads) < layers:
+        raise SourceError(f"{meta.model.path}: GGUF metadata {meta.arch}.attention.head_count_kv is not one count a "
+                          f"layer ({kv_heads!r}); LFM2MoeModel writes 0 for each convolution layer")
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    if meta.int("attention.key_length", head_dim) != head_dim:
+        raise SourceError(f"{meta.model.path}: an lfm2moe GGUF with heads of {meta.get('attention.key_length')}, not "
+                          f"hidden_size / head_count ({head_dim}) as LFM2 has them")
+    config.update(
+        norm_eps=config.pop("rms_norm_eps"),
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        num_dense_layers=meta.int("leading_dense_block_count", 0),
+        conv_L_cache=meta.int("shortconv.l_cache"),
+        conv_bias=False,
+        layer_types=["conv" if heads == 0 else "full_attention" for heads in kv_heads[:layers]],
+        use_expert_bias=True,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        rope_parameters={"rope_type": "default", "rope_theta": config.pop("rope_theta")},
+    )
+    return config

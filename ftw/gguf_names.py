@@ -29,6 +29,9 @@ What llama.cpp changes besides names, and how we undo it:
   which is what ft's "dynamic" rope computes from alpha), so the file's base is used as it is.
 - exaone-moe (K-EXAONE): nothing but names (NeoX RoPE, as HF); its MTP blocks, counted in block_count,
   are dropped.
+- lfm2moe (LFM2-MoE): LFM2MoeModel squeezes the short convolution's [C, 1, K] kernel to [C, K] (UNDONE)
+  and writes head_count_kv one a layer, 0 on the convolution layers (which gguf_config reads as
+  layer_types); its final norm is token_embd_norm.
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -54,7 +57,7 @@ LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
-HUNYUAN, EXAONE_MOE = "hunyuan-moe", "exaone-moe"
+HUNYUAN, EXAONE_MOE, LFM2MOE = "hunyuan-moe", "exaone-moe", "lfm2moe"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
@@ -156,6 +159,34 @@ DBRX_BLOCK_ROWS: tuple[Row, ...] = (
 )
 
 
+# LFM2-MoE's whole table under its own names: gated short convolutions (the kernel stored [C, K]: UNDONE),
+# attention with out_proj and q/k layernorms, under feed_forward the SwiGLU's w1 (gate), w3 (up), w2 (down),
+# the router and its expert bias
+LFM2MOE_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "model.embed_tokens.weight", (LFM2MOE,)),
+    Row("token_embd_norm.weight", "model.embedding_norm.weight", (LFM2MOE,)),  # the final norm (sic)
+    Row("output.weight", "lm_head.weight", (LFM2MOE,)),  # absent: tied, as released
+)
+LFM2MOE_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "operator_norm.weight", (LFM2MOE,)),  # the norm before either mixer
+    Row("shortconv.in_proj.weight", "conv.in_proj.weight", (LFM2MOE,)),  # b | c | x [3H, H]
+    Row("shortconv.conv.weight", "conv.conv.weight", (LFM2MOE,)),
+    Row("shortconv.out_proj.weight", "conv.out_proj.weight", (LFM2MOE,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (LFM2MOE,)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", (LFM2MOE,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (LFM2MOE,)),
+    Row("attn_output.weight", "self_attn.out_proj.weight", (LFM2MOE,)),
+    Row("attn_q_norm.weight", "self_attn.q_layernorm.weight", (LFM2MOE,)),  # before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_layernorm.weight", (LFM2MOE,)),
+    Row("ffn_norm.weight", "ffn_norm.weight", (LFM2MOE,)),
+    Row("ffn_gate.weight", "feed_forward.w1.weight", (LFM2MOE,)),  # the dense first layers' MLP
+    Row("ffn_up.weight", "feed_forward.w3.weight", (LFM2MOE,)),
+    Row("ffn_down.weight", "feed_forward.w2.weight", (LFM2MOE,)),
+    Row("ffn_gate_inp.weight", "feed_forward.gate.weight", (LFM2MOE,)),  # router [E, H]
+    Row("exp_probs_b.bias", "feed_forward.expert_bias", (LFM2MOE,)),  # [E]
+)
+
+
 @dataclass(frozen=True)
 class Concat:
     """One Hugging Face tensor that llama.cpp's converter split by rows into several GGUF tensors."""
@@ -198,6 +229,7 @@ def _minus_one(w: np.ndarray) -> np.ndarray:
 UNDONE: dict[str, Undo] = {
     "ssm_a": Undo(DELTANET, lambda a: np.log(-a)),
     "ssm_conv1d.weight": Undo(DELTANET, lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),
+    "shortconv.conv.weight": Undo((LFM2MOE,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),  # LFM2MoeModel's squeeze
     **{name: Undo(DELTANET, _minus_one) for name in ("attn_norm.weight", "post_attention_norm.weight",
                                                       "attn_q_norm.weight", "attn_k_norm.weight", "output_norm.weight")},
 }

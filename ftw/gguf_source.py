@@ -29,7 +29,7 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
-from .gguf_config_layered import exaone_moe_config
+from .gguf_config_layered import exaone_moe_config, lfm2moe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     BLOCK_ROWS,
@@ -48,6 +48,9 @@ from .gguf_names import (
     HUNYUAN,
     LAYER_PREFIX_GGUF,
     LAYER_PREFIX_HF,
+    LFM2MOE,
+    LFM2MOE_BLOCK_ROWS,
+    LFM2MOE_GLOBAL_ROWS,
     LLAMA,
     MINIMAX_M2,
     OLMOE,
@@ -111,6 +114,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(GPT_OSS, "gpt_oss", "GptOssForCausalLM", gpt_oss_config),
         GGUFArchitecture(HUNYUAN, "hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", hunyuan_moe_config),
         GGUFArchitecture(EXAONE_MOE, "exaone_moe", "ExaoneMoeForCausalLM", exaone_moe_config),
+        GGUFArchitecture(LFM2MOE, "lfm2_moe", "Lfm2MoeForCausalLM", lfm2moe_config,
+                         rows=(LFM2MOE_GLOBAL_ROWS, LFM2MOE_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),

@@ -79,11 +79,11 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
 }
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
-# LLAMA3's for llama3/llama-v3, for DBRX and Smaug ("same as llama3") and for CHATGLM4 (GLM-4.5 to
-# GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE); GPT4O's (the
+# LLAMA3's for llama3/llama-v3 and LFM2's lfm2, for DBRX and Smaug ("same as llama3") and for CHATGLM4
+# (GLM-4.5 to GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE); GPT4O's (the
 # tokenizer.json original its comment quotes) for llama4 and minimax-m2.
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in
-                   ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe")}
+                   ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe", "lfm2")}
 PRE_TOKENIZERS |= {"olmo": PRE_TOKENIZERS["gpt-2"]}
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["gpt-4o"] for name in ("llama4", "minimax-m2")}
 HF_JSON_KEY = "tokenizer.huggingface.json"

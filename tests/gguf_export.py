@@ -63,3 +63,8 @@ def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: 
     if eos is not None:
         w.add_eos_token_id(eos)
     w.add_chat_template("{{ messages[0]['content'] }}")
+
+
+def config_differences(gguf_config: dict, hf_config: dict) -> dict[str, tuple]:
+    """The keys both configs have whose values differ: (the GGUF's, the checkpoint's)."""
+    return {k: (v, hf_config[k]) for k, v in gguf_config.items() if k in hf_config and hf_config[k] != v}

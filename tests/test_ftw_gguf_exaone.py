@@ -24,7 +24,7 @@ from ftw import convert_checkpoint
 from ftw.errors import UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
 from tests.checkpoints import load_all, save_checkpoint
-from tests.gguf_export import add_base_keys, add_padded_vocab
+from tests.gguf_export import add_base_keys, add_padded_vocab, config_differences
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_convert import assert_round_trip
 from tests.test_ftw_gguf_hf import _gguf_name, add_stacked_experts, collect_expert, write_gguf
@@ -86,6 +86,7 @@ def test_exaone_moe_gguf_config_is_the_checkpoints(tmp_path: Path) -> None:
         index = convert_gguf(export_exaone_moe_gguf(src, tmp_path / f"{gating}.gguf", gating=gating),
                              tmp_path / f"ftw-{gating}")
         assert index.config == direct.config
+        assert config_differences(index.source_config, json.loads((src / "config.json").read_text())) == {}
         assert {t.name for t in index.tensors} == {t.name for t in direct.tensors}
         assert_round_trip(src, tmp_path / f"ftw-{gating}")  # every tensor back under its HF name, bit for bit
     with pytest.raises(UnsupportedArchitectureError, match="sigmoid"):

@@ -332,7 +332,7 @@ def test_empty_and_repeated_tokens_load() -> None:
 def test_llama_cpp_names_of_one_regex_rebuild_alike() -> None:
     """llama-vocab.cpp gives GLM-4.5's glm4, DBRX's dbrx and llama3 Llama 3's regex, and OLMoE's olmo
     GPT-2's: a file naming any of them is rebuilt (GLM, DBRX and OLMoE GGUFs were refused)."""
-    for name in ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe"):
+    for name in ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe", "lfm2"):
         assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS["llama-bpe"], name
     assert PRE_TOKENIZERS["olmo"] == PRE_TOKENIZERS["gpt-2"]
 
