@@ -342,6 +342,35 @@ def _exaone_moe_layers(c: dict[str, Any]) -> list[int]:
     return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
 
 
+def _dense_then_moe_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else the first `first_k_dense_replace` layers dense (default 1, as
+    SarvamMoEConfig, Param2MoeConfig and MiniCPM5MoeConfig fill it in), the rest MoE (no moe_layer_freq)."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
+
+
+# SarvamMoEConfig's and Param2MoeConfig's attribute_map: the usual key -> the name their releases' config.json writes
+_SARVAM_CONFIG_KEYS = {"n_routed_experts": "num_experts", "n_shared_experts": "num_shared_experts",
+                 "attention_bias": "use_qkv_bias"}
+
+
+def sarvam_moe_view(c: dict[str, Any]) -> dict[str, Any]:
+    """Sarvam's and Param2's config under the usual names (_SARVAM_CONFIG_KEYS), where it writes its own."""
+    return {key: c[name] for key, name in _SARVAM_CONFIG_KEYS.items() if c.get(name) is not None and key not in c}
+
+
+# Sarvam's and Param2's release names, as transformers' conversion_mapping (sarvam_moe, param2moe) renames
+# them; the fused attention.query_key_value [q | k | v rows] keeps its name under self_attn (the runtime
+# reads it apart: runtime/models/sarvam_moe.py). One row per rename, in order.
+_SARVAM_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"^model\.word_embeddings\.", "model.embed_tokens."),
+    (r"\.attention\.", ".self_attn."),
+    (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
+    (r"\.self_attn\.query_layernorm\.", ".self_attn.q_norm."),
+    (r"\.self_attn\.key_layernorm\.", ".self_attn.k_norm."),
+    (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"),
+))
+
+
 def _gpt_oss_activation(c: dict[str, Any]) -> ExpertActivation:
     """GptOssExperts' clamped SwiGLU: `swiglu_alpha` and `swiglu_limit`, GptOssConfig's defaults
     (1.702, 7.0) where the config leaves them out (the released ones give only the limit)."""
@@ -539,6 +568,12 @@ FAMILIES: dict[str, Family] = {
                 (r"\.self_attn\.(dt_bias|A_log)$", r".self_attn.forget_gate.\1"),
                 (r"\.self_attn\.dense\.", ".self_attn.o_proj."),
                 (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"))),
+        ),
+        Family(  # (Param2 is this model under its own model_type: the same code and names)
+            "sarvam_moe", ("sarvam_moe", "param2moe"), ("n_routed_experts", "num_experts", "num_local_experts"),
+            _dense_then_moe_layers, drop_layers_from_num_layers=True, config_view=sarvam_moe_view,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", c.get("num_shared_experts", 1)) or 0),
+            renames=_SARVAM_NAMES,
         ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,

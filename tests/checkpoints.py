@@ -116,6 +116,18 @@ FAMILY_CONFIGS: dict[str, dict] = {
         n_routed_experts=8, n_shared_experts=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         attention_bias=True,
     ),
+    # GLM-4.5's model with RoPE over the whole head: a leading dense layer, two expert groups keeping
+    # one, biases on q/k/v (the release fuses them, and their biases, into query_key_value) and q/k norms
+    "sarvam_moe": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+        attention_bias=True, use_qk_norm=True, initializer_range=0.1,
+    ),
+    # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
+    "param2moe": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, n_routed_experts=4, n_shared_experts=2, first_k_dense_replace=1, initializer_range=0.1,
+    ),
     # MLA with the low-rank query, GLM's MoE from `mlp_layer_types` (dense layers between MoE ones),
     # two expert groups keeping one; wider weights so a wrong rotation or scale moves the logits
     "glm4_moe_lite": dict(
@@ -278,13 +290,16 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "mimo_v2_flash": ("layernorm.", "model.norm.", "_proj.bias", "sinks", "e_score_correction_bias"),
     "afmoe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "expert_bias", "router.gate."),
     "solar_open": ("layernorm.", "model.norm.", "_proj.bias", "e_score_correction_bias"),
+    "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
+    "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
     "gpt_oss": ("layernorm.", "model.norm.", "_proj.bias", "_proj_bias", "sinks"),
 }
 
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
-            "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid")
+            "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
+            "sarvam_moe")
 
 
 def build_model(family: str, seed: int = 0):

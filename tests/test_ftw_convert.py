@@ -46,7 +46,12 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
                               ".self_attn.dt_bias": ".self_attn.forget_gate.dt_bias",
                               ".self_attn.A_log": ".self_attn.forget_gate.A_log",
                               ".self_attn.dense.": ".self_attn.o_proj.",
-                              ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"}}
+                              ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"},
+           # (query_key_value stays fused: the runtime reads it apart)
+           "sarvam_moe": {"model.word_embeddings.": "model.embed_tokens.", ".attention.": ".self_attn.",
+                          ".self_attn.dense.": ".self_attn.o_proj.", ".self_attn.query_layernorm.": ".self_attn.q_norm.",
+                          ".self_attn.key_layernorm.": ".self_attn.k_norm.",
+                          ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"}}
 HALF = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1}
 SCALE_PART = {"gate_proj": "w1_scale", "w1": "w1_scale", "up_proj": "w3_scale", "w3": "w3_scale",
               "down_proj": "w2_scale", "w2": "w2_scale"}

@@ -68,6 +68,10 @@ FAMILIES = [
     pytest.param("kimi_linear", True, id="kimi_linear-fused"),
     pytest.param("bailing_hybrid", False, id="bailing_hybrid"),
     pytest.param("bailing_hybrid", True, id="bailing_hybrid-fused"),
+    # (the release's names: query_key_value fused, word_embeddings, dense, query/key_layernorm, expert_bias)
+    pytest.param("sarvam_moe", False, id="sarvam_moe"),
+    pytest.param("sarvam_moe", True, id="sarvam_moe-fused"),
+    pytest.param("param2moe", False, id="param2moe"),
 ]
 
 
@@ -488,3 +492,28 @@ def test_bailing_hybrid_with_the_unbounded_forget_gate_matches_transformers(tmp_
     ref = hf_model(src)
     assert not ref.model.layers[0].self_attn.forget_gate.safe_gate
     assert_parity(convert_and_load(src, tmp_path / "store"), ref, PROMPT, STEPS)
+
+
+@pytest.mark.parametrize("model_type", ["sarvam_moe", "param2moe"])
+def test_sarvam_moe_with_its_released_config_layout_matches_transformers(model_type: str, tmp_path: Path) -> None:
+    """Sarvam's and Param2's released config.json say num_experts, num_shared_experts and
+    use_qkv_bias (transformers' attribute_map reads them as n_routed_experts, n_shared_experts and
+    attention_bias) and keep rope_theta at the top level with no partial_rotary_factor (RoPE over
+    the whole head); the checkpoint fuses q/k/v and their biases into attention.query_key_value."""
+    import json
+
+    from tests.checkpoints import load_all
+
+    src = save_checkpoint("sarvam_moe", tmp_path / "hf", seed=11)
+    assert "model.layers.0.attention.query_key_value.bias" in load_all(src)
+    config = json.loads((src / "config.json").read_text())
+    renamed = {"n_routed_experts": "num_experts", "n_shared_experts": "num_shared_experts",
+               "attention_bias": "use_qkv_bias"}
+    config = {renamed.get(key, key): value for key, value in config.items()}
+    config.update(model_type=model_type, rope_theta=config.pop("rope_parameters")["rope_theta"])
+    (src / "config.json").write_text(json.dumps(config))
+    ref = hf_model(src)
+    assert ref.config.n_routed_experts == 8 and ref.config.attention_bias
+    assert ref.model.rotary_emb.inv_freq.numel() == 8  # the whole 16-channel head rotates
+    ours = convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, ref, PROMPT, STEPS)

@@ -50,6 +50,7 @@ FAMILY_MODULES = {
     "laguna": "laguna",
     "kimi_linear": "kimi_linear",
     "bailing_hybrid": "bailing_hybrid",
+    "sarvam_moe": "sarvam_moe",
 }
 
 

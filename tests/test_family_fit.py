@@ -1,0 +1,47 @@
+"""`ft fit` and the pull-time check know the footprint of the families added from transformers
+5.25's list: the estimate made before any download (config.json and the safetensors headers)
+equals the converted model's, and the KV cache fit plans a token is what the runtime allocates."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftw import convert_checkpoint
+from ftw.safetensors_source import SafetensorsCheckpoint
+from runtime.planner.footprint import ModelFootprint
+from tests.checkpoints import save_checkpoint
+from tests.parity import convert_and_load
+
+pytest.importorskip("transformers")
+
+FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sarvam_moe", True, id="sarvam_moe-fused")]
+MAX_TOKENS = 40
+
+
+def state_bytes(cache: object) -> int:
+    """The bytes of the tensors a layer's cache holds."""
+    return sum(t.numel() * t.element_size() for t in vars(cache).values() if isinstance(t, torch.Tensor))
+
+
+@pytest.mark.parametrize("family, fused", FAMILIES)
+def test_checkpoint_estimate_matches_the_ftw_index(family: str, fused: bool, tmp_path: Path) -> None:
+    src = save_checkpoint(family, tmp_path / "hf", fused=fused)
+    config = json.loads((src / "config.json").read_text())
+    with SafetensorsCheckpoint(src) as ckpt:
+        tensors = {name: (t.dtype, t.nbytes) for name, t in ckpt.tensors.items()}
+    before = ModelFootprint.from_checkpoint(config, tensors)
+    after = ModelFootprint.from_index(convert_checkpoint(src, tmp_path / "ftw"))
+    assert replace(before, source="ftw") == after
+
+
+@pytest.mark.parametrize("family, fused", FAMILIES)
+def test_planned_kv_is_what_the_runtime_allocates(family: str, fused: bool, tmp_path: Path) -> None:
+    loaded = convert_and_load(save_checkpoint(family, tmp_path / "hf", fused=fused), tmp_path / "store")
+    kv = ModelFootprint.from_index(loaded.registered.open_ftw().index).kv
+    allocated = sum(state_bytes(c) for c in loaded.model.new_state(MAX_TOKENS).caches)
+    assert kv.bytes_per_token * MAX_TOKENS + kv.state_bytes == allocated
