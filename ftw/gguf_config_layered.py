@@ -116,3 +116,52 @@ def lfm2moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         rope_parameters={"rope_type": "default", "rope_theta": config.pop("rope_theta")},
     )
     return config
+
+
+AFMOE_PERIOD = 4  # llama.cpp's afmoe graph: every fourth layer NoPE (n_no_rope_layer_step, no key sets it)
+
+
+def afmoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """AfmoeModel.set_gguf_parameters (with LlamaModel's and the base's): key_length from head_dim,
+    feed_forward_length (the dense layers' width), expert_feed_forward_length, expert_shared_count,
+    leading_dense_block_count (num_dense_layers), expert_weights_norm and _scale (route_norm,
+    route_scale), attention.sliding_window. llama.cpp's graph rotates all layers but every fourth
+    (its n_no_rope_layer_step, which no key sets), windows the layers sliding_window_pattern says
+    (default: the same every fourth full), scales the embeddings by sqrt(hidden_size) always, and
+    routes by sigmoid + expert_bias. transformers' AfmoeForCausalLM is the same model only with
+    global_attn_every_n_layers 4 (full layers are its NoPE ones), mup_enabled and the top-k weights
+    renormalized, which is what released Trinity files say; other files are refused."""
+    where = f"{meta.model.path}: an afmoe GGUF"
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
+                                           "Trinity routes by sigmoid")
+    if not meta.get("expert_weights_norm", False):
+        raise UnsupportedArchitectureError(f"{where} without expert_weights_norm: llama.cpp would not renormalize "
+                                           "the top-k weights, which transformers' AFMoE (and ft's) always does")
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    layers = config["num_hidden_layers"]
+    if meta.get("attention.sliding_window") is None:
+        raise UnsupportedArchitectureError(f"{where} without attention.sliding_window; llama.cpp would run every "
+                                           "layer unwindowed, rotating three of four, which no AFMoE config describes")
+    sliding = _sliding_layers(meta, layers, AFMOE_PERIOD)
+    if sliding != [i % AFMOE_PERIOD < AFMOE_PERIOD - 1 for i in range(layers)]:
+        raise UnsupportedArchitectureError(f"{where} whose full layers are not every fourth; llama.cpp's graph leaves "
+                                           "exactly every fourth layer unrotated, so its full layers must be those")
+    config.update(
+        head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        num_shared_experts=meta.int("expert_shared_count"),
+        num_dense_layers=meta.int("leading_dense_block_count", 0),
+        route_scale=meta.float("expert_weights_scale", 1.0),
+        sliding_window=meta.int("attention.sliding_window"),
+        global_attn_every_n_layers=AFMOE_PERIOD,
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        mup_enabled=True,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": meta.float("rope.freq_base_swa", config["rope_theta"])},
+    )
+    return config

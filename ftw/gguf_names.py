@@ -32,6 +32,8 @@ What llama.cpp changes besides names, and how we undo it:
 - lfm2moe (LFM2-MoE): LFM2MoeModel squeezes the short convolution's [C, 1, K] kernel to [C, K] (UNDONE)
   and writes head_count_kv one a layer, 0 on the convolution layers (which gguf_config reads as
   layer_types); its final norm is token_embd_norm.
+- afmoe (Arcee Trinity): AfmoeModel derives from LlamaModel but bypasses its modify_tensors, so q/k
+  are not permuted (NeoX RoPE, as HF); only names change.
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -57,7 +59,7 @@ LAYER_PREFIX_HF = "model.layers.{layer}."
 QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
-HUNYUAN, EXAONE_MOE, LFM2MOE = "hunyuan-moe", "exaone-moe", "lfm2moe"
+HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "afmoe"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
@@ -186,6 +188,30 @@ LFM2MOE_BLOCK_ROWS: tuple[Row, ...] = (
     Row("exp_probs_b.bias", "feed_forward.expert_bias", (LFM2MOE,)),  # [E]
 )
 
+
+# Arcee Trinity's (AFMoE) block table under its own names, where the generic rows would name its norms
+# wrongly: each sublayer normed before and after, a sigmoid output gate, the router under mlp.router
+AFMOE_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (AFMOE,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (AFMOE,)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", (AFMOE,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (AFMOE,)),
+    Row("attn_gate.weight", "self_attn.gate_proj.weight", (AFMOE,)),  # sigmoid gate on the heads' output
+    Row("attn_output.weight", "self_attn.o_proj.weight", (AFMOE,)),
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", (AFMOE,)),  # before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", (AFMOE,)),
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (AFMOE,)),  # after attention
+    Row("ffn_norm.weight", "pre_mlp_layernorm.weight", (AFMOE,)),
+    Row("post_ffw_norm.weight", "post_mlp_layernorm.weight", (AFMOE,)),
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", (AFMOE,)),  # the dense first layers' MLP
+    Row("ffn_up.weight", "mlp.up_proj.weight", (AFMOE,)),
+    Row("ffn_down.weight", "mlp.down_proj.weight", (AFMOE,)),
+    Row("ffn_gate_inp.weight", "mlp.router.gate.weight", (AFMOE,)),  # router [E, H]
+    Row("exp_probs_b.bias", "mlp.expert_bias", (AFMOE,)),  # [E]
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (AFMOE,)),
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (AFMOE,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (AFMOE,)),
+)
 
 @dataclass(frozen=True)
 class Concat:

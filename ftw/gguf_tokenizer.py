@@ -63,6 +63,16 @@ _EXAONE_MOE_SPLIT = (
     r"""| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 
+# Arcee Trinity's (AFMoE), as llama-vocab.cpp has it: digit runs in threes from the right (its
+# \p{AFMoE_digits}, unicode.cpp's custom split), runs of CJK and other Asian scripts (its ranges, verbatim),
+# then DeepSeek-V3's word regex
+_AFMOE_SPLITS = (
+    r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))",
+    "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf\u0e40-\u0e7f"
+    "\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+",
+    _DEEPSEEK_V3_SPLITS[2],
+)
+
 
 @dataclass(frozen=True)
 class PreTokenizer:
@@ -77,6 +87,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
     "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
     "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
+    "afmoe": PreTokenizer(_AFMOE_SPLITS),  # Arcee Trinity
 }
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
 # LLAMA3's for llama3/llama-v3 and LFM2's lfm2, for DBRX and Smaug ("same as llama3") and for CHATGLM4

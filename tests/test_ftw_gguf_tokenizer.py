@@ -359,3 +359,14 @@ def test_exaone_moe_pre_tokenizer_joins_words_across_single_spaces(tmp_path: Pat
                                 merges=[], ids={"eos_token_id": 2})
     pieces = [piece for piece, _ in rebuilt(path).pre_tokenizer.pre_tokenize_str("Hello big world's 123 ok?!\n\nNEXT")]
     assert pieces == ["HelloĠbigĠworld", "'s", "Ġ", "1", "2", "3", "Ġok", "?!Ċ", "Ċ", "NEXT"]  # (as the regex module splits)
+
+
+def test_afmoe_pre_tokenizer_groups_digits_from_the_right(tmp_path: Path) -> None:
+    """Arcee Trinity's files name "afmoe": llama.cpp splits digit runs into threes from the right
+    (unicode.cpp's custom AFMoE split: 1234567 is 1, 234, 567), then isolates runs of CJK, then
+    DeepSeek-V3's word regex; the rebuilt pipeline does the same with a lookahead."""
+    tokens = ["a", "b", "<|endoftext|>"]
+    path = write_tokenizer_gguf(tmp_path / "afmoe.gguf", tokens, [NORMAL, NORMAL, CONTROL], pre="afmoe", merges=[],
+                                ids={"eos_token_id": 2})
+    pieces = [piece for piece, _ in rebuilt(path).pre_tokenizer.pre_tokenize_str("Price 1234567 and 12,5 日本語 ok!")]
+    assert pieces == ["Price", "Ġ", "1", "234", "567", "Ġand", "Ġ", "12", ",", "5", "Ġ", "æĹ¥æľ¬èªŀ", "Ġok", "!"]
