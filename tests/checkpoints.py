@@ -68,6 +68,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
                              num_local_experts=4, shared_intermediate_size=48, embedding_multiplier=12.0,
                              attention_multiplier=0.0625, residual_multiplier=0.5, logits_scaling=4.0,
                              initializer_range=0.1),
+    # GraniteSWA's attention under Granite's multipliers: a 3-token window on two layers, sinks on all (drawn at
+    # random: RANDOMIZED), a rope base of its own on one layer and NoPE on a sliding and a full one; a shared MLP;
+    # experts narrower than half the model, so that no fused tensor is square
+    "granitemoe_swa": dict(SMALL, num_hidden_layers=4, intermediate_size=24, num_key_value_heads=2,
+                           num_local_experts=4, shared_intermediate_size=48, embedding_multiplier=12.0,
+                           attention_multiplier=0.0625, residual_multiplier=0.5, logits_scaling=4.0,
+                           initializer_range=0.1, sliding_window=3,
+                           layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                           layer_rope_theta=[10000.0, 0, 500.0, 0]),
     # JetMoE's attention experts over kv heads of kv_channels (24, not hidden_size / heads; C = 48);
     # an rms_norm_eps only its final norm reads (transformers' layer norms keep 1e-6)
     "jetmoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, kv_channels=24,
@@ -290,6 +299,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "mimo_v2_flash": ("layernorm.", "model.norm.", "_proj.bias", "sinks", "e_score_correction_bias"),
     "afmoe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "expert_bias", "router.gate."),
     "solar_open": ("layernorm.", "model.norm.", "_proj.bias", "e_score_correction_bias"),
+    "granitemoe_swa": ("layernorm.", "model.norm.", "sinks"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
@@ -299,7 +309,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe")
+            "sarvam_moe", "granitemoe_swa")
 
 
 def build_model(family: str, seed: int = 0):

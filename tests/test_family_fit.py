@@ -19,7 +19,8 @@ from tests.parity import convert_and_load
 
 pytest.importorskip("transformers")
 
-FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sarvam_moe", True, id="sarvam_moe-fused")]
+FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sarvam_moe", True, id="sarvam_moe-fused"),
+            pytest.param("granitemoe_swa", False, id="granitemoe_swa")]
 MAX_TOKENS = 40
 
 

@@ -72,6 +72,7 @@ FAMILIES = [
     pytest.param("sarvam_moe", False, id="sarvam_moe"),
     pytest.param("sarvam_moe", True, id="sarvam_moe-fused"),
     pytest.param("param2moe", False, id="param2moe"),
+    pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
 ]
 
 
@@ -517,3 +518,38 @@ def test_sarvam_moe_with_its_released_config_layout_matches_transformers(model_t
     assert ref.model.rotary_emb.inv_freq.numel() == 8  # the whole 16-channel head rotates
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_granitemoe_swa_with_the_default_schedule_and_granites_own_names_matches_transformers(tmp_path: Path) -> None:
+    """A config.json without layer_types or layer_rope_theta: every fourth layer full from layer 0,
+    the global rope base on every layer (GraniteMoeSWAConfig's defaults). The same weights under
+    Granite's own names (block_sparse_moe.input_linear/output_linear, router.layer, as granitemoe's
+    releases have them; transformers 5.25 reads only its own for this family) convert to the same model."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("granitemoe_swa", tmp_path / "hf", seed=12)
+    config = json.loads((src / "config.json").read_text())
+    for key in ("layer_types", "layer_rope_theta"):
+        config.pop(key)
+    (src / "config.json").write_text(json.dumps(config))
+    ref = hf_model(src)
+    assert ref.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]
+    assert ref.config.layer_rope_theta == [10000.0] * 4 and ref.config.sliding_window == 3
+    assert_parity(convert_and_load(src, tmp_path / "store"), ref, PROMPT, STEPS)
+
+    granite = shutil.copytree(src, tmp_path / "granite")
+    shard = next(granite.glob("*.safetensors"))
+    renames = {".block_sparse_moe.experts.gate_up_proj": ".block_sparse_moe.input_linear.weight",
+               ".block_sparse_moe.experts.down_proj": ".block_sparse_moe.output_linear.weight",
+               ".block_sparse_moe.router.weight": ".block_sparse_moe.router.layer.weight"}
+    tensors = {}
+    for name, tensor in load_file(shard).items():
+        for old, new in renames.items():
+            name = name.replace(old, new)
+        tensors[name] = tensor
+    assert sum(name.endswith("block_sparse_moe.input_linear.weight") for name in tensors) == 4
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    assert_parity(convert_and_load(granite, tmp_path / "store-granite"), ref, PROMPT, STEPS)

@@ -41,6 +41,7 @@ FAMILY_MODULES = {
     "exaone_moe": "exaone_moe",
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",  # (the same block with a shared MLP: granitemoe.py)
+    "granitemoe_swa": "granitemoe_swa",
     "jetmoe": "jetmoe",
     "gpt_oss": "gpt_oss",
     "cohere2_moe": "cohere2_moe",

@@ -37,6 +37,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "gpt_oss": ("sliding-window and full GQA layers, attention sinks, biases",
                 "softmax over the top-k logits (router bias), experts with biases and clamped SwiGLU"),
     "granitemoe": ("GQA, Granite's multipliers", "softmax over the top-k logits"),
+    "granitemoe_swa": ("sliding-window and full GQA layers, sinks on every layer, a rope base a layer or NoPE, "
+                       "Granite's multipliers", "softmax over the top-k logits, a shared MLP where sized"),
     "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
     "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),

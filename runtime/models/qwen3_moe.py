@@ -14,6 +14,7 @@ from ..layers.linear import linear
 from ..layers.mlp import softmax_topk, swiglu_mlp
 from ..layers.norm import rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.sink_attention import sink_causal_attention
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 
@@ -24,7 +25,8 @@ Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 class GQAAttention:
     """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache;
     scores scaled by `scale` (1/sqrt(head_dim) where None). `rotary` rotates queries and keys (None:
-    no position encoding, NoPE); `window`: attention within that many positions (None: all of them).
+    no position encoding, NoPE); `window`: attention within that many positions (None: all of them);
+    `sinks` [Hq]: a learned sink logit per head in each query's softmax (layers/sink_attention.py).
     `norm_names` and `out_name` name the q/k norms and the output projection under `prefix`."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
@@ -32,7 +34,7 @@ class GQAAttention:
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, qk_norm: bool, scale: float | None = None,
-                 rotary: Rotary | None = apply_rotary, window: int | None = None,
+                 rotary: Rotary | None = apply_rotary, window: int | None = None, sinks: torch.Tensor | None = None,
                  norm_names: tuple[str, str] = ("q_norm", "k_norm"), out_name: str = "o_proj") -> None:
         projections = ("q_proj", "k_proj", "v_proj", out_name)
         self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}.weight") for p in projections)
@@ -42,6 +44,7 @@ class GQAAttention:
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.eps, self.rope, self.dtype, self.rotary, self.window = config.rms_norm_eps, rope, dtype, rotary, window
         self.scale = self.head_dim ** -0.5 if scale is None else scale  # (Granite's attention_multiplier)
+        self.sinks = sinks
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
@@ -62,7 +65,9 @@ class GQAAttention:
             cos, sin = self.rope(positions, x.dtype)
             q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
         keys, values = cache.append(start, k, v)
-        if self.window is None:
+        if self.sinks is not None:
+            out = sink_causal_attention(q, keys, values, start, self.scale, self.sinks, self.window)
+        elif self.window is None:
             out = causal_attention(q, keys, values, start, self.scale)
         else:
             out = sliding_causal_attention(q, keys, values, start, self.scale, self.window)
