@@ -579,6 +579,12 @@ FAMILIES: dict[str, Family] = {
             renames=_SARVAM_NAMES,
         ),
         Family(
+            "minicpm5_moe", ("minicpm5_moe",), ("n_routed_experts", "num_local_experts"), _dense_then_moe_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
+            # transformers' own name of the query-and-gate projection; the release's is q_proj
+            renames=((re.compile(r"\.self_attn\.q_gate_proj\."), ".self_attn.q_proj."),),
+        ),
+        Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,
             num_shared_experts=lambda c: int(c.get("num_shared_experts", 2) or 0),
         ),

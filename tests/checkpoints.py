@@ -132,6 +132,12 @@ FAMILY_CONFIGS: dict[str, dict] = {
         head_dim=16, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
         attention_bias=True, use_qk_norm=True, initializer_range=0.1,
     ),
+    # DeepSeek-V3's MoE (two groups of four experts keeping one, scaled weights, a shared expert) after a dense
+    # layer, under gated GQA attention; wider weights, so that a wrong gate moves the logits
+    "minicpm5_moe": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, initializer_range=0.1,
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -300,6 +306,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "afmoe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "expert_bias", "router.gate."),
     "solar_open": ("layernorm.", "model.norm.", "_proj.bias", "e_score_correction_bias"),
     "granitemoe_swa": ("layernorm.", "model.norm.", "sinks"),
+    "minicpm5_moe": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
@@ -309,7 +316,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe")
 
 
 def build_model(family: str, seed: int = 0):

@@ -72,6 +72,8 @@ FAMILIES = [
     pytest.param("sarvam_moe", False, id="sarvam_moe"),
     pytest.param("sarvam_moe", True, id="sarvam_moe-fused"),
     pytest.param("param2moe", False, id="param2moe"),
+    pytest.param("minicpm5_moe", False, id="minicpm5_moe"),
+    pytest.param("minicpm5_moe", True, id="minicpm5_moe-fused"),  # (its q_gate_proj renamed back to q_proj)
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
 ]
 
@@ -553,3 +555,30 @@ def test_granitemoe_swa_with_the_default_schedule_and_granites_own_names_matches
     assert sum(name.endswith("block_sparse_moe.input_linear.weight") for name in tensors) == 4
     save_file(tensors, str(shard), metadata={"format": "pt"})
     assert_parity(convert_and_load(granite, tmp_path / "store-granite"), ref, PROMPT, STEPS)
+
+
+def test_minicpm5_moe_with_first_k_dense_replace_in_its_config_matches_transformers(tmp_path: Path) -> None:
+    """A config.json that says first_k_dense_replace (the older name) and no mlp_layer_types:
+    MiniCPM5MoeConfig makes that many leading layers dense, as the converter does."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("minicpm5_moe", tmp_path / "hf", seed=13)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("mlp_layer_types")
+    config.update(first_k_dense_replace=2, architectures=["MiniCPM5MoEForCausalLM"])
+    (src / "config.json").write_text(json.dumps(config))
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    for name in [n for n in tensors if n.startswith("model.layers.1.mlp.")]:  # (layer 1 now a dense MLP)
+        del tensors[name]
+    gen = torch.Generator().manual_seed(13)
+    for proj, shape in (("gate_proj", (128, 64)), ("up_proj", (128, 64)), ("down_proj", (64, 128))):
+        tensors[f"model.layers.1.mlp.{proj}.weight"] = torch.randn(shape, generator=gen) * 0.1
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ref = hf_model(src)
+    assert ref.config.mlp_layer_types == ["dense", "dense", "sparse"]
+    ours = convert_and_load(src, tmp_path / "store")
+    assert ours.weights.config.moe_layers == (2,)
+    assert_parity(ours, ref, PROMPT, STEPS)

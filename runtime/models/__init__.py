@@ -52,6 +52,7 @@ FAMILY_MODULES = {
     "kimi_linear": "kimi_linear",
     "bailing_hybrid": "bailing_hybrid",
     "sarvam_moe": "sarvam_moe",
+    "minicpm5_moe": "minicpm5_moe",
 }
 
 

@@ -50,6 +50,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "llama4": ("chunked rope layers and global NoPE layers, QK L2 norm", "sigmoid top-1 on the input, shared expert"),
     "mimo_v2_flash": ("sliding-window layers with sinks and twice the KV heads, full layers, partial rope, "
                       "narrower values", "sigmoid + bias, group-limited top-k"),
+    "minicpm5_moe": ("GQA, output gated per head", "sigmoid + bias, group-limited top-k, shared experts"),
     "minimax": ("lightning attention (linear, decayed) and GQA layers, normed residuals",
                 "softmax top-k renormalized"),
     "minimax_m2": ("GQA, partial rope, QK norm", "sigmoid + correction bias"),

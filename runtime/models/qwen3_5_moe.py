@@ -28,11 +28,12 @@ PREFIX = "model.language_model."
 
 
 class GatedAttention(GQAAttention):
-    """GQA with (1 + w) q/k norms, partial RoPE, and the output gated by sigmoid of a second half of q_proj."""
+    """GQA with (1 + w) q/k norms (none where not `qk_norm`: MiniCPM5's), RoPE (partial in Qwen3.5), and
+    the output gated by sigmoid of a second half of q_proj."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
-                 dtype: torch.dtype) -> None:
-        super().__init__(config, weights, prefix, rope, dtype, qk_norm=True)
+                 dtype: torch.dtype, *, qk_norm: bool = True) -> None:
+        super().__init__(config, weights, prefix, rope, dtype, qk_norm=qk_norm)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: Start) -> torch.Tensor:
         t = x.shape[0]
@@ -40,7 +41,8 @@ class GatedAttention(GQAAttention):
         q, gate = linear(x, self.q, self.q_bias).view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)
         v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
-        q, k = rms_norm(q, self.q_norm, self.eps, offset=1.0), rms_norm(k, self.k_norm, self.eps, offset=1.0)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = rms_norm(q, self.q_norm, self.eps, offset=1.0), rms_norm(k, self.k_norm, self.eps, offset=1.0)
         cos, sin = self.rope(positions, x.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = cache.append(start, k, v)
