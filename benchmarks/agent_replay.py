@@ -2,7 +2,7 @@
 Code drives a server: a long system prompt and tool list, then turns that each append the agent's
 tool call and its result to the history, short side requests with their own system prompt (a
 title) between them, one turn whose history rewrites an earlier tool call, and further sessions
-running at the same time.
+of the same agent (its system prompt and tools, another task) running at the same time.
 
 The assistant turns in the history are the recorded ones (the replay's tool calls), not the
 model's replies, so a turn's prompt shares with the session's state everything up to the reply it
@@ -111,8 +111,8 @@ def run_session(client, model: str, workload: Workload, session: int, t0: float,
     """One agent session: its turns in order, side requests between them; each request's record
     appended to `records` as it ends."""
     rng = random.Random(workload.seed * 1000 + session)
-    system = f"You are coding agent {session}. " + _text(rng, workload.system_words)
-    history: list[dict] = [{"role": "user", "content": "Fix the failing test. " + _text(rng, 40)}]
+    system = "You are a coding agent. " + _text(random.Random(workload.seed), workload.system_words)  # (one agent's)
+    history: list[dict] = [{"role": "user", "content": f"Task {session}: fix the failing test. " + _text(rng, 40)}]
     calls: list[dict] = []
 
     def keep(record: Request) -> None:

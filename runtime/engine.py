@@ -88,10 +88,11 @@ class Session:
         self.state = model.new_state(context_length)
         self.tokens: list[int] = []  # what `state` holds
         self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
+        self.prompt_length = 0  # of `tokens`, those of the last prompt (the rest: its reply)
 
     def reset(self) -> None:
         self.state = self.model.reset_state(self.state)  # emptied in place where it can be (CUDA graphs keep its buffers)
-        self.tokens, self.saved = [], []
+        self.tokens, self.saved, self.prompt_length = [], [], 0
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
         """Logits of the last prompt token, reusing the state when it holds a prefix of `prompt`."""
@@ -108,6 +109,7 @@ class Session:
             self._save_state()
         logits = self._feed(prompt)
         assert logits is not None  # (`reusable` keeps the last token out: it is always fed)
+        self.prompt_length = len(prompt)
         stats.prompt_seconds = time.perf_counter() - start
         return logits
 
@@ -142,6 +144,16 @@ class Session:
             return max((s.length for s in getattr(self, "saved", ()) if s.length <= keep), default=0)
         return keep
 
+    def take_prefix(self, other: Session, length: int) -> bool:
+        """This session holding `other`'s first `length` tokens, their state copied
+        (DecoderModel.copy_prefix): a conversation that shares a prompt prefix with another
+        starts from it. False, this session unchanged, where the model's caches cannot be copied so."""
+        copy = getattr(self.model, "copy_prefix", None)
+        if copy is None or length > len(other.tokens) or not copy(other.state, self.state, length):
+            return False
+        self.tokens, self.saved, self.prompt_length = other.tokens[:length], [], length
+        return True
+
     def _keep_prefix_of(self, prompt: list[int]) -> None:
         """The state holding `reusable(prompt)` tokens: taken back, or started over."""
         keep = self.reusable(prompt)
@@ -155,6 +167,7 @@ class Session:
         else:
             self.model.restore(self.state, next(s for s in self.saved if s.length == keep))
         self.tokens = self.tokens[:keep]
+        self.prompt_length = min(self.prompt_length, keep)
         self.saved = [s for s in self.saved if s.length <= keep]  # (the others saved a history now gone)
 
     def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None, *,

@@ -37,7 +37,6 @@ def test_the_sessions_prompts_come_from_the_cache(result) -> None:
     assert summary["cached_share"] > 0.6
     for session in (0, 1):
         turns = [r for r in result["requests"] if r["session"] == session and r["kind"] != "side"]
-        assert turns[0]["cached_tokens"] < 50  # (a system prompt of another session shares a few tokens at most)
         for before, turn in zip(turns, turns[1:], strict=False):
             prompt = turn["input_tokens"] + turn["cached_tokens"]
             if turn["kind"] == "edit":

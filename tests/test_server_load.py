@@ -214,7 +214,8 @@ def test_a_second_client_is_answered_while_a_long_generation_runs(server: LiveSe
 
 def test_disconnect_while_queued_leaves_the_queue(server: LiveServer, slow_tiny: Any) -> None:
     blocker = threading.Event()
-    slow_tiny.executor.submit(blocker.wait, 30)  # the worker is busy: requests queue behind it
+    for _ in range(slow_tiny.sessions.size):  # every worker busy (one a session): requests queue behind them
+        slow_tiny.executor.submit(blocker.wait, 30)
     try:
         payload = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "queued"}]}).encode()
         sock = socket.create_connection(("127.0.0.1", server.port))

@@ -248,6 +248,27 @@ class DecoderModel:
             state.caches[index].restore(copy)
         self.set_length(state, saved.length)
 
+    @torch.inference_mode()
+    def copy_prefix(self, source: DecodeState, target: DecodeState, length: int) -> bool:
+        """`target` holding `source`'s first `length` tokens, copied, where every cache is read by
+        position (each tensor it holds has a row a position: keys and values, MLA's latents): a new
+        conversation that shares a prompt prefix (a system prompt and tools) with another starts
+        from its state instead of computing it again. False, nothing copied, where a cache is not
+        so (a recurrent state, a state of a step's own) or the states differ in size."""
+        if not self.rewinds or source.extra or target.extra or source.max_tokens != target.max_tokens \
+                or not 0 <= length <= source.length:
+            return False
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for a, b in zip(source.caches, target.caches, strict=True):
+            found = _positional_tensors(a, b, source.max_tokens)
+            if found is None:
+                return False
+            pairs += found
+        for a, b in pairs:
+            b[:length].copy_(a[:length])
+        self.set_length(target, length)
+        return True
+
     def set_length(self, state: DecodeState, length: int) -> None:
         """`state` holds `length` tokens: after steps at a DevicePosition (which move no host
         counter), and the caches that count their own tokens with it."""
@@ -372,3 +393,22 @@ class DecoderModel:
         residual = block.residuals[1]
         h, mixes = residual.enter(x)
         return residual.leave(x, self._ffn(block, self.norm(h, block.post_norm), tokens), mixes)
+
+
+def _positional_tensors(a: Any, b: Any, rows: int, depth: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The (source, target) tensor pairs of two caches of one kind, where every tensor they hold
+    has `rows` rows (one a position) and their other fields are plain values; None where not."""
+    if isinstance(a, torch.Tensor):
+        same = isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+        return [(a, b)] if same and a.dim() > 0 and a.shape[0] == rows else None
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return []
+    if depth == 0 or type(a) is not type(b) or not hasattr(a, "__dict__"):
+        return None
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for name, value in vars(a).items():
+        found = _positional_tensors(value, getattr(b, name, None), rows, depth - 1)
+        if found is None:
+            return None
+        pairs += found
+    return pairs

@@ -199,6 +199,13 @@ class CancellableModel:
     def restore(self, state: Any, saved: Any) -> None:
         self.model.restore(state, saved)
 
+    def copy_prefix(self, source: Any, target: Any, length: int) -> bool:  # (a session starts from another's prefix)
+        copy = getattr(self.model, "copy_prefix", None)
+        if copy is None:
+            return False
+        with self.turnstile.turn():
+            return copy(source, target, length)
+
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         job = self._jobs.get(threading.get_ident())
         with self.turnstile.turn():  # (a job cancelled while it waited for its turn stops here too)

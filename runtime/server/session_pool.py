@@ -3,9 +3,14 @@ request (a coding agent's title, summary or subagent call, with its own system p
 throw away the main conversation's state, and the next main turn continues where it was.
 
 A request goes to the session that keeps the most of its prompt (Session.reusable: the longest
-common prefix it can keep). Where that would throw away more than half of what the session holds
-(another conversation's), it goes to an empty session while the pool has room, else to the one
-used least recently. Sessions are made on first use, each with the whole context's state.
+common prefix it can keep) where it continues that session's last prompt (the reply sent back
+re-rendered, at most). Where it departs inside that prompt (another conversation sharing a system
+prompt and tools: a subagent, a second agent; or an edited history) and a session is spare (empty,
+or one more while the pool has room), the spare one starts with the shared prefix copied
+(Session.take_prefix) and the other keeps its state. Where none is spare, or the model's caches
+cannot be copied so (recurrent layers), the request takes the session keeping the most if that
+throws away at most half of what it holds, else an empty one, else the one used least recently.
+Sessions are made on first use, each with the whole context's state.
 
 Generations run concurrently, one a session: a session is taken (`choose`) until its generation
 gives it back (`give_back`), and only free ones are chosen. The pool is shared by the model's
@@ -20,6 +25,8 @@ from collections.abc import Callable
 
 from ..engine import Session
 
+MIN_SHARED_TOKENS = 64  # a shared prefix shorter than this is computed again, not copied
+
 
 class SessionPool:
     """Up to `size` sessions over one model, all of `context_length` tokens (`make(context)`)."""
@@ -31,6 +38,7 @@ class SessionPool:
         self.sessions: list[Session] = [make(context_length)]
         self._used: dict[int, int] = {id(self.sessions[0]): 0}
         self._taken: set[int] = set()  # ids of the sessions generations run in now
+        self._copies: bool | None = None  # whether the model's states take a prefix copied (known after a try)
         self._clock = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -62,11 +70,21 @@ class SessionPool:
             return self._new()
         kept = {id(s): s.reusable(prompt) for s in free}
         best = max(free, key=lambda s: (kept[id(s)], self._used[id(s)]))
+        if kept[id(best)] >= min(len(best.tokens), getattr(best, "prompt_length", len(best.tokens))):
+            return best  # it continues the session's last prompt (its reply sent back re-rendered, at most)
+        # it departs inside that prompt: another conversation sharing a prefix, or an edited history;
+        # where a session is spare, it starts with the prefix copied and `best` keeps its own
+        spare = next((s for s in free if not s.tokens), None)
+        if spare is None and len(self.sessions) < self.size and self._copies is not False:
+            spare = self._new()
+        if spare is not None and kept[id(best)] >= MIN_SHARED_TOKENS and self._copies is not False:
+            self._copies = spare.take_prefix(best, kept[id(best)])
+            if self._copies:
+                return spare
         if 2 * kept[id(best)] >= len(best.tokens):  # it keeps at least half of what it holds
             return best
-        empty = next((s for s in free if not s.tokens), None)
-        if empty is not None:
-            return empty
+        if spare is not None:
+            return spare
         if len(self.sessions) < self.size:
             return self._new()
         return min(free, key=lambda s: self._used[id(s)])
