@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -172,13 +173,21 @@ def slow_tiny(server: LiveServer) -> Iterator[Any]:
     runner.model.model = fast
 
 
-def test_disconnect_mid_stream_frees_the_slot(server: LiveServer, slow_tiny: Any) -> None:
+@contextmanager
+def long_stream(server: LiveServer) -> Iterator[Iterator[str]]:
+    """A streamed chat that would run to the context's end, its first three chunks read; the
+    stream's remaining lines (the client leaves when the block ends)."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "a long story"}],
             "options": {"num_predict": 100000, "temperature": 0}}
     with httpx.stream("POST", server.url + "/api/chat", json=body, timeout=60) as r:
         lines = r.iter_lines()
         for _ in range(3):
             assert json.loads(next(lines))["done"] is False
+        yield lines
+
+
+def test_disconnect_mid_stream_frees_the_slot(server: LiveServer, slow_tiny: Any) -> None:
+    with long_stream(server):
         assert slow_tiny.active == 1
     assert server.wait_for(lambda: slow_tiny.active == 0, timeout_s=2), "the generation went on without a client"
     assert len(slow_tiny.session.tokens) == slow_tiny.session.state.length  # the session stays reusable
@@ -193,12 +202,7 @@ def test_a_second_client_is_answered_while_a_long_generation_runs(server: LiveSe
     forward passes taking turns: a short request is answered while another client's long one
     streams (one at a time, it waited for the whole of it), and the long one goes on."""
     assert slow_tiny.sessions.size >= 2, "the test machine's RAM holds one tiny session only"
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "a long story"}],
-            "options": {"num_predict": 100000, "temperature": 0}}
-    with httpx.stream("POST", server.url + "/api/chat", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        for _ in range(3):
-            assert json.loads(next(lines))["done"] is False
+    with long_stream(server) as lines:
         start = time.monotonic()
         short = ollama.Client(host=server.url).chat(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                     options={"num_predict": 8, "temperature": 0})
