@@ -29,6 +29,12 @@ CONTEXT_TOKENS = 6
 # next turn of a conversation departs there (a reply re-rendered by the template, its thinking
 # dropped; a retried turn), and is taken back to it instead of recomputing the whole prompt.
 SAVED_STATES = 2
+# ... and one more where the prompt's first message ends (its first end-of-turn token: the system
+# prompt and tools) if that is ANCHOR_MIN_TOKENS or more, kept while the session's history holds
+# it: an edit anywhere after it, or another conversation with the same system prompt
+# (Session.take_prefix), starts from there. (The prompt's first forward pass ends there, which on
+# the GPU streams the expert banks a prompt needs once more.)
+ANCHOR_MIN_TOKENS = 64
 
 
 class EmptyPromptError(ValueError):
@@ -88,11 +94,17 @@ class Session:
         self.state = model.new_state(context_length)
         self.tokens: list[int] = []  # what `state` holds
         self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
+        self.anchored: StateCheckpoint | None = None  # ... and where the first message ends
         self.prompt_length = 0  # of `tokens`, those of the last prompt (the rest: its reply)
 
     def reset(self) -> None:
         self.state = self.model.reset_state(self.state)  # emptied in place where it can be (CUDA graphs keep its buffers)
-        self.tokens, self.saved, self.prompt_length = [], [], 0
+        self.tokens, self.saved, self.prompt_length, self.anchored = [], [], 0, None
+
+    @property
+    def checkpoints(self) -> list[StateCheckpoint]:
+        """The saved states a recurrent model's session can be taken back to."""
+        return ([self.anchored] if self.anchored is not None else []) + self.saved
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> torch.Tensor:
         """Logits of the last prompt token, reusing the state when it holds a prefix of `prompt`."""
@@ -105,6 +117,10 @@ class Session:
         stats.cached_tokens, stats.prompt_tokens = len(self.tokens), len(new)
         start = time.perf_counter()
         if not getattr(self.model, "rewinds", True):  # its state saved where the last token begins
+            anchor = self._first_message_end(prompt)
+            if anchor is not None:
+                self._feed(prompt[:anchor])
+                self.anchored = self.model.checkpoint(self.state)
             self._feed(prompt[:-1])
             self._save_state()
         logits = self._feed(prompt)
@@ -125,8 +141,18 @@ class Session:
             self.tokens = prompt[: len(self.tokens) + len(piece)]
         return logits
 
+    def _first_message_end(self, prompt: list[int]) -> int | None:
+        """Where `prompt`'s first message ends (after its first end-of-turn token), if the state
+        has not passed it yet and the prompt goes on after it; None otherwise."""
+        ends = self.tokenizer.eos_token_ids
+        at = next((i + 1 for i, token in enumerate(prompt) if token in ends), None)
+        held = self.anchored.length if self.anchored is not None else 0
+        if at is None or at < ANCHOR_MIN_TOKENS or held >= at:
+            return None
+        return at if len(self.tokens) <= at < len(prompt) - 1 else None
+
     def _save_state(self) -> None:
-        if any(s.length == len(self.tokens) for s in self.saved):
+        if any(s.length == len(self.tokens) for s in self.checkpoints):
             return
         saved = self.model.checkpoint(self.state)
         if saved is not None:
@@ -141,17 +167,23 @@ class Session:
         to a saved one within the common prefix (`saved`), else keeps nothing."""
         keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         if keep < len(self.tokens) and not getattr(self.model, "rewinds", False):  # (a model that does not say cannot)
-            return max((s.length for s in getattr(self, "saved", ()) if s.length <= keep), default=0)
+            return max((s.length for s in getattr(self, "checkpoints", ()) if s.length <= keep), default=0)
         return keep
 
     def take_prefix(self, other: Session, length: int) -> bool:
         """This session holding `other`'s first `length` tokens, their state copied
-        (DecoderModel.copy_prefix): a conversation that shares a prompt prefix with another
-        starts from it. False, this session unchanged, where the model's caches cannot be copied so."""
+        (DecoderModel.copy_prefix; a recurrent model's from `other`'s state saved at `length`):
+        a conversation that shares a prompt prefix with another starts from it. False, this
+        session unchanged, where the model's caches cannot be copied so."""
         copy = getattr(self.model, "copy_prefix", None)
-        if copy is None or length > len(other.tokens) or not copy(other.state, self.state, length):
+        saved = None
+        if not getattr(self.model, "rewinds", False):
+            saved = next((s for s in other.checkpoints if s.length == length), None)
+            if saved is None:
+                return False
+        if copy is None or length > len(other.tokens) or not copy(other.state, self.state, length, saved):
             return False
-        self.tokens, self.saved, self.prompt_length = other.tokens[:length], [], length
+        self.tokens, self.saved, self.prompt_length, self.anchored = other.tokens[:length], [], length, saved
         return True
 
     def _keep_prefix_of(self, prompt: list[int]) -> None:
@@ -165,10 +197,12 @@ class Session:
         if getattr(self.model, "rewinds", False):
             self.model.set_length(self.state, keep)
         else:
-            self.model.restore(self.state, next(s for s in self.saved if s.length == keep))
+            self.model.restore(self.state, next(s for s in self.checkpoints if s.length == keep))
         self.tokens = self.tokens[:keep]
         self.prompt_length = min(self.prompt_length, keep)
         self.saved = [s for s in self.saved if s.length <= keep]  # (the others saved a history now gone)
+        if self.anchored is not None and self.anchored.length > keep:
+            self.anchored = None
 
     def generate(self, prompt: list[int], params: SamplingParams, on_text: OnText | None = None, *,
                  keep_special_tokens: bool = False, continues_text: bool = False) -> Generation:

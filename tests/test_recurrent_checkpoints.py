@@ -93,3 +93,44 @@ def test_a_model_whose_recurrent_cache_cannot_be_saved_starts_over() -> None:
     model.blocks = [type("Block", (), {"mixer": Mixer()})()]
     state = type("State", (), {"caches": [Cache()], "length": 5})()
     assert model.checkpoint(state) is None  # type: ignore[arg-type]
+
+
+class _Turns(_Ids):
+    """... whose end-of-turn token is 3 (a chat template's <|im_end|>)."""
+
+    eos_token_ids: frozenset[int] = frozenset({3})
+
+
+def test_an_edit_after_the_first_message_starts_from_its_end(hybrid) -> None:
+    """The state is also saved where the prompt's first message ends (its first end-of-turn token:
+    the system prompt and tools, 64 tokens or more), so an edit anywhere after it recomputes from
+    there, not from 0; a short first message is not worth a pass of its own."""
+    system, task, other = list(range(10, 80)) + [3], list(range(90, 100)), list(range(110, 115))
+    session = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
+    session.generate(system + task, GREEDY)
+    assert session.anchored is not None and session.anchored.length == len(system)
+    edited = session.generate(system + other, GREEDY)  # departs inside the first prompt, after the system
+    assert (edited.stats.cached_tokens, edited.stats.prompt_tokens) == (len(system), len(other))
+    fresh = Session(hybrid, _Turns(), 256).generate(system + other, GREEDY)  # type: ignore[arg-type]
+    assert edited.tokens == fresh.tokens
+    assert session.generate([9, 9, 9], GREEDY).stats.cached_tokens == 0 and session.anchored is None
+    short = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
+    short.generate(list(range(10, 20)) + [3] + task, GREEDY)
+    assert short.anchored is None
+
+
+def test_another_conversation_starts_from_the_saved_end_of_the_shared_system_prompt(hybrid) -> None:
+    """Session.take_prefix for a recurrent model: the positional caches copied, the recurrent ones
+    put back from the other session's state saved where the shared first message ends."""
+    system = list(range(10, 80)) + [3]
+    main = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
+    main.generate(system + list(range(90, 100)), GREEDY)
+    held = list(main.tokens)
+    sub = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
+    assert not sub.take_prefix(main, len(system) + 2)  # no state saved there
+    assert sub.take_prefix(main, len(system))
+    reply = sub.generate(system + [110, 111, 112], GREEDY)
+    assert (reply.stats.cached_tokens, reply.stats.prompt_tokens) == (len(system), 3)
+    fresh = Session(hybrid, _Turns(), 256).generate(system + [110, 111, 112], GREEDY)  # type: ignore[arg-type]
+    assert reply.tokens == fresh.tokens
+    assert main.tokens == held and main.generate(held + [4], GREEDY).stats.cached_tokens == len(held)

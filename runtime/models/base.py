@@ -249,23 +249,28 @@ class DecoderModel:
         self.set_length(state, saved.length)
 
     @torch.inference_mode()
-    def copy_prefix(self, source: DecodeState, target: DecodeState, length: int) -> bool:
-        """`target` holding `source`'s first `length` tokens, copied, where every cache is read by
-        position (each tensor it holds has a row a position: keys and values, MLA's latents): a new
-        conversation that shares a prompt prefix (a system prompt and tools) with another starts
-        from its state instead of computing it again. False, nothing copied, where a cache is not
-        so (a recurrent state, a state of a step's own) or the states differ in size."""
-        if not self.rewinds or source.extra or target.extra or source.max_tokens != target.max_tokens \
-                or not 0 <= length <= source.length:
+    def copy_prefix(self, source: DecodeState, target: DecodeState, length: int,
+                    saved: StateCheckpoint | None = None) -> bool:
+        """`target` holding `source`'s first `length` tokens, copied: a new conversation that shares
+        a prompt prefix (a system prompt and tools) with another starts from its state instead of
+        computing it again. The caches read by position (each tensor a row a position: keys and
+        values, MLA's latents) are copied up to `length`; a recurrent model's recurrent caches are
+        put back from `saved`, `source`'s state saved at `length` (`checkpoint`). False, nothing
+        copied, where a cache is neither (a state of a step's own) or the sizes differ."""
+        recurrent = saved.caches if saved is not None else {}
+        if (not self.rewinds and (saved is None or saved.length != length)) or source.extra or target.extra \
+                or source.max_tokens != target.max_tokens or not 0 <= length <= source.length:
             return False
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for a, b in zip(source.caches, target.caches, strict=True):
-            found = _positional_tensors(a, b, source.max_tokens)
+        for index, (a, b) in enumerate(zip(source.caches, target.caches, strict=True)):
+            found = [] if index in recurrent else _positional_tensors(a, b, source.max_tokens)
             if found is None:
                 return False
             pairs += found
         for a, b in pairs:
             b[:length].copy_(a[:length])
+        for index, copy in recurrent.items():
+            target.caches[index].restore(copy)
         self.set_length(target, length)
         return True
 

@@ -199,12 +199,12 @@ class CancellableModel:
     def restore(self, state: Any, saved: Any) -> None:
         self.model.restore(state, saved)
 
-    def copy_prefix(self, source: Any, target: Any, length: int) -> bool:  # (a session starts from another's prefix)
+    def copy_prefix(self, source: Any, target: Any, length: int, saved: Any = None) -> bool:  # (Session.take_prefix)
         copy = getattr(self.model, "copy_prefix", None)
         if copy is None:
             return False
         with self.turnstile.turn():
-            return copy(source, target, length)
+            return copy(source, target, length, saved)
 
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         job = self._jobs.get(threading.get_ident())
