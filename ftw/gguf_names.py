@@ -34,6 +34,12 @@ What llama.cpp changes besides names, and how we undo it:
   layer_types); its final norm is token_embd_norm.
 - afmoe (Arcee Trinity): AfmoeModel derives from LlamaModel but bypasses its modify_tensors, so q/k
   are not permuted (NeoX RoPE, as HF); only names change.
+- bailingmoe2 (Sarvam-30B, as SarvamMoEModel writes it): q/k/v stay fused (attn_qkv, the release's
+  attention.query_key_value, read apart by the runtime) and are not permuted (NeoX RoPE, as HF); the
+  converter makes each layer's expert bias zero-mean (t - t.mean()), which cannot be undone (the mean
+  is gone) and changes nothing the model computes: the bias only ranks experts, and group and top-k
+  choices are the same under one shift of every bias. Ling 2.0 files (BailingMoeV2Model, rotary over
+  part of the head) are refused: no ft family runs them.
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -60,6 +66,7 @@ QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
 HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "afmoe"
+BAILINGMOE2 = "bailingmoe2"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
@@ -212,6 +219,28 @@ AFMOE_BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (AFMOE,)),
     Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (AFMOE,)),
 )
+
+
+# Sarvam-30B's (bailingmoe2) block table, under the names ft's sarvam_moe family keeps (ftw/families.py's
+# renames of the release's): q/k/v fused as the release has them, GLM-4.5's MoE with shared experts
+BAILINGMOE2_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (BAILINGMOE2,)),
+    Row("attn_qkv.weight", "self_attn.query_key_value.weight", (BAILINGMOE2,)),  # q | k | v rows, not permuted
+    Row("attn_qkv.bias", "self_attn.query_key_value.bias", (BAILINGMOE2,)),  # (use_qkv_bias; llama.cpp loads none)
+    Row("attn_output.weight", "self_attn.o_proj.weight", (BAILINGMOE2,)),  # the release's attention.dense
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", (BAILINGMOE2,)),  # query_layernorm, before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", (BAILINGMOE2,)),
+    Row("ffn_norm.weight", "post_attention_layernorm.weight", (BAILINGMOE2,)),
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", (BAILINGMOE2,)),  # the dense first layers' MLP
+    Row("ffn_up.weight", "mlp.up_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_down.weight", "mlp.down_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_gate_inp.weight", "mlp.gate.weight", (BAILINGMOE2,)),  # router [E, H]
+    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (BAILINGMOE2,)),  # expert_bias, made zero-mean
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (BAILINGMOE2,)),
+)
+
 
 @dataclass(frozen=True)
 class Concat:

@@ -30,10 +30,13 @@ from .gguf_config import (
     qwen35moe_config,
 )
 from .gguf_config_layered import afmoe_config, exaone_moe_config, lfm2moe_config
+from .gguf_config_more import bailingmoe2_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     AFMOE,
     AFMOE_BLOCK_ROWS,
+    BAILINGMOE2,
+    BAILINGMOE2_BLOCK_ROWS,
     BLOCK_ROWS,
     CONCAT_ROWS,
     DBRX,
@@ -119,6 +122,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(LFM2MOE, "lfm2_moe", "Lfm2MoeForCausalLM", lfm2moe_config,
                          rows=(LFM2MOE_GLOBAL_ROWS, LFM2MOE_BLOCK_ROWS)),
         GGUFArchitecture(AFMOE, "afmoe", "AfmoeForCausalLM", afmoe_config, rows=(GLOBAL_ROWS, AFMOE_BLOCK_ROWS)),
+        GGUFArchitecture(BAILINGMOE2, "sarvam_moe", "SarvamMoEForCausalLM", bailingmoe2_config,
+                         rows=(GLOBAL_ROWS, BAILINGMOE2_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),

@@ -78,6 +78,10 @@ _AFMOE_SPLITS = (
 class PreTokenizer:
     splits: tuple[str, ...]  # regexes applied in turn, matches isolated; () = GPT-2's built-in regex
     normalizer: str | None = None  # e.g. "NFC"
+    # False: SentencePiece-style BPE in a 'gpt2' file (llama-vocab.cpp's byte_encode false with
+    # escape_whitespaces): spaces become U+2581 first, merges run over raw UTF-8, a character without
+    # a token falls back to its <0xXX> byte tokens
+    byte_level: bool = True
 
 
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
@@ -88,6 +92,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
     "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
     "afmoe": PreTokenizer(_AFMOE_SPLITS),  # Arcee Trinity
+    "sarvam-moe": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Sarvam-30B: lines and runs of newlines
 }
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
 # LLAMA3's for llama3/llama-v3 and LFM2's lfm2, for DBRX and Smaug ("same as llama3") and for CHATGLM4
@@ -228,8 +233,22 @@ def _byte_level_pipeline(vocab: _Vocab) -> dict[str, Any]:
             f"GGUF pre-tokenizer {pre_name!r} is not supported yet (supported: {', '.join(PRE_TOKENIZERS)}); "
             "use the model's Hugging Face tokenizer instead"
         )
+    steps = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in pre.splits]
+    model = {
+        "type": "BPE", "dropout": None, "unk_token": vocab.token("unknown_token_id"),
+        "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
+        "byte_fallback": not pre.byte_level, "ignore_merges": False, "vocab": vocab.vocab(), "merges": vocab.merges,
+    }
+    if not pre.byte_level:
+        return {
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]},
+            "model": model,
+        }
     if pre.splits:
-        steps = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in pre.splits]
         pre_tokenizer: dict[str, Any] = {"type": "Sequence", "pretokenizers": [*steps, _byte_level(False)]}
     else:
         pre_tokenizer = _byte_level(True)
@@ -237,11 +256,7 @@ def _byte_level_pipeline(vocab: _Vocab) -> dict[str, Any]:
         "normalizer": {"type": pre.normalizer} if pre.normalizer else None,
         "pre_tokenizer": pre_tokenizer,
         "decoder": _byte_level(True),
-        "model": {
-            "type": "BPE", "dropout": None, "unk_token": vocab.token("unknown_token_id"),
-            "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
-            "byte_fallback": False, "ignore_merges": False, "vocab": vocab.vocab(), "merges": vocab.merges,
-        },
+        "model": model,
     }
 
 

@@ -370,3 +370,16 @@ def test_afmoe_pre_tokenizer_groups_digits_from_the_right(tmp_path: Path) -> Non
                                 ids={"eos_token_id": 2})
     pieces = [piece for piece, _ in rebuilt(path).pre_tokenizer.pre_tokenize_str("Price 1234567 and 12,5 日本語 ok!")]
     assert pieces == ["Price", "Ġ", "1", "234", "567", "Ġand", "Ġ", "12", ",", "5", "Ġ", "æĹ¥æľ¬èªŀ", "Ġok", "!"]
+
+
+def test_sarvam_moe_tokenizer_merges_raw_text_with_escaped_spaces(tmp_path: Path) -> None:
+    """Sarvam-30B's files name "sarvam-moe": a 'gpt2' vocabulary that llama.cpp runs SentencePiece-style
+    (byte_encode false, escape_whitespaces): spaces become ▁, lines and runs of newlines split apart,
+    merges over raw UTF-8, a character with no token spelled by its <0xXX> byte tokens."""
+    tokens = ["<unk>", "<|endoftext|>", "▁", "h", "i", "hi", "▁hi", "\n", "<0xC3>", "<0xA9>"]
+    path = write_tokenizer_gguf(tmp_path / "sarvam.gguf", tokens, [UNKNOWN, CONTROL] + [NORMAL] * 8, pre="sarvam-moe",
+                                merges=["h i", "▁ hi"], ids={"eos_token_id": 1, "unknown_token_id": 0})
+    ours = rebuilt(path)
+    ids = plain(ours, "hi hi\n\né")
+    assert ids == [5, 6, 7, 7, 8, 9]
+    assert ours.decode(ids) == "hi hi\n\né"

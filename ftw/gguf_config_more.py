@@ -1,0 +1,62 @@
+"""The Hugging Face config of further GGUF architectures (gguf_config.py grew past a sitting), one
+builder per architecture, as gguf_config.py's are: each follows what llama.cpp's converter (named in
+its docstring, at llama.cpp 0c1e570) writes and gives the config the family's runtime reads, with
+llama.cpp's defaults where the file says nothing, and refuses files llama.cpp runs otherwise than the
+family's transformers model does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import SourceError, UnsupportedArchitectureError
+from .gguf_config import Meta, _common_config, _expert_size, _has
+from .gguf_config_layered import SIGMOID, _no_rope_scaling
+
+if TYPE_CHECKING:
+    from .gguf_source import GGUFArchitecture
+
+
+def bailingmoe2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """SarvamMoEModel.set_gguf_parameters (BailingMoeV2Model's, the base's): key_length from head_dim,
+    rope.dimension_count the whole head (Sarvam's override; BailingMoeV2's Ling 2.0 writes part of it),
+    feed_forward_length (the dense layers' width), expert_feed_forward_length, expert_shared_count and
+    expert_shared_feed_forward_length, leading_dense_block_count (first_k_dense_replace; llama.cpp's
+    default 0), expert_weights_scale and _norm (routed_scaling_factor, norm_topk_prob), the group keys,
+    expert_gating_func from score_function (llama.cpp will not load a file without it), nextn blocks.
+    llama.cpp's graph is GLM-4.5's with RoPE over the whole head, which is how transformers runs
+    sarvam_moe; a file rotating part of each head is Ling 2.0, which no ft family runs."""
+    where = f"{meta.model.path}: a bailingmoe2 GGUF"
+    if meta.get("expert_gating_func") != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
+                                           "Sarvam routes by sigmoid (and llama.cpp loads no file without the key)")
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    rotary = meta.int("rope.dimension_count", head_dim)
+    if rotary != head_dim:
+        raise UnsupportedArchitectureError(
+            f"{where} rotating {rotary} of {head_dim} channels a head: Ling 2.0 (BailingMoeV2), which ft has no "
+            "family for (transformers 5.25 has no model to match it against); Sarvam-30B rotates the whole head")
+    width = meta.int("expert_feed_forward_length", _expert_size(meta.model))
+    shared = meta.int("expert_shared_count")
+    if meta.int("expert_shared_feed_forward_length", width * shared) != width * shared:
+        raise SourceError(f"{where} whose shared experts are not {shared} x {width} wide, as Sarvam's are")
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=width,
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        n_shared_experts=shared,
+        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
+        n_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+        attention_bias=_has(meta.model, "attn_qkv.bias"),
+        use_qk_norm=True,  # llama.cpp's graph requires both norms
+        num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
+        rope_parameters={"rope_type": "default", "rope_theta": config.pop("rope_theta"), "partial_rotary_factor": 1.0},
+    )
+    return config
