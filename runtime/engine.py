@@ -15,6 +15,7 @@ import torch
 
 from .models import ContextOverflowError, DecoderModel
 from .models.base import StateCheckpoint
+from .models.state_copy import ParkedState
 from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
@@ -77,6 +78,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
     return lo
+
+
+@dataclass(frozen=True)
+class ParkedConversation:
+    """A session's conversation in host memory (Session.park): its tokens and their state."""
+
+    tokens: list[int]
+    prompt_length: int
+    state: ParkedState
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s first tokens it would keep back in a session: the common prefix
+        (a recurrent model's: all of it, or nothing)."""
+        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        return keep if self.state.saved is None or keep == len(self.tokens) else 0
 
 
 class Session:
@@ -184,6 +200,30 @@ class Session:
         if copy is None or length > len(other.tokens) or not copy(other.state, self.state, length, saved):
             return False
         self.tokens, self.saved, self.prompt_length, self.anchored = other.tokens[:length], [], length, saved
+        return True
+
+    def park(self) -> ParkedConversation | None:
+        """This session's conversation copied to host memory (DecoderModel.park), for `unpark` to
+        bring back after another conversation has used the state: its tokens, or a recurrent
+        model's up to its latest saved state. None where the model's state cannot be copied so."""
+        park = getattr(self.model, "park", None)
+        saved = None
+        length = len(self.tokens)
+        if not getattr(self.model, "rewinds", False):
+            saved = max(self.checkpoints, key=lambda s: s.length, default=None)
+            length = saved.length if saved is not None else 0
+        parked = park(self.state, length, saved) if park is not None and length > 0 else None
+        if parked is None:
+            return None
+        return ParkedConversation(self.tokens[:length], min(self.prompt_length, length), parked)
+
+    def unpark(self, conversation: ParkedConversation) -> bool:
+        """This session holding a parked conversation again (its state copied back in place)."""
+        unpark = getattr(self.model, "unpark", None)
+        if unpark is None or not unpark(conversation.state, self.state):
+            return False
+        self.tokens, self.prompt_length = list(conversation.tokens), conversation.prompt_length
+        self.saved, self.anchored = [], conversation.state.saved
         return True
 
     def _keep_prefix_of(self, prompt: list[int]) -> None:

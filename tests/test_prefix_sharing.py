@@ -89,3 +89,80 @@ def test_a_subagent_sharing_the_system_prompt_starts_from_the_main_conversation(
                 {"role": "user", "content": "Now run the tests."}]
         second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def _generation(pool, prompt: list[int]):
+    session = pool.choose(prompt, 256)
+    try:
+        return session, session.generate(prompt, GREEDY)
+    finally:
+        pool.give_back(session)
+
+
+def test_a_parked_conversation_comes_back_with_its_state(tiny) -> None:
+    """One session (a GPU model's, in VRAM) and a parking budget: the main conversation, displaced
+    by a side request, is parked in host memory and copied back for its next turn, which finds
+    its whole history; the side request is parked in turn. No budget: it starts over, as before."""
+    from runtime.server.session_pool import SessionPool
+
+    model, tokenizer = tiny
+    main = list(range(5, 105))
+    side = [200, 201] + list(range(120, 190))  # another conversation, 72 tokens
+    pool = SessionPool(lambda context: Session(model, tokenizer, context), 256, size=1, park_bytes=1 << 30)
+    session, first = _generation(pool, main)
+    held = list(session.tokens)
+    _generation(pool, side)
+    assert [c.tokens for c in pool.parked] == [held] and pool.parked_bytes > 0
+    turn = held + [7, 8, 9]
+    again_session, again = _generation(pool, turn)
+    assert again_session is session and again.stats.cached_tokens == len(held)
+    assert again.tokens == Session(model, tokenizer, 256).generate(turn, GREEDY).tokens
+    assert [c.tokens[:2] for c in pool.parked] == [[200, 201]]  # the side request's, parked in turn
+
+    unparked = SessionPool(lambda context: Session(model, tokenizer, context), 256, size=1)
+    _generation(unparked, main)
+    _generation(unparked, side)
+    assert _generation(unparked, turn)[1].stats.cached_tokens == 0 and not unparked.parked
+
+
+def test_the_oldest_parked_conversation_goes_first_when_the_budget_is_full(tiny) -> None:
+    from runtime.server.session_pool import SessionPool
+
+    model, tokenizer = tiny
+    pool = SessionPool(lambda context: Session(model, tokenizer, context), 256, size=1, park_bytes=1 << 30)
+    conversations = [[300 + i] + list(range(5, 100)) for i in range(3)]
+    for prompt in conversations:
+        _generation(pool, prompt)
+    one = pool.parked[0].state.nbytes
+    assert len(pool.parked) == 2
+    pool.park_bytes = one + one // 2  # room for one
+    _generation(pool, [400] + list(range(5, 100)))
+    assert [c.tokens[0] for c in pool.parked] == [302]
+
+
+def test_a_server_with_one_session_parks_the_main_conversation_for_a_side_request(store, monkeypatch) -> None:
+    """Through ft serve, as on the GPU (one session): the main conversation, a side request with
+    its own system prompt, then the main conversation's next turn, which finds its history cached
+    (it came back from host memory); `ft ps`'s fields show what is parked."""
+    import httpx
+    import openai
+
+    from runtime.server import runner
+
+    monkeypatch.setattr(runner, "sessions_for", lambda plan: 1)
+    monkeypatch.setattr(runner, "park_bytes_for", lambda plan: 1 << 30)
+    main = [{"role": "system", "content": "You are a careful coding agent. " + " ".join(
+                f"Rule {i}: read the file before you edit it." for i in range(10))},
+            {"role": "user", "content": "Fix the failing test in the parser."}]
+    side = [{"role": "system", "content": "Write a five-word title."}, {"role": "user", "content": "fix the parser"}]
+    with LiveServer(store) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        first = client.chat.completions.create(model="tiny", messages=main, max_tokens=8, temperature=0)
+        client.chat.completions.create(model="tiny", messages=side, max_tokens=4, temperature=0)
+        shown = httpx.get(server.url + "/api/ps", timeout=30).json()["models"][0]["ft"]
+        assert shown["sessions"] == shown["max_sessions"] == 1
+        assert shown["parked_sessions"] == 1 and 0 < shown["parked_bytes"] <= shown["park_budget_bytes"]
+        turn = [*main, {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "Now run the tests."}]
+        second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens

@@ -32,6 +32,8 @@ from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import forward_begins
 from ..loading.read_ftw import ModelWeights
+from . import state_copy
+from .state_copy import ParkedState
 
 
 class Mixer(Protocol):
@@ -251,27 +253,27 @@ class DecoderModel:
     @torch.inference_mode()
     def copy_prefix(self, source: DecodeState, target: DecodeState, length: int,
                     saved: StateCheckpoint | None = None) -> bool:
-        """`target` holding `source`'s first `length` tokens, copied: a new conversation that shares
-        a prompt prefix (a system prompt and tools) with another starts from its state instead of
-        computing it again. The caches read by position (each tensor a row a position: keys and
-        values, MLA's latents) are copied up to `length`; a recurrent model's recurrent caches are
-        put back from `saved`, `source`'s state saved at `length` (`checkpoint`). False, nothing
-        copied, where a cache is neither (a state of a step's own) or the sizes differ."""
-        recurrent = saved.caches if saved is not None else {}
-        if (not self.rewinds and (saved is None or saved.length != length)) or source.extra or target.extra \
-                or source.max_tokens != target.max_tokens or not 0 <= length <= source.length:
+        """`target` holding `source`'s first `length` tokens, copied (state_copy.py: the caches read
+        by position up to `length`, a recurrent model's others from `saved`, `source`'s state
+        saved at `length`): a conversation sharing a prompt prefix (a system prompt and tools)
+        with another starts from its state. False, nothing copied, where it cannot be."""
+        if not state_copy.copy_prefix(self.rewinds, source, target, length, saved):
             return False
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for index, (a, b) in enumerate(zip(source.caches, target.caches, strict=True)):
-            found = [] if index in recurrent else _positional_tensors(a, b, source.max_tokens)
-            if found is None:
-                return False
-            pairs += found
-        for a, b in pairs:
-            b[:length].copy_(a[:length])
-        for index, copy in recurrent.items():
-            target.caches[index].restore(copy)
         self.set_length(target, length)
+        return True
+
+    @torch.inference_mode()
+    def park(self, state: DecodeState, length: int, saved: StateCheckpoint | None = None) -> ParkedState | None:
+        """`state`'s first `length` tokens in host memory (`unpark` puts them back into a state of
+        this model); None where they cannot be copied (state_copy.py)."""
+        return state_copy.park(self.rewinds, state, length, saved)
+
+    @torch.inference_mode()
+    def unpark(self, parked: ParkedState, state: DecodeState) -> bool:
+        """`state` holding the tokens `park` copied to host memory."""
+        if not state_copy.unpark(parked, state):
+            return False
+        self.set_length(state, parked.length)
         return True
 
     def set_length(self, state: DecodeState, length: int) -> None:
@@ -398,22 +400,3 @@ class DecoderModel:
         residual = block.residuals[1]
         h, mixes = residual.enter(x)
         return residual.leave(x, self._ffn(block, self.norm(h, block.post_norm), tokens), mixes)
-
-
-def _positional_tensors(a: Any, b: Any, rows: int, depth: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """The (source, target) tensor pairs of two caches of one kind, where every tensor they hold
-    has `rows` rows (one a position) and their other fields are plain values; None where not."""
-    if isinstance(a, torch.Tensor):
-        same = isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
-        return [(a, b)] if same and a.dim() > 0 and a.shape[0] == rows else None
-    if a is None or isinstance(a, (bool, int, float, str)):
-        return []
-    if depth == 0 or type(a) is not type(b) or not hasattr(a, "__dict__"):
-        return None
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for name, value in vars(a).items():
-        found = _positional_tensors(value, getattr(b, name, None), rows, depth - 1)
-        if found is None:
-            return None
-        pairs += found
-    return pairs

@@ -180,7 +180,9 @@ def make_router(backend: Any, *, pull: PullFn | None = None, create: CreateFn | 
                 "ft": {"ram_bytes": s.ram_bytes, "vram_bytes": s.vram_bytes, "expert_cache_bytes": s.expert_cache_bytes,
                        "kv_bytes": s.kv_bytes, "device": s.device, "processor": s.processor,
                        "num_threads": s.num_threads, "active_requests": s.active_requests,
-                       "sessions": s.sessions, "max_sessions": s.max_sessions},
+                       "sessions": s.sessions, "max_sessions": s.max_sessions,
+                       "parked_sessions": s.parked_sessions, "parked_bytes": s.parked_bytes,
+                       "park_budget_bytes": s.park_budget_bytes},
             })
         return {"models": models}
 

@@ -77,6 +77,9 @@ class LoadedStatus:
     active_requests: int
     sessions: int = 1  # conversations' states held now (session_pool.py)
     max_sessions: int = 1  # ... and the most the model keeps
+    parked_sessions: int = 0  # conversations' states parked in host memory (a GPU model's second tier)
+    parked_bytes: int = 0
+    park_budget_bytes: int = 0
 
 
 MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM holds their KV
@@ -84,6 +87,14 @@ MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM ho
 # slices, each one turn, so another request's tokens come between them (on a CPU model of 3B
 # active parameters, a slice is about a second)
 PREFILL_SLICE_TOKENS = 512
+
+
+def park_bytes_for(plan: Plan) -> int:
+    """Host memory a model on the GPU (one session, in VRAM) may park other conversations' states
+    in (session_pool.py): half the RAM its plan leaves; none on the CPU, whose sessions live in RAM."""
+    if plan.device == "cpu":
+        return 0
+    return max(0, plan.ram_budget_bytes - plan.ram_needed_bytes) // 2
 
 
 def sessions_for(plan: Plan) -> int:
@@ -116,7 +127,7 @@ class Runner:
         slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else None
         self.sessions = SessionPool(
             lambda context: Session(cast(DecoderModel, self.model), tokenizer, context, prefill_slice=slice_tokens),
-            fitted.context_length, size)
+            fitted.context_length, size, park_bytes_for(fitted))
         self.session: Session | None = None  # the session the latest generation started in (a diagnostic)
         # a generation a session at once (SessionPool hands each its own)
         self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"ft-{registered.name.model}")
@@ -132,7 +143,8 @@ class Runner:
     @property
     def resident_bytes(self) -> int:
         """What the planner says this model holds in RAM, less the machine-wide reserve."""
-        return self.plan.ram_needed_bytes - RAM_RESERVE_BYTES + (self.sessions.size - 1) * self.plan.kv_bytes
+        return (self.plan.ram_needed_bytes - RAM_RESERVE_BYTES + (self.sessions.size - 1) * self.plan.kv_bytes
+                + self.sessions.parked_bytes)
 
     def close(self, cancel: bool = False) -> None:
         """Take no more jobs. A generation still running finishes for its client, or with `cancel`
@@ -174,7 +186,8 @@ class Runner:
             vram_bytes=vram, expert_cache_bytes=cache_bytes, kv_bytes=kv, device=p.device,
             processor="100% CPU" if not vram else f"{100 - share}%/{share}% CPU/GPU", num_threads=p.num_threads,
             expires_at=expires, active_requests=self.active, sessions=len(self.sessions.sessions),
-            max_sessions=self.sessions.size)
+            max_sessions=self.sessions.size, parked_sessions=len(self.sessions.parked),
+            parked_bytes=self.sessions.parked_bytes, park_budget_bytes=self.sessions.park_bytes)
 
     def run(self, job: Job) -> None:
         """On a worker thread: one generation in a session of its own, ending in Done, an error, or

@@ -206,6 +206,20 @@ class CancellableModel:
         with self.turnstile.turn():
             return copy(source, target, length, saved)
 
+    def park(self, state: Any, length: int, saved: Any = None) -> Any:  # (Session.park: to host memory)
+        park = getattr(self.model, "park", None)
+        if park is None:
+            return None
+        with self.turnstile.turn():
+            return park(state, length, saved)
+
+    def unpark(self, parked: Any, state: Any) -> bool:  # (Session.unpark)
+        unpark = getattr(self.model, "unpark", None)
+        if unpark is None:
+            return False
+        with self.turnstile.turn():
+            return unpark(parked, state)
+
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
         job = self._jobs.get(threading.get_ident())
         with self.turnstile.turn():  # (a job cancelled while it waited for its turn stops here too)

@@ -12,6 +12,12 @@ cannot be copied so (recurrent layers), the request takes the session keeping th
 throws away at most half of what it holds, else an empty one, else the one used least recently.
 Sessions are made on first use, each with the whole context's state.
 
+Where the pool has a parking budget (a model on the GPU keeps one session, in VRAM), a
+conversation about to lose its state to another is first copied to host memory (Session.park),
+and a request that continues a parked conversation further than any session does gets it copied
+back (Session.unpark): host RAM is the second tier of the conversations' states, the oldest
+parked going first when the budget is full.
+
 Generations run concurrently, one a session: a session is taken (`choose`) until its generation
 gives it back (`give_back`), and only free ones are chosen. The pool is shared by the model's
 worker threads, so its bookkeeping takes a lock.
@@ -23,7 +29,7 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from ..engine import Session
+from ..engine import ParkedConversation, Session
 
 MIN_SHARED_TOKENS = 64  # a shared prefix shorter than this is computed again, not copied
 
@@ -31,10 +37,12 @@ MIN_SHARED_TOKENS = 64  # a shared prefix shorter than this is computed again, n
 class SessionPool:
     """Up to `size` sessions over one model, all of `context_length` tokens (`make(context)`)."""
 
-    def __init__(self, make: Callable[[int], Session], context_length: int, size: int = 1) -> None:
+    def __init__(self, make: Callable[[int], Session], context_length: int, size: int = 1, park_bytes: int = 0) -> None:
         if size < 1:
             raise ValueError(f"a session pool holds at least one session, not {size}")
         self.make, self.size, self.context_length = make, size, context_length
+        self.park_bytes = park_bytes  # host memory for parked conversations (0: none parked)
+        self.parked: list[ParkedConversation] = []  # oldest first
         self.sessions: list[Session] = [make(context_length)]
         self._used: dict[int, int] = {id(self.sessions[0]): 0}
         self._taken: set[int] = set()  # ids of the sessions generations run in now
@@ -49,7 +57,7 @@ class SessionPool:
         with self._lock:
             if context_length != self.context_length:
                 self.sessions = [s for s in self.sessions if id(s) in self._taken]  # (gone when given back)
-                self.context_length = context_length
+                self.context_length, self.parked = context_length, []
             session = self._pick(prompt)
             self._used[id(session)] = next(self._clock)
             self._taken.add(id(session))
@@ -70,7 +78,7 @@ class SessionPool:
             return self._new()
         kept = {id(s): s.reusable(prompt) for s in free}
         best = max(free, key=lambda s: (kept[id(s)], self._used[id(s)]))
-        if kept[id(best)] >= min(len(best.tokens), getattr(best, "prompt_length", len(best.tokens))):
+        if best.tokens and kept[id(best)] >= min(len(best.tokens), getattr(best, "prompt_length", len(best.tokens))):
             return best  # it continues the session's last prompt (its reply sent back re-rendered, at most)
         # it departs inside that prompt: another conversation sharing a prefix, or an edited history;
         # where a session is spare, it starts with the prefix copied and `best` keeps its own
@@ -82,12 +90,37 @@ class SessionPool:
             if self._copies:
                 return spare
         if 2 * kept[id(best)] >= len(best.tokens):  # it keeps at least half of what it holds
-            return best
-        if spare is not None:
-            return spare
-        if len(self.sessions) < self.size:
-            return self._new()
-        return min(free, key=lambda s: self._used[id(s)])
+            target = best
+        else:
+            target = spare or (self._new() if len(self.sessions) < self.size else
+                               min(free, key=lambda s: self._used[id(s)]))
+        return self._with_parked(target, prompt)
+
+    def _with_parked(self, target: Session, prompt: list[int]) -> Session:
+        """`target`, its conversation parked first if it is about to lose tokens, holding the
+        parked conversation that keeps more of `prompt` than it does, if one does."""
+        keep = target.reusable(prompt)
+        if keep < len(target.tokens):
+            self._park(target)
+        back = max(self.parked, key=lambda c: c.reusable(prompt), default=None)
+        if back is not None and back.reusable(prompt) > max(keep, MIN_SHARED_TOKENS - 1) and target.unpark(back):
+            self.parked.remove(back)
+        return target
+
+    def _park(self, session: Session) -> None:
+        if self.park_bytes <= 0 or len(session.tokens) < MIN_SHARED_TOKENS:
+            return
+        conversation = session.park()
+        if conversation is None or conversation.state.nbytes > self.park_bytes:
+            return
+        tokens = conversation.tokens  # (an older parking of the same conversation is superseded)
+        self.parked = [c for c in self.parked if c.tokens != tokens[: len(c.tokens)]] + [conversation]
+        while self.parked_bytes > self.park_bytes:
+            self.parked.pop(0)
+
+    @property
+    def parked_bytes(self) -> int:
+        return sum(c.state.nbytes for c in self.parked)
 
     def _new(self) -> Session:
         session = self.make(self.context_length)

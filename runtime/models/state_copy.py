@@ -1,0 +1,133 @@
+"""A sequence's state copied outside its own forward passes: its first tokens into another state
+(a conversation that shares a prompt prefix with another starts from it), or into host memory
+and back (a conversation parked while another one uses the device's only state).
+
+What can be copied is what is read by position: each tensor of such a cache has a row a position
+(attention's keys and values, MLA's latents), so the first `length` rows are the first `length`
+tokens. A recurrent layer's state is one summary of every token so far; it is taken from a
+`StateCheckpoint` saved at exactly `length` tokens (DecoderModel.checkpoint). Any other cache (a
+state of a step's own, a tensor of another shape) makes the state not copyable: nothing is copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .base import DecodeState, StateCheckpoint
+
+
+@dataclass(frozen=True)
+class ParkedState:
+    """A state's first `length` tokens in host memory: its positional caches' rows (in
+    `positional_rows` order) and a recurrent model's caches saved at `length`."""
+
+    length: int
+    rows: tuple[torch.Tensor, ...]
+    saved: StateCheckpoint | None
+
+    @property
+    def nbytes(self) -> int:
+        saved = 0 if self.saved is None else sum(_bytes(c) for c in self.saved.caches.values())
+        return sum(r.numel() * r.element_size() for r in self.rows) + saved
+
+
+def positional_rows(state: DecodeState, skip: set[int] | dict) -> list[torch.Tensor] | None:
+    """Every tensor of `state`'s caches but those at the indices in `skip`, where each has a row a
+    position and their other fields are plain values; None where a cache is not so."""
+    rows: list[torch.Tensor] = []
+    for index, cache in enumerate(state.caches):
+        if index in skip:
+            continue
+        found = _tensors(cache, state.max_tokens)
+        if found is None:
+            return None
+        rows += found
+    return rows
+
+
+def copyable(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> bool:
+    """Whether `state`'s first `length` tokens can be copied: it holds them, and a recurrent
+    model's saved state is at exactly `length`."""
+    if not rewinds and (saved is None or saved.length != length):
+        return False
+    return not state.extra and 0 <= length <= state.length
+
+
+def copy_prefix(rewinds: bool, source: DecodeState, target: DecodeState, length: int,
+                saved: StateCheckpoint | None) -> bool:
+    """`target`'s caches holding `source`'s first `length` tokens (the caller sets its length)."""
+    recurrent = saved.caches if saved is not None else {}
+    if not copyable(rewinds, source, length, saved) or target.extra or source.max_tokens != target.max_tokens:
+        return False
+    rows, into = positional_rows(source, recurrent), positional_rows(target, recurrent)
+    if rows is None or into is None or [r.shape for r in rows] != [t.shape for t in into]:
+        return False
+    for row, to in zip(rows, into, strict=True):
+        to[:length].copy_(row[:length])
+    for index, copy in recurrent.items():
+        target.caches[index].restore(copy)
+    return True
+
+
+def park(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> ParkedState | None:
+    """`state`'s first `length` tokens copied to host memory; None where they cannot be."""
+    recurrent = saved.caches if saved is not None else {}
+    rows = positional_rows(state, recurrent) if copyable(rewinds, state, length, saved) and length > 0 else None
+    if rows is None:
+        return None
+    _settle(rows)
+    host = tuple(r[:length].to("cpu", copy=True) for r in rows)
+    return ParkedState(length, host, saved)
+
+
+def unpark(parked: ParkedState, state: DecodeState) -> bool:
+    """`state`'s caches holding the parked tokens again (the caller sets its length); False,
+    nothing copied, where the state's caches are not those it was parked from."""
+    recurrent = parked.saved.caches if parked.saved is not None else {}
+    into = positional_rows(state, recurrent)
+    if into is None or state.extra or len(into) != len(parked.rows) \
+            or any(t.shape[1:] != r.shape[1:] or t.shape[0] < parked.length for t, r in zip(into, parked.rows, strict=True)):
+        return False
+    _settle(into)
+    for row, to in zip(parked.rows, into, strict=True):
+        to[: parked.length].copy_(row)
+    for index, copy in recurrent.items():
+        state.caches[index].restore(copy)
+    _settle(into)
+    return True
+
+
+def _settle(tensors: list[torch.Tensor]) -> None:
+    """The device done with every queued write to `tensors` (a decode step's, on a stream of its
+    own) before they are read or written here, and with these copies before the next step."""
+    device = next((t.device for t in tensors if t.is_cuda), None)
+    if device is not None:
+        torch.cuda.synchronize(device)
+
+
+def _tensors(cache: Any, rows: int, depth: int = 3) -> list[torch.Tensor] | None:
+    if isinstance(cache, torch.Tensor):
+        return [cache] if cache.dim() > 0 and cache.shape[0] == rows else None
+    if cache is None or isinstance(cache, (bool, int, float, str)):
+        return []
+    if depth == 0 or not hasattr(cache, "__dict__"):
+        return None
+    found: list[torch.Tensor] = []
+    for value in vars(cache).values():
+        more = _tensors(value, rows, depth - 1)
+        if more is None:
+            return None
+        found += more
+    return found
+
+
+def _bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_bytes(v) for v in value)
+    return sum(_bytes(v) for v in vars(value).values()) if hasattr(value, "__dict__") else 0
