@@ -470,6 +470,9 @@ FAMILIES: dict[str, Family] = {
         Family("granitemoe_swa", ("granitemoe_swa",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size",
                num_shared_experts=lambda c: 1 if c.get("shared_intermediate_size") else 0),
+        Family(  # (a shared MLP on every layer, whether or not config.json sizes it: GraniteMoeHybridConfig's default)
+            "granitemoehybrid", ("granitemoehybrid",), ("num_local_experts", "num_experts"), _all_layers,
+            intermediate_key="intermediate_size", num_shared_experts=lambda c: 1),
         Family("jetmoe", ("jetmoe",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size", head_dim_key="kv_channels"),
         Family(  # (Kimi K2 is this model under its own model_type; K2.5 and K2.6 its text model: _KIMI_K25_NAMES)

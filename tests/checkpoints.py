@@ -77,6 +77,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
                            initializer_range=0.1, sliding_window=3,
                            layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
                            layer_rope_theta=[10000.0, 0, 500.0, 0]),
+    # Granite 4.0's hybrid: Mamba2 layers 0, 2 and 3 (8 heads of 16 in 2 groups, a state of 16, a conv of 4,
+    # chunks of 8, so the 12-token prompt spans two) and a NoPE attention layer 1, as released
+    # (position_embedding_type "nope"); Granite's multipliers; norms, D and dt_bias random (RANDOMIZED)
+    "granitemoehybrid": dict(SMALL, num_hidden_layers=4, intermediate_size=24, num_key_value_heads=2,
+                             num_local_experts=4, shared_intermediate_size=48, embedding_multiplier=12.0,
+                             attention_multiplier=0.0625, residual_multiplier=0.5, logits_scaling=4.0,
+                             initializer_range=0.1, position_embedding_type="nope",
+                             layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_n_groups=2,
+                             mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_chunk_size=8),
     # JetMoE's attention experts over kv heads of kv_channels (24, not hidden_size / heads; C = 48);
     # an rms_norm_eps only its final norm reads (transformers' layer norms keep 1e-6)
     "jetmoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, kv_channels=24,
@@ -306,6 +315,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "afmoe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "expert_bias", "router.gate."),
     "solar_open": ("layernorm.", "model.norm.", "_proj.bias", "e_score_correction_bias"),
     "granitemoe_swa": ("layernorm.", "model.norm.", "sinks"),
+    "granitemoehybrid": ("layernorm.", "model.norm.", "mamba.norm.", "mamba.D", "mamba.dt_bias"),
     "minicpm5_moe": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
@@ -316,7 +326,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid")
 
 
 def build_model(family: str, seed: int = 0):

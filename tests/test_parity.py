@@ -75,6 +75,7 @@ FAMILIES = [
     pytest.param("minicpm5_moe", False, id="minicpm5_moe"),
     pytest.param("minicpm5_moe", True, id="minicpm5_moe-fused"),  # (its q_gate_proj renamed back to q_proj)
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
+    pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
 ]
 
 

@@ -42,6 +42,7 @@ FAMILY_MODULES = {
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",  # (the same block with a shared MLP: granitemoe.py)
     "granitemoe_swa": "granitemoe_swa",
+    "granitemoehybrid": "granitemoehybrid",
     "jetmoe": "jetmoe",
     "gpt_oss": "gpt_oss",
     "cohere2_moe": "cohere2_moe",

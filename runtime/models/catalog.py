@@ -39,6 +39,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "granitemoe": ("GQA, Granite's multipliers", "softmax over the top-k logits"),
     "granitemoe_swa": ("sliding-window and full GQA layers, sinks on every layer, a rope base a layer or NoPE, "
                        "Granite's multipliers", "softmax over the top-k logits, a shared MLP where sized"),
+    "granitemoehybrid": ("Mamba2 (selective state space) layers and GQA layers, NoPE or rope, Granite's multipliers",
+                         "softmax over the top-k logits, a shared MLP"),
     "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
     "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),

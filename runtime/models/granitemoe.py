@@ -40,13 +40,18 @@ class GraniteMoE:
     """Router (top-k logits, softmax over them: softmax_topk renormalized is the same weights) +
     routed experts through the executor + the shared MLP where the layer has one."""
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, executor: ExpertExecutor) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, executor: ExpertExecutor,
+                 *, shared: bool | None = None) -> None:
+        """`shared`: whether the layer has a shared MLP (None: where the config sizes one; Granite 4.0's
+        hybrid always has one, its width perhaps left to the config class's default)."""
         prefix = f"model.layers.{layer}."
         router = prefix + "block_sparse_moe.router.layer.weight"
         if weights.maybe(router) is None:
             router = prefix + "block_sparse_moe.router.weight"
         self.routed = SoftmaxMoE(config, weights, layer, router, executor, normalize=True)
-        self.shared = shared_mlp(weights, prefix + "shared_mlp.") if config.get("shared_intermediate_size") else None
+        if shared is None:
+            shared = bool(config.get("shared_intermediate_size"))
+        self.shared = shared_mlp(weights, prefix + "shared_mlp.") if shared else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         routed = self.routed(x)

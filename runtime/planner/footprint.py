@@ -205,6 +205,23 @@ def _short_conv(c: dict[str, Any], b: int) -> KVLayout:
                     f"{kv.formula.replace('GQA', f'{full} full-attention')}; + {conv} conv layers x {size(state)} state")
 
 
+def _mamba2_hybrid(c: dict[str, Any], b: int) -> KVLayout:
+    """Granite 4.0 hybrid: only its attention layers keep a KV cache; each Mamba2 layer keeps its
+    conv window (mamba_d_conv - 1 inputs, conv_dim wide) and an SSM state [heads, head_dim, d_state]
+    in f32 (runtime/layers/mamba2.py; GraniteMoeHybridConfig's defaults where a key is left out)."""
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or c.get("layers_block_type") or ["mamba"] * layers
+    full = sum(t in ("attention", "full_attention") for t in types)
+    kv = _gqa({**c, "num_hidden_layers": full}, b)
+    heads, groups, d_state = (int(c.get(k) or d) for k, d in (("mamba_n_heads", 128), ("mamba_n_groups", 1),
+                                                               ("mamba_d_state", 256)))
+    inner = int(c.get("mamba_expand") or 2) * int(c["hidden_size"])
+    state = (int(c.get("mamba_d_conv") or 4) - 1) * (inner + 2 * groups * d_state) * b + inner * d_state * 4
+    return KVLayout("hybrid", kv.bytes_per_token, (len(types) - full) * state,
+                    f"{kv.formula.replace('GQA', f'{full} attention')}; + {len(types) - full} Mamba2 layers x "
+                    f"{size(state)} state")
+
+
 def _per_layer_gqa(family: str) -> Callable[[dict[str, Any], int], KVLayout]:
     """GQA sized layer by layer by the family's `attention_sizes` (MiMo-V2-Flash: keys and values of
     their own widths, twice the key-value heads on its sliding layers, which keep every token as
@@ -284,7 +301,7 @@ def _compressed(c: dict[str, Any], b: int) -> KVLayout:
                     f"x {b} B; + {layers} windows of {window - 1} keys and the open compressor windows")
 
 
-KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
+KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
               "deepseek_v2": _mla, "glm_moe_dsa": _mla, "deepseek_v4": _compressed,
               "deepseek_v32": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "glm4_moe_lite": _mla,
