@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -32,8 +32,8 @@ from ..layers.linear import linear
 from ..layers.norm import rms_norm
 from ..layers.rope import forward_begins
 from ..loading.read_ftw import ModelWeights
-from . import state_copy
-from .state_copy import ParkedState
+from .state import DecodeState, StateCheckpoint
+from .state_copy import ParkedState, copy_state_prefix, park_state, unpark_state
 
 
 class Mixer(Protocol):
@@ -127,25 +127,6 @@ def chunk_bounds(num_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
     `num_tokens`. Boundaries at multiples of the chunk keep attention bit for bit the whole
     call's on the CPU, whose flash kernel splits keys in blocks of 512 (PREFILL_CHUNK_TOKENS)."""
     return [(first, min(first + max_tokens, num_tokens)) for first in range(0, num_tokens, max_tokens)]
-
-
-@dataclass
-class DecodeState:
-    """Everything one sequence carries between forward calls: per-layer caches and its length."""
-
-    max_tokens: int
-    caches: list[Any]
-    length: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class StateCheckpoint:
-    """A state's recurrent caches as they were at `length` tokens (host copies, by layer index);
-    its positional caches need nothing saved: `set_length` takes them back."""
-
-    length: int
-    caches: dict[int, Any]
 
 
 # an RMSNorm's weight, or a norm of its own: a LayerNorm (Phi-3.5-MoE, DBRX), none (FlexOlmo's post-norm block)
@@ -257,7 +238,7 @@ class DecoderModel:
         by position up to `length`, a recurrent model's others from `saved`, `source`'s state
         saved at `length`): a conversation sharing a prompt prefix (a system prompt and tools)
         with another starts from its state. False, nothing copied, where it cannot be."""
-        if not state_copy.copy_prefix(self.rewinds, source, target, length, saved):
+        if not copy_state_prefix(self.rewinds, source, target, length, saved):
             return False
         self.set_length(target, length)
         return True
@@ -266,12 +247,12 @@ class DecoderModel:
     def park(self, state: DecodeState, length: int, saved: StateCheckpoint | None = None) -> ParkedState | None:
         """`state`'s first `length` tokens in host memory (`unpark` puts them back into a state of
         this model); None where they cannot be copied (state_copy.py)."""
-        return state_copy.park(self.rewinds, state, length, saved)
+        return park_state(self.rewinds, state, length, saved)
 
     @torch.inference_mode()
     def unpark(self, parked: ParkedState, state: DecodeState) -> bool:
         """`state` holding the tokens `park` copied to host memory."""
-        if not state_copy.unpark(parked, state):
+        if not unpark_state(parked, state):
             return False
         self.set_length(state, parked.length)
         return True

@@ -12,12 +12,11 @@ state of a step's own, a tensor of another shape) makes the state not copyable: 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from .base import DecodeState, StateCheckpoint
+from .state import DecodeState, StateCheckpoint
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def copyable(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpo
     return not state.extra and 0 <= length <= state.length
 
 
-def copy_prefix(rewinds: bool, source: DecodeState, target: DecodeState, length: int,
+def copy_state_prefix(rewinds: bool, source: DecodeState, target: DecodeState, length: int,
                 saved: StateCheckpoint | None) -> bool:
     """`target`'s caches holding `source`'s first `length` tokens (the caller sets its length)."""
     recurrent = saved.caches if saved is not None else {}
@@ -73,7 +72,7 @@ def copy_prefix(rewinds: bool, source: DecodeState, target: DecodeState, length:
     return True
 
 
-def park(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> ParkedState | None:
+def park_state(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> ParkedState | None:
     """`state`'s first `length` tokens copied to host memory; None where they cannot be."""
     recurrent = saved.caches if saved is not None else {}
     rows = positional_rows(state, recurrent) if copyable(rewinds, state, length, saved) and length > 0 else None
@@ -84,7 +83,7 @@ def park(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint 
     return ParkedState(length, host, saved)
 
 
-def unpark(parked: ParkedState, state: DecodeState) -> bool:
+def unpark_state(parked: ParkedState, state: DecodeState) -> bool:
     """`state`'s caches holding the parked tokens again (the caller sets its length); False,
     nothing copied, where the state's caches are not those it was parked from."""
     recurrent = parked.saved.caches if parked.saved is not None else {}
