@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, _has
+from .gguf_config import Meta, _common_config, _expert_size, _f32, _has
 from .gguf_config_layered import SIGMOID, _no_rope_scaling
 
 if TYPE_CHECKING:
@@ -58,5 +58,61 @@ def bailingmoe2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         use_qk_norm=True,  # llama.cpp's graph requires both norms
         num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
         rope_parameters={"rope_type": "default", "rope_theta": config.pop("rope_theta"), "partial_rotary_factor": 1.0},
+    )
+    return config
+
+
+def _rope_factors(meta: Meta, name: str, count: int) -> list[float]:
+    """One of Phi3MiniModel's LongRoPE factor tensors (written float32, one a rotated channel pair)."""
+    t = meta.model.tensors[name]
+    if t.dtype != "f32" or t.shape != (count,):
+        raise SourceError(f"{meta.model.path}: {name} is {t.dtype} {list(t.shape)}; Phi3MiniModel writes {count} "
+                          "float32 factors, one a rotated channel pair")
+    return [_f32(v) for v in meta.model.read_bytes(t).view("<f4")]
+
+
+def phimoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """PhiMoeModel.set_gguf_parameters (Phi3MiniModel's): rope.scaling.original_context_length
+    (original_max_position_embeddings), feed_forward_length (intermediate_size, the experts' width),
+    the rms eps (rms_norm_eps, which Phi-3.5-MoE's LayerNorms use), rope.dimension_count,
+    attention.sliding_window (0 for none), expert_count and expert_used_count; LongRoPE's long and
+    short factors as the rope_factors_long/short tensors (generate_extra_tensors), with
+    rope.scaling.attn_factor: sqrt(1 + ln(s) / ln(original)) for s = context / original, which
+    becomes both mscales (the release's short_mscale/long_mscale are not in the file; llama.cpp scales
+    by this one factor, which for Phi-3.5-MoE is 1.19 where its config says 1.243). Not in the file
+    either, so PhimoeConfig's (and the release's) default: router_jitter_noise 0.01, sparsemixer's eps."""
+    where = f"{meta.model.path}: a phimoe GGUF"
+    config = _common_config(meta, arch)
+    if config.pop("rope_scaling", None) is not None:
+        raise UnsupportedArchitectureError(f"{where} with rope.scaling.type {meta.get('rope.scaling.type')!r}; "
+                                           "Phi-3.5-MoE's long context is LongRoPE, as rope_factors_long/short")
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    if meta.int("rope.dimension_count", head_dim) != head_dim:
+        raise UnsupportedArchitectureError(f"{where} rotating {meta.get('rope.dimension_count')} of {head_dim} "
+                                           "channels a head; Phi-3.5-MoE rotates the whole head")
+    if meta.int("expert_used_count") != 2:
+        raise UnsupportedArchitectureError(f"{where} with expert_used_count {meta.get('expert_used_count')}; ft runs "
+                                           "phimoe with transformers' sparsemixer, which chooses two experts")
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    factors = [n for n in ("rope_factors_long.weight", "rope_factors_short.weight") if n in meta.model.tensors]
+    if factors:
+        if len(factors) != 2:
+            raise SourceError(f"{where} with {factors[0]} alone; Phi3MiniModel writes both LongRoPE factor tensors")
+        original = meta.int("rope.scaling.original_context_length")
+        mscale = meta.float("rope.scaling.attn_factor", 1.0)
+        rope.update(rope_type="longrope", original_max_position_embeddings=original, short_mscale=mscale,
+                    long_mscale=mscale, long_factor=_rope_factors(meta, "rope_factors_long.weight", head_dim // 2),
+                    short_factor=_rope_factors(meta, "rope_factors_short.weight", head_dim // 2))
+        config["original_max_position_embeddings"] = original
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int("feed_forward_length", _expert_size(meta.model)),
+        num_local_experts=meta.int("expert_count"),
+        num_experts_per_tok=2,
+        sliding_window=meta.int("attention.sliding_window", 0) or None,
+        attention_bias=_has(meta.model, "attn_q.bias"),
+        lm_head_bias="output.bias" in meta.model.tensors,
+        router_jitter_noise=0.01,
+        rope_parameters=rope,
     )
     return config

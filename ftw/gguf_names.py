@@ -40,6 +40,12 @@ What llama.cpp changes besides names, and how we undo it:
   is gone) and changes nothing the model computes: the bias only ranks experts, and group and top-k
   choices are the same under one shift of every bias. Ling 2.0 files (BailingMoeV2Model, rotary over
   part of the head) are refused: no ft family runs them.
+- phimoe (Phi-3.5-MoE, as PhiMoeModel over Phi3MiniModel writes it): nothing but names (no permutation:
+  llama.cpp runs it with NeoX RoPE, as HF); the LayerNorms and the head keep their biases; LongRoPE's
+  factors are the rope_factors_long/short tensors, read back into rope_scaling (gguf_config_more.py).
+  llama.cpp itself runs these files otherwise than transformers: RMSNorm plus bias for the LayerNorms,
+  softmax top-2 renormalized for sparsemixer, one attn_factor for both mscales. ft runs them as
+  transformers' PhiMoE, so its greedy tokens can differ from llama.cpp's on the same file.
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -66,7 +72,7 @@ QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
 HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "afmoe"
-BAILINGMOE2 = "bailingmoe2"
+BAILINGMOE2, PHIMOE = "bailingmoe2", "phimoe"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
@@ -89,10 +95,13 @@ GLOBAL_ROWS: tuple[Row, ...] = (
     Row("token_embd.weight", "model.embed_tokens.weight"),  # input embeddings [V, H]
     Row("output_norm.weight", "model.norm.weight"),  # final RMSNorm
     Row("output.weight", "lm_head.weight"),  # LM head; absent when tied to the embeddings
+    Row("output_norm.bias", "model.norm.bias", (PHIMOE,)),  # Phi-3.5-MoE's LayerNorms and head have biases
+    Row("output.bias", "lm_head.bias", (PHIMOE,)),  # (lm_head_bias)
 )
 
 BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_norm.weight", "input_layernorm.weight"),  # RMSNorm before attention
+    Row("attn_norm.bias", "input_layernorm.bias", (PHIMOE,)),  # Phi-3.5-MoE's LayerNorm
     Row("attn_q.weight", "self_attn.q_proj.weight"),  # llama: rows un-permuted, see module doc
     Row("attn_q.bias", "self_attn.q_proj.bias"),  # (models with attention bias)
     Row("attn_k.weight", "self_attn.k_proj.weight"),  # llama: rows un-permuted
@@ -110,10 +119,11 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
     Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
+    Row("ffn_norm.bias", "post_attention_layernorm.bias", (PHIMOE,)),
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, *DELTANET)),  # their name for it
     Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS,)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
-    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2)),  # Mixtral's router
+    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
     Row("ffn_gate_inp.weight", "mlp.router.weight", (GPT_OSS,)),  # gpt-oss's router, with a bias
     Row("ffn_gate_inp.weight", "mlp.gate.wg.weight", (HUNYUAN,)),  # Hunyuan's router
@@ -319,7 +329,8 @@ KV_B_SPLIT: dict[str, str] = {
 KV_B_HF = "self_attn.kv_b_proj.weight"
 
 # Tensors llama.cpp adds that a Hugging Face model computes instead: dropped and counted.
-DROPPED_GLOBAL = ("rope_freqs.weight",)  # RoPE frequency factors, derived from rope_scaling
+# RoPE frequency factors, derived from rope_scaling; Phi-3.5-MoE's LongRoPE factors, read into it
+DROPPED_GLOBAL = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 DROPPED_BLOCK = ("attn_rot_embd.weight",)  # old files' rotary tables
 
 

@@ -30,7 +30,7 @@ from .gguf_config import (
     qwen35moe_config,
 )
 from .gguf_config_layered import afmoe_config, exaone_moe_config, lfm2moe_config
-from .gguf_config_more import bailingmoe2_config
+from .gguf_config_more import bailingmoe2_config, phimoe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     AFMOE,
@@ -59,6 +59,7 @@ from .gguf_names import (
     LLAMA,
     MINIMAX_M2,
     OLMOE,
+    PHIMOE,
     QWEN2,
     QWEN3,
     QWEN3NEXT,
@@ -124,6 +125,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(AFMOE, "afmoe", "AfmoeForCausalLM", afmoe_config, rows=(GLOBAL_ROWS, AFMOE_BLOCK_ROWS)),
         GGUFArchitecture(BAILINGMOE2, "sarvam_moe", "SarvamMoEForCausalLM", bailingmoe2_config,
                          rows=(GLOBAL_ROWS, BAILINGMOE2_BLOCK_ROWS)),
+        GGUFArchitecture(PHIMOE, "phimoe", "PhiMoEForCausalLM", phimoe_config),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
