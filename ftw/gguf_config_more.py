@@ -7,7 +7,10 @@ family's transformers model does.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
 from .gguf_config import Meta, _common_config, _expert_size, _f32, _has
@@ -63,11 +66,12 @@ def bailingmoe2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
 
 
 def _rope_factors(meta: Meta, name: str, count: int) -> list[float]:
-    """One of Phi3MiniModel's LongRoPE factor tensors (written float32, one a rotated channel pair)."""
+    """A RoPE factor tensor (Phi3MiniModel's LongRoPE ones, LlamaModel's rope_freqs), written float32,
+    one factor a rotated channel pair."""
     t = meta.model.tensors[name]
     if t.dtype != "f32" or t.shape != (count,):
-        raise SourceError(f"{meta.model.path}: {name} is {t.dtype} {list(t.shape)}; Phi3MiniModel writes {count} "
-                          "float32 factors, one a rotated channel pair")
+        raise SourceError(f"{meta.model.path}: {name} is {t.dtype} {list(t.shape)}; llama.cpp's converters write "
+                          f"{count} float32 factors, one a rotated channel pair")
     return [_f32(v) for v in meta.model.read_bytes(t).view("<f4")]
 
 
@@ -113,6 +117,138 @@ def phimoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         attention_bias=_has(meta.model, "attn_q.bias"),
         lm_head_bias="output.bias" in meta.model.tensors,
         router_jitter_noise=0.01,
+        rope_parameters=rope,
+    )
+    return config
+
+
+# What llama.cpp's llama4 graph (src/models/llama4.cpp at 0c1e570) hard-codes, not read from the file:
+# chunks of 8192 positions, NoPE on every fourth layer, the NoPE layers' query temperature
+# log(floor((p + 1) / 8192) + 1) * 0.1 + 1, three chunked layers then one full (load_swa_pattern(ml, 4))
+LLAMA4_CHUNK, LLAMA4_NOPE_STEP, LLAMA4_FLOOR_SCALE, LLAMA4_ATTN_SCALE = 8192, 4, 8192, 0.1
+MAVERICK_EXPERTS = 128  # llama.cpp's LLM_TYPE_17B_128E, the one llama4 type without q/k norm
+
+
+def llama3_rope_factors(theta: float, dim: int, rope: dict[str, Any]) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors' rope_freqs for Llama 3 scaling `rope`: per rotated channel
+    pair, 1 under original / high_freq_factor, factor over original / low_freq_factor, smoothed between."""
+    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    original = rope["original_max_position_embeddings"]
+    out = []
+    for wavelen in 2 * math.pi / freqs:
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        elif high == low:
+            out.append(math.nan)  # (the converter divides by zero there: no file to match)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out)
+
+
+def llama3_rope_from_factors(factors: np.ndarray, theta: float, dim: int) -> dict[str, Any] | None:
+    """Llama 3 scaling parameters whose rope_freqs are `factors` (to float32 precision), or None.
+
+    The factors fix `factor` and the two wavelength bounds, original / low_freq_factor and original /
+    high_freq_factor, but not the three numbers apart: low_freq_factor is taken as 1 (Llama 3.1 to 4
+    all have it) and original as the first power of two that reproduces every factor (where no channel
+    lies between the bounds, any original between the last kept and the first divided wavelength does:
+    Llama 4 Scout's 8192 is the one power of two there). Which of those equivalent sets is chosen
+    changes no frequency."""
+    factor = _f32(factors.max())
+    if factor <= 1.0:
+        return None
+    wavelens = 2 * math.pi * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    between = [i for i, f in enumerate(factors) if not (math.isclose(f, 1.0, rel_tol=1e-6)
+                                                        or math.isclose(f, factor, rel_tol=1e-6))]
+    for original in (2 ** k for k in range(1, 31)):
+        high = 1.0
+        if between:  # 1 / f = (1 - s) / factor + s, s = (original / wavelen - 1) / (high - 1)
+            i = between[0]
+            smooth = (1 / float(factors[i]) - 1 / factor) / (1 - 1 / factor)
+            if smooth <= 0:
+                return None
+            high = round(1 + (original / wavelens[i] - 1) / smooth, 4)
+            if high <= 1.0:
+                continue
+        rope = {"factor": factor, "high_freq_factor": high, "low_freq_factor": 1.0,
+                "original_max_position_embeddings": original}
+        if np.allclose(llama3_rope_factors(theta, dim, rope), factors, rtol=2e-6, atol=0):
+            return rope
+    return None
+
+
+def llama4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Llama4Model.set_gguf_parameters (LlamaModel's and the base's), after its __init__ swaps
+    intermediate_size_mlp into intermediate_size: feed_forward_length the dense layers' width,
+    expert_feed_forward_length the experts' (and the shared expert's), interleave_moe_layer_step,
+    rope.dimension_count and key_length the head, attention.sliding_window 0 only where every layer
+    is full attention; Llama 3 scaling as the rope_freqs tensor alone (generate_extra_tensors).
+
+    The config is the one llama.cpp's graph runs, whatever the checkpoint said: chunks of 8192, the
+    temperature's 8192 and 0.1, NoPE every fourth layer, three chunked layers then one full, q/k L2
+    norm unless there are 128 experts (Maverick's use_qk_norm false, Scout's true: llama.cpp tells
+    them apart by the count). Refused: sliding_window 0 (llama.cpp's graph then makes only the last
+    layer NoPE and scales its queries by temperature constants it never sets, which llama-graph.cpp
+    asserts are set; transformers keeps NoPE on every fourth layer), another layer pattern, a separate RoPE base for
+    the chunked layers, rope.scaling keys, rope_freqs that no Llama 3 scaling gives."""
+    where = f"{meta.model.path}: a llama4 GGUF"
+    config = _common_config(meta, arch)
+    if config.pop("rope_scaling", None) is not None:
+        raise UnsupportedArchitectureError(f"{where} with rope.scaling.type {meta.get('rope.scaling.type')!r}; "
+                                           "Llama 4's scaling is Llama 3's, written as the rope_freqs tensor")
+    if meta.get("attention.sliding_window") == 0:
+        raise UnsupportedArchitectureError(
+            f"{where} with attention.sliding_window 0 (every layer full attention): llama.cpp's graph then leaves only "
+            "the last layer without RoPE and scales its queries by temperature constants it never sets (which "
+            "llama-graph.cpp asserts), where transformers keeps NoPE on every fourth layer")
+    pattern = meta.get("attention.sliding_window_pattern")
+    chunked = [i % LLAMA4_NOPE_STEP < LLAMA4_NOPE_STEP - 1 for i in range(config["num_hidden_layers"])]
+    if pattern is not None and pattern not in (LLAMA4_NOPE_STEP, chunked):  # (a period, or a bool a layer)
+        raise UnsupportedArchitectureError(f"{where} with attention.sliding_window_pattern {pattern!r}; ft runs "
+                                           "Llama 4's three chunked layers then one full, beside NoPE every fourth")
+    theta = config.pop("rope_theta")
+    if meta.float("rope.freq_base_swa", theta) != theta:
+        raise UnsupportedArchitectureError(f"{where} with rope.freq_base_swa {meta.get('rope.freq_base_swa')}; "
+                                           "Llama 4 rotates its chunked layers at the one base")
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    if meta.int("rope.dimension_count", head_dim) != head_dim:
+        raise UnsupportedArchitectureError(f"{where} rotating {meta.get('rope.dimension_count')} of {head_dim} "
+                                           "channels a head; llama.cpp's llama4 rotates the whole head")
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if "rope_freqs.weight" in meta.model.tensors:
+        factors = np.asarray(_rope_factors(meta, "rope_freqs.weight", head_dim // 2), dtype=np.float64)
+        llama3 = llama3_rope_from_factors(factors, theta, head_dim)
+        if llama3 is None and not np.all(factors == 1.0):
+            raise UnsupportedArchitectureError(f"{where} whose rope_freqs no Llama 3 scaling gives; ft reads "
+                                               "Llama 4's rope_freqs as Llama 3 scaling")
+        if llama3 is not None:
+            rope = {"rope_type": "llama3", "rope_theta": theta, **llama3}
+    step = meta.int("interleave_moe_layer_step")
+    if step < 1:
+        raise UnsupportedArchitectureError(f"{where} with interleave_moe_layer_step {step}: no MoE layers")
+    layers = config["num_hidden_layers"]
+    experts = meta.int("expert_count")
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        intermediate_size_mlp=meta.int("feed_forward_length"),
+        num_local_experts=experts,
+        num_experts_per_tok=meta.int("expert_used_count"),
+        interleave_moe_layer_step=step,
+        moe_layers=[i for i in range(layers) if (i + 1) % step == 0],
+        no_rope_layer_interval=LLAMA4_NOPE_STEP,
+        no_rope_layers=[int((i + 1) % LLAMA4_NOPE_STEP != 0) for i in range(layers)],
+        layer_types=["chunked_attention" if c else "full_attention" for c in chunked],
+        attention_chunk_size=LLAMA4_CHUNK,
+        attn_temperature_tuning=True,
+        floor_scale=LLAMA4_FLOOR_SCALE,
+        attn_scale=LLAMA4_ATTN_SCALE,
+        use_qk_norm=experts != MAVERICK_EXPERTS,
+        attention_bias=_has(meta.model, "attn_q.bias"),
         rope_parameters=rope,
     )
     return config

@@ -46,6 +46,12 @@ What llama.cpp changes besides names, and how we undo it:
   llama.cpp itself runs these files otherwise than transformers: RMSNorm plus bias for the LayerNorms,
   softmax top-2 renormalized for sparsemixer, one attn_factor for both mscales. ft runs them as
   transformers' PhiMoE, so its greedy tokens can differ from llama.cpp's on the same file.
+- llama4 (Llama 4 Scout/Maverick, text, as Llama4Model writes it): nothing permuted (undo_permute False:
+  llama.cpp's llama4 rotates adjacent pairs, as transformers' complex RoPE does); the vision tower is not
+  written and `language_model.` is dropped from the names, which LLAMA4_*_ROWS give back; the experts'
+  fused gate_up_proj [E, H, 2I] is transposed and split into ffn_gate_exps then ffn_up_exps [E, I, H],
+  down_proj transposed to ffn_down_exps [E, H, I]: the usual fused experts. Llama 3 RoPE scaling is only
+  the rope_freqs tensor, read back into rope_parameters (gguf_config_more.py).
 - qwen3next (Qwen3-Next): in_proj_qkvz is split into attn_qkv (q, k, v of all heads) and attn_gate
   (z) by newer converters, kept whole (ssm_in) by older ones; both read as they are (runtime/models/
   qwen3_next.py), in_proj_ba whole (ssm_ba); the value changes as Qwen3.5's (UNDONE).
@@ -72,7 +78,7 @@ QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
 HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "afmoe"
-BAILINGMOE2, PHIMOE = "bailingmoe2", "phimoe"
+BAILINGMOE2, PHIMOE, LLAMA4 = "bailingmoe2", "phimoe", "llama4"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
@@ -249,6 +255,34 @@ BAILINGMOE2_BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (BAILINGMOE2,)),
     Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (BAILINGMOE2,)),
     Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (BAILINGMOE2,)),
+)
+
+
+# Llama 4's text model under the names the released Llama4ForConditionalGeneration gives it (language_model.,
+# which Llama4Model drops), the layers under LLAMA4_LAYER_PREFIX_HF
+LLAMA4_LAYER_PREFIX_HF = "language_model.model.layers.{layer}."
+LLAMA4_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "language_model.model.embed_tokens.weight", (LLAMA4,)),
+    Row("output_norm.weight", "language_model.model.norm.weight", (LLAMA4,)),
+    Row("output.weight", "language_model.lm_head.weight", (LLAMA4,)),  # absent: tied (llama.cpp reuses token_embd)
+)
+LLAMA4_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (LLAMA4,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (LLAMA4,)),  # not permuted (adjacent-pair RoPE on both sides)
+    Row("attn_q.bias", "self_attn.q_proj.bias", (LLAMA4,)),  # (attention_bias)
+    Row("attn_k.weight", "self_attn.k_proj.weight", (LLAMA4,)),
+    Row("attn_k.bias", "self_attn.k_proj.bias", (LLAMA4,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (LLAMA4,)),
+    Row("attn_v.bias", "self_attn.v_proj.bias", (LLAMA4,)),
+    Row("attn_output.weight", "self_attn.o_proj.weight", (LLAMA4,)),
+    Row("ffn_norm.weight", "post_attention_layernorm.weight", (LLAMA4,)),
+    Row("ffn_gate.weight", "feed_forward.gate_proj.weight", (LLAMA4,)),  # the dense layers' MLP (intermediate_size_mlp)
+    Row("ffn_up.weight", "feed_forward.up_proj.weight", (LLAMA4,)),
+    Row("ffn_down.weight", "feed_forward.down_proj.weight", (LLAMA4,)),
+    Row("ffn_gate_inp.weight", "feed_forward.router.weight", (LLAMA4,)),  # router [E, H]
+    Row("ffn_gate_shexp.weight", "feed_forward.shared_expert.gate_proj.weight", (LLAMA4,)),  # the shared expert
+    Row("ffn_up_shexp.weight", "feed_forward.shared_expert.up_proj.weight", (LLAMA4,)),
+    Row("ffn_down_shexp.weight", "feed_forward.shared_expert.down_proj.weight", (LLAMA4,)),
 )
 
 

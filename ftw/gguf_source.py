@@ -30,7 +30,7 @@ from .gguf_config import (
     qwen35moe_config,
 )
 from .gguf_config_layered import afmoe_config, exaone_moe_config, lfm2moe_config
-from .gguf_config_more import bailingmoe2_config, phimoe_config
+from .gguf_config_more import bailingmoe2_config, llama4_config, phimoe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     AFMOE,
@@ -57,6 +57,10 @@ from .gguf_names import (
     LFM2MOE_BLOCK_ROWS,
     LFM2MOE_GLOBAL_ROWS,
     LLAMA,
+    LLAMA4,
+    LLAMA4_BLOCK_ROWS,
+    LLAMA4_GLOBAL_ROWS,
+    LLAMA4_LAYER_PREFIX_HF,
     MINIMAX_M2,
     OLMOE,
     PHIMOE,
@@ -126,6 +130,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(BAILINGMOE2, "sarvam_moe", "SarvamMoEForCausalLM", bailingmoe2_config,
                          rows=(GLOBAL_ROWS, BAILINGMOE2_BLOCK_ROWS)),
         GGUFArchitecture(PHIMOE, "phimoe", "PhiMoEForCausalLM", phimoe_config),
+        GGUFArchitecture(LLAMA4, "llama4", "Llama4ForConditionalGeneration", llama4_config,
+                         hf_layer_prefix=LLAMA4_LAYER_PREFIX_HF, rows=(LLAMA4_GLOBAL_ROWS, LLAMA4_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
