@@ -14,7 +14,6 @@ decode runs the rule one token at a time. Both follow transformers' torch fallba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -25,35 +24,16 @@ from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .linear import linear
 from .norm import rms_norm
-from .recurrent_state import ForwardOnlyState
+from .recurrent_state import ConvMatrixState
 
 CHUNK_SIZE = 64
 
 
-@dataclass
-class DeltaNetState(ForwardOnlyState):
-    """One layer's state for one sequence: the conv's last inputs and the delta-rule matrices."""
+class DeltaNetState(ConvMatrixState):
+    """A Gated DeltaNet (or KDA) layer's state: the conv's last inputs and the delta-rule
+    matrices [v_heads, k_head_dim, v_head_dim]."""
 
-    conv: torch.Tensor  # [conv_dim, kernel - 1], compute dtype
-    recurrent: torch.Tensor  # [v_heads, k_head_dim, v_head_dim], float32 (as transformers keeps it)
-    length: int = 0
     described_as: ClassVar[str] = "linear-attention state"
-
-    def reset(self) -> None:
-        """Empty for a new sequence, in place (a captured step holds these buffers' addresses)."""
-        self.conv.zero_()
-        self.recurrent.zero_()
-        self.length = 0
-
-    def checkpoint(self) -> DeltaNetState:
-        """A host copy of this state as it is (the engine keeps one to take a departing prompt back to)."""
-        return DeltaNetState(self.conv.to("cpu", copy=True), self.recurrent.to("cpu", copy=True), self.length)
-
-    def restore(self, saved: DeltaNetState) -> None:
-        """This state as `saved` was, in place (a captured step holds these buffers' addresses)."""
-        self.conv.copy_(saved.conv)
-        self.recurrent.copy_(saved.recurrent)
-        self.length = saved.length
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

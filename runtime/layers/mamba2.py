@@ -27,33 +27,14 @@ from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .gated_deltanet import causal_conv1d
 from .linear import linear
-from .recurrent_state import ForwardOnlyState
+from .recurrent_state import ConvMatrixState
 
 
-@dataclass
-class Mamba2State(ForwardOnlyState):
-    """One layer's state for one sequence: the conv's last inputs and each head's SSM state."""
+class Mamba2State(ConvMatrixState):
+    """A Mamba2 layer's state: the conv's last inputs and each head's SSM state
+    [heads, head_dim, state_size] (`recurrent`, float32 as the scan computes it)."""
 
-    conv: torch.Tensor  # [conv_dim, kernel - 1], compute dtype
-    ssm: torch.Tensor  # [heads, head_dim, state_size], float32 (as the scan computes it)
-    length: int = 0
     described_as: ClassVar[str] = "Mamba2 state"
-
-    def reset(self) -> None:
-        """Empty for a new sequence, in place (a captured step holds these buffers' addresses)."""
-        self.conv.zero_()
-        self.ssm.zero_()
-        self.length = 0
-
-    def checkpoint(self) -> Mamba2State:
-        """A host copy of this state as it is (the engine keeps one to take a departing prompt back to)."""
-        return Mamba2State(self.conv.to("cpu", copy=True), self.ssm.to("cpu", copy=True), self.length)
-
-    def restore(self, saved: Mamba2State) -> None:
-        """This state as `saved` was, in place (a captured step holds these buffers' addresses)."""
-        self.conv.copy_(saved.conv)
-        self.ssm.copy_(saved.ssm)
-        self.length = saved.length
 
 
 @dataclass(frozen=True)
@@ -197,10 +178,10 @@ class Mamba2Mixer:
         dt = F.softplus(dt.float() + self.dt_bias.float())  # [T, heads]
         a, d = -self.a_log.float().exp(), self.d.float()
         if t == 1:
-            y = state_step(h[0], dt[0], a, b[0], c[0], d, cache.ssm)[None]
+            y = state_step(h[0], dt[0], a, b[0], c[0], d, cache.recurrent)[None]
         else:
-            y, final = chunk_scan(h, dt.clamp(*self.dt_limit), a, b, c, d, cache.ssm, s.chunk_size)
-            cache.ssm.copy_(final)
+            y, final = chunk_scan(h, dt.clamp(*self.dt_limit), a, b, c, d, cache.recurrent, s.chunk_size)
+            cache.recurrent.copy_(final)
         if not isinstance(start, DevicePosition):
             cache.length = start + t
         y = gated_group_rms_norm(y.reshape(t, s.inner), gate, self.norm, s.groups, self.eps)

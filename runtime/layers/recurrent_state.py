@@ -18,7 +18,7 @@ class RecurrentRewindError(ValueError):
 
 class ForwardOnlyState:
     """A per-sequence state that can start a new sequence or continue its own, never rewind:
-    `length` tokens seen, `reset` empties it (RecurrentState, gated_deltanet.DeltaNetState)."""
+    `length` tokens seen, `reset` empties it (RecurrentState, ConvMatrixState)."""
 
     length: int
     described_as: ClassVar[str] = "recurrent state"  # (in the rewind error)
@@ -65,4 +65,30 @@ class RecurrentState(ForwardOnlyState):
     def restore(self, saved: RecurrentState) -> None:
         """This state as `saved` was, in place (a captured step holds this buffer's address)."""
         self.value.copy_(saved.value)
+        self.length = saved.length
+
+
+@dataclass
+class ConvMatrixState(ForwardOnlyState):
+    """One layer's state for one sequence of a mixer with a causal conv before a matrix-valued
+    recurrence (Gated DeltaNet, KDA, Mamba2): the conv's last inputs and each head's state."""
+
+    conv: torch.Tensor  # [conv_dim, kernel - 1], compute dtype
+    recurrent: torch.Tensor  # [heads, ...], float32 (as transformers keeps it)
+    length: int = 0
+
+    def reset(self) -> None:
+        """Empty for a new sequence, in place (a captured step holds these buffers' addresses)."""
+        self.conv.zero_()
+        self.recurrent.zero_()
+        self.length = 0
+
+    def checkpoint(self) -> ConvMatrixState:
+        """A host copy of this state as it is (the engine keeps one to take a departing prompt back to)."""
+        return type(self)(self.conv.to("cpu", copy=True), self.recurrent.to("cpu", copy=True), self.length)
+
+    def restore(self, saved: ConvMatrixState) -> None:
+        """This state as `saved` was, in place (a captured step holds these buffers' addresses)."""
+        self.conv.copy_(saved.conv)
+        self.recurrent.copy_(saved.recurrent)
         self.length = saved.length
