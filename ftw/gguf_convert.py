@@ -38,9 +38,9 @@ from .gguf_names import (
     KV_B_HF,
     KV_B_SPLIT,
     ROW_VECTORS,
-    UNDONE,
     Undo,
     hf_rows_of_llama_qk,
+    undo_for,
 )
 from .gguf_source import GGUFArchitecture, architecture_for
 from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
@@ -167,8 +167,8 @@ class _GGUFConverter:
                 return [np.ascontiguousarray(data.reshape(t.shape[0], -1)[order]).reshape(-1)]
 
             return _Dense(hf_name, t.dtype, t.shape, unpermuted)
-        undo = UNDONE.get(gguf_name)
-        if undo is not None and self.arch.name in undo.archs:
+        undo = undo_for(gguf_name, self.arch.name)
+        if undo is not None:
             return self._undone(hf_name, t, undo)
         flat = len(t.shape) == 1 and self.arch.name in ROW_VECTORS.get(gguf_name, ())
         shape = (1, *t.shape) if flat else t.shape  # the same bytes

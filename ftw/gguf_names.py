@@ -32,6 +32,12 @@ What llama.cpp changes besides names, and how we undo it:
 - lfm2moe (LFM2-MoE): LFM2MoeModel squeezes the short convolution's [C, 1, K] kernel to [C, K] (UNDONE)
   and writes head_count_kv one a layer, 0 on the convolution layers (which gguf_config reads as
   layer_types); its final norm is token_embd_norm.
+- granitehybrid (Granite 4.0 hybrid, as GraniteHybridModel over Mamba2Model and GraniteMoeModel writes
+  it): the attention layers as granitemoe's (q/k permuted: undone; Granite's MoE split and shared MLP
+  joined back); the Mamba2 layers' A_log stored as -exp(A_log) and D, both unsqueezed to [heads, 1],
+  the conv squeezed to [C, K], the gated norm [I] reshaped [G, I / G], dt_bias renamed (UNDONE; A_log
+  comes back as log(exp(A_log)) in float32, equal to a rounding); head_count_kv one a layer, 0 on the
+  Mamba2 layers (gguf_config_more.py reads it as layer_types).
 - afmoe (Arcee Trinity): AfmoeModel derives from LlamaModel but bypasses its modify_tensors, so q/k
   are not permuted (NeoX RoPE, as HF); only names change.
 - bailingmoe2 (Sarvam-30B, as SarvamMoEModel writes it): q/k/v stay fused (attn_qkv, the release's
@@ -65,6 +71,7 @@ What llama.cpp changes besides names, and how we undo it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,6 +85,8 @@ QWEN3, LLAMA, DEEPSEEK2 = "qwen3moe", "llama", "deepseek2"
 QWEN2, OLMOE, GLM4, DOTS1, GRANITE, ERNIE = "qwen2moe", "olmoe", "glm4moe", "dots1", "granitemoe", "ernie4_5-moe"
 DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next"
 HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "afmoe"
+GRANITE_HYBRID = "granitehybrid"  # Granite 4.0 hybrid: Mamba2 + attention layers, granitemoeshared's MoE
+GRANITES = (GRANITE, GRANITE_HYBRID)  # Granite's MoE names (router.layer, input_linear, shared_mlp)
 BAILINGMOE2, PHIMOE, LLAMA4 = "bailingmoe2", "phimoe", "llama4"
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
@@ -130,7 +139,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS,)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE)),  # Mixtral's router
-    Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", (GRANITE,)),  # Granite's
+    Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", GRANITES),  # Granite's
     Row("ffn_gate_inp.weight", "mlp.router.weight", (GPT_OSS,)),  # gpt-oss's router, with a bias
     Row("ffn_gate_inp.weight", "mlp.gate.wg.weight", (HUNYUAN,)),  # Hunyuan's router
     Row("attn_q_norm.weight", "self_attn.query_layernorm.weight", (HUNYUAN,)),  # Hunyuan's q/k norms (after RoPE)
@@ -165,7 +174,16 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ssm_conv1d.weight", "linear_attn.conv1d.weight", DELTANET),  # stored [C, K]: UNDONE
     Row("ssm_norm.weight", "linear_attn.norm.weight", DELTANET),
     Row("ssm_out.weight", "linear_attn.out_proj.weight", DELTANET),
-    Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (GRANITE,)),  # granitemoeshared's shared MLP
+    Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", GRANITES),  # granitemoeshared's shared MLP
+    # Granite 4.0 hybrid's Mamba2 layers (Mamba2Model.modify_tensors: value and shape changes UNDONE)
+    Row("ssm_in.weight", "mamba.in_proj.weight", (GRANITE_HYBRID,)),  # z | xBC | dt [2I + 2GN + heads, H]
+    Row("ssm_conv1d.weight", "mamba.conv1d.weight", (GRANITE_HYBRID,)),  # stored [C, K]: UNDONE
+    Row("ssm_conv1d.bias", "mamba.conv1d.bias", (GRANITE_HYBRID,)),  # [C]
+    Row("ssm_dt.bias", "mamba.dt_bias", (GRANITE_HYBRID,)),  # [heads] (renamed dt_proj.bias on the way)
+    Row("ssm_a", "mamba.A_log", (GRANITE_HYBRID,)),  # stored -exp(A_log) as [heads, 1]: UNDONE
+    Row("ssm_d", "mamba.D", (GRANITE_HYBRID,)),  # stored [heads, 1]: UNDONE
+    Row("ssm_norm.weight", "mamba.norm.weight", (GRANITE_HYBRID,)),  # stored [G, I / G]: UNDONE
+    Row("ssm_out.weight", "mamba.out_proj.weight", (GRANITE_HYBRID,)),
 )
 
 
@@ -297,7 +315,7 @@ class Concat:
 
 CONCAT_ROWS: tuple[Concat, ...] = (
     # GraniteMoeModel.modify_tensors: shared_mlp.input_linear [2S, H] split into gate rows, then up
-    Concat(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), "shared_mlp.input_linear.weight", (GRANITE,)),
+    Concat(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), "shared_mlp.input_linear.weight", GRANITES),
 )
 
 # Qwen3.5 under its own prefixes (model.language_model., layers there too): the generic block rows apply
@@ -322,16 +340,31 @@ def _minus_one(w: np.ndarray) -> np.ndarray:
     return w - np.float32(1.0)
 
 
+def _flat(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (math.prod(shape),)
+
+
 # Qwen3NextModel.modify_tensors (Qwen3.5's too): A_log stored as -exp(A_log); the depthwise conv
 # squeezed from [C, 1, K]; every RMSNorm but the DeltaNet's output norm stored as 1 + w (the
-# (1 + w) the model computes). By GGUF name (after "blk.N." for block rows).
-UNDONE: dict[str, Undo] = {
-    "ssm_a": Undo(DELTANET, lambda a: np.log(-a)),
-    "ssm_conv1d.weight": Undo(DELTANET, lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),
-    "shortconv.conv.weight": Undo((LFM2MOE,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),  # LFM2MoeModel's squeeze
-    **{name: Undo(DELTANET, _minus_one) for name in ("attn_norm.weight", "post_attention_norm.weight",
-                                                      "attn_q_norm.weight", "attn_k_norm.weight", "output_norm.weight")},
+# (1 + w) the model computes). Mamba2Model.modify_tensors (Granite 4.0 hybrid's): A_log as -exp(A_log)
+# and D both unsqueezed to [heads, 1], the conv squeezed, the gated norm [I] reshaped [G, I / G].
+# By GGUF name (after "blk.N." for block rows), one Undo per set of architectures.
+UNDONE: dict[str, tuple[Undo, ...]] = {
+    "ssm_a": (Undo(DELTANET, lambda a: np.log(-a)),
+              Undo((GRANITE_HYBRID,), lambda a: np.log(-a), _flat)),  # Mamba2Model: also unsqueezed to [heads, 1]
+    "ssm_conv1d.weight": (Undo((*DELTANET, GRANITE_HYBRID), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),
+    "ssm_d": (Undo((GRANITE_HYBRID,), lambda d: d, _flat),),  # Mamba2Model's [heads, 1]
+    "ssm_norm.weight": (Undo((GRANITE_HYBRID,), lambda w: w, _flat),),  # Mamba2Model's [groups, I / groups]
+    "shortconv.conv.weight": (Undo((LFM2MOE,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),  # LFM2MoeModel's squeeze
+    **{name: (Undo(DELTANET, _minus_one),) for name in ("attn_norm.weight", "post_attention_norm.weight",
+                                                         "attn_q_norm.weight", "attn_k_norm.weight", "output_norm.weight")},
 }
+
+
+def undo_for(gguf_name: str, arch: str) -> Undo | None:
+    """How to change back the tensor `gguf_name` (after "blk.N.") of architecture `arch`, if it was changed."""
+    return next((u for u in UNDONE.get(gguf_name, ()) if arch in u.archs), None)
+
 
 # HF [1, N] matrices that llama.cpp sizes {N}: a converter may store them 1-D; read as [1, N]
 ROW_VECTORS: dict[str, tuple[str, ...]] = {

@@ -30,7 +30,7 @@ from .gguf_config import (
     qwen35moe_config,
 )
 from .gguf_config_layered import afmoe_config, exaone_moe_config, lfm2moe_config
-from .gguf_config_more import bailingmoe2_config, llama4_config, phimoe_config
+from .gguf_config_more import bailingmoe2_config, granitehybrid_config, llama4_config, phimoe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     AFMOE,
@@ -50,6 +50,7 @@ from .gguf_names import (
     GLOBAL_ROWS,
     GPT_OSS,
     GRANITE,
+    GRANITE_HYBRID,
     HUNYUAN,
     LAYER_PREFIX_GGUF,
     LAYER_PREFIX_HF,
@@ -121,6 +122,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          rows=(DBRX_GLOBAL_ROWS, DBRX_BLOCK_ROWS)),
         GGUFArchitecture(GRANITE, "granitemoe", "GraniteMoeForCausalLM", granite_moe_config, permute_qk=True,
                          other_model_types=("granitemoeshared",)),
+        GGUFArchitecture(GRANITE_HYBRID, "granitemoehybrid", "GraniteMoeHybridForCausalLM", granitehybrid_config,
+                         permute_qk=True),
         GGUFArchitecture(GPT_OSS, "gpt_oss", "GptOssForCausalLM", gpt_oss_config),
         GGUFArchitecture(HUNYUAN, "hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM", hunyuan_moe_config),
         GGUFArchitecture(EXAONE_MOE, "exaone_moe", "ExaoneMoeForCausalLM", exaone_moe_config),
