@@ -274,6 +274,24 @@ def olmoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     return config
 
 
+def sigmoid_moe_keys(meta: Meta, width: int, shared: int) -> dict[str, Any]:
+    """The DeepSeek-V3-style MoE fields of a config from llama.cpp's keys: the dense width, the
+    experts' `width`, their counts, `shared` shared experts, the dense first layers, the routed
+    weights' scale and renormalization (llama.cpp's defaults where absent) and the group keys."""
+    return dict(
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=width,
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        n_shared_experts=shared,
+        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
+        n_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+    )
+
+
 def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek-V3-style MoE keys (glm4moe, dots1) as llama.cpp writes them: expert_count (the routed
     ones), expert_shared_count, leading_dense_block_count, expert_weights_scale/_norm, and the
@@ -284,18 +302,10 @@ def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedArchitectureError(f"{meta.model.path}: a {meta.arch} GGUF with softmax routing; "
                                            "its Hugging Face family routes by sigmoid")
     shared = meta.int("expert_shared_count", 1 if _has(meta.model, "ffn_up_shexp.weight") else 0)
+    width = meta.int("expert_feed_forward_length", _expert_size(meta.model))
     config.update(
         head_dim=meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"]),
-        intermediate_size=meta.int("feed_forward_length"),
-        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
-        n_routed_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        n_shared_experts=shared,
-        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
-        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
-        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
-        n_group=meta.int("expert_group_count", 1),
-        topk_group=meta.int("expert_group_used_count", 1),
+        **sigmoid_moe_keys(meta, width, shared),
         attention_bias=_has(meta.model, "attn_q.bias"),
     )
     return config

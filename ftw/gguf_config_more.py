@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, granite_moe_config
+from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, granite_moe_config, sigmoid_moe_keys
 from .gguf_config_layered import SIGMOID, _no_rope_scaling
 
 if TYPE_CHECKING:
@@ -47,16 +47,7 @@ def bailingmoe2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         raise SourceError(f"{where} whose shared experts are not {shared} x {width} wide, as Sarvam's are")
     config.update(
         head_dim=head_dim,
-        intermediate_size=meta.int("feed_forward_length"),
-        moe_intermediate_size=width,
-        n_routed_experts=meta.int("expert_count"),
-        num_experts_per_tok=meta.int("expert_used_count"),
-        n_shared_experts=shared,
-        first_k_dense_replace=meta.int("leading_dense_block_count", 0),
-        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
-        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
-        n_group=meta.int("expert_group_count", 1),
-        topk_group=meta.int("expert_group_used_count", 1),
+        **sigmoid_moe_keys(meta, width, shared),
         attention_bias=_has(meta.model, "attn_qkv.bias"),
         use_qk_norm=True,  # llama.cpp's graph requires both norms
         num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
