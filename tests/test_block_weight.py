@@ -94,6 +94,14 @@ def test_the_devices_decode_product_reads_the_weight_as_one_slot(kind: str) -> N
     ours = dense_block_gemv(x.to(DEVICE), weight.data.to(DEVICE), kind=kind, rows=40, cols=512).cpu()
     ref = x.float() @ _dequantized(weight).T
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    # in the activations' dtype: the same float32 sums, rounded once at the store (no cast kernel)
+    rounded = dense_block_gemv(x.to(DEVICE), weight.data.to(DEVICE), kind=kind, rows=40, cols=512,
+                               out_dtype=torch.bfloat16).cpu()
+    assert rounded.dtype == torch.bfloat16
+    if DEVICE == "cuda":  # round to nearest even, as torch's cast
+        assert torch.equal(rounded, ours.to(torch.bfloat16))
+    else:  # (Triton's interpreter truncates: within one bfloat16 step)
+        torch.testing.assert_close(rounded.float(), ours, rtol=2 ** -7, atol=0)
 
 
 def test_a_weight_of_other_columns_is_refused_by_name() -> None:

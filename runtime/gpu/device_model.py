@@ -112,7 +112,7 @@ def _use_fused_kernels() -> None:
     rope.use_device_kernel(rotary_supports, apply_rotary_fused)
     mlp.use_device_router(router_supports, softmax_topk_fused)
     block_weight.use_device_gemv(lambda x, w: dense_block_gemv(x, w.data, kind=w.dtype_name, rows=w.shape[0],
-                                                               cols=w.shape[1]))
+                                                               cols=w.shape[1], out_dtype=x.dtype))
 
 
 class DeviceModel:

@@ -30,7 +30,8 @@ DEQUANT_CHUNK_BYTES = 16 << 20
 DEVICE_GEMV_MAX_TOKENS = 4  # a GEMV re-reads the weight for each token: more tokens dequantize instead
 
 
-# (x [T, C], weight) -> float32 [T, rows]: set by the GPU runtime when a model runs on the GPU
+# (x [T, C], weight) -> [T, rows], float32 or x's dtype (summed in float32 either way; x's dtype
+# saves a cast kernel a projection): set by the GPU runtime when a model runs on the GPU
 _device_gemv: Callable[[torch.Tensor, BlockWeight], torch.Tensor] | None = None
 
 
@@ -61,7 +62,7 @@ def block_linear(x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None
             stop = min(start + step, rows)
             out[:, start:stop] = flat @ weight.values(start, stop, x.dtype).T
     else:
-        out = out.to(x.dtype)
+        out = out.to(x.dtype)  # (no copy where the GEMV wrote x's dtype)
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], rows)

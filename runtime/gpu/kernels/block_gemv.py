@@ -82,13 +82,13 @@ def _block_gemv_kernel(in_ptr, stride_in, index_ptr, slots_ptr, stride_slot, par
             block = tl.minimum(at, num_blocks - 1)
             dots = super_block_dot(base[:, None] + block * SB_BYTES, src + block * 256, KIND)  # [BLOCK_R, SPAN]
             acc += tl.sum(tl.where(at < num_blocks, dots, 0.0), axis=1)
-    tl.store(out_ptr + p * stride_out + rows, acc, mask=mask_r)
+    tl.store(out_ptr + p * stride_out + rows, acc.to(out_ptr.dtype.element_ty), mask=mask_r)
 
 
 def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, slot_of: torch.Tensor, *,
                part_offset: int, kind: str, rows: int, cols: int,
-               tile: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """float32 [P, rows]: pair p's weight part (`kind` blocks at `part_offset` of slot slot_of[p]'s
+               tile: tuple[int, int, int] | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`out_dtype` [P, rows] (summed in float32, rounded once at the store): pair p's weight part (`kind` blocks at `part_offset` of slot slot_of[p]'s
     record) times inputs[index[p]] (inputs [N, cols], any float dtype); zeros where slot_of[p] < 0.
     `index` and `slot_of` int32 [P] on the slots' device; `tile` (rows a program, super-blocks side
     by side, warps) overrides `default_tile`."""
@@ -108,7 +108,7 @@ def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, s
         raise ValueError(f"block_gemv reads {kind} rows as {width}-byte words: the slots (stride {slots.stride(0)}) "
                          f"and the part at byte {part_offset} must be {width}-byte aligned (FTW aligns parts to 256)")
     pairs = slot_of.numel()
-    out = torch.empty(pairs, rows, dtype=torch.float32, device=slots.device)
+    out = torch.empty(pairs, rows, dtype=out_dtype, device=slots.device)
     if pairs == 0:
         return out
     block_r, span, num_warps = tile or default_tile(code, cols)
@@ -119,10 +119,25 @@ def block_gemv(inputs: torch.Tensor, index: torch.Tensor, slots: torch.Tensor, s
     return out
 
 
-def dense_block_gemv(x: torch.Tensor, data: torch.Tensor, *, kind: str, rows: int, cols: int) -> torch.Tensor:
-    """float32 [T, rows]: x [T, cols] times one dense weight stored as `kind` GGML rows (`data`
+# (tokens, device) -> (each token its own pair, every pair slot 0): a dense product's constant
+# indices, made once (two kernels a call were 4% of a Q4_K_M decode step's device time: 65 calls)
+_DENSE_PAIRS: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _dense_pairs(tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = _DENSE_PAIRS.get((tokens, device))
+    if pairs is None:
+        index = torch.arange(tokens, dtype=torch.int32, device=device)
+        pairs = _DENSE_PAIRS[tokens, device] = (index, torch.zeros_like(index))
+    return pairs
+
+
+def dense_block_gemv(x: torch.Tensor, data: torch.Tensor, *, kind: str, rows: int, cols: int,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`out_dtype` [T, rows]: x [T, cols] times one dense weight stored as `kind` GGML rows (`data`
     uint8 [rows, row bytes], a GGUF model's projection: runtime/layers/block_weight.py), read in
-    place: `block_gemv` with the weight as one slot's record and each token a pair."""
-    index = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-    return block_gemv(x.contiguous(), index, data.reshape(1, -1), torch.zeros_like(index), part_offset=0, kind=kind,
-                      rows=rows, cols=cols)
+    place: `block_gemv` with the weight as one slot's record and each token a pair. The pair
+    indices are made once per token count (a CUDA graph replays them: they are never written)."""
+    index, slot_of = _dense_pairs(x.shape[0], x.device)
+    return block_gemv(x.contiguous(), index, data.reshape(1, -1), slot_of, part_offset=0, kind=kind,
+                      rows=rows, cols=cols, out_dtype=out_dtype)
