@@ -29,6 +29,7 @@ from ..planner.plan import (
     size,
 )
 from ..planner.resources import Machine
+from ..policy.miss_split import DEFAULT_FILL_PRICING
 from .bandwidth_profile import BandwidthProfile
 from .device_model import DeviceModel, move_dense
 from .elastic import VramGovernor, cuda_probe
@@ -196,11 +197,11 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     and `num_ctx`), unless given (`cache_slots`: the buffers default to 2, double-buffered).
     FT_CUDA_GRAPHS=0 in the environment runs every decode call uncaptured (as vLLM's
     --enforce-eager: a way around a driver that mishandles graphs), unless `cuda_graphs` is given;
-    FT_FILL_PRICING ("hit_rate" or "worth", policy/miss_split.py) prices "auto"'s CPU-served
-    misses, unless `fill_pricing` is given."""
+    FT_FILL_PRICING ("worth", the default, or "hit_rate": policy/miss_split.py) prices "auto"'s
+    CPU-served misses, unless `fill_pricing` is given."""
     device = torch.device(device)
     options.setdefault("cuda_graphs", os.environ.get("FT_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "no"))
-    options.setdefault("fill_pricing", os.environ.get("FT_FILL_PRICING", "hit_rate").strip().lower())
+    options.setdefault("fill_pricing", os.environ.get("FT_FILL_PRICING", DEFAULT_FILL_PRICING).strip().lower())
     with registered.open_ftw() as reader:
         weights = load_weights(reader, dtype, keep_float32=keep_float32(reader.index.family), keep_blocks=keeps_blocks)
         footprint = ModelFootprint.from_index(reader.index, name=registered.name.display,

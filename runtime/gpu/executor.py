@@ -34,6 +34,7 @@ import torch
 
 from ..experts import CPUExpertExecutor, ExpertExecutor, HostExpertBank
 from ..models.base import prompt_chunk
+from ..policy.miss_split import DEFAULT_FILL_PRICING
 from .auto_guard import PCIE_ONLY, AutoGuard
 from .bandwidth_profile import BandwidthProfile
 from .cpu_share import CPUShare, Job
@@ -103,7 +104,7 @@ class HybridExpertExecutor(WholeStepCalls):
                  static_resident_layers: Sequence[int] | None = None, split: Split | None = None,
                  prefill_min_tokens: int = 32, prefill_buffers: int = 2, auto_guard: bool = True,
                  cuda_graphs: bool = True, step_graphs: bool = True, pcie_repeat: int = 1,
-                 prefill_lend_above: int | None = None, fill_pricing: str = "hit_rate") -> None:
+                 prefill_lend_above: int | None = None, fill_pricing: str = DEFAULT_FILL_PRICING) -> None:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if pcie_repeat < 1:

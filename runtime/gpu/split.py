@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from ..policy.miss_split import (
+    DEFAULT_FILL_PRICING,
     FILL_PRICING,
     MissCost,
     choose_pcie_misses,
@@ -80,7 +81,7 @@ class SplitTables:
     address per (expert bytes, table size) (`fixed`), refreshed when the table changes."""
 
     def __init__(self, mode: str, split: Split | None, profile: Rates | None, device: torch.device,
-                 pricing: str = "hit_rate") -> None:
+                 pricing: str = DEFAULT_FILL_PRICING) -> None:
         if pricing not in FILL_PRICING:
             raise ValueError(f"fill pricing is one of {', '.join(FILL_PRICING)}, not {pricing!r}")
         self.mode, self.device, self.pricing = mode, device, pricing

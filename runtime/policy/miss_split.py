@@ -45,8 +45,10 @@ fall in that order (route_plan_ref step 6), so S * h'(S) / h is the hit density 
 TAIL_FRACTION against the mean: 1 for flat routing, near 0 where a few experts take most hits.
 Worth = h * (1 - that ratio), clamped to [0, h].
 
-Which price runs is a choice (`FILL_PRICING`), "hit_rate" by default until the race against
-llama.cpp measures "worth": replayed (benchmarks/bench_fill_value.py, the H200's 8-thread
+Which price runs is a choice (`FILL_PRICING`); "worth" is the default (DEFAULT_FILL_PRICING) since
+2026-12-07, "hit_rate" the way back (FT_FILL_PRICING=hit_rate). On the H100 at the race's Q4_K_M
+-ncmoe 8 budget, the hit rate priced every CPU-served miss above a copy and auto sent 2% of the
+misses to the CPU, whose kernel streams Q4_K_M faster than the link (BENCHMARKS.md). Replayed (benchmarks/bench_fill_value.py, the H200's 8-thread
 profile), "worth" cut the modelled miss time by 6.6% on uniform routing at the race's -ncmoe 8
 cache and added 0.5-3.8% on the real Qwen3-30B-A3B trace.
 """
@@ -58,6 +60,7 @@ from dataclasses import dataclass
 
 FIXED_COSTS = ("overlap", "serial")
 FILL_PRICING = ("hit_rate", "worth")  # what a CPU-served miss is charged at: the hit rate, or `fill_worth`
+DEFAULT_FILL_PRICING = "worth"
 TAIL_FRACTION = 0.25  # the LRU order's oldest share whose hits are counted (route_plan_ref step 6)
 RANK_EVERY = 32  # one layer call in this many ranks its hits (each costs the route plan ~15 us at 3208 slots)
 
