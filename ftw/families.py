@@ -22,6 +22,9 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     # per-expert, Qwen/DeepSeek/GLM names: model.layers.3.mlp.experts.17.gate_proj.weight
     re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.mlp\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<what>weight|weight_scale_inv)$"),
+    # per-expert, Jamba names: model.layers.1.feed_forward.experts.5.gate_proj.weight
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.feed_forward\.experts\.(?P<expert>[0-9]+)\."
+               r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<what>weight|weight_scale_inv)$"),
     # per-expert, Mixtral names: model.layers.3.block_sparse_moe.experts.5.w1.weight (w1 gate, w3 up, w2 down)
     # (LFM2-MoE's: model.layers.3.feed_forward.experts.5.w1.weight; Kimi Linear's, its block_sparse_moe
     # renamed mlp: model.layers.3.mlp.experts.5.w1.weight)
@@ -210,6 +213,18 @@ def _ernie_moe_layers(c: dict[str, Any]) -> list[int]:
         raise ValueError("moe_layer_interval below 1")  # (normalized_config names the config damaged)
     end = n - 1 if end == -1 else end
     return [i for i in range(n) if (i + 1) % interval == 0 and start <= i <= end]
+
+
+def _jamba_moe_layers(c: dict[str, Any]) -> list[int]:
+    """Every `expert_layer_period`-th layer from `expert_layer_offset` (JambaConfig's 2 and 1), none
+    where there is one expert (JambaConfig.layers_num_experts: a dense MLP then)."""
+    period = int(c.get("expert_layer_period", 2))
+    offset = int(c.get("expert_layer_offset", 1))
+    if period < 1:
+        raise ValueError("expert_layer_period below 1")  # (normalized_config names the config damaged)
+    if int(c.get("num_experts", 16)) <= 1:
+        return []
+    return [i for i in range(c["num_hidden_layers"]) if i % period == offset]
 
 
 def _llama4_moe_layers(c: dict[str, Any]) -> list[int]:
@@ -473,6 +488,9 @@ FAMILIES: dict[str, Family] = {
         Family(  # (a shared MLP on every layer, whether or not config.json sizes it: GraniteMoeHybridConfig's default)
             "granitemoehybrid", ("granitemoehybrid",), ("num_local_experts", "num_experts"), _all_layers,
             intermediate_key="intermediate_size", num_shared_experts=lambda c: 1),
+        Family(  # (attention or Mamba and the MoE or a dense MLP by period and offset: runtime/models/jamba.py)
+            "jamba", ("jamba",), ("num_experts", "num_local_experts"), _jamba_moe_layers,
+            intermediate_key="intermediate_size"),
         Family("jetmoe", ("jetmoe",), ("num_local_experts", "num_experts"), _all_layers,
                intermediate_key="intermediate_size", head_dim_key="kv_channels"),
         Family(  # (Kimi K2 is this model under its own model_type; K2.5 and K2.6 its text model: _KIMI_K25_NAMES)
@@ -726,9 +744,10 @@ def normalized_config(family: Family, config: dict[str, Any]) -> dict[str, Any]:
 
 
 _NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".norm_attn_norm.norm_1.weight",
-          ".norm_attn_norm.norm_2.weight", ".operator_norm.weight", ".ffn_norm.weight")
+          ".norm_attn_norm.norm_2.weight", ".operator_norm.weight", ".ffn_norm.weight",
+          ".pre_ff_layernorm.weight")
 _FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
-                "transformer.norm_f.weight", "model.embedding_norm.weight")
+                "transformer.norm_f.weight", "model.embedding_norm.weight", "model.final_layernorm.weight")
 _ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".block_sparse_moe.router.layer.weight",
             ".block_sparse_moe.router.weight", ".mlp.router.layer.weight", ".self_attention.experts.router.layer.weight",
             ".mlp.router.weight", ".mlp.gate.wg.weight",

@@ -86,6 +86,12 @@ FAMILY_CONFIGS: dict[str, dict] = {
                              initializer_range=0.1, position_embedding_type="nope",
                              layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_n_groups=2,
                              mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_chunk_size=8),
+    # Jamba: NoPE attention on layers 1 and 4 (period 3, offset 1), Mamba on 0, 2 and 3 (I = 128, a state
+    # of 8, a conv of 4, dt rank "auto": 4), the MoE on layers 1 and 3 (period 2, offset 1) and a dense
+    # MLP on the others; norms, D and the conv and dt biases random (RANDOMIZED)
+    "jamba": dict(SMALL, num_hidden_layers=5, intermediate_size=32, num_key_value_heads=2, num_experts=4,
+                  attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                  mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, initializer_range=0.1),
     # JetMoE's attention experts over kv heads of kv_channels (24, not hidden_size / heads; C = 48);
     # an rms_norm_eps only its final norm reads (transformers' layer norms keep 1e-6)
     "jetmoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, kv_channels=24,
@@ -317,6 +323,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "granitemoe_swa": ("layernorm.", "model.norm.", "sinks"),
     "granitemoehybrid": ("layernorm.", "model.norm.", "mamba.norm.", "mamba.D", "mamba.dt_bias"),
     "minicpm5_moe": ("layernorm.", "model.norm.", "e_score_correction_bias"),
+    "jamba": ("layernorm.", "mamba.D", "conv1d.bias", "dt_proj.bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
@@ -326,7 +333,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "jamba")
 
 
 def build_model(family: str, seed: int = 0):

@@ -128,7 +128,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
     reader.verify()
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf", fused=True)
     assert any(".experts.gate_up_proj" in n for n in load_all(src)), "transformers no longer writes the fused layout"

@@ -43,6 +43,7 @@ FAMILY_MODULES = {
     "granitemoeshared": "granitemoe",  # (the same block with a shared MLP: granitemoe.py)
     "granitemoe_swa": "granitemoe_swa",
     "granitemoehybrid": "granitemoehybrid",
+    "jamba": "jamba",
     "jetmoe": "jetmoe",
     "gpt_oss": "gpt_oss",
     "cohere2_moe": "cohere2_moe",

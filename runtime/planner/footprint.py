@@ -222,6 +222,20 @@ def _mamba2_hybrid(c: dict[str, Any], b: int) -> KVLayout:
                     f"{size(state)} state")
 
 
+def _mamba_hybrid(c: dict[str, Any], b: int) -> KVLayout:
+    """Jamba: only its attention layers (one every attn_layer_period from attn_layer_offset) keep a
+    KV cache; each Mamba layer keeps its conv window (mamba_d_conv - 1 inputs, I = mamba_expand x
+    hidden wide) and an SSM state [I, d_state] in f32 (runtime/layers/mamba.py; JambaConfig's defaults)."""
+    layers = int(c["num_hidden_layers"])
+    period, offset = (int(d if c.get(k) is None else c[k]) for k, d in (("attn_layer_period", 8), ("attn_layer_offset", 4)))
+    full = sum(i % period == offset for i in range(layers))
+    kv = _gqa({**c, "num_hidden_layers": full}, b)
+    inner, d_state = int(c.get("mamba_expand") or 2) * int(c["hidden_size"]), int(c.get("mamba_d_state") or 16)
+    state = (int(c.get("mamba_d_conv") or 4) - 1) * inner * b + inner * d_state * 4
+    return KVLayout("hybrid", kv.bytes_per_token, (layers - full) * state,
+                    f"{kv.formula.replace('GQA', f'{full} attention')}; + {layers - full} Mamba layers x {size(state)} state")
+
+
 def _per_layer_gqa(family: str) -> Callable[[dict[str, Any], int], KVLayout]:
     """GQA sized layer by layer by the family's `attention_sizes` (MiMo-V2-Flash: keys and values of
     their own widths, twice the key-value heads on its sliding layers, which keep every token as
@@ -301,7 +315,7 @@ def _compressed(c: dict[str, Any], b: int) -> KVLayout:
                     f"x {b} B; + {layers} windows of {window - 1} keys and the open compressor windows")
 
 
-KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
+KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "jamba": _mamba_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
               "deepseek_v2": _mla, "glm_moe_dsa": _mla, "deepseek_v4": _compressed,
               "deepseek_v32": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "glm4_moe_lite": _mla,
