@@ -21,7 +21,8 @@
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
-# SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M).
+# SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files whose -m
+# gpu tests run first, beside the build and the pull).
 set -u
 CALL=${1:?setup, race8, race6, quant, long, quick, kernels or profile}
 OUT=${OUT:-/tmp/race-out}
@@ -89,6 +90,11 @@ case $CALL in
     echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
   quick)
     start_build_and_pull
+    if [ -n "${GPU_TESTS:-}" ]; then  # these test files' -m gpu tests, beside the build and the pull
+      # shellcheck disable=SC2086
+      timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.log" 2>&1
+      echo "rc $?" >> "$OUT/gpu_tests.log"
+    fi
     if [ -n "${QUANT:-}" ]; then quantize_early $pulled "$QUANT"; fi  # (not waiting for llama-bench's build)
     wait $pulled $build
     tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"

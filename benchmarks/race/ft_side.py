@@ -162,7 +162,8 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
         free, total = torch.cuda.mem_get_info(device)
         memory[phase] = {"used_mib": (total - free) >> 20, "reserved_mib": torch.cuda.memory_reserved(device) >> 20,
                          "max_reserved_mib": torch.cuda.max_memory_reserved(device) >> 20,
-                         "max_allocated_mib": torch.cuda.max_memory_allocated(device) >> 20}
+                         "max_allocated_mib": torch.cuda.max_memory_allocated(device) >> 20,
+                         **_pools(device)}
         torch.cuda.reset_peak_memory_stats(device)
 
     note_memory("load")
@@ -214,6 +215,25 @@ def _measure(run: FtRun) -> tuple[list[Measured], dict[str, Any]]:
             "cache_slots": experts.cache.num_slots if experts is not None else 0, "memory": memory}
     info.update(_split_info(experts, loaded.config.num_experts_per_tok))
     return out, info
+
+
+def _pools(device: torch.device) -> dict[str, Any]:
+    """Where torch's reserved VRAM sits now: MiB reserved and allocated in the default pool and in
+    CUDA graphs' private pools (a graph's pool stays reserved while prompts run in the default
+    one), and the largest live blocks (MiB), to tell dense weights, slots and workspaces apart."""
+    pools: dict[str, list[int]] = {}
+    blocks: list[int] = []
+    for segment in torch.cuda.memory_snapshot():
+        if segment.get("device", device.index or 0) != (device.index or 0):
+            continue
+        pool = "default" if tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0) else "graphs"
+        total = pools.setdefault(pool, [0, 0])
+        total[0] += segment["total_size"]
+        total[1] += segment["allocated_size"]
+        blocks += [b["size"] for b in segment.get("blocks", []) if b.get("state") == "active_allocated"]
+    return {"pools_mib": {k: [v[0] >> 20, v[1] >> 20] for k, v in pools.items()},
+            "largest_blocks_mib": [round(b / 2 ** 20, 1) for b in sorted(blocks, reverse=True)[:12]],
+            "live_blocks": len(blocks)}
 
 
 def _split_info(experts: Any, top_k: int) -> dict[str, Any]:
