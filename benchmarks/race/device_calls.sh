@@ -90,13 +90,15 @@ case $CALL in
     echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
   quick)
     start_build_and_pull
+    tests=
     if [ -n "${GPU_TESTS:-}" ]; then  # these test files' -m gpu tests, beside the build and the pull
       # shellcheck disable=SC2086
-      timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.log" 2>&1
-      echo "rc $?" >> "$OUT/gpu_tests.log"
+      (timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.log" 2>&1
+       echo "rc $?" >> "$OUT/gpu_tests.log") &
+      tests=$!
     fi
     if [ -n "${QUANT:-}" ]; then quantize_early $pulled "$QUANT"; fi  # (not waiting for llama-bench's build)
-    wait $pulled $build
+    wait $pulled $build $tests
     tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"
     QUANTIZED=()
     if [ -n "${QUANT:-}" ]; then
