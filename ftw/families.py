@@ -363,6 +363,15 @@ def _dense_then_moe_layers(c: dict[str, Any]) -> list[int]:
     return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
 
 
+def _axk1_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else AXK1Config's derivation from the older keys: MoE from
+    `first_k_dense_replace` (default 1) on, on every `moe_layer_freq`-th layer counted from 0."""
+    if isinstance(c.get("mlp_layer_types"), list):
+        return [i for i, kind in enumerate(c["mlp_layer_types"]) if kind == "sparse"]
+    k, freq = int(c.get("first_k_dense_replace", 1)), int(c.get("moe_layer_freq", 1))
+    return [i for i in range(c["num_hidden_layers"]) if i >= k and i % freq == 0]
+
+
 # SarvamMoEConfig's and Param2MoeConfig's attribute_map: the usual key -> the name their releases' config.json writes
 _SARVAM_CONFIG_KEYS = {"n_routed_experts": "num_experts", "n_shared_experts": "num_shared_experts",
                  "attention_bias": "use_qkv_bias"}
@@ -604,6 +613,11 @@ FAMILIES: dict[str, Family] = {
             num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
             # transformers' own name of the query-and-gate projection; the release's is q_proj
             renames=((re.compile(r"\.self_attn\.q_gate_proj\."), ".self_attn.q_proj."),),
+        ),
+        Family(  # (the releases keep the MoE output norm beside the layer's norms, transformers under mlp.)
+            "axk1", ("axk1",), ("n_routed_experts", "num_local_experts"), _axk1_layers,
+            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
+            renames=((re.compile(r"^(model\.layers\.[0-9]+)\.post_mlp_layernorm\."), r"\1.mlp.post_mlp_layernorm."),),
         ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,

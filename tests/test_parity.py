@@ -74,6 +74,8 @@ FAMILIES = [
     pytest.param("param2moe", False, id="param2moe"),
     pytest.param("minicpm5_moe", False, id="minicpm5_moe"),
     pytest.param("minicpm5_moe", True, id="minicpm5_moe-fused"),  # (its q_gate_proj renamed back to q_proj)
+    pytest.param("axk1", False, id="axk1"),  # (the release's post_mlp_layernorm beside the layer's norms)
+    pytest.param("axk1", True, id="axk1-fused"),  # (transformers' mlp.post_mlp_layernorm)
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
     pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
 ]
@@ -583,3 +585,24 @@ def test_minicpm5_moe_with_first_k_dense_replace_in_its_config_matches_transform
     ours = convert_and_load(src, tmp_path / "store")
     assert ours.weights.config.moe_layers == (2,)
     assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_axk1_as_released_without_a_correction_bias_matches_transformers(tmp_path: Path) -> None:
+    """A.X-K1's releases route without e_score_correction_bias (transformers fills zeros) and store a
+    post_mlp_layernorm on the dense layers too, which nothing reads."""
+    from safetensors.torch import load_file, save_file
+
+    src = save_checkpoint("axk1", tmp_path / "hf", seed=5)
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    assert "model.layers.1.post_mlp_layernorm.weight" in tensors  # (the release's place for it)
+    for name in [n for n in tensors if n.endswith("e_score_correction_bias")]:
+        del tensors[name]
+    tensors["model.layers.0.post_mlp_layernorm.weight"] = torch.full((64,), 3.0)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ref = hf_model(src)
+    assert not ref.model.layers[1].mlp.gate.e_score_correction_bias.any()
+    ours = convert_and_load(src, tmp_path / "store")
+    assert ours.weights.maybe("model.layers.1.mlp.gate.e_score_correction_bias") is None
+    assert_parity(ours, ref, PROMPT, STEPS)
+

@@ -55,6 +55,7 @@ FAMILY_MODULES = {
     "bailing_hybrid": "bailing_hybrid",
     "sarvam_moe": "sarvam_moe",
     "minicpm5_moe": "minicpm5_moe",
+    "axk1": "axk1",
 }
 
 

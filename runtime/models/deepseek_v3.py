@@ -4,6 +4,7 @@ GLM-5 (glm_moe_dsa.py) is this block with a sparse token selection in its attent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,16 +30,18 @@ KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
 class SigmoidMoE:
     """Router (sigmoid scores, `e_score_correction_bias`, group-limited top-k) + routed experts
     through the executor + shared experts (a dense SwiGLU) added to the routed output. `bias`: the
-    correction bias's name under the MLP's prefix (EXAONE keeps it beside the router, not in it)."""
+    correction bias's name under the MLP's prefix (EXAONE keeps it beside the router, not in it);
+    None: no correction bias (A.X-K1's releases route without one: zeros, as transformers fills it)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
                  executor: ExpertExecutor, defaults: dict[str, Any], *,
-                 bias: str = "gate.e_score_correction_bias") -> None:
+                 bias: str | None = "gate.e_score_correction_bias") -> None:
         def get(key: str) -> Any:
             return config.get(key, defaults[key])
 
         self.router = weights.get(prefix + "gate.weight")
-        self.bias = weights.get(prefix + bias)
+        self.bias = weights.get(prefix + bias) if bias is not None else (
+            torch.zeros(config.num_experts, dtype=torch.float32, device=self.router.device))
         self.shared = dense_mlp(weights, prefix + "shared_experts.") if get("n_shared_experts") else None
         self.layer, self.executor, self.k = layer, executor, config.num_experts_per_tok
         self.num_groups, self.topk_groups = int(get("n_group")), int(get("topk_group"))
@@ -75,12 +78,14 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
 
 
 def build_mla(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype,
-              defaults: dict[str, Any]) -> DecoderModel:
+              defaults: dict[str, Any], feed_forward: Callable[[int], FFN] | None = None) -> DecoderModel:
     """DeepSeek-V3's model with a family's `defaults` for the keys its config.json leaves out
-    (GLM-4.7-Flash's is this model with GLM's)."""
+    (GLM-4.7-Flash's is this model with GLM's); `feed_forward(layer)`, where given, each layer's FFN
+    in place of `ffn`'s (A.X-K1's MoE output is normed)."""
     rope, interleave = rotary(config), bool(config.get("rope_interleave", defaults["rope_interleave"]))
     blocks = []
     for i in range(config.num_layers):
         attention = MLAttention(config, weights, f"model.layers.{i}.self_attn.", rope, dtype, interleave=interleave)
-        blocks.append(block(config, weights, i, attention, ffn(config, weights, i, executor, defaults)))
+        layer_ffn = ffn(config, weights, i, executor, defaults) if feed_forward is None else feed_forward(i)
+        blocks.append(block(config, weights, i, attention, layer_ffn))
     return DecoderModel(config, weights, blocks, dtype)
