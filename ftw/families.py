@@ -619,6 +619,15 @@ FAMILIES: dict[str, Family] = {
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
             renames=((re.compile(r"^(model\.layers\.[0-9]+)\.post_mlp_layernorm\."), r"\1.mlp.post_mlp_layernorm."),),
         ),
+        Family(  # (its shared experts one MLP, num_shared_experts times moe_intermediate_size wide)
+            "hy_v3", ("hy_v3",), ("num_experts", "num_local_experts"), _dense_then_moe_layers,
+            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("num_shared_experts", 1) or 0),
+            # the release's names (transformers' conversion_mapping renames them)
+            renames=tuple((re.compile(pattern), replacement) for pattern, replacement in (
+                (r"\.mlp\.router\.gate\.weight$", ".mlp.gate.weight"),
+                (r"\.mlp\.expert_bias$", ".mlp.e_score_correction_bias"),
+                (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts."))),
+        ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,
             num_shared_experts=lambda c: int(c.get("num_shared_experts", 2) or 0),

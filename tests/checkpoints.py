@@ -162,6 +162,12 @@ FAMILY_CONFIGS: dict[str, dict] = {
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, mlp_layer_types=["dense", "sparse", "dense", "sparse"],
         initializer_range=0.1, bos_token_id=1, eos_token_id=2,
     ),
+    # Qwen3's attention (q/k norms, random: RANDOMIZED) with a dense first layer, then sigmoid routing with a
+    # correction bias (random) over eight experts, renormalized and scaled, and two shared experts as one MLP
+    "hy_v3": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, num_experts=8, num_shared_experts=2, router_scaling_factor=1.7, initializer_range=0.1,
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -334,6 +340,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "minicpm5_moe": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "jamba": ("layernorm.", "mamba.D", "conv1d.bias", "dt_proj.bias"),
     "axk1": ("layernorm.", "model.norm.", "e_score_correction_bias"),
+    "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
@@ -343,7 +350,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3")
 
 
 def build_model(family: str, seed: int = 0):

@@ -48,6 +48,8 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
                               ".self_attn.dense.": ".self_attn.o_proj.",
                               ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"},
            "axk1": {".post_mlp_layernorm.": ".mlp.post_mlp_layernorm."},  # (the release's place, beside the layer's norms)
+           "hy_v3": {".mlp.router.gate.": ".mlp.gate.", ".mlp.expert_bias": ".mlp.e_score_correction_bias",
+                     ".mlp.shared_mlp.": ".mlp.shared_experts."},
            # (query_key_value stays fused: the runtime reads it apart)
            "sarvam_moe": {"model.word_embeddings.": "model.embed_tokens.", ".attention.": ".self_attn.",
                           ".self_attn.dense.": ".self_attn.o_proj.", ".self_attn.query_layernorm.": ".self_attn.q_norm.",

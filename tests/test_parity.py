@@ -76,6 +76,8 @@ FAMILIES = [
     pytest.param("minicpm5_moe", True, id="minicpm5_moe-fused"),  # (its q_gate_proj renamed back to q_proj)
     pytest.param("axk1", False, id="axk1"),  # (the release's post_mlp_layernorm beside the layer's norms)
     pytest.param("axk1", True, id="axk1-fused"),  # (transformers' mlp.post_mlp_layernorm)
+    pytest.param("hy_v3", False, id="hy_v3"),  # (the release's mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
+    pytest.param("hy_v3", True, id="hy_v3-fused"),
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
     pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
 ]

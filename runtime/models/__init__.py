@@ -56,6 +56,7 @@ FAMILY_MODULES = {
     "sarvam_moe": "sarvam_moe",
     "minicpm5_moe": "minicpm5_moe",
     "axk1": "axk1",
+    "hy_v3": "hy_v3",
 }
 
 

@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
     "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
     "jamba": ("Mamba (selective state space) layers and NoPE GQA layers", "softmax top-k, dense MLP layers between"),
+    "hy_v3": ("GQA, QK norm", "sigmoid + bias, renormalized and scaled, shared experts"),
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),
     "kimi_linear": ("Kimi Delta Attention (per-channel decay) and NoPE MLA layers",
                     "sigmoid + bias, group-limited top-k, shared experts"),
