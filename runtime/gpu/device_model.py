@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..layers import block_weight, mlp, rope
+from ..layers import attention, block_weight, mlp, rope
 from ..layers.attention import DevicePosition
 from ..layers.norm import use_device_kernel
 from ..loading.read_ftw import ModelWeights
@@ -97,10 +97,13 @@ def decode_span(position: int, max_tokens: int) -> int:
 
 def _use_fused_kernels() -> None:
     """The families' RMSNorm, rotary embeddings and softmax top-k router in one launch each on
-    the GPU (kernels/rms_norm.py, rotary.py, router_topk.py), and a GGUF model's K-quant
-    projections read in place in decode (kernels/block_gemv.py), where triton is."""
+    the GPU (kernels/rms_norm.py, rotary.py, router_topk.py), a captured decode step's attention
+    in two (kernels/decode_attention.py), and a GGUF model's K-quant projections read in place in
+    decode (kernels/block_gemv.py), where triton is."""
     try:
         from .kernels.block_gemv import dense_block_gemv
+        from .kernels.decode_attention import decode_attention
+        from .kernels.decode_attention import supports as decode_supports
         from .kernels.rms_norm import rms_norm_fused, supports
         from .kernels.rotary import apply_rotary_fused
         from .kernels.rotary import supports as rotary_supports
@@ -109,6 +112,7 @@ def _use_fused_kernels() -> None:
     except ImportError:  # pragma: no cover - depends on the install
         return
     use_device_kernel(supports, rms_norm_fused)
+    attention.use_device_decode(decode_supports, decode_attention)
     rope.use_device_kernel(rotary_supports, apply_rotary_fused)
     mlp.use_device_router(router_supports, softmax_topk_fused)
     block_weight.use_device_gemv(lambda x, w: dense_block_gemv(x, w.data, kind=w.dtype_name, rows=w.shape[0],

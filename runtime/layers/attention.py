@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -164,6 +165,19 @@ def sliding_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+# (q, k, v, scale, visible, window=, chunk=) -> [1, Hq, Dv]: one launch-pair decode attention for a
+# captured step's call on a GPU, with the `supports(q, k, v)` that says which calls it takes; set
+# by the GPU runtime (runtime/gpu/kernels/decode_attention.py: this module imports nothing of it)
+_device_decode: tuple[Callable[..., bool], Callable[..., torch.Tensor]] | None = None
+
+
+def use_device_decode(supports: Callable[..., bool], kernel: Callable[..., torch.Tensor]) -> None:
+    """From now on, a decode call masked by a device position (DevicePosition: a captured step)
+    that `supports` takes is `kernel`'s, in two launches where torch's form makes about ten."""
+    global _device_decode
+    _device_decode = (supports, kernel)
+
+
 def _flash_takes_shared_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> bool:
     """Whether CUDA's FlashAttention computes a call of q [1, Hq, T, D] over k/v [1, Hkv, L, D]
     as they are (query heads sharing key heads: `enable_gqa`), without falling back to a kernel
@@ -185,7 +199,10 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     """One query token over all cached keys, softmax in float32 (no mask needed; `visible`, an
     int64 [1] on the device: keys after that position are masked). On the CPU from
     DECODE_KERNEL_MIN_LENGTH positions, the compiled kernel reads the cache once at DRAM speed;
-    otherwise grouped matmuls."""
+    otherwise grouped matmuls. A GPU's masked call: the device kernel, where one is set
+    (`use_device_decode`) and takes it."""
+    if visible is not None and _device_decode is not None and _device_decode[0](q, k, v):
+        return _device_decode[1](q, k, v, scale, visible, window=window or 0, chunk=chunk_size or 0)
     if (visible is None and q.device.type == "cpu" and k.shape[0] >= DECODE_KERNEL_MIN_LENGTH and k.dtype == v.dtype
             and k.dtype in TORCH_NAMES and k.stride(-1) == 1 and v.stride(-1) == 1):
         kernel = native_kernel()
