@@ -363,6 +363,11 @@ def _dense_then_moe_layers(c: dict[str, Any]) -> list[int]:
     return _first_k_dense_layers({**c, "first_k_dense_replace": c.get("first_k_dense_replace", 1), "moe_layer_freq": 1})
 
 
+def _sparse_unless_dense_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else every layer MoE (MellumConfig's default)."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": 0, "moe_layer_freq": 1})
+
+
 def _axk1_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else AXK1Config's derivation from the older keys: MoE from
     `first_k_dense_replace` (default 1) on, on every `moe_layer_freq`-th layer counted from 0."""
@@ -627,6 +632,10 @@ FAMILIES: dict[str, Family] = {
                 (r"\.mlp\.router\.gate\.weight$", ".mlp.gate.weight"),
                 (r"\.mlp\.expert_bias$", ".mlp.e_score_correction_bias"),
                 (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts."))),
+        ),
+        Family(  # (its sliding and full layers' KV alike: heads and head_dim shared)
+            "mellum", ("mellum",), ("num_local_experts", "num_experts"), _sparse_unless_dense_layers,
+            drop_prefixes=("mtp.", "model.mtp."),
         ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,

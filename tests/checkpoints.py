@@ -168,6 +168,16 @@ FAMILY_CONFIGS: dict[str, dict] = {
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
         head_dim=16, num_experts=8, num_shared_experts=2, router_scaling_factor=1.7, initializer_range=0.1,
     ),
+    # Qwen3-MoE's block in sliding layers 0 and 2 (a window of 5 positions) and full layer 1, each kind rotating
+    # at its own base (transformers' Mellum rotates whole heads: a partial_rotary_factor crashes it); a dense
+    # first layer; q/k norms random
+    "mellum": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=2,
+        head_dim=16, num_experts=8, sliding_window=5, initializer_range=0.1,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], mlp_layer_types=["dense", "sparse", "sparse"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -340,6 +350,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "minicpm5_moe": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "jamba": ("layernorm.", "mamba.D", "conv1d.bias", "dt_proj.bias"),
     "axk1": ("layernorm.", "model.norm.", "e_score_correction_bias"),
+    "mellum": ("layernorm.", "model.norm.", "q_norm.", "k_norm."),
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
@@ -350,7 +361,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum")
 
 
 def build_model(family: str, seed: int = 0):

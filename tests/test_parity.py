@@ -78,6 +78,8 @@ FAMILIES = [
     pytest.param("axk1", True, id="axk1-fused"),  # (transformers' mlp.post_mlp_layernorm)
     pytest.param("hy_v3", False, id="hy_v3"),  # (the release's mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
     pytest.param("hy_v3", True, id="hy_v3-fused"),
+    pytest.param("mellum", False, id="mellum"),
+    pytest.param("mellum", True, id="mellum-fused"),
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
     pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
 ]
@@ -608,3 +610,27 @@ def test_axk1_as_released_without_a_correction_bias_matches_transformers(tmp_pat
     assert ours.weights.maybe("model.layers.1.mlp.gate.e_score_correction_bias") is None
     assert_parity(ours, ref, PROMPT, STEPS)
 
+
+def test_mellum_drops_its_mtp_layer_and_refuses_a_partial_rotary_factor(tmp_path: Path) -> None:
+    """The release's multi-token-prediction layer (mtp., which transformers ignores) is dropped at
+    conversion; a partial_rotary_factor, which transformers' Mellum crashes on, is refused."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("mellum", tmp_path / "hf", seed=7)
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    tensors["mtp.layers.0.input_layernorm.weight"] = torch.ones(64)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ours = convert_and_load(src, tmp_path / "store")
+    assert not any(name.startswith("mtp.") for name in ours.weights.dense)
+    assert_parity(ours, hf_model(src), PROMPT, 8)
+
+    config = json.loads((src / "config.json").read_text())
+    config["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 0.5
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedFamilyError, match="partial_rotary_factor"):
+        convert_and_load(src, tmp_path / "store-partial")

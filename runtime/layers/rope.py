@@ -180,6 +180,23 @@ def partial_rotary(config: ModelConfig, default_factor: float) -> RotaryEmbeddin
     return RotaryEmbedding(int(config.head_dim * float(factor)), params, config.context_length)
 
 
+def ropes_by_layer_type(config: ModelConfig, types: list[str], defaults: dict[str, dict[str, Any]],
+                        family: str) -> dict[str, RotaryEmbedding]:
+    """Each layer type's RoPE, as transformers' per-type rotary embeddings (Laguna's, Mellum's) make
+    them: `rope_parameters` keyed by layer type (one for each type in `types`, none other than the
+    family's `defaults` know), else `defaults`; each type on its heads' first `partial_rotary_factor`
+    of channels (all where it names none)."""
+    params = config.get("rope_parameters")
+    if params is None:
+        params = defaults
+    if not isinstance(params, dict) or not set(types) <= set(params) <= set(defaults):
+        raise UnsupportedFamilyError(f"{family} needs rope_parameters per layer type ({', '.join(defaults)}), as "
+                                     f"transformers reads them; the config has {str(params)[:80]}")
+    return {kind: RotaryEmbedding(int(config.head_dim * float(p.get("partial_rotary_factor", 1.0))),
+                                  {**p, "rope_type": p.get("rope_type", "default")}, config.context_length)
+            for kind, p in params.items()}
+
+
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)
 _device_kernel: tuple[Callable[..., bool], Callable[..., torch.Tensor]] | None = None
 

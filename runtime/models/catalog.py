@@ -53,6 +53,7 @@ KINDS: dict[str, tuple[str, str]] = {
                "sigmoid + bias (soft-capped logits), renormalized, shared experts"),
     "lfm2_moe": ("gated short-convolution layers and GQA layers, QK norm", "sigmoid + bias, renormalized"),
     "llama4": ("chunked rope layers and global NoPE layers, QK L2 norm", "sigmoid top-1 on the input, shared expert"),
+    "mellum": ("sliding-window and full GQA layers, QK norm, a rope a layer kind", "softmax top-k renormalized"),
     "mimo_v2_flash": ("sliding-window layers with sinks and twice the KV heads, full layers, partial rope, "
                       "narrower values", "sigmoid + bias, group-limited top-k"),
     "minicpm5_moe": ("GQA, output gated per head", "sigmoid + bias, group-limited top-k, shared experts"),

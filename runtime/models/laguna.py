@@ -10,7 +10,6 @@ bias, weights renormalized; the routed sum times `moe_routed_scaling_factor`, sh
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +18,7 @@ from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, Start
 from ..layers.linear import linear
-from ..layers.rope import RotaryEmbedding
+from ..layers.rope import RotaryEmbedding, ropes_by_layer_type
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 from .qwen3_moe import GQAAttention, dense_mlp
@@ -82,18 +81,6 @@ def per_layer(config: ModelConfig) -> tuple[list[str], list[int]]:
     return list(types), [int(h) for h in heads]
 
 
-def rope_parameters(config: ModelConfig, types: list[str]) -> dict[str, dict[str, Any]]:
-    """The rope of each layer type: `rope_parameters` keyed by layer type (one for each type in
-    `types`), else LagunaConfig's."""
-    params = config.get("rope_parameters")
-    if params is None:
-        return ROPE_DEFAULTS
-    if not isinstance(params, dict) or not set(types) <= set(params) <= set(ROPE_DEFAULTS):
-        raise UnsupportedFamilyError(f"laguna needs rope_parameters per layer type (full_attention, "
-                                     f"sliding_attention), as transformers reads them; the config has {str(params)[:80]}")
-    return params
-
-
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
     if config.get("hidden_act", "silu") != "silu" or config.get("moe_apply_router_weight_on_input", False):
         raise UnsupportedFamilyError("laguna with another hidden_act than silu, or router weights on the experts' "
@@ -103,9 +90,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
         raise UnsupportedFamilyError(f"laguna with gating {gating!r} is not supported")
     window = int(config.get("sliding_window", DEFAULTS["sliding_window"]))
     types, heads = per_layer(config)
-    ropes = {kind: RotaryEmbedding(int(config.head_dim * float(p.get("partial_rotary_factor", 1.0))),
-                                   {**p, "rope_type": p.get("rope_type", "default")}, config.context_length)
-             for kind, p in rope_parameters(config, types).items()}
+    ropes = ropes_by_layer_type(config, types, ROPE_DEFAULTS, "laguna")
     blocks = []
     for i, (kind, layer_heads) in enumerate(zip(types, heads, strict=True)):
         p = f"model.layers.{i}."
