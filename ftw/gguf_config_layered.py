@@ -1,7 +1,8 @@
 """The Hugging Face config of GGUF architectures whose layers come in kinds (sliding-window and
-global, convolution and attention), one builder per architecture, as gguf_config.py's are: each
-follows what llama.cpp's converter (named in its docstring, at llama.cpp 0c1e570) writes and gives
-the config the family's runtime reads, with llama.cpp's defaults where the file says nothing.
+global; convolution or Mamba, and attention), one builder per architecture, as gguf_config.py's
+are: each follows what llama.cpp's converter (named in its docstring, at llama.cpp 0c1e570) writes
+and gives the config the family's runtime reads, with llama.cpp's defaults where the file says
+nothing.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size
+from .gguf_config import Meta, _common_config, _expert_size, _has, granite_moe_config
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
@@ -30,6 +31,16 @@ def _sliding_layers(meta: Meta, num_layers: int, every: int) -> list[bool]:
     if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
         raise SourceError(f"{where} is neither a period nor one bool a layer ({pattern!r})")
     return [pattern == 0 or i % pattern < pattern - 1 for i in range(num_layers)]
+
+
+def _attention_layers(meta: Meta, num_layers: int, writer: str) -> list[bool]:
+    """Which layers attend, from head_count_kv one a layer as hybrids' converters write it (0 on the
+    layers without attention; `writer` says which converter, for the error)."""
+    kv_heads = meta.get("attention.head_count_kv")
+    if not isinstance(kv_heads, list) or len(kv_heads) < num_layers:
+        raise SourceError(f"{meta.model.path}: GGUF metadata {meta.arch}.attention.head_count_kv is not one count a "
+                          f"layer ({kv_heads!r}); {writer}")
+    return [heads != 0 for heads in kv_heads[:num_layers]]
 
 
 def _no_rope_scaling(meta: Meta, config: dict[str, Any]) -> None:
@@ -91,11 +102,7 @@ def lfm2moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
                                            f"{meta.get('expert_gating_func')!r}; LFM2-MoE routes by sigmoid")
     config = _common_config(meta, arch)
     _no_rope_scaling(meta, config)
-    layers = config["num_hidden_layers"]
-    kv_heads = meta.get("attention.head_count_kv")
-    if not isinstance(kv_heads, list) or len(kv_heads) < layers:
-        raise SourceError(f"{meta.model.path}: GGUF metadata {meta.arch}.attention.head_count_kv is not one count a "
-                          f"layer ({kv_heads!r}); LFM2MoeModel writes 0 for each convolution layer")
+    attending = _attention_layers(meta, config["num_hidden_layers"], "LFM2MoeModel writes 0 for each convolution layer")
     head_dim = config["hidden_size"] // config["num_attention_heads"]
     if meta.int("attention.key_length", head_dim) != head_dim:
         raise SourceError(f"{meta.model.path}: an lfm2moe GGUF with heads of {meta.get('attention.key_length')}, not "
@@ -109,7 +116,7 @@ def lfm2moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         num_dense_layers=meta.int("leading_dense_block_count", 0),
         conv_L_cache=meta.int("shortconv.l_cache"),
         conv_bias=False,
-        layer_types=["conv" if heads == 0 else "full_attention" for heads in kv_heads[:layers]],
+        layer_types=["full_attention" if a else "conv" for a in attending],
         use_expert_bias=True,
         norm_topk_prob=True,
         routed_scaling_factor=1.0,
@@ -163,5 +170,41 @@ def afmoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         mup_enabled=True,
         attention_bias=False,
         rope_parameters={"rope_type": "default", "rope_theta": meta.float("rope.freq_base_swa", config["rope_theta"])},
+    )
+    return config
+
+
+def granitehybrid_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """GraniteHybridModel.set_gguf_parameters (GraniteMoeModel's, then its own): Granite's multipliers
+    and MoE keys as granitemoe's (granite_moe_config), head_count_kv one a layer, 0 on the Mamba2
+    layers (so layer_types), ssm.conv_kernel (mamba_d_conv), ssm.state_size (mamba_d_state),
+    ssm.group_count (mamba_n_groups), ssm.inner_size (mamba_expand x hidden_size) and
+    ssm.time_step_rank (mamba_n_heads; mamba_d_head is inner / heads), rope.scaling.finetuned the
+    switch between RoPE and none (the converter writes false for every GraniteMoeHybrid, whatever
+    position_embedding_type said, and context_length 2^20 with it; llama.cpp's default is true).
+    mamba_chunk_size is not written: GraniteMoeHybridConfig's 256 (the scan's chunks; the same
+    sums). A file without experts or without the shared MLP is refused: ft's granitemoehybrid
+    always builds both, as transformers' GraniteMoeHybrid does."""
+    config = granite_moe_config(meta, arch)
+    path = meta.model.path
+    attending = _attention_layers(meta, config["num_hidden_layers"], "GraniteHybridModel writes 0 for each Mamba2 layer")
+    if not config["num_local_experts"] or not config.get("shared_intermediate_size"):
+        raise UnsupportedArchitectureError(
+            f"{path}: a granitehybrid GGUF without routed experts or without a shared MLP (expert_count "
+            f"{meta.get('expert_count')!r}, expert_shared_feed_forward_length {meta.get('expert_shared_feed_forward_length')!r});"
+            " ft runs Granite 4.0 hybrids with both, as transformers' GraniteMoeHybrid builds them")
+    hidden, inner, heads = config["hidden_size"], meta.int("ssm.inner_size"), meta.int("ssm.time_step_rank")
+    if inner % hidden or inner % heads:
+        raise SourceError(f"{path}: GGUF metadata {meta.arch}.ssm.inner_size {inner} is not a multiple of the hidden "
+                          f"size ({hidden}) and of ssm.time_step_rank ({heads}) as Mamba2 layers have it")
+    rope = meta.get("rope.scaling.finetuned", True)
+    config.update(
+        model_type="granitemoehybrid", architectures=[arch.hf_architecture],
+        layer_types=["attention" if a else "mamba" for a in attending],
+        position_embedding_type="rope" if rope else "nope",
+        mamba_n_heads=heads, mamba_d_head=inner // heads, mamba_expand=inner // hidden,
+        mamba_n_groups=meta.int("ssm.group_count"), mamba_d_state=meta.int("ssm.state_size"),
+        mamba_d_conv=meta.int("ssm.conv_kernel"), mamba_chunk_size=256,
+        mamba_conv_bias=_has(meta.model, "ssm_conv1d.bias"), mamba_proj_bias=False,
     )
     return config

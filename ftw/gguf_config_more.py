@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, granite_moe_config, sigmoid_moe_keys
+from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, sigmoid_moe_keys
 from .gguf_config_layered import SIGMOID, _no_rope_scaling
 
 if TYPE_CHECKING:
@@ -241,44 +241,5 @@ def llama4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         use_qk_norm=experts != MAVERICK_EXPERTS,
         attention_bias=_has(meta.model, "attn_q.bias"),
         rope_parameters=rope,
-    )
-    return config
-
-
-def granitehybrid_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
-    """GraniteHybridModel.set_gguf_parameters (GraniteMoeModel's, then its own): Granite's multipliers
-    and MoE keys as granitemoe's (granite_moe_config), head_count_kv one a layer, 0 on the Mamba2
-    layers (so layer_types), ssm.conv_kernel (mamba_d_conv), ssm.state_size (mamba_d_state),
-    ssm.group_count (mamba_n_groups), ssm.inner_size (mamba_expand x hidden_size) and
-    ssm.time_step_rank (mamba_n_heads; mamba_d_head is inner / heads), rope.scaling.finetuned the
-    switch between RoPE and none (the converter writes false for every GraniteMoeHybrid, whatever
-    position_embedding_type said, and context_length 2^20 with it; llama.cpp's default is true).
-    mamba_chunk_size is not written: GraniteMoeHybridConfig's 256 (the scan's chunks; the same
-    sums). A file without experts or without the shared MLP is refused: ft's granitemoehybrid
-    always builds both, as transformers' GraniteMoeHybrid does."""
-    config = granite_moe_config(meta, arch)
-    path, layers = meta.model.path, config["num_hidden_layers"]
-    kv_heads = meta.get("attention.head_count_kv")
-    if not isinstance(kv_heads, list) or len(kv_heads) < layers:
-        raise SourceError(f"{path}: GGUF metadata {meta.arch}.attention.head_count_kv is not one count a layer "
-                          f"({kv_heads!r}); GraniteHybridModel writes 0 for each Mamba2 layer")
-    if not config["num_local_experts"] or not config.get("shared_intermediate_size"):
-        raise UnsupportedArchitectureError(
-            f"{path}: a granitehybrid GGUF without routed experts or without a shared MLP (expert_count "
-            f"{meta.get('expert_count')!r}, expert_shared_feed_forward_length {meta.get('expert_shared_feed_forward_length')!r});"
-            " ft runs Granite 4.0 hybrids with both, as transformers' GraniteMoeHybrid builds them")
-    hidden, inner, heads = config["hidden_size"], meta.int("ssm.inner_size"), meta.int("ssm.time_step_rank")
-    if inner % hidden or inner % heads:
-        raise SourceError(f"{path}: GGUF metadata {meta.arch}.ssm.inner_size {inner} is not a multiple of the hidden "
-                          f"size ({hidden}) and of ssm.time_step_rank ({heads}) as Mamba2 layers have it")
-    rope = meta.get("rope.scaling.finetuned", True)
-    config.update(
-        model_type="granitemoehybrid", architectures=[arch.hf_architecture],
-        layer_types=["mamba" if n == 0 else "attention" for n in kv_heads[:layers]],
-        position_embedding_type="rope" if rope else "nope",
-        mamba_n_heads=heads, mamba_d_head=inner // heads, mamba_expand=inner // hidden,
-        mamba_n_groups=meta.int("ssm.group_count"), mamba_d_state=meta.int("ssm.state_size"),
-        mamba_d_conv=meta.int("ssm.conv_kernel"), mamba_chunk_size=256,
-        mamba_conv_bias=_has(meta.model, "ssm_conv1d.bias"), mamba_proj_bias=False,
     )
     return config

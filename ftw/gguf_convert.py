@@ -29,21 +29,10 @@ from .errors import SourceError
 from .families import check_dense_shape, family_for_config, index_in_name, normalized_config
 from .format import BLOCK_DTYPES, Index, storage_shape
 from .gguf_file import GGUFModel, GGUFTensor
-from .gguf_names import (
-    CONCAT_ROWS,
-    DROPPED_BLOCK,
-    DROPPED_GLOBAL,
-    EXPERT_BIAS_ROWS,
-    EXPERT_ROWS,
-    KV_B_HF,
-    KV_B_SPLIT,
-    ROW_VECTORS,
-    Undo,
-    hf_rows_of_llama_qk,
-    undo_for,
-)
+from .gguf_names import DROPPED_BLOCK, DROPPED_GLOBAL, EXPERT_BIAS_ROWS, EXPERT_ROWS
 from .gguf_source import GGUFArchitecture, architecture_for
 from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
+from .gguf_undo import CONCAT_ROWS, KV_B_HF, KV_B_SPLIT, ROW_VECTORS, Undo, hf_rows_of_llama_qk, undo_for
 from .rangeio import readahead
 from .reader import TORCH_DTYPES
 from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
@@ -131,7 +120,7 @@ class _GGUFConverter:
             else:
                 raise SourceError(
                     f"{self.model.path}: tensor {name!r} has no Hugging Face name in ft's {self.arch.name} table "
-                    "(ftw/gguf_names.py); this GGUF variant is not supported"
+                    "(ftw/gguf_names.py, gguf_names_own.py); this GGUF variant is not supported"
                 )
         for layer, halves in kv_b.items():
             hf = self.arch.hf_layer_prefix.format(layer=layer) + KV_B_HF
@@ -175,7 +164,7 @@ class _GGUFConverter:
         return _Dense(hf_name, t.dtype, shape, lambda: self._chunks(t))
 
     def _undone(self, hf_name: str, t: GGUFTensor, undo: Undo) -> _Dense:
-        """A tensor llama.cpp changed in value (gguf_names.UNDONE), changed back, in float32."""
+        """A tensor llama.cpp changed in value (gguf_undo.UNDONE), changed back, in float32."""
         if t.dtype not in FLOAT_DTYPES:
             raise SourceError(f"{self.model.path}: {t.name} is {t.dtype}; llama.cpp writes it as floats, and ft "
                               "reads it only so")

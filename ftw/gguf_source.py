@@ -1,7 +1,7 @@
 """GGUF architectures ft converts: each one's Hugging Face identity, name tables and config builder.
 
-The tensor names and llama.cpp's transformations are in gguf_names.py, the config each file implies
-in gguf_config.py.
+The tensor names are in gguf_names.py and gguf_names_own.py, llama.cpp's other changes to the
+tensors in gguf_undo.py, the config each file implies in gguf_config*.py.
 """
 
 from __future__ import annotations
@@ -29,19 +29,14 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
-from .gguf_config_layered import afmoe_config, exaone_moe_config, lfm2moe_config
-from .gguf_config_more import bailingmoe2_config, granitehybrid_config, llama4_config, phimoe_config
+from .gguf_config_layered import afmoe_config, exaone_moe_config, granitehybrid_config, lfm2moe_config
+from .gguf_config_more import bailingmoe2_config, llama4_config, phimoe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
     AFMOE,
-    AFMOE_BLOCK_ROWS,
     BAILINGMOE2,
-    BAILINGMOE2_BLOCK_ROWS,
     BLOCK_ROWS,
-    CONCAT_ROWS,
     DBRX,
-    DBRX_BLOCK_ROWS,
-    DBRX_GLOBAL_ROWS,
     DEEPSEEK2,
     DOTS1,
     ERNIE,
@@ -55,13 +50,8 @@ from .gguf_names import (
     LAYER_PREFIX_GGUF,
     LAYER_PREFIX_HF,
     LFM2MOE,
-    LFM2MOE_BLOCK_ROWS,
-    LFM2MOE_GLOBAL_ROWS,
     LLAMA,
     LLAMA4,
-    LLAMA4_BLOCK_ROWS,
-    LLAMA4_GLOBAL_ROWS,
-    LLAMA4_LAYER_PREFIX_HF,
     MINIMAX_M2,
     OLMOE,
     PHIMOE,
@@ -69,9 +59,21 @@ from .gguf_names import (
     QWEN3,
     QWEN3NEXT,
     QWEN35,
-    QWEN35_GLOBAL_ROWS,
     Row,
 )
+from .gguf_names_own import (
+    AFMOE_BLOCK_ROWS,
+    BAILINGMOE2_BLOCK_ROWS,
+    DBRX_BLOCK_ROWS,
+    DBRX_GLOBAL_ROWS,
+    LFM2MOE_BLOCK_ROWS,
+    LFM2MOE_GLOBAL_ROWS,
+    LLAMA4_BLOCK_ROWS,
+    LLAMA4_GLOBAL_ROWS,
+    LLAMA4_LAYER_PREFIX_HF,
+    QWEN35_GLOBAL_ROWS,
+)
+from .gguf_undo import CONCAT_ROWS
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from ftw.errors import CorruptIndexError
 from ftw.format import BLOCK_DTYPES, Index, nbytes_of, storage_shape
 from ftw.gguf_convert import GGUF_SIDE_FILES, convert_gguf
 from ftw.gguf_file import GGML_TYPES, GGUFModel, architecture_in_prefix
-from ftw.gguf_names import hf_rows_of_llama_qk
 from ftw.gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
+from ftw.gguf_undo import hf_rows_of_llama_qk
 
 Q = GGMLQuantizationType
 HIDDEN, INTER, NUM_EXPERTS, HEADS, HEAD_DIM, VOCAB, LAYERS = 256, 256, 4, 4, 64, 64, 2

@@ -1,0 +1,130 @@
+"""GGUF name tables of the architectures whose Hugging Face names differ throughout from the shared
+rows in gguf_names.py: each one's whole table (or whole block table) under its own names."""
+
+from __future__ import annotations
+
+from .gguf_names import AFMOE, BAILINGMOE2, DBRX, LFM2MOE, LLAMA4, QWEN35, Row
+
+# DBRX's whole table under its own names (after "transformer.blocks.N." for block rows): no generic row applies
+DBRX_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "transformer.wte.weight", (DBRX,)),
+    Row("output_norm.weight", "transformer.norm_f.weight", (DBRX,)),  # LayerNorm without bias
+    Row("output.weight", "lm_head.weight", (DBRX,)),
+)
+DBRX_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "norm_attn_norm.norm_1.weight", (DBRX,)),  # LayerNorm before attention
+    Row("attn_qkv.weight", "norm_attn_norm.attn.Wqkv.weight", (DBRX,)),  # fused q|k|v rows, as HF has them
+    Row("attn_output.weight", "norm_attn_norm.attn.out_proj.weight", (DBRX,)),
+    Row("attn_output_norm.weight", "norm_attn_norm.norm_2.weight", (DBRX,)),  # LayerNorm before the MoE
+    Row("ffn_gate_inp.weight", "ffn.router.layer.weight", (DBRX,)),  # router [E, H]
+)
+
+
+# LFM2-MoE's whole table under its own names: gated short convolutions (the kernel stored [C, K]: UNDONE),
+# attention with out_proj and q/k layernorms, under feed_forward the SwiGLU's w1 (gate), w3 (up), w2 (down),
+# the router and its expert bias
+LFM2MOE_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "model.embed_tokens.weight", (LFM2MOE,)),
+    Row("token_embd_norm.weight", "model.embedding_norm.weight", (LFM2MOE,)),  # the final norm (sic)
+    Row("output.weight", "lm_head.weight", (LFM2MOE,)),  # absent: tied, as released
+)
+LFM2MOE_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "operator_norm.weight", (LFM2MOE,)),  # the norm before either mixer
+    Row("shortconv.in_proj.weight", "conv.in_proj.weight", (LFM2MOE,)),  # b | c | x [3H, H]
+    Row("shortconv.conv.weight", "conv.conv.weight", (LFM2MOE,)),
+    Row("shortconv.out_proj.weight", "conv.out_proj.weight", (LFM2MOE,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (LFM2MOE,)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", (LFM2MOE,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (LFM2MOE,)),
+    Row("attn_output.weight", "self_attn.out_proj.weight", (LFM2MOE,)),
+    Row("attn_q_norm.weight", "self_attn.q_layernorm.weight", (LFM2MOE,)),  # before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_layernorm.weight", (LFM2MOE,)),
+    Row("ffn_norm.weight", "ffn_norm.weight", (LFM2MOE,)),
+    Row("ffn_gate.weight", "feed_forward.w1.weight", (LFM2MOE,)),  # the dense first layers' MLP
+    Row("ffn_up.weight", "feed_forward.w3.weight", (LFM2MOE,)),
+    Row("ffn_down.weight", "feed_forward.w2.weight", (LFM2MOE,)),
+    Row("ffn_gate_inp.weight", "feed_forward.gate.weight", (LFM2MOE,)),  # router [E, H]
+    Row("exp_probs_b.bias", "feed_forward.expert_bias", (LFM2MOE,)),  # [E]
+)
+
+
+# Arcee Trinity's (AFMoE) block table under its own names, where the generic rows would name its norms
+# wrongly: each sublayer normed before and after, a sigmoid output gate, the router under mlp.router
+AFMOE_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (AFMOE,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (AFMOE,)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", (AFMOE,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (AFMOE,)),
+    Row("attn_gate.weight", "self_attn.gate_proj.weight", (AFMOE,)),  # sigmoid gate on the heads' output
+    Row("attn_output.weight", "self_attn.o_proj.weight", (AFMOE,)),
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", (AFMOE,)),  # before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", (AFMOE,)),
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (AFMOE,)),  # after attention
+    Row("ffn_norm.weight", "pre_mlp_layernorm.weight", (AFMOE,)),
+    Row("post_ffw_norm.weight", "post_mlp_layernorm.weight", (AFMOE,)),
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", (AFMOE,)),  # the dense first layers' MLP
+    Row("ffn_up.weight", "mlp.up_proj.weight", (AFMOE,)),
+    Row("ffn_down.weight", "mlp.down_proj.weight", (AFMOE,)),
+    Row("ffn_gate_inp.weight", "mlp.router.gate.weight", (AFMOE,)),  # router [E, H]
+    Row("exp_probs_b.bias", "mlp.expert_bias", (AFMOE,)),  # [E]
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (AFMOE,)),
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (AFMOE,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (AFMOE,)),
+)
+
+
+# Sarvam-30B's (bailingmoe2) block table, under the names ft's sarvam_moe family keeps (ftw/families.py's
+# renames of the release's): q/k/v fused as the release has them, GLM-4.5's MoE with shared experts
+BAILINGMOE2_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (BAILINGMOE2,)),
+    Row("attn_qkv.weight", "self_attn.query_key_value.weight", (BAILINGMOE2,)),  # q | k | v rows, not permuted
+    Row("attn_qkv.bias", "self_attn.query_key_value.bias", (BAILINGMOE2,)),  # (use_qkv_bias; llama.cpp loads none)
+    Row("attn_output.weight", "self_attn.o_proj.weight", (BAILINGMOE2,)),  # the release's attention.dense
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", (BAILINGMOE2,)),  # query_layernorm, before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", (BAILINGMOE2,)),
+    Row("ffn_norm.weight", "post_attention_layernorm.weight", (BAILINGMOE2,)),
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", (BAILINGMOE2,)),  # the dense first layers' MLP
+    Row("ffn_up.weight", "mlp.up_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_down.weight", "mlp.down_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_gate_inp.weight", "mlp.gate.weight", (BAILINGMOE2,)),  # router [E, H]
+    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (BAILINGMOE2,)),  # expert_bias, made zero-mean
+    Row("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (BAILINGMOE2,)),
+    Row("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (BAILINGMOE2,)),
+)
+
+
+# Llama 4's text model under the names the released Llama4ForConditionalGeneration gives it (language_model.,
+# which Llama4Model drops), the layers under LLAMA4_LAYER_PREFIX_HF
+LLAMA4_LAYER_PREFIX_HF = "language_model.model.layers.{layer}."
+LLAMA4_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "language_model.model.embed_tokens.weight", (LLAMA4,)),
+    Row("output_norm.weight", "language_model.model.norm.weight", (LLAMA4,)),
+    Row("output.weight", "language_model.lm_head.weight", (LLAMA4,)),  # absent: tied (llama.cpp reuses token_embd)
+)
+LLAMA4_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (LLAMA4,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (LLAMA4,)),  # not permuted (adjacent-pair RoPE on both sides)
+    Row("attn_q.bias", "self_attn.q_proj.bias", (LLAMA4,)),  # (attention_bias)
+    Row("attn_k.weight", "self_attn.k_proj.weight", (LLAMA4,)),
+    Row("attn_k.bias", "self_attn.k_proj.bias", (LLAMA4,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (LLAMA4,)),
+    Row("attn_v.bias", "self_attn.v_proj.bias", (LLAMA4,)),
+    Row("attn_output.weight", "self_attn.o_proj.weight", (LLAMA4,)),
+    Row("ffn_norm.weight", "post_attention_layernorm.weight", (LLAMA4,)),
+    Row("ffn_gate.weight", "feed_forward.gate_proj.weight", (LLAMA4,)),  # the dense layers' MLP (intermediate_size_mlp)
+    Row("ffn_up.weight", "feed_forward.up_proj.weight", (LLAMA4,)),
+    Row("ffn_down.weight", "feed_forward.down_proj.weight", (LLAMA4,)),
+    Row("ffn_gate_inp.weight", "feed_forward.router.weight", (LLAMA4,)),  # router [E, H]
+    Row("ffn_gate_shexp.weight", "feed_forward.shared_expert.gate_proj.weight", (LLAMA4,)),  # the shared expert
+    Row("ffn_up_shexp.weight", "feed_forward.shared_expert.up_proj.weight", (LLAMA4,)),
+    Row("ffn_down_shexp.weight", "feed_forward.shared_expert.down_proj.weight", (LLAMA4,)),
+)
+
+
+# Qwen3.5 under its own prefixes (model.language_model., layers there too): the generic block rows apply
+QWEN35_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "model.language_model.embed_tokens.weight", (QWEN35,)),
+    Row("output_norm.weight", "model.language_model.norm.weight", (QWEN35,)),  # (1 + w): UNDONE
+    Row("output.weight", "lm_head.weight", (QWEN35,)),
+)
