@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, _has, granite_moe_config
+from .gguf_config import Meta, _common_config, _expert_layers, _expert_size, _has, granite_moe_config
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
@@ -205,6 +205,58 @@ def granitehybrid_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         mamba_n_heads=heads, mamba_d_head=inner // heads, mamba_expand=inner // hidden,
         mamba_n_groups=meta.int("ssm.group_count"), mamba_d_state=meta.int("ssm.state_size"),
         mamba_d_conv=meta.int("ssm.conv_kernel"), mamba_chunk_size=256,
+        mamba_conv_bias=_has(meta.model, "ssm_conv1d.bias"), mamba_proj_bias=False,
+    )
+    return config
+
+
+def _period_and_offset(layers_on: list[int], num_layers: int) -> tuple[int, int] | None:
+    """The (period, offset) that JambaConfig's `i % period == offset` turns into exactly `layers_on`,
+    or None where none does. One layer alone takes a period that reaches no other; none at all, an
+    offset past the last layer."""
+    if not layers_on:
+        return num_layers + 1, num_layers
+    offset = layers_on[0]
+    period = layers_on[1] - offset if len(layers_on) > 1 else max(offset + 1, num_layers - offset)
+    if period <= offset or [i for i in range(num_layers) if i % period == offset] != layers_on:
+        return None
+    return period, offset
+
+
+def jamba_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """JambaModel.set_gguf_parameters: head_count_kv one a layer, 0 on the Mamba layers (the
+    converter's n_kv_vec from attn_layer_period and _offset, which the file does not carry: read back
+    as the period and offset that lay out the same layers), feed_forward_length (the dense MLPs' and
+    the experts' width), ssm.conv_kernel (mamba_d_conv), ssm.inner_size (mamba_expand x hidden_size),
+    ssm.state_size (mamba_d_state), ssm.time_step_rank (mamba_dt_rank), expert_count and _used_count.
+    The MoE layers are those holding experts (ffn_*_exps; JambaModel writes the others' MLP as
+    ffn_gate/up/down), read back as expert_layer_period and _offset the same way. No RoPE (llama.cpp's
+    jamba is NoPE, as Jamba is); mamba_conv_bias from ssm_conv1d.bias (llama.cpp requires it), and no
+    projection biases (JambaModel's names have none, so a file with them is refused by the tables)."""
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    config.pop("rope_theta")
+    path, layers = meta.model.path, config["num_hidden_layers"]
+    attending = _attention_layers(meta, layers, "JambaModel writes 0 for each Mamba layer")
+    experts = _expert_layers(meta.model)
+    attention = _period_and_offset([i for i, a in enumerate(attending) if a], layers)
+    moe = _period_and_offset(experts, layers)
+    if attention is None or moe is None:
+        raise UnsupportedArchitectureError(
+            f"{path}: a jamba GGUF with attention on layers {[i for i, a in enumerate(attending) if a]} and experts "
+            f"on {experts}; Jamba lays each out every period-th layer from an offset below the period")
+    hidden, inner = config["hidden_size"], meta.int("ssm.inner_size")
+    if inner % hidden:
+        raise SourceError(f"{path}: GGUF metadata {meta.arch}.ssm.inner_size {inner} is not a multiple of the hidden "
+                          f"size ({hidden}) as Jamba's mamba_expand makes it")
+    config.update(
+        intermediate_size=meta.int("feed_forward_length"),
+        num_experts=meta.int("expert_count") if experts else 1,
+        num_experts_per_tok=meta.int("expert_used_count"),
+        attn_layer_period=attention[0], attn_layer_offset=attention[1],
+        expert_layer_period=moe[0], expert_layer_offset=moe[1],
+        mamba_d_state=meta.int("ssm.state_size"), mamba_d_conv=meta.int("ssm.conv_kernel"),
+        mamba_expand=inner // hidden, mamba_dt_rank=meta.int("ssm.time_step_rank"),
         mamba_conv_bias=_has(meta.model, "ssm_conv1d.bias"), mamba_proj_bias=False,
     )
     return config

@@ -20,6 +20,7 @@ HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "a
 GRANITE_HYBRID = "granitehybrid"  # Granite 4.0 hybrid: Mamba2 + attention layers, granitemoeshared's MoE
 GRANITES = (GRANITE, GRANITE_HYBRID)  # Granite's MoE names (router.layer, input_linear, shared_mlp)
 BAILINGMOE2, PHIMOE, LLAMA4 = "bailingmoe2", "phimoe", "llama4"
+JAMBA = "jamba"  # AI21 Jamba: Mamba (v1) + attention layers, softmax MoE every other layer
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)

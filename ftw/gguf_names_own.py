@@ -3,7 +3,7 @@ rows in gguf_names.py: each one's whole table (or whole block table) under its o
 
 from __future__ import annotations
 
-from .gguf_names import AFMOE, BAILINGMOE2, DBRX, LFM2MOE, LLAMA4, QWEN35, Row
+from .gguf_names import AFMOE, BAILINGMOE2, DBRX, JAMBA, LFM2MOE, LLAMA4, QWEN35, Row
 
 # DBRX's whole table under its own names (after "transformer.blocks.N." for block rows): no generic row applies
 DBRX_GLOBAL_ROWS: tuple[Row, ...] = (
@@ -127,4 +127,37 @@ QWEN35_GLOBAL_ROWS: tuple[Row, ...] = (
     Row("token_embd.weight", "model.language_model.embed_tokens.weight", (QWEN35,)),
     Row("output_norm.weight", "model.language_model.norm.weight", (QWEN35,)),  # (1 + w): UNDONE
     Row("output.weight", "lm_head.weight", (QWEN35,)),
+)
+
+
+# AI21 Jamba's whole table under its own names: Mamba layers (mamba., JambaModel's changes UNDONE) or NoPE
+# attention, the FFN normed by pre_ff_layernorm, the router and the dense layers' MLP under feed_forward.
+JAMBA_GLOBAL_ROWS: tuple[Row, ...] = (
+    Row("token_embd.weight", "model.embed_tokens.weight", (JAMBA,)),
+    Row("output_norm.weight", "model.final_layernorm.weight", (JAMBA,)),
+    Row("output.weight", "lm_head.weight", (JAMBA,)),
+)
+JAMBA_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (JAMBA,)),  # the norm before either mixer
+    Row("attn_q.weight", "self_attn.q_proj.weight", (JAMBA,)),  # not permuted (no RoPE to permute for)
+    Row("attn_k.weight", "self_attn.k_proj.weight", (JAMBA,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (JAMBA,)),
+    Row("attn_output.weight", "self_attn.o_proj.weight", (JAMBA,)),
+    Row("ssm_in.weight", "mamba.in_proj.weight", (JAMBA,)),  # scan input | gate [2I, H]
+    Row("ssm_conv1d.weight", "mamba.conv1d.weight", (JAMBA,)),  # stored [I, K]: UNDONE
+    Row("ssm_conv1d.bias", "mamba.conv1d.bias", (JAMBA,)),
+    Row("ssm_x.weight", "mamba.x_proj.weight", (JAMBA,)),  # dt | B | C [R + 2N, I]
+    Row("ssm_dt_norm.weight", "mamba.dt_layernorm.weight", (JAMBA,)),  # [R]
+    Row("ssm_b_norm.weight", "mamba.b_layernorm.weight", (JAMBA,)),  # [N]
+    Row("ssm_c_norm.weight", "mamba.c_layernorm.weight", (JAMBA,)),
+    Row("ssm_dt.weight", "mamba.dt_proj.weight", (JAMBA,)),  # [I, R]
+    Row("ssm_dt.bias", "mamba.dt_proj.bias", (JAMBA,)),
+    Row("ssm_a", "mamba.A_log", (JAMBA,)),  # stored -exp(A_log) [I, N]: UNDONE
+    Row("ssm_d", "mamba.D", (JAMBA,)),  # [I], as HF has it
+    Row("ssm_out.weight", "mamba.out_proj.weight", (JAMBA,)),
+    Row("ffn_norm.weight", "pre_ff_layernorm.weight", (JAMBA,)),
+    Row("ffn_gate_inp.weight", "feed_forward.router.weight", (JAMBA,)),  # router [E, H]
+    Row("ffn_gate.weight", "feed_forward.gate_proj.weight", (JAMBA,)),  # the dense layers' MLP
+    Row("ffn_up.weight", "feed_forward.up_proj.weight", (JAMBA,)),
+    Row("ffn_down.weight", "feed_forward.down_proj.weight", (JAMBA,)),
 )

@@ -29,7 +29,13 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
-from .gguf_config_layered import afmoe_config, exaone_moe_config, granitehybrid_config, lfm2moe_config
+from .gguf_config_layered import (
+    afmoe_config,
+    exaone_moe_config,
+    granitehybrid_config,
+    jamba_config,
+    lfm2moe_config,
+)
 from .gguf_config_more import bailingmoe2_config, llama4_config, phimoe_config
 from .gguf_file import GGUFModel
 from .gguf_names import (
@@ -47,6 +53,7 @@ from .gguf_names import (
     GRANITE,
     GRANITE_HYBRID,
     HUNYUAN,
+    JAMBA,
     LAYER_PREFIX_GGUF,
     LAYER_PREFIX_HF,
     LFM2MOE,
@@ -66,6 +73,8 @@ from .gguf_names_own import (
     BAILINGMOE2_BLOCK_ROWS,
     DBRX_BLOCK_ROWS,
     DBRX_GLOBAL_ROWS,
+    JAMBA_BLOCK_ROWS,
+    JAMBA_GLOBAL_ROWS,
     LFM2MOE_BLOCK_ROWS,
     LFM2MOE_GLOBAL_ROWS,
     LLAMA4_BLOCK_ROWS,
@@ -137,6 +146,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(PHIMOE, "phimoe", "PhiMoEForCausalLM", phimoe_config),
         GGUFArchitecture(LLAMA4, "llama4", "Llama4ForConditionalGeneration", llama4_config,
                          hf_layer_prefix=LLAMA4_LAYER_PREFIX_HF, rows=(LLAMA4_GLOBAL_ROWS, LLAMA4_BLOCK_ROWS)),
+        GGUFArchitecture(JAMBA, "jamba", "JambaForCausalLM", jamba_config, rows=(JAMBA_GLOBAL_ROWS, JAMBA_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),

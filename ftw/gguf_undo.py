@@ -37,6 +37,12 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   the conv squeezed to [C, K], the gated norm [I] reshaped [G, I / G], dt_bias renamed (UNDONE; A_log
   comes back as log(exp(A_log)) in float32, equal to a rounding); head_count_kv one a layer, 0 on the
   Mamba2 layers (gguf_config_layered.py reads it as layer_types).
+- jamba (AI21 Jamba, as JambaModel writes it): the Mamba layers' A_log stored as -exp(A_log) (its
+  [I, N] shape kept) and the conv squeezed to [I, K] (UNDONE; D, the dt/B/C norms and dt_proj's bias
+  as HF has them); head_count_kv one a layer, 0 on the Mamba layers, and the MoE layers those with
+  ffn_*_exps (the others' MLP is ffn_gate/up/down): gguf_config_layered.py reads both back as Jamba's
+  periods and offsets. The attention is NoPE on both sides, so nothing is permuted; the experts
+  are stacked as usual.
 - afmoe (Arcee Trinity): AfmoeModel derives from LlamaModel but bypasses its modify_tensors, so q/k
   are not permuted (NeoX RoPE, as HF); only names change.
 - bailingmoe2 (Sarvam-30B, as SarvamMoEModel writes it): q/k/v stay fused (attn_qkv, the release's
@@ -77,7 +83,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import SourceError
-from .gguf_names import DELTANET, ERNIE, GRANITE_HYBRID, GRANITES, LFM2MOE, QWEN_SHARED_EXPERT
+from .gguf_names import DELTANET, ERNIE, GRANITE_HYBRID, GRANITES, JAMBA, LFM2MOE, QWEN_SHARED_EXPERT
 
 
 @dataclass(frozen=True)
@@ -117,11 +123,12 @@ def _flat(shape: tuple[int, ...]) -> tuple[int, ...]:
 # squeezed from [C, 1, K]; every RMSNorm but the DeltaNet's output norm stored as 1 + w (the
 # (1 + w) the model computes). Mamba2Model.modify_tensors (Granite 4.0 hybrid's): A_log as -exp(A_log)
 # and D both unsqueezed to [heads, 1], the conv squeezed, the gated norm [I] reshaped [G, I / G].
+# JambaModel.modify_tensors: A_log as -exp(A_log) (its shape kept), the conv squeezed.
 # By GGUF name (after "blk.N." for block rows), one Undo per set of architectures.
 UNDONE: dict[str, tuple[Undo, ...]] = {
-    "ssm_a": (Undo(DELTANET, lambda a: np.log(-a)),
+    "ssm_a": (Undo((*DELTANET, JAMBA), lambda a: np.log(-a)),
               Undo((GRANITE_HYBRID,), lambda a: np.log(-a), _flat)),  # Mamba2Model: also unsqueezed to [heads, 1]
-    "ssm_conv1d.weight": (Undo((*DELTANET, GRANITE_HYBRID), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),
+    "ssm_conv1d.weight": (Undo((*DELTANET, GRANITE_HYBRID, JAMBA), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),
     "ssm_d": (Undo((GRANITE_HYBRID,), lambda d: d, _flat),),  # Mamba2Model's [heads, 1]
     "ssm_norm.weight": (Undo((GRANITE_HYBRID,), lambda w: w, _flat),),  # Mamba2Model's [groups, I / groups]
     "shortconv.conv.weight": (Undo((LFM2MOE,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),  # LFM2MoeModel's squeeze
