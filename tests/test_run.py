@@ -360,6 +360,53 @@ def test_queued_decode_gives_the_plain_loops_answers(tiny, host_embedding: bool)
     assert ex.steps.first_calls == 0  # nothing captured on the CPU
 
 
+def test_ft_serve_queues_decode_steps_where_one_generation_runs_at_a_time(tiny) -> None:
+    """ft serve's model wrapper (scheduler.CancellableModel) lets a generation queue its decode
+    steps as ft run does, only where its one session runs one generation at a time: the plain
+    loop's tokens; a job cancelled mid-answer stops at its next queued step, and the session,
+    trimmed to what its state holds as the runner trims it, continues as a fresh one would."""
+    import threading
+    from types import SimpleNamespace
+
+    from runtime.gpu.device_model import DeviceModel
+    from runtime.server.scheduler import CancellableModel, GenerationCancelled
+    from tests.test_gpu_executor import hybrid, make_banks
+
+    loaded, tokenizer = tiny
+    ex = hybrid(make_banks(), "offload", slots=20)
+    ex.graphs = object()  # (the step path, as in test_queued_decode_gives_the_plain_loops_answers)
+    queued = DeviceModel(loaded.model, "cpu", ex.steps)
+    assert not CancellableModel(queued).can_queue  # several sessions: generations take turns step by step
+    assert not CancellableModel(loaded.model, queue_ahead=True).can_queue  # a model that cannot queue
+    served = CancellableModel(queued, queue_ahead=True)
+    assert served.can_queue
+    prompt = tokenizer.encode("Once upon a time")
+    free = SamplingParams(temperature=0, max_tokens=24)
+    plain = Session(loaded.model, tokenizer, 256).generate(prompt, free)
+    session = Session(served, tokenizer, 256)
+    assert session.generate(prompt, free).tokens == plain.tokens
+    assert session.state.length == len(session.tokens)
+
+    job = SimpleNamespace(cancelled=threading.Event())
+    served.running(job)
+    seen = []
+
+    def cancel_after_three(text: str) -> None:
+        seen.append(text)
+        if len(seen) == 3:
+            job.cancelled.set()
+
+    session = Session(served, tokenizer, 256)
+    with pytest.raises(GenerationCancelled):
+        session.generate(prompt, free, cancel_after_three)
+    served.running(None)
+    session.tokens = session.tokens[: session.state.length]  # (runner.py, on GenerationCancelled)
+    assert len(prompt) < session.state.length < len(prompt) + len(plain.tokens)
+    assert session.tokens == prompt + plain.tokens[: session.state.length - len(prompt)]
+    longer = prompt + plain.tokens[:6]
+    assert session.generate(longer, free).tokens == Session(loaded.model, tokenizer, 256).generate(longer, free).tokens
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_queued_decode_gives_the_cpu_backends_answers(home: Path, tiny) -> None:

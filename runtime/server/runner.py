@@ -122,8 +122,9 @@ class Runner:
         self.plan = fitted
         self.asked_ctx = fitted.context_length  # the num_ctx its load planned for (set by the manager)
         self.load_seconds = load_seconds
-        self.model = CancellableModel(loaded.model)
         size = sessions_for(fitted)
+        # one session (the GPU's): one generation at a time, whose decode steps queue ahead as ft run's do
+        self.model = CancellableModel(loaded.model, queue_ahead=size == 1)
         slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else None
         self.sessions = SessionPool(
             lambda context: Session(cast(DecoderModel, self.model), tokenizer, context, prefill_slice=slice_tokens),

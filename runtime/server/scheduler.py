@@ -162,8 +162,11 @@ class CancellableModel:
     the caller trims `session.tokens` to `session.state.length` (what the state really holds).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, queue_ahead: bool = False) -> None:
+        """`queue_ahead`: one generation runs at a time (one session), so its decode steps may be
+        queued ahead where the model can (`can_queue`)."""
         self.model = model
+        self.queue_ahead = queue_ahead
         self.turnstile = Turnstile()
         self._jobs: dict[int, Job] = {}  # worker thread -> the job it runs
 
@@ -221,8 +224,30 @@ class CancellableModel:
             return unpark(parked, state)
 
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
+        with self._turn():
+            return self.model.forward(input_ids, state, last_only)
+
+    @property
+    def can_queue(self) -> bool:
+        """Whether a generation may queue each decode step before its token is known, as `ft run`
+        does on the GPU (DeviceModel.queue_decode: the step's launches made while the one before
+        runs): the model can, and only one generation runs at a time. A queued step holds the
+        device's stream until its token comes, so another generation's turn, queued behind it,
+        would wait for ever."""
+        return self.queue_ahead and bool(getattr(self.model, "can_queue", False))
+
+    def queue_decode(self, state: Any) -> Any:
+        """The model's queued step (`can_queue`); a cancelled job stops here, as at `forward`
+        (the step before it was started: the state counts its token, as Session's tokens do)."""
+        with self._turn():
+            return self.model.queue_decode(state)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """The calling generation's turn at the model; GenerationCancelled where its job was
+        cancelled (while it waited for the turn too)."""
         job = self._jobs.get(threading.get_ident())
-        with self.turnstile.turn():  # (a job cancelled while it waited for its turn stops here too)
+        with self.turnstile.turn():
             if job is not None and job.cancelled.is_set():
                 raise GenerationCancelled
-            return self.model.forward(input_ids, state, last_only)
+            yield
