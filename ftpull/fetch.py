@@ -97,7 +97,7 @@ def _gguf_for_tag(source: Source, tag: str) -> str | None:
 def check_family(recipe: Recipe, config: dict[str, Any]) -> Family:
     """The checkpoint's family, refusing a checkpoint that is not what the recipe says."""
     family = family_for_config(config)  # unknown architectures are refused here, before downloading
-    if recipe.family not in (FAMILY_FROM_CONFIG, family.name) and recipe.family not in family.model_types:
+    if recipe.family not in (FAMILY_FROM_CONFIG, family.name, *family.model_types, *family.wrapper_model_types):
         raise PullError(
             f"{recipe.ref}: the recipe says family {recipe.family!r} but the checkpoint is {config.get('model_type')!r}; "
             "fix FAMILY in the Modelfile"

@@ -108,7 +108,7 @@ def _check_convertible(model: str, recipe: Recipe) -> None:
     network step (it cost `ft pull deepseek-v4-flash` 19 s to learn this from the Hub)."""
     if recipe.family == FAMILY_FROM_CONFIG or recipe.family == "tiny":
         return
-    known = {n for f in FAMILIES.values() for n in (f.name, *f.model_types)}
+    known = {n for f in FAMILIES.values() for n in (f.name, *f.model_types, *f.wrapper_model_types)}
     if recipe.family not in known:
         raise ResolveError(
             f"{model}: its family {recipe.family!r} cannot be converted yet; the recipe ships for when it can. "

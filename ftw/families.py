@@ -138,6 +138,9 @@ class Family:
     # per layer, from the text config, where attention is not sized alike on every layer (MiMo-V2-Flash's
     # sliding layers have twice the key-value heads, and values narrower than keys): the tensor check's sizes
     attention_sizes: Callable[[dict[str, Any]], list[AttentionSizes]] | None = None
+    # multimodal model types that hold this family's text model under `text_config_key` among others
+    # (`mistral3`: dense Mistral Small 3.x or Mistral Small 4's mistral4): the text config's model_type decides
+    wrapper_model_types: tuple[str, ...] = ()
 
     def tensor_name(self, name: str) -> str:
         """`name` as the runtime reads it (transformers' name); every reader of a checkpoint's
@@ -458,6 +461,16 @@ _KIMI_K25_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacem
 ))
 
 
+# a llava-style multimodal checkpoint's text model (Mistral3ForConditionalGeneration's) under the text
+# model's own names; the vision tower and projector are dropped. One row per rename.
+_LLAVA_TEXT_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"^language_model\.model\.", "model."),  # (the original format, as the releases and save_pretrained write it)
+    (r"^language_model\.lm_head\.", "lm_head."),
+    (r"^model\.language_model\.", "model."),  # (transformers' own layout, save_original_format=False)
+))
+_LLAVA_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
 def _deepseek_v4_activation(c: dict[str, Any]) -> ExpertActivation:
     """DeepseekV4Experts' SwiGLU of gate and up clamped at `swiglu_limit` (DeepseekV4Config's 10)."""
     return ExpertActivation("swiglu_limited", limit=positive_float("swiglu_limit", c.get("swiglu_limit", 10.0)))
@@ -624,6 +637,11 @@ FAMILIES: dict[str, Family] = {
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
             renames=((re.compile(r"^(model\.layers\.[0-9]+)\.post_mlp_layernorm\."), r"\1.mlp.post_mlp_layernorm."),),
         ),
+        Family(  # (Mistral Small 4: a mistral3 checkpoint around it, its vision parts dropped)
+            "mistral4", ("mistral4",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,
+            text_config_key="text_config", wrapper_model_types=("mistral3",), drop_prefixes=_LLAVA_VISION,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0), renames=_LLAVA_TEXT_NAMES,
+        ),
         Family(  # (its shared experts one MLP, num_shared_experts times moe_intermediate_size wide)
             "hy_v3", ("hy_v3",), ("num_experts", "num_local_experts"), _dense_then_moe_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("num_shared_experts", 1) or 0),
@@ -657,6 +675,9 @@ FAMILIES: dict[str, Family] = {
 def family_for_config(config: dict[str, Any]) -> Family:
     """The family of a checkpoint's config.json; unknown ones are refused with the list."""
     model_type = config.get("model_type")
+    wrapping = [f for f in FAMILIES.values() if model_type in f.wrapper_model_types]
+    if wrapping:
+        return _family_of_text_model(model_type, config, wrapping)
     for family in FAMILIES.values():
         if model_type in family.model_types:
             return family
@@ -666,6 +687,21 @@ def family_for_config(config: dict[str, Any]) -> Family:
         f"architecture {model_type!r} ({names or 'no architectures listed'}) "
         f"has no converter; supported families: {', '.join(sorted(FAMILIES))}"
     )
+
+
+def _family_of_text_model(model_type: str, config: dict[str, Any], wrapping: list[Family]) -> Family:
+    """The family of a multimodal checkpoint that may hold one of several text models (`mistral3`):
+    its text config's model_type's; a dense one, or one ft does not run, is refused by name."""
+    text = config.get(wrapping[0].text_config_key or "text_config")
+    inner = text.get("model_type") if isinstance(text, dict) else None
+    for family in wrapping:
+        if inner in family.model_types:
+            return family
+    known = ", ".join(f"{model_type} around {t}" for f in wrapping for t in f.model_types)
+    raise UnsupportedArchitectureError(
+        f"architecture {model_type!r} with a {inner!r} text model has no converter: ft runs mixture-of-experts "
+        f"models, and of {model_type!r} checkpoints only {known} (a dense text model such as Mistral Small 3.x's "
+        f"'mistral' has no experts to offload); supported families: {', '.join(sorted(FAMILIES))}")
 
 
 # the most any real model has, with room: a config beyond these is damaged or hostile (a layer

@@ -321,6 +321,22 @@ LLAMA4_TEXT = dict(
     rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                          original_max_position_embeddings=64),
 )
+# Mistral Small 4's text model (mistral4) in the release's class, a mistral3 checkpoint beside a Pixtral
+# tower: DeepSeek-V3's layers (dense layer 0, then the MoE with 8 experts in 4 groups, 2 kept) with a
+# softmax router, a routing scale of 1.5, and YaRN whose original 16 positions the 12-token prompt and
+# 32 decoded tokens cross twice, stepping the query temperature (beta 0.5) at 16 and 32; mscale apart
+# from mscale_all_dim, so both the cos/sin factor and the softmax scale move; the head untied
+MISTRAL4_TEXT = dict(
+    SMALL, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+    n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=1.5, q_lora_rank=24,
+    kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, num_key_value_heads=4,
+    max_position_embeddings=64, initializer_range=0.1,
+    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                         max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, mscale=0.8, mscale_all_dim=1.0,
+                         llama_4_scaling_beta=0.5, partial_rotary_factor=0.5),
+)
+MISTRAL4_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       image_size=28, patch_size=14, head_dim=16)
 LLAMA4_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vision_output_dim=32,
                      image_size=28, patch_size=14, projector_input_dim=32, projector_output_dim=32)
 # parameters transformers initializes to constants, drawn at random (norm weights around 1, biases and
@@ -351,6 +367,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "jamba": ("layernorm.", "mamba.D", "conv1d.bias", "dt_proj.bias"),
     "axk1": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "mellum": ("layernorm.", "model.norm.", "q_norm.", "k_norm."),
+    "mistral4": ("layernorm.", "language_model.norm."),
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
@@ -361,7 +378,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4")
 
 
 def build_model(family: str, seed: int = 0):
@@ -376,6 +393,12 @@ def build_model(family: str, seed: int = 0):
         from transformers import Llama4Config, Llama4ForConditionalGeneration
 
         model = Llama4ForConditionalGeneration(Llama4Config(text_config=LLAMA4_TEXT, vision_config=LLAMA4_VISION))
+    elif family == "mistral4":  # (the release's class: a mistral3 checkpoint, the text model beside Pixtral)
+        from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+        model = Mistral3ForConditionalGeneration(Mistral3Config(
+            text_config={**MISTRAL4_TEXT, "model_type": "mistral4"}, vision_config=MISTRAL4_VISION,
+            tie_word_embeddings=False))
     else:
         config = QWEN3_NEXT if family == "qwen3_next" else FAMILY_CONFIGS[family]
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))

@@ -23,7 +23,8 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("granitemoe_swa", False, id="granitemoe_swa"), pytest.param("minicpm5_moe", True, id="minicpm5_moe-fused"),
             pytest.param("granitemoehybrid", False, id="granitemoehybrid"), pytest.param("jamba", False, id="jamba"),
             pytest.param("jamba", True, id="jamba-fused"), pytest.param("axk1", False, id="axk1"),
-            pytest.param("hy_v3", False, id="hy_v3"), pytest.param("mellum", True, id="mellum-fused")]
+            pytest.param("hy_v3", False, id="hy_v3"), pytest.param("mellum", True, id="mellum-fused"),
+            pytest.param("mistral4", False, id="mistral4"), pytest.param("mistral4", True, id="mistral4-fused")]
 MAX_TOKENS = 40
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftw import FTWReader, SourceError, UnsupportedArchitectureError, convert_checkpoint
+from ftw import FTWReader, SourceError, UnsupportedArchitectureError, convert_checkpoint, family_for_config
 from ftw.format import ALIGNMENT
 from tests.checkpoints import FAMILIES, load_all, save_checkpoint, to_fp8
 
@@ -47,6 +47,9 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
                               ".self_attn.A_log": ".self_attn.forget_gate.A_log",
                               ".self_attn.dense.": ".self_attn.o_proj.",
                               ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"},
+           # (a mistral3 checkpoint's text model: the original format's names, then transformers' own)
+           "mistral4": {"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
+                        "model.language_model.": "model."},
            "axk1": {".post_mlp_layernorm.": ".mlp.post_mlp_layernorm."},  # (the release's place, beside the layer's norms)
            "hy_v3": {".mlp.router.gate.": ".mlp.gate.", ".mlp.expert_bias": ".mlp.e_score_correction_bias",
                      ".mlp.shared_mlp.": ".mlp.shared_experts."},
@@ -108,7 +111,8 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
                 w13 = [reader.expert_part(data, bank, e, "w13") for e in experts]
                 got = torch.cat([w.chunk(2)[0 if m[2] == "w1" else 1] for w in w13])
         else:
-            assert name.startswith(("model.visual.", "mtp.", "vision_model.", "multi_modal_projector.")), \
+            assert name.startswith(("model.visual.", "mtp.", "vision_model.", "multi_modal_projector.", "vision_tower.",
+                                    "model.vision_tower.", "model.multi_modal_projector.")), \
                 f"{name} was dropped"
             continue
         assert got.dtype == want.dtype and got.shape == want.shape, name
@@ -131,7 +135,8 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
     reader.verify()
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
+                                    "mistral4"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     src = save_checkpoint(family, tmp_path / "hf", fused=True)
     assert any(".experts.gate_up_proj" in n for n in load_all(src)), "transformers no longer writes the fused layout"
@@ -149,6 +154,20 @@ def test_round_trip_fp8_block_scaled(family: str, tmp_path: Path) -> None:
     assert_round_trip(src, tmp_path / "ftw")
     with pytest.raises(SourceError, match="FP8"):
         convert_checkpoint(src, tmp_path / "bf16", dtype="bf16")
+
+
+def test_mistral3_around_a_dense_text_model_is_refused_by_name(tmp_path: Path) -> None:
+    """`mistral3` is Mistral Small 4's released type (around mistral4) and Mistral Small 3.x's (around
+    the dense 'mistral'): the text config decides, and the dense one is refused before any download."""
+    src = save_checkpoint("mistral4", tmp_path / "hf")
+    config = json.loads((src / "config.json").read_text())
+    assert config["model_type"] == "mistral3" and family_for_config(config).name == "mistral4"
+    config["text_config"] = {**config["text_config"], "model_type": "mistral"}
+    with pytest.raises(UnsupportedArchitectureError, match="'mistral' text model.*mistral3 around mistral4"):
+        family_for_config(config)
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="dense"):
+        convert_checkpoint(src, tmp_path / "ftw")
 
 
 def test_sharded_source_and_output(tmp_path: Path) -> None:

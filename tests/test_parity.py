@@ -80,15 +80,20 @@ FAMILIES = [
     pytest.param("hy_v3", True, id="hy_v3-fused"),
     pytest.param("mellum", False, id="mellum"),
     pytest.param("mellum", True, id="mellum-fused"),
+    # (a mistral3 checkpoint: the original format's language_model.model., transformers' model.language_model.)
+    pytest.param("mistral4", False, id="mistral4"),
+    pytest.param("mistral4", True, id="mistral4-fused"),
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
     pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
 ]
 
 
 def hf_model(src: Path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    # (transformers maps mistral3, Mistral Small 4's released type, to no causal-LM class)
+    auto = AutoModelForImageTextToText if AutoConfig.from_pretrained(src).model_type == "mistral3" else AutoModelForCausalLM
+    model = auto.from_pretrained(src, dtype=torch.float32)
     return model.eval()
 
 

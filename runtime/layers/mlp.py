@@ -87,7 +87,22 @@ def sigmoid_group_topk(
     Experts of dropped groups are masked with -inf as transformers (>= 5) and DeepSeek's own
     inference code do: with a negative correction bias, a 0 fill could outrank a kept expert."""
     scores = torch.sigmoid(logits.to(torch.float32))
-    choice = scores + bias.to(torch.float32)
+    return _group_limited_topk(scores, scores + bias.to(torch.float32), k, num_groups, topk_groups, normalize, scaling)
+
+
+def softmax_group_sum_topk(logits: torch.Tensor, k: int, num_groups: int, topk_groups: int, normalize: bool,
+                           scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mistral 4 routing: DeepSeek-V3's group-limited choice (a group scores the sum of its top-2)
+    over softmax scores (float32), with no correction bias; optionally renormalized, times `scaling`.
+    (transformers masks the dropped groups with 0, not -inf: softmax scores are above 0, so the
+    kept experts outrank them either way.)"""
+    scores = torch.softmax(logits.to(torch.float32), dim=-1)
+    return _group_limited_topk(scores, scores, k, num_groups, topk_groups, normalize, scaling)
+
+
+def _group_limited_topk(scores: torch.Tensor, choice: torch.Tensor, k: int, num_groups: int, topk_groups: int,
+                        normalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k by `choice` within the best `topk_groups` groups, weighed by `scores`."""
     t, e = choice.shape
     if num_groups > 1:
         grouped = choice.view(t, num_groups, e // num_groups)

@@ -125,6 +125,14 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def query_temperature(positions: torch.Tensor, floor_scale: float, beta: float, *, offset: float) -> torch.Tensor:
+    """Llama 4's query temperature (arXiv 2501.19399), a factor a position [T] (float32) that grows
+    every `floor_scale` positions: 1 + beta * log(1 + floor((p + offset) / floor_scale)). Llama 4's
+    NoPE layers count positions from 1 (offset 1), Mistral 4's attention from 0 (transformers'
+    `get_llama_4_attn_scale`)."""
+    return torch.log1p(torch.floor((positions.to(torch.float32) + offset) / floor_scale)) * beta + 1.0
+
+
 class RotaryEmbedding:
     """cos/sin tables for positions, computed on demand (float32, as transformers does).
 

@@ -58,6 +58,7 @@ FAMILY_MODULES = {
     "axk1": "axk1",
     "hy_v3": "hy_v3",
     "mellum": "mellum",
+    "mistral4": "mistral4",
 }
 
 

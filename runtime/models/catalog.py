@@ -60,6 +60,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "minimax": ("lightning attention (linear, decayed) and GQA layers, normed residuals",
                 "softmax top-k renormalized"),
     "minimax_m2": ("GQA, partial rope, QK norm", "sigmoid + correction bias"),
+    "mistral4": ("MLA (latent KV), YaRN, Llama 4 query temperature",
+                 "softmax, group-limited top-k renormalized, shared experts"),
     "mixtral": ("GQA", "softmax top-k renormalized"),
     "olmoe": ("GQA, QK norm over the whole projection", "softmax top-k"),
     "phimoe": ("GQA, long rope, LayerNorm with biases", "sparsemixer top-2"),
@@ -83,7 +85,7 @@ def rows() -> list[tuple[str, ...]]:
     out = []
     for family in sorted(FAMILY_MODULES):
         attention, routing = KINDS[family]
-        types = FAMILIES[family].model_types
+        types = FAMILIES[family].model_types + FAMILIES[family].wrapper_model_types  # (mistral3: Mistral Small 4's)
         archs = list(dict.fromkeys(a for t in types for a in gguf.get(t, [])))  # (Qwen3.5's file is its text model's)
         tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if archs else "")
         out.append((family, ", ".join(types), ", ".join(archs) or "-", attention, routing, "CPU and GPU (hybrid)", tested))

@@ -21,7 +21,7 @@ from ..layers.attention import KVCache, Start, causal_attention, chunked_causal_
 from ..layers.linear import linear
 from ..layers.mlp import input_scaled_experts, sigmoid_topk
 from ..layers.norm import l2_norm
-from ..layers.rope import RotaryEmbedding, apply_rotary_interleaved
+from ..layers.rope import RotaryEmbedding, apply_rotary_interleaved, query_temperature
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 from .qwen3_moe import GQAAttention, dense_mlp
@@ -61,7 +61,7 @@ class Llama4Attention(GQAAttention):
                 q, k = l2_norm(q, self.eps), l2_norm(k, self.eps)
         elif self.temperature is not None:  # (arXiv 2501.19399): 1 + attn_scale * log(1 + floor((p + 1) / floor_scale))
             floor_scale, attn_scale = self.temperature
-            scales = torch.log1p(torch.floor((positions.to(torch.float32) + 1.0) / floor_scale)) * attn_scale + 1.0
+            scales = query_temperature(positions, floor_scale, attn_scale, offset=1.0)
             q = (q * scales[:, None, None]).to(q.dtype)
         keys, values = cache.append(start, k, v)
         if self.chunk_size is None:
