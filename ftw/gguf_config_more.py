@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, sigmoid_moe_keys
+from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, deepseek2_config, sigmoid_moe_keys
 from .gguf_config_layered import SIGMOID, _no_rope_scaling
 
 if TYPE_CHECKING:
@@ -243,3 +243,73 @@ def llama4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         rope_parameters=rope,
     )
     return config
+
+
+def mistral4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """Mistral3Model.Mistral4Model over DeepseekV2Model (conversion/mistral3.py): deepseek2's keys
+    (deepseek2_config) for Mistral Small 4's text model, its experts already fused (gate_up_proj as
+    ffn_gate_up_exps). llama.cpp runs the file with deepseek2's graph (src/models/deepseek2.cpp), so:
+
+    - routing by softmax, the default where the file has no expert_gating_func (Mistral4Config has no
+      scoring_func), over DeepSeek-V3's group-limited choice (groups by their top two), as transformers'
+      Mistral4TopkRouter; a routing bias (exp_probs_b, which gguf-py's table allows) transformers' Mistral 4
+      has not: refused, as is sigmoid gating;
+    - YaRN with mscale taken as 1 (llama-context.cpp assumes it for every architecture but deepseek2; the
+      converter writes only mscale_all_dim, as yarn_log_multiplier): llama.cpp's softmax scale and cos/sin
+      factor are transformers' where mscale_all_dim is 1 too (the release's), and no transformers config
+      gives them otherwise, so another mscale_all_dim, YaRN without it, and other scaling are refused;
+    - the query temperature only where the file has attention.temperature_scale (llama.cpp applies it to
+      the whole query, positions from 0, as transformers), stepping every attention.temperature_length
+      positions, which must be rope's original context (transformers' one length for both). This
+      converter writes neither key: its files run without the temperature, as llama.cpp runs them, which
+      is transformers' model up to original_max_position_embeddings (8192 in the release) and not beyond."""
+    where = f"{meta.model.path}: a {meta.arch} GGUF of Mistral 4"
+    if _has(meta.model, "exp_probs_b.bias"):
+        raise UnsupportedArchitectureError(f"{where} with a routing bias (exp_probs_b); Mistral 4's softmax router "
+                                           "has none, and ft's mistral4 runs it without one")
+    config = deepseek2_config(meta, arch)
+    if config.pop("scoring_func") != "softmax":
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
+                                           "Mistral 4 routes by softmax")
+    config.pop("topk_method")
+    config.update(model_type="mistral4", architectures=["Mistral4ForCausalLM"], head_dim=config["qk_head_dim"])
+    config["rope_parameters"] = _mistral4_rope(meta, where, config.pop("rope_scaling", None), config.pop("rope_theta"))
+    return config
+
+
+def deepseek2_or_mistral_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """A deepseek2 file: DeepSeek's (deepseek2_config), or, where it has a query temperature
+    (attention.temperature_scale), Mistral's: MistralMoeModel (conversion/mistral.py) writes Mistral Small 4
+    and Mistral Large 3 from Mistral's own format as deepseek2 with softmax gating, the temperature keys and
+    a yarn_log_multiplier of 0.1, which llama.cpp's deepseek2 graph runs as mistral4_config reads them (a
+    deepseek_v2 config would drop the temperature and score groups by their best expert, not their top two)."""
+    if meta.get("attention.temperature_scale"):
+        return mistral4_config(meta, arch)
+    return deepseek2_config(meta, arch)
+
+
+def _mistral4_rope(meta: Meta, where: str, scaling: dict[str, Any] | None, theta: float) -> dict[str, Any]:
+    """rope_parameters as llama.cpp's deepseek2 graph runs a mistral4 file (mistral4_config)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if scaling is not None:
+        if scaling["rope_type"] != "yarn" or scaling.get("mscale_all_dim") != 1.0:
+            raise UnsupportedArchitectureError(
+                f"{where} with rope.scaling.type {scaling['rope_type']!r} and yarn_log_multiplier "
+                f"{meta.get('rope.scaling.yarn_log_multiplier')!r}: llama.cpp scales its attention as transformers "
+                "does only for YaRN with mscale_all_dim 1 (a yarn_log_multiplier of 0.1), as Mistral Small 4 has")
+        for key in ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.attn_factor"):
+            if meta.float(key, 1.0) != 1.0:
+                raise UnsupportedArchitectureError(f"{where} with {key} {meta.get(key)}; transformers' YaRN has no "
+                                                   "such factor (or llama.cpp ignores it)")
+        rope.update({k: v for k, v in scaling.items() if k not in ("type", "mscale")}, mscale=1.0)
+    beta = meta.float("attention.temperature_scale", 0.0)
+    if beta:  # (llama.cpp applies it where it is not 0)
+        length = meta.int("attention.temperature_length", 0)
+        original = rope.setdefault("original_max_position_embeddings", length)
+        if length != original or length < 1:
+            raise UnsupportedArchitectureError(
+                f"{where} whose query temperature steps every {length} positions (attention.temperature_length) "
+                f"and whose YaRN original context is {original}; transformers' Mistral 4 steps by its original "
+                "context, and llama.cpp refuses a temperature without a length")
+        rope["llama_4_scaling_beta"] = beta
+    return rope

@@ -21,13 +21,15 @@ GRANITE_HYBRID = "granitehybrid"  # Granite 4.0 hybrid: Mamba2 + attention layer
 GRANITES = (GRANITE, GRANITE_HYBRID)  # Granite's MoE names (router.layer, input_linear, shared_mlp)
 BAILINGMOE2, PHIMOE, LLAMA4 = "bailingmoe2", "phimoe", "llama4"
 JAMBA = "jamba"  # AI21 Jamba: Mamba (v1) + attention layers, softmax MoE every other layer
+MISTRAL4 = "mistral4"  # Mistral Small 4's text model: deepseek2's tensors, softmax routing without a bias
+MLA = (DEEPSEEK2, MISTRAL4)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, DEEPSEEK2, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, *MLA, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET)  # router at mlp.gate (Mixtral's elsewhere)
 QWEN_SHARED_EXPERT = (QWEN2, *DELTANET)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
-WITH_DENSE_LAYERS = (QWEN3, QWEN2, DEEPSEEK2, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE)  # dense MLPs beside MoE layers
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, *MLA, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
-SHARED_EXPERTS = (*DEEPSEEK_MOE, ERNIE, EXAONE_MOE)  # one dense SwiGLU under mlp.shared_experts
+SHARED_EXPERTS = (*DEEPSEEK_MOE, MISTRAL4, ERNIE, EXAONE_MOE)  # one dense SwiGLU under mlp.shared_experts
 
 
 
@@ -61,12 +63,12 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_output.bias", "self_attn.o_proj.bias"),  # (dots1 with attention_bias)
     Row("attn_q_norm.weight", "self_attn.q_norm.weight", QK_NORMED),  # QK RMSNorm
     Row("attn_k_norm.weight", "self_attn.k_norm.weight", QK_NORMED),
-    Row("attn_q_a.weight", "self_attn.q_a_proj.weight", (DEEPSEEK2,)),  # MLA query down-projection
-    Row("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", (DEEPSEEK2,)),
-    Row("attn_q_b.weight", "self_attn.q_b_proj.weight", (DEEPSEEK2,)),  # MLA query up-projection
-    Row("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight", (DEEPSEEK2,)),  # latent KV + RoPE key
-    Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (DEEPSEEK2,)),
-    Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (DEEPSEEK2,)),  # older files; newer: KV_B_SPLIT
+    Row("attn_q_a.weight", "self_attn.q_a_proj.weight", MLA),  # MLA query down-projection
+    Row("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", MLA),
+    Row("attn_q_b.weight", "self_attn.q_b_proj.weight", MLA),  # MLA query up-projection
+    Row("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight", MLA),  # latent KV + RoPE key
+    Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", MLA),
+    Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", MLA),  # older files; newer: KV_B_SPLIT
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
     Row("ffn_norm.bias", "post_attention_layernorm.bias", (PHIMOE,)),
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, *DELTANET)),  # their name for it

@@ -14,7 +14,6 @@ from .errors import UnsupportedArchitectureError
 from .gguf_config import (
     Meta,
     dbrx_config,
-    deepseek2_config,
     dots1_config,
     ernie4_5_moe_config,
     glm4_moe_config,
@@ -36,7 +35,13 @@ from .gguf_config_layered import (
     jamba_config,
     lfm2moe_config,
 )
-from .gguf_config_more import bailingmoe2_config, llama4_config, phimoe_config
+from .gguf_config_more import (
+    bailingmoe2_config,
+    deepseek2_or_mistral_config,
+    llama4_config,
+    mistral4_config,
+    phimoe_config,
+)
 from .gguf_file import GGUFModel
 from .gguf_names import (
     AFMOE,
@@ -60,6 +65,7 @@ from .gguf_names import (
     LLAMA,
     LLAMA4,
     MINIMAX_M2,
+    MISTRAL4,
     OLMOE,
     PHIMOE,
     QWEN2,
@@ -121,8 +127,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
     for a in (
         GGUFArchitecture(QWEN3, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_config),
         GGUFArchitecture(LLAMA, "mixtral", "MixtralForCausalLM", mixtral_config, permute_qk=True),
-        GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", deepseek2_config,
-                         other_model_types=("deepseek_v2",)),
+        GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", deepseek2_or_mistral_config,
+                         other_model_types=("deepseek_v2", "mistral4")),
         GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config),
         GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", olmoe_config),
         GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", glm4_moe_config),
@@ -146,6 +152,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(PHIMOE, "phimoe", "PhiMoEForCausalLM", phimoe_config),
         GGUFArchitecture(LLAMA4, "llama4", "Llama4ForConditionalGeneration", llama4_config,
                          hf_layer_prefix=LLAMA4_LAYER_PREFIX_HF, rows=(LLAMA4_GLOBAL_ROWS, LLAMA4_BLOCK_ROWS)),
+        GGUFArchitecture(MISTRAL4, "mistral4", "Mistral4ForCausalLM", mistral4_config),
         GGUFArchitecture(JAMBA, "jamba", "JambaForCausalLM", jamba_config, rows=(JAMBA_GLOBAL_ROWS, JAMBA_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,

@@ -51,6 +51,13 @@ _GPT4O_SPLIT = (
     r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
     r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+# Mistral's tekken (Mistral NeMo, Mistral Small 3.x and 4), its tokenizer.json's regex as llama-vocab.cpp quotes
+# it: o200k's cased words without the contractions, and every digit alone
+_TEKKEN_SPLIT = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+    r"""|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 _DEEPSEEK_V3_SPLITS = (
     r"\p{N}{1,3}",
     "[一-龥\u3040-ゟ゠-ヿ]+",
@@ -90,6 +97,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
     "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
+    "tekken": PreTokenizer((_TEKKEN_SPLIT,)),  # Mistral's tekken (Mistral Small 4)
     "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
     "afmoe": PreTokenizer(_AFMOE_SPLITS),  # Arcee Trinity
     "sarvam-moe": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Sarvam-30B: lines and runs of newlines

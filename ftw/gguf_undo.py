@@ -13,6 +13,9 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   Ernie 4.5's own rotary).
 - deepseek2: newer files split MLA's `kv_b_proj` into `attn_k_b` (transposed per head) and
   `attn_v_b`; the converter rebuilds `kv_b_proj` from them (see gguf_convert.py).
+- mistral4 (Mistral Small 4, as Mistral4Model over DeepseekV2Model writes it): deepseek2's names and kv_b
+  split; `language_model.` dropped, the vision tower not written, the experts already fused in the release
+  (gate_up_proj as ffn_gate_up_exps, down_proj as ffn_down_exps, neither transposed).
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
 - dbrx: DbrxModel views each flat expert tensor [E * I, H] as [E, I, H] and transposes w2's to
   [E, H, I]: the usual ffn_*_exps, which give the FTW bank the HF checkpoint gives. DBRX keeps its

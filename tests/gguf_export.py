@@ -42,14 +42,15 @@ def add_base_keys(w: gguf.GGUFWriter, c: dict, *, block_count: int | None = None
 
 
 def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: int = 16, bos: int | None = None,
-                     eos: int | None = None) -> None:
+                     eos: int | None = None, unk: int | None = None, pad: int | None = None) -> None:
     """A byte-level BPE vocabulary `num_pad` tokens shorter than the embedding, padded as
     get_vocab_base pads it ([PAD<i>] tokens of type UNUSED at the ids past the tokenizer's), its
-    special tokens CONTROL at the ids the model's config names, `pre` the tokenizer.ggml.pre name."""
+    special tokens CONTROL at the ids the model's config names (SpecialVocab's bos, eos, unk and pad
+    ids), `pre` the tokenizer.ggml.pre name."""
     real = vocab_size - num_pad
     tokens = [f"t{i}" for i in range(real - 3)] + ["a", "b", "ab"] + [f"[PAD{i}]" for i in range(real, vocab_size)]
     types = [NORMAL] * real + [UNUSED] * num_pad
-    for special, token_id in (("<|bos|>", bos), ("<|eos|>", eos)):
+    for special, token_id in (("<|bos|>", bos), ("<|eos|>", eos), ("<|unk|>", unk), ("<|pad|>", pad)):
         if token_id is not None:
             assert token_id < real - 3, "a special id among the merged tokens or the padding"
             tokens[token_id], types[token_id] = special, CONTROL
@@ -62,6 +63,10 @@ def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: 
         w.add_bos_token_id(bos)
     if eos is not None:
         w.add_eos_token_id(eos)
+    if unk is not None:
+        w.add_unk_token_id(unk)
+    if pad is not None:
+        w.add_pad_token_id(pad)
     w.add_chat_template("{{ messages[0]['content'] }}")
 
 

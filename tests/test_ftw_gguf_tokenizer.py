@@ -383,3 +383,13 @@ def test_sarvam_moe_tokenizer_merges_raw_text_with_escaped_spaces(tmp_path: Path
     ids = plain(ours, "hi hi\n\né")
     assert ids == [5, 6, 7, 7, 8, 9]
     assert ours.decode(ids) == "hi hi\n\né"
+
+
+def test_tekken_pre_tokenizer_splits_as_mistral_s(tmp_path: Path) -> None:
+    """Mistral Small 4's files (and Mistral NeMo's, Small 3.x's) name "tekken": its tokenizer.json's regex,
+    o200k's cased words without their contraction and every digit alone."""
+    tokens = ["a", "b", "</s>"]
+    path = write_tokenizer_gguf(tmp_path / "tekken.gguf", tokens, [NORMAL, NORMAL, CONTROL], pre="tekken", merges=[],
+                                ids={"eos_token_id": 2})
+    pieces = [piece for piece, _ in rebuilt(path).pre_tokenizer.pre_tokenize_str("HelloWorld's 12345 ok?!\n\nNEXT")]
+    assert pieces == ["Hello", "World", "'s", "Ġ", "1", "2", "3", "4", "5", "Ġok", "?!ĊĊ", "NEXT"]
