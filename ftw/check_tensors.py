@@ -194,11 +194,13 @@ def _check_attention(config: Mapping[str, Any], dense: Mapping[str, Shape],
         for suffix, count in ((".self_attn.q_norm.weight", heads), (".self_attn.k_norm.weight", kv)):
             if not name.endswith(suffix):
                 continue
-            if shape[0] not in (head_dim, count * head_dim):
-                raise TensorProblem(f"tensor {name!r} has shape {list(shape)}, not [{head_dim}] (head_dim) or "
-                                    f"[{count * head_dim}] ({count} heads of it)", tensor=name)
+            layer = _layer_of(name)
+            dim = per_layer[layer][2] if per_layer is not None and layer is not None else head_dim  # (Gemma 4's full layers)
+            if shape[0] not in (dim, count * dim):
+                raise TensorProblem(f"tensor {name!r} has shape {list(shape)}, not [{dim}] (head_dim) or "
+                                    f"[{count * dim}] ({count} heads of it)", tensor=name)
             if count > 1:
-                spans[name] = "per head" if shape[0] == head_dim else "whole projection"
+                spans[name] = "per head" if shape[0] == dim else "whole projection"
     if len(set(spans.values())) > 1:
         head = next(n for n, s in spans.items() if s == "per head")
         whole = next(n for n, s in spans.items() if s != "per head")

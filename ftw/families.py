@@ -36,6 +36,8 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.(?:mlp|block_sparse_moe)\.experts\."
                r"(?P<proj>gate_up_proj|down_proj)(?:\.(?P<what>weight))?$"),
     re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.feed_forward\.experts\.(?P<proj>gate_up_proj|down_proj)$"),
+    # fused, Gemma 4 names, the experts beside the layer's dense MLP: model.layers.3.experts.gate_up_proj [E, 2I, H]
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.experts\.(?P<proj>gate_up_proj|down_proj)$"),
     # fused, Granite names: model.layers.3.block_sparse_moe.input_linear.weight [E, 2I, H] (gate rows,
     # then up: transformers renames it gate_up_proj as it is), output_linear.weight [E, H, I] (down)
     # (JetMoE's MLP experts: model.layers.3.mlp.input_linear.weight, the same layout)
@@ -141,6 +143,9 @@ class Family:
     # multimodal model types that hold this family's text model under `text_config_key` among others
     # (`mistral3`: dense Mistral Small 3.x or Mistral Small 4's mistral4): the text config's model_type decides
     wrapper_model_types: tuple[str, ...] = ()
+    # why a config of this model type has no routed experts, or None where it has them (Gemma 4's dense
+    # and MoE models share gemma4_text): such a checkpoint is refused by name before any download
+    dense_reason: Callable[[dict[str, Any]], str | None] = lambda c: None
 
     def tensor_name(self, name: str) -> str:
         """`name` as the runtime reads it (transformers' name); every reader of a checkpoint's
@@ -476,6 +481,55 @@ def _deepseek_v4_activation(c: dict[str, Any]) -> ExpertActivation:
     return ExpertActivation("swiglu_limited", limit=positive_float("swiglu_limit", c.get("swiglu_limit", 10.0)))
 
 
+def gemma4_layer_types(c: dict[str, Any]) -> list[str]:
+    """`layer_types`, else Gemma4TextConfig's 5:1 schedule (every 6th layer full); the last layer
+    full whatever they say, as transformers forces it."""
+    n = int(c["num_hidden_layers"])
+    types = list(c.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)])
+    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"unsupported gemma4_text layer_types {str(types)[:80]} for {n} layers")
+    return types[:-1] + ["full_attention"]
+
+
+def gemma4_attention(c: dict[str, Any]) -> list[AttentionSizes]:
+    """Gemma 4's attention layer by layer: sliding layers `head_dim` wide with `num_key_value_heads`;
+    full ones as `per_layer_config` says (transformers 5.25's save, keyed by layer), else
+    `global_head_dim` wide (Gemma4TextConfig's 512) with `num_global_key_value_heads` where
+    `attention_k_eq_v` (their values are their keys' projection), as Gemma4TextConfig derives them."""
+    heads, kv = int(c["num_attention_heads"]), int(c.get("num_key_value_heads") or c["num_attention_heads"])
+    head_dim = int(c.get("head_dim") or 256)
+    per_layer = c.get("per_layer_config")
+    full: dict[str, Any] = {"head_dim": c.get("global_head_dim") or 512}
+    if c.get("attention_k_eq_v") and c.get("num_global_key_value_heads"):
+        full["num_key_value_heads"] = c["num_global_key_value_heads"]
+    sizes = []
+    for i, kind in enumerate(gemma4_layer_types(c)):
+        own = (per_layer.get(str(i)) or {}) if isinstance(per_layer, dict) else full if kind == "full_attention" else {}
+        d = int(own.get("head_dim", head_dim))
+        sizes.append((heads, int(own.get("num_key_value_heads", kv)), d, d))
+    return sizes
+
+
+def _gemma4_activation(c: dict[str, Any]) -> ExpertActivation:
+    """Gemma4TextExperts' GELU-gated experts (`hidden_activation`, gelu_pytorch_tanh)."""
+    act = c.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedArchitectureError(f"gemma4_text with hidden_activation {act!r} has no converter "
+                                           "(ft runs Gemma 4's gelu_pytorch_tanh experts)")
+    return ExpertActivation("geglu_tanh")
+
+
+def _gemma4_dense_reason(c: dict[str, Any]) -> str | None:
+    if c.get("enable_moe_block") and c.get("num_experts"):
+        return None
+    return ("its text config has no MoE block (enable_moe_block is off, num_experts unset): a dense Gemma 4 "
+            "(E2B, E4B, 31B), not the 26B-A4B")
+
+
+# Gemma 4's vision and audio towers and their embedders (Gemma4ForConditionalGeneration's), dropped
+_GEMMA4_TOWERS = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -663,6 +717,12 @@ FAMILIES: dict[str, Family] = {
             "cohere2_moe", ("cohere2_moe",), ("num_experts", "num_local_experts"), _dense_prefix_layers,
             intermediate_key="intermediate_size", num_shared_experts=lambda c: int(c.get("num_shared_experts", 0) or 0),
         ),
+        Family(  # (the release is a gemma4 checkpoint around it, its towers dropped; experts fused, beside the dense MLP)
+            "gemma4_text", ("gemma4_text",), ("num_experts",), _all_layers, text_config_key="text_config",
+            wrapper_model_types=("gemma4",), drop_prefixes=_GEMMA4_TOWERS, top_k_keys=("top_k_experts",),
+            expert_activation=_gemma4_activation, attention_sizes=gemma4_attention, dense_reason=_gemma4_dense_reason,
+            renames=((re.compile(r"^model\.language_model\."), "model."),),
+        ),
         Family(  # (the released checkpoints' experts are MXFP4: dequantized to bf16 at conversion, convert.py)
             "gpt_oss", ("gpt_oss",), ("num_local_experts", "num_experts"), _all_layers,
             intermediate_key="intermediate_size", quant_methods=("mxfp4",), fused_gate_up_interleaved=True,
@@ -677,16 +737,28 @@ def family_for_config(config: dict[str, Any]) -> Family:
     model_type = config.get("model_type")
     wrapping = [f for f in FAMILIES.values() if model_type in f.wrapper_model_types]
     if wrapping:
-        return _family_of_text_model(model_type, config, wrapping)
+        return _with_experts(model_type, config, _family_of_text_model(model_type, config, wrapping))
     for family in FAMILIES.values():
         if model_type in family.model_types:
-            return family
+            return _with_experts(model_type, config, family)
     listed = config.get("architectures")
     names = ", ".join(str(a) for a in listed) if isinstance(listed, list) else repr(listed) if listed else ""
     raise UnsupportedArchitectureError(
         f"architecture {model_type!r} ({names or 'no architectures listed'}) "
         f"has no converter; supported families: {', '.join(sorted(FAMILIES))}"
     )
+
+
+def _with_experts(model_type: str, config: dict[str, Any], family: Family) -> Family:
+    """`family`, where the config has routed experts; a dense model of a model type shared with a
+    MoE one (gemma4_text) is refused by name."""
+    reason = family.dense_reason(family.text_config(config))
+    if reason is not None:
+        raise UnsupportedArchitectureError(
+            f"architecture {model_type!r} has no converter for this checkpoint: {reason}. ft runs "
+            f"mixture-of-experts models (a dense model has no experts to offload); of {family.name} only its MoE "
+            f"models; supported families: {', '.join(sorted(FAMILIES))}")
+    return family
 
 
 def _family_of_text_model(model_type: str, config: dict[str, Any], wrapping: list[Family]) -> Family:
@@ -820,7 +892,7 @@ _ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".block_sparse_
             ".block_sparse_moe.router.weight", ".mlp.router.layer.weight", ".self_attention.experts.router.layer.weight",
             ".mlp.router.weight", ".mlp.gate.wg.weight",
             ".feed_forward.router.weight", ".ffn.router.layer.weight", ".mlp.router.gate.weight",
-            ".feed_forward.gate.weight")
+            ".feed_forward.gate.weight", ".router.proj.weight")
 _EMBEDDINGS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight",
                "language_model.model.embed_tokens.weight", "language_model.lm_head.weight", "transformer.wte.weight")
 

@@ -127,8 +127,10 @@ class ExpertPart:
 
 # How an expert's gate and up projections combine (ExpertActivation.kind): SiLU-gated, as every
 # family but gpt-oss and DeepSeek-V4; gpt-oss's clamped variant (transformers' GptOssExperts._apply_gate);
-# DeepSeek-V4's SwiGLU of clamped inputs (DeepseekV4Experts._apply_gate)
-ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited")
+# DeepSeek-V4's SwiGLU of clamped inputs (DeepseekV4Experts._apply_gate); Gemma 4's GELU-gated
+# experts (gelu_pytorch_tanh, Gemma4TextExperts)
+ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited", "geglu_tanh")
+CLAMPED_KINDS = ("swiglu_clamped", "swiglu_limited")  # the kinds that need a `limit`
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,8 @@ class ExpertActivation:
 
     "swiglu": silu(gate) * up. "swiglu_clamped" (gpt-oss): gate clamped above at `limit`, up to
     [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1). "swiglu_limited" (DeepSeek-V4's
-    `swiglu_limit`): the same clamps, then silu(gate) * up. A bank without an `activation` in its
-    index has plain SwiGLU."""
+    `swiglu_limit`): the same clamps, then silu(gate) * up. "geglu_tanh" (Gemma 4): gelu(gate) * up,
+    GELU's tanh approximation. A bank without an `activation` in its index has plain SwiGLU."""
 
     kind: str = "swiglu"
     alpha: float = 1.0
@@ -371,7 +373,7 @@ class _IndexParser:
         if kind not in ACTIVATION_KINDS:
             raise self.fail(f"{where}.kind {kind!r} is unknown (this ft knows {', '.join(ACTIVATION_KINDS)})")
         alpha, limit = raw.get("alpha", 1.0), raw.get("limit")
-        if kind != "swiglu" and limit is None:
+        if kind in CLAMPED_KINDS and limit is None:
             raise self.fail(f"{where} is a clamped SwiGLU without its limit")
         for key, value in (("alpha", alpha), ("limit", 1.0 if limit is None else limit)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

@@ -337,6 +337,24 @@ MISTRAL4_TEXT = dict(
 )
 MISTRAL4_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                        image_size=28, patch_size=14, head_dim=16)
+# Gemma 4's MoE text model (the 26B-A4B's layout) in the release's class, a gemma4 checkpoint beside a
+# vision tower: sliding layers 0 and 2 (a 5-token window, 16-wide heads, 2 KV heads, the whole head
+# rotating at base 1000) and full layers 1 and 3 (32-wide heads, 1 KV head whose values are its keys'
+# projection, proportional rope turning a quarter of it at base 50000); the dense MLP beside 8 experts
+# (2 chosen); the logits capped at 1.5, where they are wide enough to bend; norms, router scales and
+# layer scalars random (RANDOMIZED)
+GEMMA4_TEXT = dict(
+    SMALL, num_hidden_layers=4, intermediate_size=96, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+    num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=5, final_logit_softcapping=1.5,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                        "rope_theta": 50000.0}},
+    hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+    max_position_embeddings=64, initializer_range=0.1,
+)
+GEMMA4_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64, pooling_kernel_size=2)
 LLAMA4_VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vision_output_dim=32,
                      image_size=28, patch_size=14, projector_input_dim=32, projector_output_dim=32)
 # parameters transformers initializes to constants, drawn at random (norm weights around 1, biases and
@@ -368,6 +386,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "axk1": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "mellum": ("layernorm.", "model.norm.", "q_norm.", "k_norm."),
     "mistral4": ("layernorm.", "language_model.norm."),
+    "gemma4_text": ("layernorm", "language_model.norm.", "q_norm.", "k_norm.", "router.scale", "per_expert_scale",
+                    "layer_scalar"),
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
@@ -378,7 +398,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text")
 
 
 def build_model(family: str, seed: int = 0):
@@ -399,6 +419,10 @@ def build_model(family: str, seed: int = 0):
         model = Mistral3ForConditionalGeneration(Mistral3Config(
             text_config={**MISTRAL4_TEXT, "model_type": "mistral4"}, vision_config=MISTRAL4_VISION,
             tie_word_embeddings=False))
+    elif family == "gemma4_text":  # (the release's class: a gemma4 checkpoint, the text model beside its vision tower)
+        from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+        model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=GEMMA4_TEXT, vision_config=GEMMA4_VISION))
     else:
         config = QWEN3_NEXT if family == "qwen3_next" else FAMILY_CONFIGS[family]
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))

@@ -24,7 +24,8 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("granitemoehybrid", False, id="granitemoehybrid"), pytest.param("jamba", False, id="jamba"),
             pytest.param("jamba", True, id="jamba-fused"), pytest.param("axk1", False, id="axk1"),
             pytest.param("hy_v3", False, id="hy_v3"), pytest.param("mellum", True, id="mellum-fused"),
-            pytest.param("mistral4", False, id="mistral4"), pytest.param("mistral4", True, id="mistral4-fused")]
+            pytest.param("mistral4", False, id="mistral4"), pytest.param("mistral4", True, id="mistral4-fused"),
+            pytest.param("gemma4_text", False, id="gemma4_text")]
 MAX_TOKENS = 40
 
 

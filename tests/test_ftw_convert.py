@@ -18,7 +18,8 @@ from tests.checkpoints import FAMILIES, load_all, save_checkpoint, to_fp8
 PER_EXPERT = re.compile(
     r"layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|weight_scale_inv)$"
 )
-FUSED = re.compile(r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)$")
+# (Gemma 4's beside the dense MLP, under the layer itself: model.layers.3.experts.gate_up_proj)
+FUSED = re.compile(r"layers\.(\d+)\.(?:mlp\.|block_sparse_moe\.)?experts\.(gate_up_proj|down_proj)$")
 # Granite's (and JetMoE's MLP) fused names: input_linear is gate_up_proj [E, 2I, H] (gate rows first),
 # output_linear down_proj; JetMoE's attention experts (self_attention.experts.) stay dense
 GRANITE_FUSED = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(input_linear|output_linear)\.weight$")
@@ -50,6 +51,7 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
            # (a mistral3 checkpoint's text model: the original format's names, then transformers' own)
            "mistral4": {"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
                         "model.language_model.": "model."},
+           "gemma4_text": {"model.language_model.": "model."},  # (a gemma4 checkpoint's text model)
            "axk1": {".post_mlp_layernorm.": ".mlp.post_mlp_layernorm."},  # (the release's place, beside the layer's norms)
            "hy_v3": {".mlp.router.gate.": ".mlp.gate.", ".mlp.expert_bias": ".mlp.e_score_correction_bias",
                      ".mlp.shared_mlp.": ".mlp.shared_experts."},
@@ -112,7 +114,7 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
                 got = torch.cat([w.chunk(2)[0 if m[2] == "w1" else 1] for w in w13])
         else:
             assert name.startswith(("model.visual.", "mtp.", "vision_model.", "multi_modal_projector.", "vision_tower.",
-                                    "model.vision_tower.", "model.multi_modal_projector.")), \
+                                    "model.vision_tower.", "model.multi_modal_projector.", "model.embed_vision.")), \
                 f"{name} was dropped"
             continue
         assert got.dtype == want.dtype and got.shape == want.shape, name
@@ -168,6 +170,23 @@ def test_mistral3_around_a_dense_text_model_is_refused_by_name(tmp_path: Path) -
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedArchitectureError, match="dense"):
         convert_checkpoint(src, tmp_path / "ftw")
+
+
+def test_dense_gemma4_is_refused_by_name_and_the_moe_one_keeps_its_geglu_experts(tmp_path: Path) -> None:
+    """gemma4_text is the text model of Gemma 4's dense releases (E2B, E4B, 31B) and of its MoE one
+    (26B-A4B): a config without the MoE block is refused before any download, wrapped or not; the
+    MoE one's banks say their experts are GELU-gated."""
+    src = save_checkpoint("gemma4_text", tmp_path / "hf")
+    config = json.loads((src / "config.json").read_text())
+    assert config["model_type"] == "gemma4" and family_for_config(config).name == "gemma4_text"
+    assert {b.activation.kind for b in convert_checkpoint(src, tmp_path / "ftw").banks} == {"geglu_tanh"}
+    dense = {**config["text_config"], "enable_moe_block": False, "num_experts": None}
+    for wrapped in ({**config, "text_config": dense}, dense):
+        with pytest.raises(UnsupportedArchitectureError, match="no MoE block.*dense Gemma 4.*mixture-of-experts"):
+            family_for_config(wrapped)
+    (src / "config.json").write_text(json.dumps({**config, "text_config": dense}))
+    with pytest.raises(UnsupportedArchitectureError, match="enable_moe_block"):
+        convert_checkpoint(src, tmp_path / "dense")
 
 
 def test_sharded_source_and_output(tmp_path: Path) -> None:

@@ -83,6 +83,8 @@ FAMILIES = [
     # (a mistral3 checkpoint: the original format's language_model.model., transformers' model.language_model.)
     pytest.param("mistral4", False, id="mistral4"),
     pytest.param("mistral4", True, id="mistral4-fused"),
+    # (a gemma4 checkpoint: its text model under model.language_model., experts fused either way)
+    pytest.param("gemma4_text", False, id="gemma4_text"),
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
     pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
 ]
@@ -91,8 +93,9 @@ FAMILIES = [
 def hf_model(src: Path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    # (transformers maps mistral3, Mistral Small 4's released type, to no causal-LM class)
-    auto = AutoModelForImageTextToText if AutoConfig.from_pretrained(src).model_type == "mistral3" else AutoModelForCausalLM
+    # (transformers maps mistral3, Mistral Small 4's released type, to no causal-LM class; gemma4 to its text model)
+    wrapped = AutoConfig.from_pretrained(src).model_type in ("mistral3", "gemma4")
+    auto = AutoModelForImageTextToText if wrapped else AutoModelForCausalLM
     model = auto.from_pretrained(src, dtype=torch.float32)
     return model.eval()
 
@@ -639,3 +642,49 @@ def test_mellum_drops_its_mtp_layer_and_refuses_a_partial_rotary_factor(tmp_path
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedFamilyError, match="partial_rotary_factor"):
         convert_and_load(src, tmp_path / "store-partial")
+
+
+def test_gemma4_text_alone_with_the_released_config_keys_matches_transformers(tmp_path: Path) -> None:
+    """The text model alone (Gemma4ForCausalLM, model_type gemma4_text), its full layers sized by
+    config.json's global_head_dim and num_global_key_value_heads as the releases write them (no
+    per_layer_config, which transformers 5.25 derives from them and saves), and values of their own
+    (no attention_k_eq_v: a v_proj on every layer, the global KV heads not taken); the default
+    5:1 layer schedule over 7 layers, one full before the last (forced full)."""
+    import json
+
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    from tests.checkpoints import GEMMA4_TEXT, RANDOMIZED
+
+    torch.manual_seed(9)
+    text = {**GEMMA4_TEXT, "attention_k_eq_v": False, "num_hidden_layers": 7, "layer_types": None}
+    model = Gemma4ForCausalLM(Gemma4TextConfig(**text))
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if any(part in name for part in RANDOMIZED["gemma4_text"] + ("model.norm.",)):
+                p.normal_(1.0, 0.2)
+    model.save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "gemma4_text" and set(config.pop("per_layer_config")) == {"5", "6"}
+    config.update(global_head_dim=32, num_global_key_value_heads=1)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    ref = hf_model(tmp_path / "hf")
+    assert ref.model.layers[5].self_attn.head_dim == 32 and ref.model.layers[5].self_attn.v_proj is not None
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert_parity(ours, ref, PROMPT, STEPS)
+
+
+def test_gemma4_text_refuses_what_it_does_not_run(tmp_path: Path) -> None:
+    """Per-layer embeddings (the E2B/E4B models'), KV shared between layers and bidirectional text
+    attention are refused by name, not run wrong."""
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("gemma4_text", tmp_path / "hf", seed=2)
+    config = json.loads((src / "config.json").read_text())
+    for i, (key, value) in enumerate((("hidden_size_per_layer_input", 8), ("num_kv_shared_layers", 2),
+                                      ("use_bidirectional_attention", "all"))):
+        (src / "config.json").write_text(json.dumps({**config, "text_config": {**config["text_config"], key: value}}))
+        with pytest.raises(UnsupportedFamilyError, match=key):
+            convert_and_load(src, tmp_path / f"store{i}")

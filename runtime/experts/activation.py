@@ -23,6 +23,8 @@ def activate(activation: ExpertActivation, gate: torch.Tensor, up: torch.Tensor)
     """act(gate, up) elementwise, in the inputs' dtype (gate and up: the [..., I] halves of w13 x)."""
     if activation.kind == "swiglu":
         return F.silu(gate) * up
+    if activation.kind == "geglu_tanh":  # (Gemma 4)
+        return F.gelu(gate, approximate="tanh") * up
     assert activation.limit is not None  # (the index parser and the converter refuse one without)
     gate, up = gate.clamp(max=activation.limit), up.clamp(min=-activation.limit, max=activation.limit)
     if activation.kind == "swiglu_limited":  # (DeepSeek-V4)

@@ -1,4 +1,4 @@
-"""Dense SwiGLU MLP (dense layers, shared experts) and MoE routers."""
+"""Dense SwiGLU (and GeGLU) MLPs (dense layers, shared experts) and MoE routers."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     if limit is not None:
         g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
     return linear(F.silu(g) * u, down)
+
+
+def geglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """down(gelu(gate x) * up x), GELU's tanh approximation (Gemma's `gelu_pytorch_tanh` MLP)."""
+    return linear(F.gelu(linear(x, gate), approximate="tanh") * linear(x, up), down)
 
 
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)

@@ -1,8 +1,8 @@
 """Rotary position embeddings: inverse frequencies per rope type, and their application.
 
-Frequencies follow transformers' `modeling_rope_utils` (default, linear, yarn, longrope); `apply_rotary`
-is the rotate-half form most families use, on the first `rotary_dim` channels;
-`apply_rotary_interleaved` is DeepSeek's pairwise form (MLA, the DSA indexer).
+Frequencies follow transformers' `modeling_rope_utils` (default, linear, yarn, longrope, llama3,
+proportional); `apply_rotary` is the rotate-half form most families use, on the first `rotary_dim`
+channels; `apply_rotary_interleaved` is DeepSeek's pairwise form (MLA, the DSA indexer).
 
 Every attention layer asks for the cos/sin tables of the same positions in a forward pass. A
 pass that calls `forward_begins` first (DecoderModel does) computes them once and hands the
@@ -50,7 +50,21 @@ def inverse_frequencies(rotary_dim: int, params: dict[str, Any], max_positions: 
         return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim)), 1.0
     if kind == "longrope":  # (the short frequencies: RotaryEmbedding switches to the long ones past the original context)
         return _longrope(rotary_dim, base, params, max_positions, long=False)
-    raise UnsupportedFamilyError(f"rope type {kind!r} is not supported yet (default, linear, yarn, longrope and llama3 are)")
+    if kind == "proportional":
+        return _proportional(rotary_dim, base, params), 1.0
+    raise UnsupportedFamilyError(f"rope type {kind!r} is not supported yet (default, linear, yarn, longrope, llama3 "
+                                 "and proportional are)")
+
+
+def _proportional(head_dim: int, base: float, params: dict[str, Any]) -> torch.Tensor:
+    """Gemma 4's proportional RoPE over a whole head of `head_dim` channels: the first
+    `partial_rotary_factor` of its frequency pairs at the whole head's spacing (base ** (2i / head_dim)),
+    the rest 0, so with rotate-half channels i and i + head_dim / 2 turn for i below that many and
+    the others pass (transformers' `_compute_proportional_rope_parameters`), all divided by `factor`."""
+    angles = int(float(params.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    exponents = torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = torch.cat((1.0 / (base ** exponents), torch.zeros(head_dim // 2 - angles)))
+    return inv_freq / float(params.get("factor", 1.0))
 
 
 def _longrope(dim: int, base: float, params: dict[str, Any], max_positions: int, *,
@@ -189,20 +203,26 @@ def partial_rotary(config: ModelConfig, default_factor: float) -> RotaryEmbeddin
 
 
 def ropes_by_layer_type(config: ModelConfig, types: list[str], defaults: dict[str, dict[str, Any]],
-                        family: str) -> dict[str, RotaryEmbedding]:
-    """Each layer type's RoPE, as transformers' per-type rotary embeddings (Laguna's, Mellum's) make
-    them: `rope_parameters` keyed by layer type (one for each type in `types`, none other than the
-    family's `defaults` know), else `defaults`; each type on its heads' first `partial_rotary_factor`
-    of channels (all where it names none)."""
+                        family: str, head_dims: dict[str, int] | None = None) -> dict[str, RotaryEmbedding]:
+    """Each layer type's RoPE, as transformers' per-type rotary embeddings (Laguna's, Mellum's,
+    Gemma 4's) make them: `rope_parameters` keyed by layer type (one for each type in `types`, none
+    other than the family's `defaults` know), else `defaults`; each type on its heads' first
+    `partial_rotary_factor` of channels (all where it names none; a proportional rope spans the whole
+    head and takes the factor itself). `head_dims`: a type's head size where it is not the config's
+    head_dim (Gemma 4's full layers)."""
     params = config.get("rope_parameters")
     if params is None:
         params = defaults
     if not isinstance(params, dict) or not set(types) <= set(params) <= set(defaults):
         raise UnsupportedFamilyError(f"{family} needs rope_parameters per layer type ({', '.join(defaults)}), as "
                                      f"transformers reads them; the config has {str(params)[:80]}")
-    return {kind: RotaryEmbedding(int(config.head_dim * float(p.get("partial_rotary_factor", 1.0))),
-                                  {**p, "rope_type": p.get("rope_type", "default")}, config.context_length)
-            for kind, p in params.items()}
+    ropes = {}
+    for kind, p in params.items():
+        p = {**p, "rope_type": p.get("rope_type", "default")}
+        head_dim = (head_dims or {}).get(kind, config.head_dim)
+        factor = 1.0 if p["rope_type"] == "proportional" else float(p.get("partial_rotary_factor", 1.0))
+        ropes[kind] = RotaryEmbedding(int(head_dim * factor), p, config.context_length)
+    return ropes
 
 
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)

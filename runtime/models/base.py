@@ -143,6 +143,8 @@ class Block:
     # the FFN reads the mixer's input (input_norm's) beside it, both added: x += mixer(h) + ffn(h)
     # (Cohere's parallel block; post_norm is not read)
     parallel: bool = False
+    # the residual stream times this [1] after the block (Gemma 4's `layer_scalar`)
+    output_scale: torch.Tensor | None = None
 
 
 class DecoderModel:
@@ -151,7 +153,8 @@ class DecoderModel:
 
     Granite's multipliers (its config's names; 1 elsewhere): the embeddings are multiplied by
     `embedding_multiplier`, each mixer's and FFN's output by `residual_multiplier` before it is
-    added, and the logits divided by `logits_scaling`.
+    added, and the logits divided by `logits_scaling`. `final_logit_softcapping` (Gemma's): the
+    logits squashed to (-cap, cap) as cap * tanh(logits / cap).
 
     `streams` (DeepSeek-V4's hyper-connections): the residual is several streams, the embeddings
     expanded into them and collapsed before the final norm; each block's `residuals` say how its
@@ -167,14 +170,15 @@ class DecoderModel:
                  *, prefix: str = "model.", norm_offset: float = 0.0, embedding_multiplier: float = 1.0,
                  residual_multiplier: float = 1.0, logits_scaling: float = 1.0,
                  embed_name: str = "embed_tokens.weight", final_norm: Norm | None = None,
-                 head_name: str = "lm_head.weight", streams: Streams | None = None) -> None:
+                 head_name: str = "lm_head.weight", streams: Streams | None = None,
+                 final_logit_softcapping: float | None = None) -> None:
         self.config = config
         self.streams = streams
         self.dtype = dtype
         self.blocks = blocks
         self.norm_offset = norm_offset
         self.embedding_multiplier, self.residual_multiplier = embedding_multiplier, residual_multiplier
-        self.logits_scaling = logits_scaling
+        self.logits_scaling, self.softcap = logits_scaling, final_logit_softcapping
         self.embed = weights.get(prefix + embed_name)  # (DBRX's: transformer.wte.weight)
         self.final_norm = weights.get(prefix + "norm.weight") if final_norm is None else final_norm
         head = weights.maybe(head_name)  # (Llama 4's: language_model.lm_head.weight)
@@ -308,6 +312,8 @@ class DecoderModel:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = linear(self.norm(x, self.final_norm), self.lm_head, self.lm_head_bias).to(torch.float32)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: Start,
@@ -330,6 +336,8 @@ class DecoderModel:
                 continue
             x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
             x = x.add(self._ffn(block, self.norm(x, block.post_norm), tokens), alpha=r)
+            if block.output_scale is not None:
+                x = x * block.output_scale
         return x if self.streams is None else self.streams.collapse(x)
 
     def _layers_in_chunks(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: int,
@@ -361,6 +369,8 @@ class DecoderModel:
                     else:
                         fed = self.norm(h, block.post_norm) if normed is None else normed[first:end]
                         h.add_(self._ffn(block, fed, tokens[first:end]), alpha=r)
+                    if block.output_scale is not None:
+                        h.mul_(block.output_scale)
         return x if self.streams is None else self.streams.collapse(x)
 
     @staticmethod

@@ -35,6 +35,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "glm4_moe": ("GQA, partial rope, QK norm optional", "sigmoid + bias, group-limited top-k, shared experts"),
     "glm4_moe_lite": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
     "glm_moe_dsa": ("MLA with a sparse-attention indexer (DSA)", "sigmoid + bias, shared experts"),
+    "gemma4_text": ("sliding-window and full GQA layers (wider, values from the keys' projection), proportional rope, "
+                    "QK and V norms, sandwich norms, logit softcapping",
+                    "softmax top-k renormalized, per-expert scales, beside a dense MLP, GeGLU experts"),
     "gpt_oss": ("sliding-window and full GQA layers, attention sinks, biases",
                 "softmax over the top-k logits (router bias), experts with biases and clamped SwiGLU"),
     "granitemoe": ("GQA, Granite's multipliers", "softmax over the top-k logits"),
@@ -73,6 +76,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "solar_open": ("GQA", "sigmoid + bias, group-limited top-k, shared experts"),
 }
 
+# where a family does not run on both (the GPU's slot kernel has no GELU-gated experts yet:
+# runtime/gpu/kernels/slot_experts_ref.ACTIVATIONS)
+RUNS_ON = {"gemma4_text": "CPU (GPU: not yet, its GeGLU experts)"}
+
 HEADER = ("family", "HF model_type", "GGUF architecture", "attention", "routing", "runs on", "tested how")
 
 
@@ -88,7 +95,7 @@ def rows() -> list[tuple[str, ...]]:
         types = FAMILIES[family].model_types + FAMILIES[family].wrapper_model_types  # (mistral3: Mistral Small 4's)
         archs = list(dict.fromkeys(a for t in types for a in gguf.get(t, [])))  # (Qwen3.5's file is its text model's)
         tested = "parity with transformers" + (", HF -> GGUF -> FTW round trip" if archs else "")
-        out.append((family, ", ".join(types), ", ".join(archs) or "-", attention, routing, "CPU and GPU (hybrid)", tested))
+        out.append((family, ", ".join(types), ", ".join(archs) or "-", attention, routing, RUNS_ON.get(family, "CPU and GPU (hybrid)"), tested))
     return out
 
 

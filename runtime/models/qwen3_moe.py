@@ -12,7 +12,7 @@ from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, Start, causal_attention, sliding_causal_attention
 from ..layers.linear import linear
 from ..layers.mlp import softmax_topk, swiglu_mlp
-from ..layers.norm import rms_norm
+from ..layers.norm import l2_norm, rms_norm
 from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..layers.sink_attention import sink_causal_attention
 from ..loading.read_ftw import ModelWeights
@@ -27,7 +27,10 @@ class GQAAttention:
     scores scaled by `scale` (1/sqrt(head_dim) where None). `rotary` rotates queries and keys (None:
     no position encoding, NoPE); `window`: attention within that many positions (None: all of them);
     `sinks` [Hq]: a learned sink logit per head in each query's softmax (layers/sink_attention.py).
-    `norm_names` and `out_name` name the q/k norms and the output projection under `prefix`."""
+    `norm_names` and `out_name` name the q/k norms and the output projection under `prefix`.
+    `head_dim`/`kv_heads`: this layer's where not the config's (Gemma 4's full layers); `v_norm`:
+    values RMS-normed without a weight; `values_from_keys`: no v_proj, the values are k_proj's
+    output before its norm and rotation (Gemma 4's `attention_k_eq_v`)."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
     chunks_prompt = True  # a long prompt may come in chunks: later ones read the earlier ones' keys (base.Mixer)
@@ -35,13 +38,19 @@ class GQAAttention:
     def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, rope: RotaryEmbedding,
                  dtype: torch.dtype, *, qk_norm: bool, scale: float | None = None,
                  rotary: Rotary | None = apply_rotary, window: int | None = None, sinks: torch.Tensor | None = None,
-                 norm_names: tuple[str, str] = ("q_norm", "k_norm"), out_name: str = "o_proj") -> None:
+                 norm_names: tuple[str, str] = ("q_norm", "k_norm"), out_name: str = "o_proj",
+                 head_dim: int | None = None, kv_heads: int | None = None, v_norm: bool = False,
+                 values_from_keys: bool = False) -> None:
         projections = ("q_proj", "k_proj", "v_proj", out_name)
-        self.q, self.k, self.v, self.o = (weights.get(f"{prefix}{p}.weight") for p in projections)
+        self.q, self.k, self.o = (weights.get(f"{prefix}{p}.weight") for p in ("q_proj", "k_proj", out_name))
+        self.v: torch.Tensor | None = None if values_from_keys else weights.get(f"{prefix}v_proj.weight")
         # attention_bias: q, k, v and o each have one (transformers' Qwen3MoeAttention)
         self.q_bias, self.k_bias, self.v_bias, self.o_bias = (weights.maybe(f"{prefix}{p}.bias") for p in projections)
         self.q_norm, self.k_norm = (weights.get(f"{prefix}{name}.weight") if qk_norm else None for name in norm_names)
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads if kv_heads is None else kv_heads
+        self.head_dim = config.head_dim if head_dim is None else head_dim
+        self.v_norm = v_norm
         self.eps, self.rope, self.dtype, self.rotary, self.window = config.rms_norm_eps, rope, dtype, rotary, window
         self.scale = self.head_dim ** -0.5 if scale is None else scale  # (Granite's attention_multiplier)
         self.sinks = sinks
@@ -58,7 +67,9 @@ class GQAAttention:
         t = x.shape[0]
         q = linear(x, self.q, self.q_bias).view(t, self.heads, self.head_dim)  # [T, Hq, D]
         k = linear(x, self.k, self.k_bias).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
+        v = k if self.v is None else linear(x, self.v, self.v_bias).view(t, self.kv_heads, self.head_dim)
+        if self.v_norm:
+            v = l2_norm(v, self.eps)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         if self.rotary is not None:
