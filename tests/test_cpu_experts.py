@@ -96,9 +96,9 @@ def test_matches_reference_qwen3_shape(kernels, dtype: str, scales: bool) -> Non
         assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
 
 
-# gpt-oss's (its alpha; a limit the random experts' gate and up values cross) and DeepSeek-V4's
+# gpt-oss's (its alpha; a limit the random experts' gate and up values cross), DeepSeek-V4's and Gemma 4's
 ACTIVATIONS = [SWIGLU, ExpertActivation("swiglu_clamped", alpha=1.702, limit=0.7),
-               ExpertActivation("swiglu_limited", limit=0.5)]
+               ExpertActivation("swiglu_limited", limit=0.5), ExpertActivation("geglu_tanh")]
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])

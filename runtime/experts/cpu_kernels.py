@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ftw.format import BLOCK_DTYPES
+from ftw.format import BLOCK_DTYPES, CLAMPED_KINDS
 
 from .activation import describe
 from .bank import HostExpertBank
@@ -54,7 +54,7 @@ KQUANT_DTYPES = ("q4_k", "q5_k", "q6_k")
 INT8_DTYPES = ("mxfp4",)
 BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequant_rows take
 # ExpertActivation.kind -> enum Activation in moe_cpu.cpp
-ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2}
+ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3}
 BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
@@ -371,7 +371,7 @@ def bank_layout(bank: HostExpertBank, *, int8_activations: bool = True) -> _Layo
     if data.device.type != "cpu" or data.dtype != torch.uint8 or data.dim() != 2 or data.stride(1) != 1:
         raise UnsupportedBank("bank bytes are not a CPU uint8 [experts, stride] tensor")
     activation = bank.layout.activation
-    if activation.kind not in ACTIVATION_CODES or (activation.kind != "swiglu" and activation.limit is None):
+    if activation.kind not in ACTIVATION_CODES or (activation.kind in CLAMPED_KINDS and activation.limit is None):
         raise UnsupportedBank(f"the kernel has no expert activation {describe(activation)}")
     block = tuple(bank.layout.quant.get("fp8_block", (128, 128)))
     if bank.has_part("w13"):

@@ -73,14 +73,14 @@ struct Mat {
 };
 
 // How gate and up combine (ftw.format.ExpertActivation; activation.py is the reference).
-enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2 };
+enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2, GEGLU_TANH = 3 };
 
 struct Layout {  // Mirrored by cpu_kernels._Layout.
   Mat gate, up, down;  // gate/up: [I, H] (rows I..2I of w13 are `up`), down: [H, I]
   int64_t record_stride;
   int64_t num_experts;
   int64_t activation;  // enum Activation
-  double alpha, limit;  // swiglu_clamped's alpha; the clamps' limit (not SWIGLU)
+  double alpha, limit;  // swiglu_clamped's alpha; the clamps' limit (the clamped kinds only)
   int64_t gate_bias, up_bias, down_bias;  // byte offsets in a record of [I], [I], [H] vectors; -1: none
   int64_t bias_dtype;  // F32, F16 or BF16
   int64_t mxfp4_int8;  // MXFP4 matrices: int8 products with activations quantized per 32 (else fp32)
@@ -93,6 +93,8 @@ struct Act {
   explicit Act(const Layout& L) : kind(L.activation), alpha(float(L.alpha)), limit(float(L.limit)) {}
   inline float operator()(float g, float u) const {
     if (kind == SWIGLU) return g / (1.f + std::exp(-g)) * u;
+    if (kind == GEGLU_TANH)  // (Gemma 4: GELU's tanh form, sqrt(2 / pi) (g + 0.044715 g^3), as torch's)
+      return 0.5f * g * (1.f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
     g = std::min(g, limit);  // (NaN stays NaN, as in torch's clamp)
     u = std::min(std::max(u, -limit), limit);
     if (kind == SWIGLU_CLAMPED) return g / (1.f + std::exp(-alpha * g)) * (u + 1.f);
