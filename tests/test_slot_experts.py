@@ -339,9 +339,9 @@ def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 
 
-# --- the experts' own forms: clamped activations and biases (gpt-oss, DeepSeek-V4)
+# --- the experts' own forms: clamped activations and biases (gpt-oss, DeepSeek-V4), GeGLU (Gemma 4)
 
-FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702)]
+FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702), ("geglu_tanh", 1.0)]  # (geglu: no clamp)
 
 
 def _form_case(cache: Slots, num_tokens: int, seed: int, device: str):

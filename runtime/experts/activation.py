@@ -2,8 +2,8 @@
 
 A bank's layout names its experts' activation (`ExpertBank.activation`, written by the converter
 from the family's config). The compiled CPU kernel computes every kind (its `Act`, in
-csrc/moe_cpu.cpp), as does the GPU slot kernel but "geglu_tanh" (Gemma 4's: not yet, a
-KeyError in runtime/gpu/slot_compute.py); the Triton grouped-GEMM kernel computes plain
+csrc/moe_cpu.cpp), as does the GPU slot kernel (runtime/gpu/kernels/slot_experts.py, its ACT
+codes); the Triton grouped-GEMM kernel computes plain
 "swiglu" only (`plain`), and the device paths route other banks to their torch forms here.
 """
 

@@ -76,9 +76,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "solar_open": ("GQA", "sigmoid + bias, group-limited top-k, shared experts"),
 }
 
-# where a family does not run on both (the GPU's slot kernel has no GELU-gated experts yet:
-# runtime/gpu/kernels/slot_experts_ref.ACTIVATIONS)
-RUNS_ON = {"gemma4_text": "CPU (GPU: not yet, its GeGLU experts)"}
+# where a family does not run on both the CPU and the GPU (none now: Gemma 4's GELU-gated experts
+# were the last, until the slot kernel computed them)
+RUNS_ON: dict[str, str] = {}
 
 HEADER = ("family", "HF model_type", "GGUF architecture", "attention", "routing", "runs on", "tested how")
 

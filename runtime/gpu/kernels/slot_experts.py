@@ -61,6 +61,9 @@ def _activation(g, u, alpha, limit, ACT: tl.constexpr):
     """act(g, u) in fp32 for an ACTIVATIONS code (slot_experts_ref.activation_ref)."""
     if ACT == 0:
         return g / (1.0 + tl.exp(-g)) * u
+    if ACT == 3:  # gelu's tanh form: 0.5 g (1 + tanh(z)) = g sigmoid(2 z)
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return g / (1.0 + tl.exp(-2.0 * z)) * u
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
     if ACT == 1:

@@ -13,7 +13,8 @@ is fp32, and nothing is rounded in between:
 
 `act` is the bank's activation (`ACTIVATIONS`: "swiglu" as above; "swiglu_limited", DeepSeek-V4's,
 with g clamped to at most `limit` and u to [-limit, limit] first; "swiglu_clamped", gpt-oss's,
-g * sigmoid(alpha * g) * (u + 1) on the same clamps). `pair_bias` float32 [P, 2I]: the gate and up
+g * sigmoid(alpha * g) * (u + 1) on the same clamps; "geglu_tanh", Gemma 4's, gelu(g) * u by GELU's tanh
+approximation). `pair_bias` float32 [P, 2I]: the gate and up
 biases of each pair's expert, gathered by the caller (the down bias it adds itself, outside).
 
 Products of two bf16 (or two f16) values are exact in fp32, so the two twins differ only by the
@@ -32,13 +33,15 @@ import torch
 import torch.nn.functional as F
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
-ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2}  # the kernels' ACT codes
+ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2, "geglu_tanh": 3}  # the kernels' ACT codes
 
 
 def activation_ref(g: torch.Tensor, u: torch.Tensor, act: int, alpha: float, limit: float) -> torch.Tensor:
     """act(g, u) in fp32 for an ACTIVATIONS code (runtime/experts/activation.py's formulas)."""
     if act == 0:
         return F.silu(g) * u
+    if act == 3:
+        return F.gelu(g, approximate="tanh") * u
     g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
     return F.silu(g) * u if act == 1 else g * torch.sigmoid(alpha * g) * (u + 1)
 
