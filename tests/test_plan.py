@@ -398,6 +398,30 @@ def test_at_llama_cpps_smallest_footprint_the_gpu_runs_with_every_expert_in_ram(
     assert bare.device == "gpu" and bare.fits and bare.cache_slots == 0  # not one slot: every expert on the CPU
 
 
+def test_at_the_smallest_footprints_a_smaller_prompt_chunk_buys_a_layers_top_k(qwen3_16: ModelFootprint) -> None:
+    """Where a 512-token prompt chunk's activations would leave the cache fewer slots than one
+    layer's top-k (mode auto would then send every expert to the CPU, a prompt's too: the Q4_K_M
+    race file's 0 slots at llama.cpp's -ncmoe 16 budget, pp512 0.51x), the plan halves the chunk
+    until the slots it frees reach that, and says so; the runtime computes prompts in its chunks
+    (build.py). Where no halving down to MIN_PREFILL_CHUNK_TOKENS would, the chunk stays whole."""
+    from runtime.planner.plan import MIN_PREFILL_CHUNK_TOKENS
+
+    stride, kv = 9 * MiB, 4096 * QWEN3_16_KV
+    budget = QWEN3_16_FIXED + kv + 6 * stride  # whole chunks: 6 slots, under a layer's top-8
+    p = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget, num_ctx=4096))
+    assert p.prefill_chunk_tokens == 256 and p.workspace_bytes == GPU_RESERVE_BYTES + 256 * QWEN3_30B_ACT
+    assert p.cache_slots == (6 * stride + 256 * QWEN3_30B_ACT) // stride == 8
+    assert any("prompts run in chunks of 256 tokens, not 512" in n for n in p.notes)
+    assert dict(p.describe())["workspace"].endswith("prompts in chunks of 256 tokens")
+    roomy = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget + 8 * stride, num_ctx=4096))
+    assert roomy.prefill_chunk_tokens == 512 and roomy.cache_slots == 14  # a layer's top-k already
+    least = MIN_PREFILL_CHUNK_TOKENS * QWEN3_30B_ACT
+    hopeless = QWEN3_16_FIXED + kv - (PREFILL_CHUNK_TOKENS * QWEN3_30B_ACT - least) + 7 * stride - 1
+    bare = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=hopeless, num_ctx=4096))
+    assert bare.prefill_chunk_tokens == 512  # 128 tokens would leave 6 slots: every expert the CPU's anyway
+    assert bare.cache_slots == (7 * stride - 1 - (PREFILL_CHUNK_TOKENS * QWEN3_30B_ACT - least)) // stride == 2
+
+
 def test_an_explicit_num_ctx_is_planned_exactly_or_refused_with_the_numbers(qwen3_16: ModelFootprint) -> None:
     """`ft run --num-ctx 4608` at 3.5 GiB became 2,767 tokens in silence, then a 4,137-token prompt
     was refused. The user's num_ctx is planned as asked (the cache takes what is left, below one

@@ -21,6 +21,7 @@ from ..models import build_model, keep_float32
 from ..planner.footprint import keeps_blocks
 from ..planner.plan import (
     PREFILL_BUFFERS,
+    PREFILL_CHUNK_TOKENS,
     ModelFootprint,
     Plan,
     PlanOverrides,
@@ -232,4 +233,5 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     executor.elastic = governor_for(executor, footprint, fit, vram_budget_bytes)
     with torch.device(device):
         model = build_model(weights.config, weights, executor, dtype)
-    return weights, DeviceModel(model, device, executor.steps), executor
+    chunk = fit.prefill_chunk_tokens if fit is not None else PREFILL_CHUNK_TOKENS  # (what the workspace holds)
+    return weights, DeviceModel(model, device, executor.steps, prefill_chunk_tokens=chunk), executor

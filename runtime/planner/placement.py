@@ -81,6 +81,7 @@ class Plan:
     num_expert_records: int
     num_threads: int
     num_physical_cores: int
+    prefill_chunk_tokens: int = 512  # prompt tokens computed at once on the GPU (plan.PREFILL_CHUNK_TOKENS or fewer)
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     problems: tuple[Problem, ...] = ()
@@ -134,7 +135,8 @@ class Plan:
             ("dense weights", f"{size(self.dense_bytes)} {where}" + (
                 f", token embeddings {size(self.embedding_bytes)} in RAM" if self.embedding_bytes else "")),
             ("KV cache", f"{size(self.kv_bytes)} {where}, {self._per_token()}"),
-            ("workspace", f"{size(self.workspace_bytes)} {where}"),
+            ("workspace", f"{size(self.workspace_bytes)} {where}" + (
+                f", prompts in chunks of {self.prefill_chunk_tokens} tokens" if on_gpu else "")),
             *([("prefill buffers", self._prefill())] if on_gpu and self.slot_bytes else []),
             ("expert cache", cache),
             ("context", context + ")"),

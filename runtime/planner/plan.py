@@ -45,6 +45,10 @@ RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activati
 # decode and 512-token prompts, step graphs captured; 320 keeps ~86 MiB of that margin.
 GPU_RESERVE_BYTES = 320 << 20
 PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
+# ... or down to this many, halving, where the full chunk's activations would leave the expert
+# cache without one layer's top-k (mode auto then sends every expert to the CPU, a prompt's too):
+# at the smallest footprint the slots a smaller chunk frees stream the prompt's experts over PCIe
+MIN_PREFILL_CHUNK_TOKENS = 128
 PREFILL_BUFFERS = 2  # bank-sized buffers a prefill streams through (2: double-buffered), lent by the cache
 DEFAULT_NUM_CTX = 32768  # when neither the user nor the recipe says; agents need long contexts
 MIN_CONTEXT_TOKENS = 2048  # below this a chat template and one answer do not fit: refuse instead
@@ -209,6 +213,9 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
     if exact is not None and left >= kv.bytes_for(least):  # (else the dense weights alone are too many, said above)
         log.problems.append(exact)
     kv_bytes = kv.bytes_for(context)
+    chunk = _prefill_chunk(fp, left - kv_bytes)  # (the context is settled: a smaller chunk buys slots only)
+    workspace -= (PREFILL_CHUNK_TOKENS - chunk) * fp.activation_bytes_per_token
+    left += (PREFILL_CHUNK_TOKENS - chunk) * fp.activation_bytes_per_token
     slots, buffers = 0, 0
     if fp.layout_known:
         buffers, slots = _prefill_buffers_and_slots(fp, left - kv_bytes, log)
@@ -229,8 +236,30 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
         per_1k = 1024 * kv.bytes_per_token / fp.expert_stride_bytes
         log.notes.append(f"the KV cache ({size(kv_bytes)}) is larger than the expert cache: every 1024 tokens "
                          f"less of --num-ctx buys {per_1k:.1f} more expert slots")
-    return _plan(fp, machine, o, "", ram_budget, ram_needed, vram_budget, pinned, workspace, context, max_kv,
-                 slots, log, buffers)
+    if chunk < PREFILL_CHUNK_TOKENS and fp.layout_known:
+        log.notes.append(f"prompts run in chunks of {chunk} tokens, not {PREFILL_CHUNK_TOKENS}: the smaller "
+                         f"chunk's activations leave the expert cache {slots} slots, enough for a layer's "
+                         f"top-{fp.num_experts_per_tok} (misses and long prompts' experts then stream over PCIe "
+                         "beside the CPU)")
+    return replace(_plan(fp, machine, o, "", ram_budget, ram_needed, vram_budget, pinned, workspace, context, max_kv,
+                         slots, log, buffers), prefill_chunk_tokens=chunk)
+
+
+def _prefill_chunk(fp: ModelFootprint, room: int) -> int:
+    """The prompt chunk (tokens computed at once): PREFILL_CHUNK_TOKENS, or where `room` (VRAM
+    left for the cache beside a whole chunk's workspace) holds fewer slots than one layer's top-k,
+    the largest halving of it, down to MIN_PREFILL_CHUNK_TOKENS, whose smaller workspace leaves
+    that many (none does: PREFILL_CHUNK_TOKENS, the CPU computing every expert either way)."""
+    if not fp.layout_known or not fp.expert_stride_bytes:
+        return PREFILL_CHUNK_TOKENS
+
+    def slots(tokens: int) -> int:
+        return max(0, room + (PREFILL_CHUNK_TOKENS - tokens) * fp.activation_bytes_per_token) // fp.expert_stride_bytes
+
+    chunk = PREFILL_CHUNK_TOKENS
+    while slots(chunk) < fp.num_experts_per_tok and chunk > MIN_PREFILL_CHUNK_TOKENS:
+        chunk //= 2
+    return chunk if slots(chunk) >= fp.num_experts_per_tok else PREFILL_CHUNK_TOKENS
 
 
 def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tuple[int, int]:
