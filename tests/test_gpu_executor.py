@@ -1099,7 +1099,7 @@ def test_a_plan_below_one_tokens_experts_loads_and_answers_as_the_cpu_backend(ti
     "cpu" (no profile measured, no elastic floor); either answers as the CPU backend does."""
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
-    from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
+    from runtime.planner.plan import PREFILL_CHUNK_TOKENS, ModelFootprint, PlanOverrides, plan
     from runtime.planner.resources import GPU, Machine
 
     store, name = tiny_store
@@ -1112,8 +1112,14 @@ def test_a_plan_below_one_tokens_experts_loads_and_answers_as_the_cpu_backend(ti
     for slots in (0, footprint.min_cache_slots - 1):
         budget = big.dense_bytes + big.workspace_bytes + big.kv_bytes + slots * footprint.expert_stride_bytes
         fit = plan(footprint, machine, PlanOverrides(vram_budget_bytes=budget, num_ctx=64, device="gpu"))
+        if slots == 0:  # (this tiny model's smaller prompt chunk frees a layer's top-k: tests/test_plan.py; a
+            # model whose experts are large against its activations plans none, as given here)
+            assert fit.prefill_chunk_tokens < PREFILL_CHUNK_TOKENS and fit.cache_slots >= footprint.num_experts_per_tok
+            fit = replace(fit, cache_slots=0, prefill_buffers=0, prefill_buffer_bytes=0,
+                          prefill_chunk_tokens=PREFILL_CHUNK_TOKENS)
+        else:
+            assert any(f"holds {slots} slots, fewer than one token's experts" in n for n in fit.notes)
         assert fit.fits and fit.device == "gpu" and fit.cache_slots == slots and fit.prefill_buffers == 0
-        assert any(f"holds {slots} slots, fewer than one token's experts" in n for n in fit.notes)
         loaded = load(store, name, torch.float32, backend="gpu", device="cpu", mode="auto", fit=fit,
                       prefill_min_tokens=8)
         assert loaded.experts.cache.num_slots == slots
