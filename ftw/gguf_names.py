@@ -22,6 +22,7 @@ GRANITES = (GRANITE, GRANITE_HYBRID)  # Granite's MoE names (router.layer, input
 BAILINGMOE2, PHIMOE, LLAMA4 = "bailingmoe2", "phimoe", "llama4"
 JAMBA = "jamba"  # AI21 Jamba: Mamba (v1) + attention layers, softmax MoE every other layer
 MISTRAL4 = "mistral4"  # Mistral Small 4's text model: deepseek2's tensors, softmax routing without a bias
+GEMMA4 = "gemma4"  # Gemma 4's text model (the 26B-A4B's MoE): sliding and full layers, a dense MLP beside the experts
 MLA = (DEEPSEEK2, MISTRAL4)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)

@@ -3,7 +3,7 @@ rows in gguf_names.py: each one's whole table (or whole block table) under its o
 
 from __future__ import annotations
 
-from .gguf_names import AFMOE, BAILINGMOE2, DBRX, JAMBA, LFM2MOE, LLAMA4, QWEN35, Row
+from .gguf_names import AFMOE, BAILINGMOE2, DBRX, GEMMA4, JAMBA, LFM2MOE, LLAMA4, QWEN35, Row
 
 # DBRX's whole table under its own names (after "transformer.blocks.N." for block rows): no generic row applies
 DBRX_GLOBAL_ROWS: tuple[Row, ...] = (
@@ -160,4 +160,33 @@ JAMBA_BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_gate.weight", "feed_forward.gate_proj.weight", (JAMBA,)),  # the dense layers' MLP
     Row("ffn_up.weight", "feed_forward.up_proj.weight", (JAMBA,)),
     Row("ffn_down.weight", "feed_forward.down_proj.weight", (JAMBA,)),
+)
+
+
+# Gemma 4's block table (Gemma4Model, as gguf-py's gemma4 rows name them): sandwich norms around attention
+# and around each half of the FFN, ffn_norm the dense MLP's pre-norm (not the usual post-attention norm), the
+# router's scale and the per-expert scale under the names the converter gives them (".scale" rows: nothing
+# folded into the weights), layer_scalar as layer_output_scale [1]. No attn_v where the values are the keys'
+# projection (attention_k_eq_v); the experts fused, gate_up_proj as ffn_gate_up_exps (gguf_names.EXPERT_ROWS)
+GEMMA4_BLOCK_ROWS: tuple[Row, ...] = (
+    Row("attn_norm.weight", "input_layernorm.weight", (GEMMA4,)),
+    Row("attn_q.weight", "self_attn.q_proj.weight", (GEMMA4,)),
+    Row("attn_k.weight", "self_attn.k_proj.weight", (GEMMA4,)),
+    Row("attn_v.weight", "self_attn.v_proj.weight", (GEMMA4,)),  # absent on full layers with attention_k_eq_v
+    Row("attn_output.weight", "self_attn.o_proj.weight", (GEMMA4,)),
+    Row("attn_q_norm.weight", "self_attn.q_norm.weight", (GEMMA4,)),  # per head, before RoPE
+    Row("attn_k_norm.weight", "self_attn.k_norm.weight", (GEMMA4,)),
+    Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GEMMA4,)),  # after attention
+    Row("ffn_norm.weight", "pre_feedforward_layernorm.weight", (GEMMA4,)),  # before the dense MLP
+    Row("ffn_gate.weight", "mlp.gate_proj.weight", (GEMMA4,)),  # the dense GeGLU MLP beside the experts
+    Row("ffn_up.weight", "mlp.up_proj.weight", (GEMMA4,)),
+    Row("ffn_down.weight", "mlp.down_proj.weight", (GEMMA4,)),
+    Row("post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight", (GEMMA4,)),  # after the dense MLP
+    Row("pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight", (GEMMA4,)),  # before the experts
+    Row("post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight", (GEMMA4,)),  # after the experts
+    Row("post_ffw_norm.weight", "post_feedforward_layernorm.weight", (GEMMA4,)),  # after their sum
+    Row("ffn_gate_inp.weight", "router.proj.weight", (GEMMA4,)),  # router [E, H]
+    Row("ffn_gate_inp.scale", "router.scale", (GEMMA4,)),  # the router input's scale [H]
+    Row("ffn_down_exps.scale", "router.per_expert_scale", (GEMMA4,)),  # [E]: llama.cpp scales each expert's down
+    Row("layer_output_scale.weight", "layer_scalar", (GEMMA4,)),  # [1]
 )

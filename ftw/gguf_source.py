@@ -28,6 +28,7 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
+from .gguf_config_gemma4 import gemma4_config
 from .gguf_config_layered import (
     afmoe_config,
     exaone_moe_config,
@@ -52,6 +53,7 @@ from .gguf_names import (
     DOTS1,
     ERNIE,
     EXAONE_MOE,
+    GEMMA4,
     GLM4,
     GLOBAL_ROWS,
     GPT_OSS,
@@ -79,6 +81,7 @@ from .gguf_names_own import (
     BAILINGMOE2_BLOCK_ROWS,
     DBRX_BLOCK_ROWS,
     DBRX_GLOBAL_ROWS,
+    GEMMA4_BLOCK_ROWS,
     JAMBA_BLOCK_ROWS,
     JAMBA_GLOBAL_ROWS,
     LFM2MOE_BLOCK_ROWS,
@@ -153,6 +156,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(LLAMA4, "llama4", "Llama4ForConditionalGeneration", llama4_config,
                          hf_layer_prefix=LLAMA4_LAYER_PREFIX_HF, rows=(LLAMA4_GLOBAL_ROWS, LLAMA4_BLOCK_ROWS)),
         GGUFArchitecture(MISTRAL4, "mistral4", "Mistral4ForCausalLM", mistral4_config),
+        GGUFArchitecture(GEMMA4, "gemma4_text", "Gemma4ForCausalLM", gemma4_config, rows=(GLOBAL_ROWS, GEMMA4_BLOCK_ROWS)),
         GGUFArchitecture(JAMBA, "jamba", "JambaForCausalLM", jamba_config, rows=(JAMBA_GLOBAL_ROWS, JAMBA_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,

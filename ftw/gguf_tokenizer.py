@@ -13,6 +13,12 @@ matches them in text.
   names we know to the pipeline of the model's original tokenizer.json.
 - SentencePiece ("llama": Llama, Mistral, Mixtral and many more): a BPE with byte fallback whose
   merges are the file's, or else derived from the scores; see gguf_tokenizer_spm.
+- Gemma 4's ("gemma4", Gemma4Model's set_vocab from tokenizer.json): SentencePiece-style BPE with
+  the file's merges, which llama-vocab.cpp runs as the "gemma4" pre-tokenizer whatever
+  `tokenizer.ggml.pre` says (spaces as U+2581, lines and runs of newlines apart, raw UTF-8, <0xXX>
+  byte fallback), always adding BOS. A run of newlines that is itself a token is taken whole
+  (llama.cpp's fix for Gemma 4): those tokens are matched as added tokens, which is the same for
+  every run the vocabulary has (a longer run is cut at its longest token, where llama.cpp merges it).
 
 Other tokenizer models are refused. A file that embeds its tokenizer.json verbatim
 (`tokenizer.huggingface.json`) is taken as is.
@@ -31,7 +37,7 @@ from .gguf_tokenizer_spm import merges_from_scores, spm_decoder, spm_model, spm_
 
 # gguf-py TokenType
 UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 0, 1, 2, 3, 4, 5, 6
-SUPPORTED_MODELS = ("gpt2", "llama")  # tokenizer.ggml.model
+SUPPORTED_MODELS = ("gpt2", "llama", "gemma4")  # tokenizer.ggml.model
 TOKENS, TYPES, SCORES, MERGES = (
     "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores", "tokenizer.ggml.merges")
 SPECIAL_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")  # tokenizer.ggml.*
@@ -101,6 +107,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
     "afmoe": PreTokenizer(_AFMOE_SPLITS),  # Arcee Trinity
     "sarvam-moe": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Sarvam-30B: lines and runs of newlines
+    "gemma4": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Gemma 4 (tokenizer model "gemma4"): the same
 }
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
 # LLAMA3's for llama3/llama-v3 and LFM2's lfm2, for DBRX and Smaug ("same as llama3") and for CHATGLM4
@@ -125,8 +132,9 @@ class _Vocab:
         self.model = meta.get("tokenizer.ggml.model")
         if self.model not in SUPPORTED_MODELS:
             raise SourceError(
-                f"GGUF tokenizer model {self.model!r} is not supported yet: ft rebuilds byte-level BPE ('gpt2') and "
-                "SentencePiece ('llama') tokenizers only; use the model's Hugging Face tokenizer instead"
+                f"GGUF tokenizer model {self.model!r} is not supported yet: ft rebuilds byte-level BPE ('gpt2'), "
+                "SentencePiece ('llama') and Gemma 4's ('gemma4') tokenizers only; use the model's Hugging Face "
+                "tokenizer instead"
             )
         tokens = meta.get(TOKENS)
         if not isinstance(tokens, list) or not tokens:
@@ -186,6 +194,8 @@ class _Vocab:
     def flag(self, key: str) -> bool:
         """`tokenizer.ggml.{key}`, or llama.cpp's default: a BOS and a space prefix for SentencePiece."""
         value = self.meta.get(f"tokenizer.ggml.{key}")
+        if self.model == "gemma4" and key == "add_bos_token":
+            return True  # llama-vocab.cpp overrides a false one for Gemma 4
         if value is None:
             return self.model == "llama" and key in ("add_bos_token", "add_space_prefix")
         if not isinstance(value, int):  # bool is an int; some writers store 0/1
@@ -193,13 +203,17 @@ class _Vocab:
         return bool(value)
 
     def added(self) -> list[dict[str, Any]]:
-        """Control, unknown and user-defined tokens at their file ids; user-defined ones are not special."""
+        """Control, unknown and user-defined tokens at their file ids; user-defined ones are not special.
+        For Gemma 4, its runs of newlines too (not special), which llama.cpp takes whole."""
         return [
             {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-             "special": kind != USER_DEFINED}
+             "special": kind in (CONTROL, UNKNOWN)}
             for i, (t, kind) in enumerate(zip(self.tokens, self.types, strict=True))
-            if kind in (CONTROL, UNKNOWN, USER_DEFINED) and self.ids[t] == i
+            if (kind in (CONTROL, UNKNOWN, USER_DEFINED) or self._newline_run(t, kind)) and self.ids[t] == i
         ]
+
+    def _newline_run(self, token: str, kind: int) -> bool:
+        return self.model == "gemma4" and kind in (UNDEFINED, NORMAL) and token != "" and token.strip("\n") == ""
 
     def vocab(self) -> dict[str, int]:
         """Every token at its file id, added and padding tokens included."""
@@ -234,7 +248,8 @@ def _post_processor(vocab: _Vocab) -> dict[str, Any] | None:
 
 
 def _byte_level_pipeline(vocab: _Vocab) -> dict[str, Any]:
-    pre_name = vocab.meta.get("tokenizer.ggml.pre", "gpt-2")
+    # (llama-vocab.cpp sets Gemma 4's pre-tokenizer itself, whatever the file says)
+    pre_name = "gemma4" if vocab.model == "gemma4" else vocab.meta.get("tokenizer.ggml.pre", "gpt-2")
     pre = PRE_TOKENIZERS.get(pre_name) if isinstance(pre_name, str) else None
     if pre is None:
         raise SourceError(
@@ -290,7 +305,7 @@ def gguf_tokenizer_json(reader: Any) -> dict[str, Any]:
     """A Hugging Face `tokenizer.json` (as a dict) for the tokenizer embedded in a GGUF file.
 
     `reader` is a `GGUFModel` or its metadata mapping. Every token keeps its file id. SourceError
-    for tokenizer models other than 'gpt2' and 'llama', for `tokenizer.ggml.pre` names not in
+    for tokenizer models other than 'gpt2', 'llama' and 'gemma4', for `tokenizer.ggml.pre` names not in
     PRE_TOKENIZERS, and for malformed tokenizer metadata."""
     meta = _metadata(reader)
     embedded = meta.get(HF_JSON_KEY)

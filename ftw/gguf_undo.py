@@ -73,6 +73,10 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   (1 + w) norms) and _LinearAttentionVReorderBase reorders the DeltaNet's value heads from grouped
   by key head to tiled; undoing that would permute out_proj's columns across quantized blocks, so
   the tiled order is kept and the config says so (`linear_value_head_order`).
+- gemma4 (Gemma 4's text model, as Gemma4Model over Gemma3Model writes it): nothing but names (no
+  norm shift: Gemma 4's RMSNorm multiplies by w; NeoX RoPE, as HF); router.scale and per_expert_scale
+  kept as tensors (ffn_gate_inp.scale, ffn_down_exps.scale), not folded into weights; layer_scalar as
+  layer_output_scale; the proportional RoPE only the rope_freqs tensor (gguf_config_gemma4.py).
 - HF [1, N] tensors that llama.cpp sizes [N] may be stored either way; they are read [1, N]
   (ROW_VECTORS).
 """
