@@ -63,6 +63,7 @@ class BankShape:
     num_experts: int
     parts: Mapping[str, Shape]
     quant: Mapping[str, Any] = field(default_factory=dict)
+    gated: bool = True  # w13 gate rows then up rows (2I), else up rows alone (I: ExpertActivation.gated)
 
 
 def check_config(config: Mapping[str, Any], source_config: Mapping[str, Any] | None = None) -> None:
@@ -230,14 +231,16 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
 
 
 def expected_parts(config: Mapping[str, Any], bank: BankShape) -> dict[str, Shape]:
-    """The part shapes an expert record of the config has: w13 (gate and up fused) or w1 and w3
-    apart (GGUF's mixed types), w2; FP8 block scales beside them where the bank has them; the
+    """The part shapes an expert record of the config has: w13 (gate and up fused; the up rows
+    alone where the bank is not gated) or w1 and w3 apart (GGUF's mixed types), w2; FP8 block
+    scales beside them where the bank has them; the
     gate|up and down biases, both, where it has either (gpt-oss)."""
     inter, hidden = config["moe_intermediate_size"], config["hidden_size"]
+    rows = 2 * inter if bank.gated else inter
     parts: dict[str, Shape] = {"w2": (hidden, inter)}
-    parts.update({"w1": (inter, hidden), "w3": (inter, hidden)} if "w1" in bank.parts else {"w13": (2 * inter, hidden)})
+    parts.update({"w1": (inter, hidden), "w3": (inter, hidden)} if "w1" in bank.parts else {"w13": (rows, hidden)})
     if "w13_bias" in bank.parts or "w2_bias" in bank.parts:
-        parts.update({"w13_bias": (2 * inter,), "w2_bias": (hidden,)})
+        parts.update({"w13_bias": (rows,), "w2_bias": (hidden,)})
     block = bank.quant.get("fp8_block")
     if block is not None:
         if not isinstance(block, list) or len(block) != 2 or not all(isinstance(b, int) and b >= 1 for b in block):
@@ -298,7 +301,8 @@ def index_tensor_problems(index: Index) -> list[TensorProblem]:
     except TensorProblem as e:
         return [e]
     dense = {t.name: t.shape for t in index.tensors if not t.name.endswith("_scale_inv")}
-    banks = {b.layer: BankShape(b.num_experts, {p.name: p.shape for p in b.parts}, b.quant) for b in index.banks}
+    banks = {b.layer: BankShape(b.num_experts, {p.name: p.shape for p in b.parts}, b.quant, b.activation.gated)
+             for b in index.banks}
     checks: list[Callable[[], None]] = [
         lambda: check_source_agrees(index.family, index.config, index.source_config),
         lambda: check_dense(index.config, dense, index.source_config),

@@ -178,7 +178,13 @@ class _Converter:
         fp4 = self._fp4_experts(layer, src, source_dtype)
         kept_mxfp4 = self.target == "auto" and any(key.endswith("_blocks") for key in src.fused)  # (gpt-oss's)
         dtype = "mxfp4" if kept_mxfp4 else fp4 or self.stored_dtype(source_dtype)
-        parts: list[tuple[str, str, tuple[int, ...]]] = [("w13", dtype, (2 * inter, hidden)), ("w2", dtype, (hidden, inter))]
+        activation = self.family.expert_activation(self.family.text_config(self.source_config))
+        rows = activation.w13_rows(inter)  # (the up rows alone where the experts are not gated: Nemotron-H's)
+        if not activation.gated and (fp4 or kept_mxfp4 or source_dtype in FP8_DTYPES
+                                    or any(key.endswith(FUSED_EXTRAS) for key in src.fused)):
+            raise SourceError(f"layer {layer}: {activation.kind} experts (not gated) are read as float weights "
+                              "without biases; this checkpoint's are quantized or biased")
+        parts: list[tuple[str, str, tuple[int, ...]]] = [("w13", dtype, (rows, hidden)), ("w2", dtype, (hidden, inter))]
         biased = "gate_up_proj_bias" in src.fused  # (gpt-oss's; _fused_reader checks that down_proj_bias is there too)
         if biased:  # (in their own dtype, or the cast: MXFP4 weights come with bf16 biases, a test's with f32)
             bias_dtype = self.stored_dtype(src.fused["gate_up_proj_bias"].dtype)
@@ -193,17 +199,16 @@ class _Converter:
                     raise SourceError(f"layer {layer}: FP8 expert weights without {proj}.weight_scale_inv block scales")
                 parts.append((part, _scale_dtype(scale.dtype), scale.shape))
             quant = {"fp8_block": self.fp8_block, "scale": "weight_scale_inv"}
-        read_expert = (self._fused_reader(layer, src, inter, hidden, kept_mxfp4) if src.fused
-                       else self._per_expert_reader(layer, src, inter, hidden, fp4))
+        read_expert = (self._fused_reader(layer, src, inter, hidden, kept_mxfp4, activation.gated) if src.fused
+                       else self._per_expert_reader(layer, src, inter, hidden, fp4, activation.gated))
         expert_bytes = sum(nbytes_of(d, shape) for _, d, shape in parts)
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
-        activation = self.family.expert_activation(self.family.text_config(self.source_config))
         with self.writer.expert_bank(layer, num_experts, parts, quant, activation) as bank:
             for e, pieces in enumerate(readahead(self.pool, read_expert, num_experts, depth)):
                 bank.write_expert(e, {name: [self.cast_bytes(b, b_dtype, d) for b, b_dtype in pieces[name]]
                                       for name, d, _ in parts})
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b, _ in bufs))
-        return 3 * inter * hidden + (2 * inter + hidden if biased else 0)
+        return (rows + inter) * hidden + (rows + hidden if biased else 0)
 
     def _fp4_experts(self, layer: int, src: _LayerExperts, source_dtype: str) -> str | None:
         """Where the layer's experts are DeepSeek-V4's FP4 (`expert_dtype` "fp4": nibble pairs with
@@ -220,8 +225,10 @@ class _Converter:
             raise SourceError("FP4 experts cannot be stored as fp8; use DTYPE auto (kept FP4) or a float dtype")
         return "mxfp4" if self.target == "auto" else self.stored_dtype("f32")
 
-    def _per_expert_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int, fp4: str | None = None):
-        """Each expert's pieces; `fp4` (`_fp4_experts`): its weights are FP4, read as that dtype."""
+    def _per_expert_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int, fp4: str | None = None,
+                           gated: bool = True):
+        """Each expert's pieces; `fp4` (`_fp4_experts`): its weights are FP4, read as that dtype;
+        not `gated`: w13 is up_proj alone (Nemotron-H's experts have no gate_proj)."""
         num_experts = self.config["num_experts"]
         beyond = sorted({e for e, _, _ in src.per_expert if e >= num_experts})
         if beyond:
@@ -261,7 +268,8 @@ class _Converter:
         def read(e: int) -> dict[str, list[tuple[np.ndarray, str]]]:
             if fp4 is not None:
                 return {"w13": [fp4_weight(e, "gate_proj"), fp4_weight(e, "up_proj")], "w2": [fp4_weight(e, "down_proj")]}
-            pieces = {"w13": [get(e, "gate_proj"), get(e, "up_proj")], "w2": [get(e, "down_proj")]}
+            pieces = {"w13": [get(e, "gate_proj"), get(e, "up_proj")] if gated else [get(e, "up_proj")],
+                      "w2": [get(e, "down_proj")]}
             if (0, "gate_proj", "weight_scale_inv") in src.per_expert:
                 pieces["w1_scale"] = [get(e, "gate_proj", "weight_scale_inv")]
                 pieces["w3_scale"] = [get(e, "up_proj", "weight_scale_inv")]
@@ -270,20 +278,24 @@ class _Converter:
 
         return read
 
-    def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int, kept_mxfp4: bool = False):
+    def _fused_reader(self, layer: int, src: _LayerExperts, inter: int, hidden: int, kept_mxfp4: bool = False,
+                      gated: bool = True):
         """Each expert's pieces from fused tensors; `kept_mxfp4`: MXFP4 weights as GGML mxfp4 rows
-        (else dequantized to bf16, exactly)."""
+        (else dequantized to bf16, exactly); not `gated`: w13 is up_proj alone (Nemotron-H's)."""
         num_experts = self.config["num_experts"]
         # w13 from one gate_up_proj, or from a gate_proj and an up_proj apart (DBRX's w1 and v1); each
         # weight a float tensor or MXFP4 blocks and scales (gpt-oss's release); gpt-oss's biases beside them
         w13 = ("gate_up_proj",) if {"gate_up_proj", "gate_up_proj_blocks"} & set(src.fused) else ("gate_proj", "up_proj")
+        if not gated:
+            w13 = ("up_proj",)
         needed = (*w13, "down_proj")
         mxfp4 = {p for p in needed if p + "_blocks" in src.fused}
         expected = {p for p in needed if p not in mxfp4} | {p + end for p in mxfp4 for end in ("_blocks", "_scales")}
         biases = {"gate_up_proj_bias": 2 * inter, "down_proj_bias": hidden} \
             if any(key.endswith("_bias") for key in src.fused) else {}
         if set(src.fused) != expected | set(biases):
-            raise SourceError(f"layer {layer}: fused experts need gate_up_proj (or gate_proj and up_proj) and "
+            wanted = "gate_up_proj (or gate_proj and up_proj)" if gated else "up_proj"
+            raise SourceError(f"layer {layer}: fused experts need {wanted} and "
                               "down_proj, each a float tensor or MXFP4 _blocks and _scales, and both _bias tensors "
                               f"or neither; the checkpoint has {', '.join(sorted(src.fused))}")
         # transformers' layout is gate_up [E, 2I, H] and down [E, H, I]; some exporters transpose.

@@ -128,9 +128,11 @@ class ExpertPart:
 # How an expert's gate and up projections combine (ExpertActivation.kind): SiLU-gated, as every
 # family but gpt-oss and DeepSeek-V4; gpt-oss's clamped variant (transformers' GptOssExperts._apply_gate);
 # DeepSeek-V4's SwiGLU of clamped inputs (DeepseekV4Experts._apply_gate); Gemma 4's GELU-gated
-# experts (gelu_pytorch_tanh, Gemma4TextExperts)
-ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited", "geglu_tanh")
+# experts (gelu_pytorch_tanh, Gemma4TextExperts); Nemotron-H's experts, not gated: relu(up)^2
+# (NemotronHExperts, mlp_hidden_act relu2), whose records hold only the up rows in w13
+ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited", "geglu_tanh", "relu2")
 CLAMPED_KINDS = ("swiglu_clamped", "swiglu_limited")  # the kinds that need a `limit`
+UNGATED_KINDS = ("relu2",)  # one projection before down: w13 is [I, H] (up), w13_bias [I]
 
 
 @dataclass(frozen=True)
@@ -141,11 +143,22 @@ class ExpertActivation:
     "swiglu": silu(gate) * up. "swiglu_clamped" (gpt-oss): gate clamped above at `limit`, up to
     [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1). "swiglu_limited" (DeepSeek-V4's
     `swiglu_limit`): the same clamps, then silu(gate) * up. "geglu_tanh" (Gemma 4): gelu(gate) * up,
-    GELU's tanh approximation. A bank without an `activation` in its index has plain SwiGLU."""
+    GELU's tanh approximation. "relu2" (Nemotron-H): not gated, relu(up)^2, w13 holding the up
+    rows alone (I of them, `gated` false). A bank without an `activation` in its index has plain
+    SwiGLU."""
 
     kind: str = "swiglu"
     alpha: float = 1.0
     limit: float | None = None
+
+    @property
+    def gated(self) -> bool:
+        """Whether w13 holds gate rows before the up rows (2I), or the up rows alone (I)."""
+        return self.kind not in UNGATED_KINDS
+
+    def w13_rows(self, inter: int) -> int:
+        """The rows of w13 (and values of w13_bias) for experts `inter` wide."""
+        return 2 * inter if self.gated else inter
 
 
 SWIGLU = ExpertActivation()
@@ -157,7 +170,8 @@ class ExpertBank:
 
     Expert `e` of this layer is the byte range
     `[offset + e * expert_stride, offset + e * expert_stride + record_bytes)` of `shard`.
-    Each record may carry `w13_bias` [2I] and `w2_bias` [H] parts beside its weights (gpt-oss).
+    Each record may carry `w13_bias` [2I] and `w2_bias` [H] parts beside its weights (gpt-oss);
+    w13 is [2I, H], or [I, H] where `activation` is not gated (`ExpertActivation.w13_rows`).
     """
 
     layer: int

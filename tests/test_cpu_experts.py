@@ -96,9 +96,11 @@ def test_matches_reference_qwen3_shape(kernels, dtype: str, scales: bool) -> Non
         assert_close(fast(0, x, ids, weights), reference(0, x, ids, weights))
 
 
-# gpt-oss's (its alpha; a limit the random experts' gate and up values cross), DeepSeek-V4's and Gemma 4's
+# gpt-oss's (its alpha; a limit the random experts' gate and up values cross), DeepSeek-V4's, Gemma 4's
+# and Nemotron-H's (not gated: w13 the up rows alone)
 ACTIVATIONS = [SWIGLU, ExpertActivation("swiglu_clamped", alpha=1.702, limit=0.7),
-               ExpertActivation("swiglu_limited", limit=0.5), ExpertActivation("geglu_tanh")]
+               ExpertActivation("swiglu_limited", limit=0.5), ExpertActivation("geglu_tanh"),
+               ExpertActivation("relu2")]
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
@@ -235,6 +237,30 @@ def test_the_kernels_dequantizer_matches_the_reference_exactly(kernels, dtype: s
         assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
     with pytest.raises(IndexError, match="out of range"):
         fast.dequantized(4, threads=1)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_k", "mxfp4", "f16"])
+def test_experts_that_are_not_gated_dequantize_and_run(kernels, dtype: str) -> None:
+    """Nemotron-H's relu2 experts, w13 the up rows alone [I, H]: the dequantizer gives those rows
+    (not 2I), and the kernel, its decode and prefill sizes, computes relu(up)^2 before down."""
+    from runtime.experts.cpu_kernels import ExpertKernel
+
+    relu2 = ExpertActivation("relu2")
+    hidden, inter = (256, 256) if dtype == "q4_k" else (96, 64)
+    bank = random_bank(dtype, NUM_EXPERTS, hidden, inter, seed=29, activation=relu2)
+    assert bank.layout.part("w13").shape == (inter, hidden)
+    fast = ExpertKernel(kernels["native"], bank)
+    for expert in range(3):
+        want, got = bank.weights(expert, torch.bfloat16), fast.dequantized(expert, threads=2)
+        assert want[0].shape == (inter, hidden) and all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    executor = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels["native"], grouped_gemm_min_rows=None)
+    reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
+    for num_tokens in (1, 3, 40):
+        x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(num_tokens))
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        # (Q4_K: the kernel rounds x and h to Q8_K, tests/test_kquant_kernel.py bounds that; the rest exact)
+        assert_close(executor(0, x, ids, weights), reference(0, x, ids, weights), rel=3e-2 if dtype == "q4_k" else 1e-5)
+    assert executor._layers[0] is not None
 
 
 def test_long_prefills_on_quantized_banks_take_dequantized_gemms(kernels, monkeypatch) -> None:

@@ -15,6 +15,7 @@ import functools
 import pytest
 import torch
 
+from ftw.format import SWIGLU, ExpertActivation
 from runtime.experts.synthetic import random_bank
 from runtime.gpu.kernels.slot_experts_ref import slot_experts_ref
 from runtime.gpu.records import PairPlan, RecordViews, experts_from_records, swiglu_experts
@@ -35,8 +36,8 @@ class Slots:
     hold 0xFF bytes, NaN in bf16 and f16: a kernel that reads a slot it was not given shows it."""
 
     def __init__(self, dtype: str, hidden: int, inter: int, expert_of: list[int | None], *, num_experts: int = 8,
-                 seed: int = 0, device: str = DEVICE) -> None:
-        bank = random_bank(dtype, num_experts, hidden, inter, seed=seed)
+                 seed: int = 0, device: str = DEVICE, activation: ExpertActivation = SWIGLU) -> None:
+        bank = random_bank(dtype, num_experts, hidden, inter, seed=seed, activation=activation)
         self.layout, self.hidden, self.inter, self.dtype = bank.layout, hidden, inter, DTYPES[dtype]
         self.bank = bank.data.pin_memory() if device == "cuda" else bank.data  # host rows, as the executor's banks
         self.slots = torch.full((len(expert_of), bank.layout.expert_stride + 4096), 0xFF, dtype=torch.uint8)
@@ -339,9 +340,10 @@ def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 
 
-# --- the experts' own forms: clamped activations and biases (gpt-oss, DeepSeek-V4), GeGLU (Gemma 4)
+# --- the experts' own forms: clamped activations and biases (gpt-oss, DeepSeek-V4), GeGLU (Gemma 4),
+# relu2 (Nemotron-H: not gated, w13 the up rows alone)
 
-FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702), ("geglu_tanh", 1.0)]  # (geglu: no clamp)
+FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702), ("geglu_tanh", 1.0), ("relu2", 1.0)]  # (no clamps but the first two)
 
 
 def _form_case(cache: Slots, num_tokens: int, seed: int, device: str):
@@ -352,18 +354,17 @@ def _form_case(cache: Slots, num_tokens: int, seed: int, device: str):
     w13, _ = views.weights(slice(1, 6), torch.float32)
     limit = float((x.float() @ w13.reshape(-1, cache.hidden).T).abs().median())
     pairs = random_pairs(gen, num_tokens, 4, 6, [1, 2, 3, 4, 5])
-    bias = torch.randn(len(pairs[0]), 2 * cache.inter, generator=gen) * limit
+    bias = torch.randn(len(pairs[0]), cache.layout.activation.w13_rows(cache.inter), generator=gen) * limit
     out = torch.randn(num_tokens, cache.hidden, generator=gen)
     return x.to(device), out.to(device), pairs, limit, bias.to(device)
 
 
 @pytest.mark.parametrize("kind, alpha", FORMS)
 def test_reference_computes_the_experts_own_form(kind: str, alpha: float) -> None:
-    from ftw.format import ExpertActivation
-    from runtime.experts.activation import activate
+    from runtime.experts.activation import activate, split_rows
     from runtime.gpu.kernels.slot_experts_ref import ACTIVATIONS
 
-    cache = Slots("bf16", 64, 32, [None, 3, 0, 5, 3, 7], device="cpu")
+    cache = Slots("bf16", 64, 32, [None, 3, 0, 5, 3, 7], device="cpu", activation=ExpertActivation(kind))
     x, out, (tokens, slots, weights), limit, bias = _form_case(cache, 3, 1, "cpu")
     activation = ExpertActivation(kind, alpha, limit)
     got = out.clone()
@@ -377,7 +378,7 @@ def test_reference_computes_the_experts_own_form(kind: str, alpha: float) -> Non
             w13, w2 = views.weights(s, torch.float32)
             h = x[t].float() @ w13[0].T + bias[p]
             clamped += int((h.abs() > limit).sum())
-            want[t] += w * (activate(activation, h[:32], h[32:]) @ w2[0].T)
+            want[t] += w * (activate(activation, *split_rows(activation, h)) @ w2[0].T)
     torch.testing.assert_close(got, want, **TIGHT)
     assert clamped > 0  # the limit bites
 
@@ -388,7 +389,7 @@ def test_reference_computes_the_experts_own_form(kind: str, alpha: float) -> Non
 def test_kernel_computes_the_experts_own_form(kind: str, alpha: float, hidden: int, inter: int) -> None:
     from runtime.gpu.kernels.slot_experts_ref import ACTIVATIONS
 
-    cache = Slots("bf16", hidden, inter, [None, 3, 0, 5, 3, 7])
+    cache = Slots("bf16", hidden, inter, [None, 3, 0, 5, 3, 7], activation=ExpertActivation(kind))
     x, out, pairs, limit, bias = _form_case(cache, 3, 2, DEVICE)
     form = {"act": ACTIVATIONS[kind], "alpha": alpha, "limit": limit}
     for pair_bias in (None, bias):
@@ -396,6 +397,33 @@ def test_kernel_computes_the_experts_own_form(kind: str, alpha: float, hidden: i
                         x, *pairs, out)
         want = cache.run(functools.partial(slot_experts_ref, **form, pair_bias=pair_bias), x, *pairs, out)
         torch.testing.assert_close(got, want, **TIGHT)
+
+
+@needs_triton
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (96, 40)])
+def test_kernel_fills_experts_that_are_not_gated(hidden: int, inter: int) -> None:
+    """relu2 records (w13 [I, H]) filled in the launch: the slot ends holding the whole record (no
+    gate rows read or written past it), the output the reference's."""
+    from runtime.gpu.kernels.slot_experts_ref import ACTIVATIONS
+
+    cache = Slots("bf16", hidden, inter, [None, 3, None, 5], activation=ExpertActivation("relu2"))
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(3)).to(cache.dtype).to(DEVICE)
+    tokens, slots, weights, fills = [0, 0, 0], [1, 2, 3], [0.5, 0.25, 1.0], [-1, 6, -1]
+    tensor = functools.partial(torch.tensor, device=DEVICE)
+    outs = []
+    for fn in (slot_experts, slot_experts_ref):
+        slot_tensor, o = cache.slots.clone(), torch.zeros(1, hidden, device=DEVICE)
+        fn(x, slot_tensor, tensor(tokens, dtype=torch.int32), tensor(slots, dtype=torch.int32), tensor(weights),
+           out=o, fill_bank=cache.bank.to(DEVICE), pair_fill=tensor(fills, dtype=torch.int32), **cache.kwargs,
+           act=ACTIVATIONS["relu2"])
+        filled, before = slot_tensor[2].cpu(), cache.slots[2].cpu().clone()
+        for part in cache.layout.parts:  # the parts the bank's, every other byte as it was
+            span = slice(part.offset, part.offset + part.nbytes)
+            assert torch.equal(filled[span], cache.bank[6, span].cpu())
+            before[span] = filled[span]
+        assert torch.equal(filled, before)
+        outs.append(o)
+    torch.testing.assert_close(outs[0], outs[1], **TIGHT)
 
 
 def test_biases_and_fills_do_not_go_together() -> None:

@@ -3,8 +3,12 @@
 A bank's layout names its experts' activation (`ExpertBank.activation`, written by the converter
 from the family's config). The compiled CPU kernel computes every kind (its `Act`, in
 csrc/moe_cpu.cpp), as does the GPU slot kernel (runtime/gpu/kernels/slot_experts.py, its ACT
-codes); the Triton grouped-GEMM kernel computes plain
-"swiglu" only (`plain`), and the device paths route other banks to their torch forms here.
+codes); the Triton grouped-GEMM kernels compute plain "swiglu" only (`plain`), and the device
+paths route other banks to their torch forms here.
+
+A kind that is not gated ("relu2", Nemotron-H's) has one projection before down: its records'
+w13 holds the up rows alone ([I, H], not [2I, H]), so `split_rows` gives no gate and `activate`
+reads `up` alone.
 """
 
 from __future__ import annotations
@@ -20,8 +24,21 @@ def plain(activation: ExpertActivation) -> bool:
     return activation == SWIGLU
 
 
-def activate(activation: ExpertActivation, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """act(gate, up) elementwise, in the inputs' dtype (gate and up: the [..., I] halves of w13 x)."""
+def split_rows(activation: ExpertActivation, h: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(gate, up) [..., I] of h = w13 x [..., 2I] (or of the w13 biases); (None, h) where the
+    experts are not gated (h is up's [..., I])."""
+    if not activation.gated:
+        return None, h
+    gate, up = h.chunk(2, dim=-1)
+    return gate, up
+
+
+def activate(activation: ExpertActivation, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor:
+    """act(gate, up) elementwise, in the inputs' dtype (gate and up: the [..., I] halves of w13 x;
+    gate None for a kind that is not gated)."""
+    if activation.kind == "relu2":  # (Nemotron-H: relu(up)^2, as transformers' ReLUSquaredActivation)
+        return F.relu(up).square()
+    assert gate is not None, f"{activation.kind} experts are gated"
     if activation.kind == "swiglu":
         return F.silu(gate) * up
     if activation.kind == "geglu_tanh":  # (Gemma 4)

@@ -54,7 +54,7 @@ KQUANT_DTYPES = ("q4_k", "q5_k", "q6_k")
 INT8_DTYPES = ("mxfp4",)
 BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequant_rows take
 # ExpertActivation.kind -> enum Activation in moe_cpu.cpp
-ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3}
+ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4}
 BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
@@ -353,9 +353,11 @@ class ExpertKernel:
                         int(timeout_s * 1e6))
 
     def dequantized(self, expert: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w13 [2I, H], w2 [H, I]) of one expert in bf16: bank.weights(expert, torch.bfloat16), fast."""
+        """(w13 [2I, H] ([I, H] where not gated), w2 [H, I]) of one expert in bf16:
+        bank.weights(expert, torch.bfloat16), fast."""
         inter, hidden = self.layout.gate.rows, self.layout.gate.cols
-        w13 = torch.empty(2 * inter, hidden, dtype=torch.bfloat16, device="cpu")
+        rows = self.bank.layout.activation.w13_rows(inter)
+        w13 = torch.empty(rows, hidden, dtype=torch.bfloat16, device="cpu")
         w2 = torch.empty(hidden, inter, dtype=torch.bfloat16, device="cpu")
         rc = self.kernel._dequant(self.bank.data.data_ptr(), ctypes.byref(self.layout), expert, w13.data_ptr(),
                                   w2.data_ptr(), threads)
@@ -376,10 +378,14 @@ def bank_layout(bank: HostExpertBank, *, int8_activations: bool = True) -> _Layo
     block = tuple(bank.layout.quant.get("fp8_block", (128, 128)))
     if bank.has_part("w13"):
         w13 = bank.layout.part("w13")
-        inter, hidden = w13.shape[0] // 2, w13.shape[1]
+        inter, hidden = w13.shape[0] // (2 if activation.gated else 1), w13.shape[1]
         row_bytes = w13.nbytes // w13.shape[0]
-        gate = _mat(bank, w13.offset, w13.dtype, inter, hidden, row_bytes, "w1_scale", block)
-        up = _mat(bank, w13.offset + inter * row_bytes, w13.dtype, inter, hidden, row_bytes, "w3_scale", block)
+        up = _mat(bank, w13.offset + (inter * row_bytes if activation.gated else 0), w13.dtype, inter, hidden,
+                  row_bytes, "w3_scale", block)
+        # (not gated: the kernel reads no gate; it names up's rows, which size the call)
+        gate = _mat(bank, w13.offset, w13.dtype, inter, hidden, row_bytes, "w1_scale", block) if activation.gated else up
+    elif not activation.gated:
+        raise UnsupportedBank(f"{describe(activation)} experts keep their up rows in w13")
     else:  # GGUF experts whose gate and up differ in dtype (the kernel pairs each one's rows apart)
         w1, w3 = bank.layout.part("w1"), bank.layout.part("w3")
         gate = _mat(bank, w1.offset, w1.dtype, *w1.shape, w1.nbytes // w1.shape[0], None, block)
@@ -388,24 +394,28 @@ def bank_layout(bank: HostExpertBank, *, int8_activations: bool = True) -> _Layo
     down = _mat(bank, w2.offset, w2.dtype, *w2.shape, w2.nbytes // w2.shape[0], "w2_scale", block)
     if (down.rows, down.cols) != (gate.cols, gate.rows):
         raise UnsupportedBank(f"w2 is {list(w2.shape)}, expected [{gate.cols}, {gate.rows}]")
-    gate_bias, up_bias, down_bias, bias_dtype = _biases(bank, gate.rows, gate.cols)
+    gate_bias, up_bias, down_bias, bias_dtype = _biases(bank, gate.rows, gate.cols, activation.gated)
     return _Layout(gate=gate, up=up, down=down, record_stride=data.stride(0), num_experts=data.shape[0],
                    activation=ACTIVATION_CODES[activation.kind], alpha=activation.alpha,
                    limit=activation.limit if activation.limit is not None else math.inf, gate_bias=gate_bias,
                    up_bias=up_bias, down_bias=down_bias, bias_dtype=bias_dtype, mxfp4_int8=int(int8_activations))
 
 
-def _biases(bank: HostExpertBank, inter: int, hidden: int) -> tuple[int, int, int, int]:
-    """(gate, up, down bias offsets in a record, their dtype code); -1 offsets without biases."""
+def _biases(bank: HostExpertBank, inter: int, hidden: int, gated: bool = True) -> tuple[int, int, int, int]:
+    """(gate, up, down bias offsets in a record, their dtype code); -1 offsets without biases (and
+    for the gate's where not `gated`: w13_bias is up's [I] then)."""
     if not bank.has_part("w13_bias") and not bank.has_part("w2_bias"):
         return -1, -1, -1, DTYPE_CODES["f32"]
     if not (bank.has_part("w13_bias") and bank.has_part("w2_bias")):
         raise UnsupportedBank("expert records with one of w13_bias and w2_bias need both")
     b13, b2 = bank.layout.part("w13_bias"), bank.layout.part("w2_bias")
-    if b13.dtype != b2.dtype or b13.dtype not in BIAS_DTYPES or list(b13.shape) != [2 * inter] \
+    rows = 2 * inter if gated else inter
+    if b13.dtype != b2.dtype or b13.dtype not in BIAS_DTYPES or list(b13.shape) != [rows] \
             or list(b2.shape) != [hidden]:
         raise UnsupportedBank(f"expert biases are {b13.dtype} {list(b13.shape)} and {b2.dtype} {list(b2.shape)}, "
-                              f"expected one of {', '.join(BIAS_DTYPES)}, [{2 * inter}] and [{hidden}]")
+                              f"expected one of {', '.join(BIAS_DTYPES)}, [{rows}] and [{hidden}]")
+    if not gated:
+        return -1, b13.offset, b2.offset, DTYPE_CODES[b13.dtype]
     half = b13.nbytes // 2  # gate's I values, then up's
     return b13.offset, b13.offset + half, b2.offset, DTYPE_CODES[b13.dtype]
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ftw.format import SWIGLU, ExpertActivation
 
-from .activation import activate
+from .activation import activate, split_rows
 from .bank import HostExpertBank
 from .cpu_kernels import ExpertKernel, Kernel, ShareJob, UnsupportedBank, native_kernel
 
@@ -195,8 +195,8 @@ def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
            activation: ExpertActivation = SWIGLU,
            biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)) with gate and up fused as w13 = [gate; up] (`activation`: the
-    experts' own combine of gate and up, e.g. clamped; `biases`: (w13_bias, w2_bias) added to
-    each projection's output where the records have them, gpt-oss's)."""
+    experts' own combine of gate and up, e.g. clamped, or up alone where not gated; `biases`:
+    (w13_bias, w2_bias) added to each projection's output where the records have them, gpt-oss's)."""
     b13, b2 = biases if biases is not None else (None, None)
-    gate, up = F.linear(x, w13, b13).chunk(2, dim=-1)
+    gate, up = split_rows(activation, F.linear(x, w13, b13))
     return F.linear(activate(activation, gate, up), w2, b2)

@@ -25,14 +25,18 @@ def random_bank(dtype: str, num_experts: int, hidden_size: int, inter_size: int,
     such as q8_0, q4_k or mxfp4). `num_distinct` experts are drawn and repeated, so a large bank is
     quick to make. A GGUF-style mixed expert: `down_dtype` for w2 (Q4_K_M's Q6_K down), `up_dtype`
     for up (stored as w1 and w3 apart, as ftw/gguf_convert.py does when gate and up differ).
-    `activation`: the experts' (gpt-oss's swiglu_clamped, ...); `bias_dtype`: records with
-    `w13_bias` [2I] and `w2_bias` [H] in it, as gpt-oss's."""
+    `activation`: the experts' (gpt-oss's swiglu_clamped, ...; one not gated, Nemotron-H's relu2,
+    has w13 [I, H] of up rows alone); `bias_dtype`: records with `w13_bias` [2I] and `w2_bias` [H]
+    in it, as gpt-oss's."""
     gen = torch.Generator().manual_seed(seed)
-    records = [_expert(dtype, hidden_size, inter_size, gen, fp8_scales, up_dtype or dtype, down_dtype or dtype)
+    rows = activation.w13_rows(inter_size)
+    if not activation.gated and (up_dtype not in (None, dtype) or (dtype.startswith("f8") and fp8_scales)):
+        raise ValueError("experts that are not gated have one w13 (up rows) and no FP8 block scales here")
+    records = [_expert(dtype, hidden_size, inter_size, gen, fp8_scales, up_dtype or dtype, down_dtype or dtype, rows)
                for _ in range(min(num_experts, num_distinct or num_experts))]
     if bias_dtype is not None:
         for record in records:
-            for name, size in (("w13_bias", 2 * inter_size), ("w2_bias", hidden_size)):
+            for name, size in (("w13_bias", rows), ("w2_bias", hidden_size)):
                 record[name] = (bias_dtype, (size,), _bytes(torch.randn(size, generator=gen).to(TORCH_FLOATS[bias_dtype])))
     parts, stride = plan_expert_parts((name, part_dtype, shape) for name, (part_dtype, shape, _) in records[0].items())
     quant = {"fp8_block": list(FP8_BLOCK), "scale": "weight_scale_inv"} if "w1_scale" in records[0] else {}
@@ -47,9 +51,9 @@ def random_bank(dtype: str, num_experts: int, hidden_size: int, inter_size: int,
 
 
 def _expert(dtype: str, hidden: int, inter: int, gen: torch.Generator, fp8_scales: bool, up_dtype: str,
-            down_dtype: str) -> dict[str, tuple[str, tuple[int, ...], torch.Tensor]]:
-    """name -> (dtype, logical shape, stored bytes), in FTW's part order."""
-    w13 = torch.randn(2 * inter, hidden, generator=gen) / hidden**0.5  # [2I, H]: gate rows, then up rows
+            down_dtype: str, rows: int | None = None) -> dict[str, tuple[str, tuple[int, ...], torch.Tensor]]:
+    """name -> (dtype, logical shape, stored bytes), in FTW's part order; w13 of `rows` (2I by default)."""
+    w13 = torch.randn(rows or 2 * inter, hidden, generator=gen) / hidden**0.5  # [2I, H]: gate rows, then up rows
     w2 = torch.randn(hidden, inter, generator=gen) / inter**0.5  # [H, I]
     if (up_dtype, down_dtype) != (dtype, dtype):
         if any(d.startswith("f8") for d in (dtype, up_dtype, down_dtype)):

@@ -16,7 +16,7 @@ from ftw import ExpertBank
 from ftw.format import BLOCK_DTYPES, SWIGLU, ExpertActivation
 from ftw.reader import torch_dtype_of
 
-from ..experts.activation import activate, plain
+from ..experts.activation import activate, plain, split_rows
 from ..experts.ggml_blocks import DEVICE_BLOCK_DTYPES, dequantize_blocks
 from .kernels import triton_module
 from .kernels.grouped_block_experts_ref import BLOCK_KINDS, part_bytes
@@ -116,7 +116,8 @@ class RecordViews:
         return {"gate": gate, "up": up, "down": (down.offset, down.dtype), "hidden": hidden, "inter": inter}
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w13 [n, 2I, H], w2 [n, H, I]) of `rows` (a 1-d index tensor on the data's device: a
+        """(w13 [n, 2I, H] (or [n, I, H]: ExpertActivation.w13_rows), w2 [n, H, I]) of `rows` (a
+        1-d index tensor on the data's device: a
         gathered copy; an int (n = 1) or a slice: read in place) in `dtype`; FP8 parts are
         dequantized with their block scales on the fly."""
         index = slice(rows, rows + 1) if isinstance(rows, int) else rows  # an int or a slice: a view
@@ -153,13 +154,13 @@ def swiglu_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                    activation: ExpertActivation = SWIGLU,
                    biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (every token through every expert) or [n, T, H] (expert i's own tokens) through n
-    experts: w13 [n, 2I, H], w2 [n, H, I] -> [n, T, H]; gate and up combined by `activation`
-    (the bank layout's); `biases` (w13_bias [n, 2I], w2_bias [n, H]: `RecordViews.biases`) added
-    to each projection's output where the records have them."""
+    experts: w13 [n, 2I, H] ([n, I, H] where `activation` is not gated), w2 [n, H, I] -> [n, T, H];
+    gate and up combined by `activation` (the bank layout's); `biases` (w13_bias [n, 2I], w2_bias
+    [n, H]: `RecordViews.biases`) added to each projection's output where the records have them."""
     h = torch.matmul(x, w13.transpose(1, 2))  # [n, T, 2I]
     if biases is not None:
         h = h + biases[0][:, None, :]
-    gate, up = h.chunk(2, dim=-1)
+    gate, up = split_rows(activation, h)
     y = torch.matmul(activate(activation, gate, up), w2.transpose(1, 2))  # [n, T, H]
     return y if biases is None else y + biases[1][:, None, :]
 

@@ -24,7 +24,7 @@ from ftw import ExpertBank
 from ftw.format import SWIGLU, ExpertActivation
 from ftw.reader import torch_dtype_of
 
-from ..experts.activation import activate
+from ..experts.activation import activate, split_rows
 from .kernels import RoutePlan, triton_module
 from .kernels.slot_experts_ref import ACTIVATIONS
 from .records import RecordViews, swiglu_experts
@@ -109,15 +109,15 @@ def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
         return gemv(inputs, by, slots, slot, part_offset=part.offset, kind=part.dtype, rows=part.shape[0],
                     cols=part.shape[1])
 
-    def gate_up(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if "w13" in parts:
-            gate, up = rows_times("w13", xs, token).chunk(2, dim=1)
+    def gate_up(xs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if "w13" in parts:  # (the up rows alone where the experts are not gated)
+            gate, up = split_rows(activation, rows_times("w13", xs, token))
         else:
             gate, up = rows_times("w1", xs, token), rows_times("w3", xs, token)
         if biases is None:
             return gate, up
-        gate_bias, up_bias = biases[0].chunk(2, dim=1)
-        return gate + gate_bias, up + up_bias
+        gate_bias, up_bias = split_rows(activation, biases[0])
+        return (None if gate is None else gate + gate_bias), up + up_bias
 
     def down(act: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         y = rows_times("w2", act, index)
@@ -130,10 +130,11 @@ FP8_PARTS = {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
 
 
 def fp8_parts(layout: ExpertBank, kinds) -> dict | None:
-    """The layout's parts by name where the FP8 kernel reads them all: w13 and w2 of one of `kinds`
-    (its FP8 types) with their float32 block scales (w1_scale, w3_scale, w2_scale). Else None."""
+    """The layout's parts by name where the FP8 kernel reads them all: w13 (gated) and w2 of one
+    of `kinds` (its FP8 types) with their float32 block scales (w1_scale, w3_scale, w2_scale).
+    Else None."""
     parts = {p.name: p for p in layout.parts}
-    if set(parts) != FP8_PARTS or parts["w13"].dtype not in kinds or parts["w2"].dtype != parts["w13"].dtype:
+    if not layout.activation.gated or set(parts) != FP8_PARTS or parts["w13"].dtype not in kinds or parts["w2"].dtype != parts["w13"].dtype:
         return None
     if any(parts[n].dtype != "f32" for n in ("w1_scale", "w3_scale", "w2_scale")):
         return None
@@ -165,7 +166,8 @@ def _swiglu_pairs(x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor, co
                   out: torch.Tensor, gate_up, down, activation: ExpertActivation = SWIGLU) -> None:
     """out += weight[p] x down_p(act(gate_p, up_p)) for every pair p (act: the bank's `activation`,
     silu(gate) x up unless it says otherwise): `gate_up(x in the compute dtype)` gives each pair's
-    gate and up rows times its token (float32 [P, I] each), `down(act, index)` each pair's down
+    gate and up rows times its token (float32 [P, I] each; no gate where the experts are not
+    gated), `down(act, index)` each pair's down
     rows times act[index[p]]."""
     gate, up = gate_up(x.to(compute_dtype))
     act = activate(activation, gate, up)  # float32 [P, I]
@@ -238,7 +240,7 @@ def add_slot_experts(x: torch.Tensor, plan: RoutePlan, weights: torch.Tensor, sl
         return
     on_device = slot >= 0
     rows = slot.clamp(min=0).long()
-    w13, w2 = views.weights(rows, compute_dtype)  # [P, 2I, H], [P, H, I]
+    w13, w2 = views.weights(rows, compute_dtype)  # [P, 2I (or I), H], [P, H, I]
     y = swiglu_experts(x.to(compute_dtype)[token.long()].unsqueeze(1), w13, w2, layout.activation,
                        views.biases(rows, compute_dtype))[:, 0]  # [P, H]
     y = torch.where(on_device[:, None], y.to(torch.float32) * weight.float()[:, None], 0.0)  # never-filled slots: not even NaN

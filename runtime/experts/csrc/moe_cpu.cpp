@@ -73,10 +73,12 @@ struct Mat {
 };
 
 // How gate and up combine (ftw.format.ExpertActivation; activation.py is the reference).
-enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2, GEGLU_TANH = 3 };
+// RELU2 (Nemotron-H) is not gated: relu(u)^2 of the up rows alone (w13 is [I, H]; `gate` then
+// names the same rows as `up` and is not read, nor is a gate bias).
+enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2, GEGLU_TANH = 3, RELU2 = 4 };
 
 struct Layout {  // Mirrored by cpu_kernels._Layout.
-  Mat gate, up, down;  // gate/up: [I, H] (rows I..2I of w13 are `up`), down: [H, I]
+  Mat gate, up, down;  // gate/up: [I, H] (rows I..2I of w13 are `up`; rows 0..I where not gated), down: [H, I]
   int64_t record_stride;
   int64_t num_experts;
   int64_t activation;  // enum Activation
@@ -93,6 +95,10 @@ struct Act {
   explicit Act(const Layout& L) : kind(L.activation), alpha(float(L.alpha)), limit(float(L.limit)) {}
   inline float operator()(float g, float u) const {
     if (kind == SWIGLU) return g / (1.f + std::exp(-g)) * u;
+    if (kind == RELU2) {  // (g is not read: no gate)
+      const float r = u > 0.f ? u : 0.f;
+      return r * r;
+    }
     if (kind == GEGLU_TANH)  // (Gemma 4: GELU's tanh form, sqrt(2 / pi) (g + 0.044715 g^3), as torch's)
       return 0.5f * g * (1.f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
     g = std::min(g, limit);  // (NaN stays NaN, as in torch's clamp)
@@ -605,8 +611,9 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
     return -2;
   const Act act(L);
   // gate and up of one dtype go row by row, gate row r with up row r; otherwise (GGUF mixes that
-  // store them apart) rows r and r + 1 of each
-  const bool fused = L.gate.dtype == L.up.dtype;
+  // store them apart) rows r and r + 1 of each; without a gate, rows r and r + 1 of up alone
+  const bool gated = L.activation != RELU2;
+  const bool fused = gated && L.gate.dtype == L.up.dtype;
   const int64_t hidden = L.gate.cols, inter = L.gate.rows;
   for (int64_t p = 0; p < num_pairs; ++p)
     if (ids[p] < 0 || ids[p] >= L.num_experts) return -1;
@@ -651,7 +658,8 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
   const int64_t down_items = num_runs * ((hidden + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM);
   const int64_t sum_items = num_tokens * ((hidden + SUM_ROWS - 1) / SUM_ROWS);
   // Small layers (tiny models, tests) are not worth waking many threads: one per 64 KiB of work.
-  const int64_t expert_bytes = L.gate.rows * (L.gate.row_bytes + L.up.row_bytes) + L.down.rows * L.down.row_bytes;
+  const int64_t expert_bytes =
+      L.up.rows * ((gated ? L.gate.row_bytes : 0) + L.up.row_bytes) + L.down.rows * L.down.row_bytes;
   int64_t work_bytes = 0;
   for (int64_t run = 0; run < num_runs; ++run)
     work_bytes += expert_bytes * ((run_start[run + 1] - run_start[run] + MAX_NT - 1) / MAX_NT);
@@ -695,6 +703,15 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
             xa.f[t] = x + tok * hidden;
             xa.k[t] = xq + tok * x_blocks;
             xa.m[t] = xm + tok * xm_bytes;
+          }
+          if (!gated) {  // rb, rd: up rows r, r2
+            up_dots(nt, u, record + L.up.offset + r2 * L.up.row_bytes, scale_row(record, L.up, r),
+                    scale_row(record, L.up, r2), L.up, xa, rb, rd);
+            for (int t = 0; t < nt; ++t) {
+              h[(i + t) * inter + r2] = act(0.f, rd[t] + bu2);
+              h[(i + t) * inter + r] = act(0.f, rb[t] + bu);
+            }
+            continue;
           }
           if (fused) {
             gate_dots(nt, g, u, scale_row(record, L.gate, r), scale_row(record, L.up, r), L.gate, xa, ra, rb);
@@ -853,7 +870,8 @@ int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols
   return 0;
 }
 
-// One expert's weights as bf16: w13 [2I, H] (gate rows, then up rows) and w2 [H, I], for
+// One expert's weights as bf16: w13 [2I, H] (gate rows, then up rows; [I, H], the up rows,
+// where not gated) and w2 [H, I], for
 // prefill's one-GEMM-per-expert path on quantized banks. Returns 0, -1 for an expert out of
 // range, -2 for an unsupported dtype.
 int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert, uint16_t* w13, uint16_t* w2,
@@ -863,11 +881,14 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
   RowDots supported;  // the dtypes the kernel reads are the ones it dequantizes
   if (!supported.bind(L.gate) || !supported.bind(L.up) || !supported.bind(L.down)) return -2;
   const uint8_t* record = bank + expert * L.record_stride;
+  const bool gated = L.activation != RELU2;
   const Mat* mats[3] = {&L.gate, &L.up, &L.down};
-  uint16_t* outs[3] = {w13, w13 + L.gate.rows * L.gate.cols, w2};
+  uint16_t* outs[3] = {w13, w13 + (gated ? L.gate.rows * L.gate.cols : 0), w2};
   int64_t first_item[4] = {0, 0, 0, 0};
-  for (int k = 0; k < 3; ++k) first_item[k + 1] = first_item[k] + (mats[k]->rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
-  const int64_t expert_bytes = L.gate.rows * (L.gate.row_bytes + L.up.row_bytes) + L.down.rows * L.down.row_bytes;
+  for (int k = 0; k < 3; ++k)  // (no gate rows where not gated: up's are w13's)
+    first_item[k + 1] = first_item[k] + (k == 0 && !gated ? 0 : (mats[k]->rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM);
+  const int64_t expert_bytes =
+      L.up.rows * ((gated ? L.gate.row_bytes : 0) + L.up.row_bytes) + L.down.rows * L.down.row_bytes;
   const int threads = int(std::clamp<int64_t>(expert_bytes >> 16, 1, std::max<int64_t>(1, num_threads)));
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t item = 0; item < first_item[3]; ++item) {

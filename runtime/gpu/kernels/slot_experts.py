@@ -53,7 +53,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import dependent_launch
-from .slot_experts_ref import check_slot_experts_args
+from .slot_experts_ref import UNGATED_ACTS, check_slot_experts_args
 
 
 @triton.jit
@@ -61,6 +61,9 @@ def _activation(g, u, alpha, limit, ACT: tl.constexpr):
     """act(g, u) in fp32 for an ACTIVATIONS code (slot_experts_ref.activation_ref)."""
     if ACT == 0:
         return g / (1.0 + tl.exp(-g)) * u
+    if ACT == 4:  # relu2, not gated: relu(u)^2 (g is not read)
+        r = tl.maximum(u, 0.0)
+        return r * r
     if ACT == 3:  # gelu's tanh form: 0.5 g (1 + tanh(z)) = g sigmoid(2 z)
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
         return g / (1.0 + tl.exp(-2.0 * z)) * u
@@ -96,7 +99,7 @@ def _gate_up_kernel(
     token_ptr, slot_ptr, part_ptr, bank_addr, bank_stride, fill_ptr, out_ptr, stride_out, num_out, zero_chunk,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, H_SPAN: tl.constexpr,
     EVEN: tl.constexpr, FILL: tl.constexpr, ESIZE: tl.constexpr, BANK_ALIGN: tl.constexpr, ZERO: tl.constexpr,
-    BLOCK_Z: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_Z: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr,
 ):
     if PDL:  # wait for the kernel before, then let the next one launch (dependent_launch.py)
         gdc_wait()
@@ -115,12 +118,13 @@ def _gate_up_kernel(
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)  # [BLOCK_I] rows of W1 (and of W3 at + INTER)
     cols = split * H_SPAN + tl.arange(0, BLOCK_H)  # this program's first tile of columns
     w1 = w_ptr + slot.to(tl.int64) * stride_slot + w13_at + rows[:, None] * HIDDEN  # [BLOCK_I, 1]
-    w3 = w1 + INTER * HIDDEN
+    up_at = INTER * HIDDEN if GATED else 0  # (not gated: w13 is W3's rows alone, and W1 is not read)
+    w3 = w1 + up_at
     fill = tl.full([], -1, tl.int32)  # a tensor either way: `fill >= 0` below folds when FILL is off
     if FILL:
         fill = tl.load(fill_ptr + p)
     r1 = _read_from(w1, fill, bank_addr, bank_stride, w13_at, rows, HIDDEN, FILL, ESIZE, BANK_ALIGN)
-    r3 = r1 + INTER * HIDDEN
+    r3 = r1 + up_at
     x_row = x_ptr + token * stride_x
     # 2-d partial sums, reduced across threads once after the tiles rather than every tile
     g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
@@ -129,21 +133,26 @@ def _gate_up_kernel(
         h = cols + c * BLOCK_H
         if EVEN:  # no masks: unpredicated 16-byte loads
             xs = tl.load(x_row + h)
-            w1_tile = tl.load(r1 + h[None, :])
             w3_tile = tl.load(r3 + h[None, :])
             if fill >= 0:
-                tl.store(w1 + h[None, :], w1_tile)
                 tl.store(w3 + h[None, :], w3_tile)
+            if GATED:
+                w1_tile = tl.load(r1 + h[None, :])
+                if fill >= 0:
+                    tl.store(w1 + h[None, :], w1_tile)
         else:
             in_tile = (rows[:, None] < INTER) & (h < HIDDEN)[None, :]
             xs = tl.load(x_row + h, mask=h < HIDDEN, other=0.0)
-            w1_tile = tl.load(r1 + h[None, :], mask=in_tile, other=0.0)
             w3_tile = tl.load(r3 + h[None, :], mask=in_tile, other=0.0)
             if fill >= 0:
-                tl.store(w1 + h[None, :], w1_tile, mask=in_tile)
                 tl.store(w3 + h[None, :], w3_tile, mask=in_tile)
+            if GATED:
+                w1_tile = tl.load(r1 + h[None, :], mask=in_tile, other=0.0)
+                if fill >= 0:
+                    tl.store(w1 + h[None, :], w1_tile, mask=in_tile)
         xs = xs.to(tl.float32)[None, :]  # [1, BLOCK_H]
-        g += w1_tile.to(tl.float32) * xs
+        if GATED:
+            g += w1_tile.to(tl.float32) * xs
         u += w3_tile.to(tl.float32) * xs
     # this split's sums of the gate and up rows: partials [SPLIT, P, 2, I], added up by the down pass
     part = part_ptr + (split * tl.num_programs(0) + p) * (2 * INTER) + rows
@@ -209,11 +218,15 @@ def _down_kernel(
         g = tl.zeros([BLOCK_K], dtype=tl.float32)
         u = tl.zeros([BLOCK_K], dtype=tl.float32)
         for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
-            g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
+            if ACT != 4:  # (relu2 is not gated: no gate sums)
+                g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
             u += tl.load(pair_part + s * split_stride + INTER + i, mask=i < INTER, other=0.0)
-        if BIAS:  # the pair's gate and up biases [2I], fp32
-            g += tl.load(bias_ptr + p * (2 * INTER) + i, mask=i < INTER, other=0.0)
-            u += tl.load(bias_ptr + p * (2 * INTER) + INTER + i, mask=i < INTER, other=0.0)
+        if BIAS:  # the pair's gate and up biases [2I] ([I], up's, where not gated), fp32
+            if ACT != 4:
+                g += tl.load(bias_ptr + p * (2 * INTER) + i, mask=i < INTER, other=0.0)
+                u += tl.load(bias_ptr + p * (2 * INTER) + INTER + i, mask=i < INTER, other=0.0)
+            else:
+                u += tl.load(bias_ptr + p * INTER + i, mask=i < INTER, other=0.0)
         act = _activation(g, u, alpha, limit, ACT)  # silu(g) * u for plain SwiGLU, fp32
         y += w.to(tl.float32) * act[None, :]
     y = tl.sum(y, axis=1) * weight  # [BLOCK_O]
@@ -280,7 +293,8 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
 
     `act` (an ACTIVATIONS code, with `alpha` and `limit`) and `pair_bias` (float32 [P, 2I], the
     pairs' gate and up biases, gathered before the launch: not with fills): the bank's own expert
-    form, as slot_experts_ref.py says. The down bias is the caller's to add.
+    form, as slot_experts_ref.py says (relu2, code 4, not gated: w13 is the up rows alone, [I, H],
+    and `pair_bias` [P, I]). The down bias is the caller's to add.
     """
     w13_at, w2_at = check_slot_experts_args(x, slots, pair_token, pair_slot, pair_weight, w13_offset=w13_offset,
                                             w2_offset=w2_offset, hidden=hidden, inter=inter, dtype=dtype, out=out,
@@ -312,7 +326,7 @@ def slot_experts(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Tensor,
         fill_ptr, out, out.stride(0), out.numel(), zero_chunk, HIDDEN=hidden, INTER=inter, BLOCK_I=block_i,
         BLOCK_H=block_h, H_SPAN=h_span, EVEN=hidden % h_span == 0 and inter % block_i == 0, FILL=fills,
         ESIZE=esize, BANK_ALIGN=bank_align, ZERO=zero_out, BLOCK_Z=triton.next_power_of_2(zero_chunk), PDL=pdl,
-        num_warps=num_warps, launch_pdl=pdl,
+        GATED=act not in UNGATED_ACTS, num_warps=num_warps, launch_pdl=pdl,
     )
     _down_kernel[(num_pairs, triton.cdiv(hidden, block_o), triton.cdiv(inter, k_span))](
         partials, weights, weights.stride(0), w2_at, pair_token, pair_slot, pair_weight, out, out.stride(0),

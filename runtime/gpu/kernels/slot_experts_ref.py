@@ -14,7 +14,8 @@ is fp32, and nothing is rounded in between:
 `act` is the bank's activation (`ACTIVATIONS`: "swiglu" as above; "swiglu_limited", DeepSeek-V4's,
 with g clamped to at most `limit` and u to [-limit, limit] first; "swiglu_clamped", gpt-oss's,
 g * sigmoid(alpha * g) * (u + 1) on the same clamps; "geglu_tanh", Gemma 4's, gelu(g) * u by GELU's tanh
-approximation). `pair_bias` float32 [P, 2I]: the gate and up
+approximation; "relu2", Nemotron-H's, not gated: relu(u)^2, the record's `w13` [I, H] its up rows
+alone, no g). `pair_bias` float32 [P, 2I] ([P, I] not gated): the gate and up
 biases of each pair's expert, gathered by the caller (the down bias it adds itself, outside).
 
 Products of two bf16 (or two f16) values are exact in fp32, so the two twins differ only by the
@@ -33,11 +34,22 @@ import torch
 import torch.nn.functional as F
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
-ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2, "geglu_tanh": 3}  # the kernels' ACT codes
+# the kernels' ACT codes
+ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2, "geglu_tanh": 3, "relu2": 4}
+UNGATED_ACTS = (4,)  # the codes whose w13 is the up rows alone [I, H]
 
 
-def activation_ref(g: torch.Tensor, u: torch.Tensor, act: int, alpha: float, limit: float) -> torch.Tensor:
-    """act(g, u) in fp32 for an ACTIVATIONS code (runtime/experts/activation.py's formulas)."""
+def w13_rows(act: int, inter: int) -> int:
+    """The rows of a record's w13 for ACT code `act`."""
+    return inter if act in UNGATED_ACTS else 2 * inter
+
+
+def activation_ref(g: torch.Tensor | None, u: torch.Tensor, act: int, alpha: float, limit: float) -> torch.Tensor:
+    """act(g, u) in fp32 for an ACTIVATIONS code (runtime/experts/activation.py's formulas; g None
+    for a code that is not gated)."""
+    if act == 4:
+        return F.relu(u).square()
+    assert g is not None
     if act == 0:
         return F.silu(g) * u
     if act == 3:
@@ -73,7 +85,8 @@ def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: to
                          f"{tuple(x.shape)} stride {x.stride()} and {tuple(out.shape)} stride {out.stride()}")
     esize = torch.empty(0, dtype=dtype).element_size()
     slot_bytes = slots.shape[1]
-    for name, offset, nbytes in (("w13", w13_offset, 2 * inter * hidden * esize), ("w2", w2_offset, hidden * inter * esize)):
+    rows = w13_rows(act, inter)
+    for name, offset, nbytes in (("w13", w13_offset, rows * hidden * esize), ("w2", w2_offset, hidden * inter * esize)):
         if offset < 0 or offset % esize or offset + nbytes > slot_bytes:
             raise ValueError(f"slot_experts: {name} at byte {offset} ({nbytes} bytes) is not an aligned part "
                              f"of a {slot_bytes}-byte slot")
@@ -81,9 +94,9 @@ def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: to
         raise ValueError(f"slot_experts: slot stride {slots.stride(0)} bytes is not a multiple of {esize}")
     if act not in ACTIVATIONS.values():
         raise ValueError(f"slot_experts: act is an ACTIVATIONS code ({sorted(ACTIVATIONS.values())}), not {act}")
-    if pair_bias is not None and (pair_bias.dtype != torch.float32 or pair_bias.shape != (num_pairs, 2 * inter)
+    if pair_bias is not None and (pair_bias.dtype != torch.float32 or pair_bias.shape != (num_pairs, rows)
                                   or not pair_bias.is_contiguous()):
-        raise TypeError(f"slot_experts: pair_bias must be contiguous float32 [P, 2I] = [{num_pairs}, {2 * inter}], got "
+        raise TypeError(f"slot_experts: pair_bias must be contiguous float32 [P, w13 rows] = [{num_pairs}, {rows}], got "
                         f"{pair_bias.dtype} {tuple(pair_bias.shape)}")
     if pair_bias is not None and fill_bank is not None:
         raise ValueError("slot_experts: pair_bias is gathered from the slots before the launch, so fills go first")
@@ -93,7 +106,7 @@ def check_slot_experts_args(x: torch.Tensor, slots: torch.Tensor, pair_token: to
         if fill_bank.dtype != torch.uint8 or fill_bank.dim() != 2 or not fill_bank.is_contiguous():
             raise TypeError(f"slot_experts: fill_bank must be a contiguous uint8 [E, stride] bank, got "
                             f"{fill_bank.dtype} {tuple(fill_bank.shape)}")
-        ends = max(w13_offset + 2 * inter * hidden * esize, w2_offset + hidden * inter * esize)
+        ends = max(w13_offset + rows * hidden * esize, w2_offset + hidden * inter * esize)
         if fill_bank.shape[1] < ends or fill_bank.stride(0) % esize:
             raise ValueError(f"slot_experts: fill_bank records of {fill_bank.shape[1]} bytes do not hold the parts "
                              f"(up to byte {ends}, aligned to {esize})")
@@ -130,7 +143,7 @@ def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Ten
         return
     if fill_bank is not None:
         esize = torch.empty(0, dtype=dtype).element_size()
-        parts = ((w13_offset, 2 * inter * hidden * esize), (w2_offset, hidden * inter * esize))
+        parts = ((w13_offset, w13_rows(act, inter) * hidden * esize), (w2_offset, hidden * inter * esize))
         for slot, expert in zip(pair_slot.tolist(), pair_fill.tolist(), strict=True):
             if expert >= 0 and slot >= 0:
                 for offset, nbytes in parts:
@@ -139,12 +152,13 @@ def slot_experts_ref(x: torch.Tensor, slots: torch.Tensor, pair_token: torch.Ten
     used = pair_slot >= 0  # [P]
     slot = torch.where(used, pair_slot, 0).long()
     token = torch.where(used, pair_token, 0).long()
-    w13 = slot_weights(slots, w13_at, (2 * inter, hidden), dtype)[slot].float()  # [P, 2I, H]
+    w13 = slot_weights(slots, w13_at, (w13_rows(act, inter), hidden), dtype)[slot].float()  # [P, 2I (or I), H]
     w2 = slot_weights(slots, w2_at, (hidden, inter), dtype)[slot].float()  # [P, H, I]
     xs = x[token].float()  # [P, H]
     h = torch.einsum("ph,pjh->pj", xs, w13)  # [P, 2I]
     if pair_bias is not None:
         h = h + pair_bias.float()
-    a = activation_ref(h[:, :inter], h[:, inter:], act, alpha, limit)  # [P, I]
+    gate = None if act in UNGATED_ACTS else h[:, :inter]
+    a = activation_ref(gate, h[:, -inter:], act, alpha, limit)  # [P, I]
     y = torch.einsum("pi,phi->ph", a, w2) * pair_weight.float()[:, None]  # [P, H]
     out.index_add_(0, token, torch.where(used[:, None], y, 0.0))  # where, not a 0 weight: a skipped slot may hold NaNs
