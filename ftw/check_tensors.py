@@ -135,7 +135,8 @@ def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape],
         raise TensorProblem(f"layers {missing[:8]} have no dense tensors (no norms, no attention); "
                             f"the config has {layers} layers")
     _check_attention(config, dense, _attention_sizes(config, source_config))
-    _check_mlps(hidden, dense)
+    family = FAMILIES.get(str(config.get("family")))
+    _check_mlps(hidden, dense, gated=family is None or family.gated_mlps)
 
 
 def _layer_of(name: str) -> int | None:
@@ -209,8 +210,18 @@ def _check_attention(config: Mapping[str, Any], dense: Mapping[str, Shape],
                             f"{head!r} {list(dense[head])} (one head's); a model's q/k norms are all one or the other")
 
 
-def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
-    """Each dense SwiGLU MLP (dense layers, shared experts): gate and up [I, hidden], down [hidden, I]."""
+def _check_mlps(hidden: int, dense: Mapping[str, Shape], *, gated: bool = True) -> None:
+    """Each dense SwiGLU MLP (dense layers, shared experts): gate and up [I, hidden], down [hidden, I];
+    not `gated` (Family.gated_mlps: Nemotron-H's), up and down alone."""
+    if not gated:
+        for name in dense:
+            if name.endswith(".up_proj.weight"):
+                prefix, up = name.removesuffix("up_proj.weight"), dense[name]
+                if len(up) != 2 or up[1] != hidden:
+                    raise TensorProblem(f"tensor {name} has shape {list(up)}, not [*, {hidden}] (hidden_size)", tensor=name)
+                _want(prefix + "down_proj.weight", dense.get(prefix + "down_proj.weight") or (), (hidden, up[0]),
+                      "up_proj's, transposed")
+        return
     prefixes = {name.removesuffix(p) for name in dense for p in ("gate_proj.weight", "up_proj.weight",
                                                                  "down_proj.weight") if name.endswith("." + p)}
     # (a KV compressor's gate_proj, beside its kv_proj, is no MLP's: DeepSeek-V4's self_attn.compressor.;
@@ -233,8 +244,8 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape]) -> None:
 def expected_parts(config: Mapping[str, Any], bank: BankShape) -> dict[str, Shape]:
     """The part shapes an expert record of the config has: w13 (gate and up fused; the up rows
     alone where the bank is not gated) or w1 and w3 apart (GGUF's mixed types), w2; FP8 block
-    scales beside them where the bank has them; the
-    gate|up and down biases, both, where it has either (gpt-oss)."""
+    scales beside them where the bank has them; the gate|up and down biases, both, where it has
+    either (gpt-oss)."""
     inter, hidden = config["moe_intermediate_size"], config["hidden_size"]
     rows = 2 * inter if bank.gated else inter
     parts: dict[str, Shape] = {"w2": (hidden, inter)}

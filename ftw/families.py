@@ -22,6 +22,11 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     # per-expert, Qwen/DeepSeek/GLM names: model.layers.3.mlp.experts.17.gate_proj.weight
     re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.mlp\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<what>weight|weight_scale_inv)$"),
+    # per-expert, Nemotron-H names (not gated: no gate_proj): model.layers.1.mixer.experts.5.up_proj.weight
+    # (the release's backbone.layers..., renamed); fused as transformers holds them: model.layers.1.mixer.experts.up_proj
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.mixer\.experts\.(?P<expert>[0-9]+)\."
+               r"(?P<proj>up_proj|down_proj)\.(?P<what>weight)$"),
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.mixer\.experts\.(?P<proj>up_proj|down_proj)$"),
     # per-expert, Jamba names: model.layers.1.feed_forward.experts.5.gate_proj.weight
     re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.feed_forward\.experts\.(?P<expert>[0-9]+)\."
                r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<what>weight|weight_scale_inv)$"),
@@ -146,6 +151,8 @@ class Family:
     # why a config of this model type has no routed experts, or None where it has them (Gemma 4's dense
     # and MoE models share gemma4_text): such a checkpoint is refused by name before any download
     dense_reason: Callable[[dict[str, Any]], str | None] = lambda c: None
+    # its dense MLPs and shared experts have gate_proj beside up_proj and down_proj (Nemotron-H's do not)
+    gated_mlps: bool = True
 
     def tensor_name(self, name: str) -> str:
         """`name` as the runtime reads it (transformers' name); every reader of a checkpoint's
@@ -527,6 +534,70 @@ def _gemma4_dense_reason(c: dict[str, Any]) -> str | None:
 
 
 # Gemma 4's vision and audio towers and their embedders (Gemma4ForConditionalGeneration's), dropped
+# Nemotron-H's layer kinds as NemotronHConfig names them (layers_block_type), from a release's
+# hybrid_override_pattern (one character a layer) or the older names transformers remaps
+_NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+_NEMOTRON_H_LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def nemotron_h_layer_types(c: dict[str, Any]) -> list[str]:
+    """Each layer's kind (linear_attention: Mamba2, full_attention, moe, mlp): `layers_block_type`
+    (transformers 5's saves) or `layer_types`, else the release's `hybrid_override_pattern`, else
+    NemotronHConfig's default; ValueError for one ft cannot read."""
+    types = c.get("layers_block_type") or c.get("layer_types")
+    if types is None and isinstance(c.get("hybrid_override_pattern"), str):
+        types = [_NEMOTRON_H_PATTERN.get(ch, ch) for ch in c["hybrid_override_pattern"]]
+    if types is None:
+        types = ["linear_attention", "moe", "full_attention", "mlp"]
+    if not isinstance(types, list):
+        raise ValueError(f"layers_block_type is {str(types)[:60]}, not a list")
+    types = [_NEMOTRON_H_LEGACY.get(t, t) for t in types]
+    unknown = sorted({str(t) for t in types} - set(_NEMOTRON_H_PATTERN.values()))
+    if unknown:
+        raise ValueError(f"layer kinds {unknown} are not Nemotron-H's (M, E, *, - of hybrid_override_pattern)")
+    return types
+
+
+def nemotron_h_view(c: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H's config under the usual names: num_hidden_layers from the layer kinds (transformers
+    5 saves none), and its Mamba2 sizes under Granite 4.0 hybrid's names, which layers/mamba2.py and
+    the fit read (mamba_num_heads -> mamba_n_heads, ...; NemotronHConfig's defaults and the older
+    mamba_* spellings it takes), rms_norm_eps from layer_norm_epsilon."""
+    if c.get("moe_latent_size"):
+        raise UnsupportedArchitectureError("nemotron_h with a latent MoE (moe_latent_size: Nemotron 3 Super) has no "
+                                           "converter yet; ft runs Nemotron-H's MoE on the hidden size")
+
+    def get(*keys: str, default: Any) -> Any:
+        return next((c[k] for k in keys if c.get(k) is not None), default)
+
+    return {"num_hidden_layers": len(nemotron_h_layer_types(c)),
+            "mamba_n_heads": get("mamba_num_heads", default=128), "mamba_d_head": get("mamba_head_dim", default=64),
+            "mamba_n_groups": get("n_groups", "mamba_n_groups", default=8),
+            "mamba_d_state": get("ssm_state_size", default=128), "mamba_d_conv": get("conv_kernel", "mamba_d_conv", default=4),
+            "mamba_chunk_size": get("chunk_size", "mamba_chunk_size", default=128),
+            "time_step_limit": get("time_step_limit", "mamba_dt_limit", default=[0.0, float("inf")]),
+            "rms_norm_eps": get("layer_norm_epsilon", default=1e-5)}
+
+
+def _nemotron_h_moe_layers(c: dict[str, Any]) -> list[int]:
+    return [i for i, kind in enumerate(nemotron_h_layer_types(c)) if kind == "moe"]
+
+
+def _nemotron_h_activation(c: dict[str, Any]) -> ExpertActivation:
+    """NemotronHExperts' experts, not gated: `mlp_hidden_act` (relu2) of up_proj, then down_proj."""
+    act = c.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise UnsupportedArchitectureError(f"nemotron_h with mlp_hidden_act {act!r} has no converter (ft runs its "
+                                           "relu2 experts)")
+    return ExpertActivation("relu2")
+
+
+def _nemotron_h_dense_reason(c: dict[str, Any]) -> str | None:
+    if "moe" in nemotron_h_layer_types(c):
+        return None
+    return "its layers have no MoE (no E in hybrid_override_pattern: a dense Nemotron-H)"
+
+
 _GEMMA4_TOWERS = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 
 
@@ -722,6 +793,15 @@ FAMILIES: dict[str, Family] = {
             wrapper_model_types=("gemma4",), drop_prefixes=_GEMMA4_TOWERS, top_k_keys=("top_k_experts",),
             expert_activation=_gemma4_activation, attention_sizes=gemma4_attention, dense_reason=_gemma4_dense_reason,
             renames=((re.compile(r"^model\.language_model\."), "model."),),
+        ),
+        Family(  # (one mixer or FFN a layer; relu2 experts, not gated, and a relu2 shared MLP; the release's
+            # names under backbone., transformers' own under model.; its MTP layers dropped)
+            "nemotron_h", ("nemotron_h",), ("n_routed_experts", "num_local_experts"), _nemotron_h_moe_layers,
+            num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0), config_view=nemotron_h_view,
+            expert_activation=_nemotron_h_activation, dense_reason=_nemotron_h_dense_reason, gated_mlps=False,
+            drop_prefixes=("mtp.", "model.mtp.", "backbone.mtp."),
+            renames=((re.compile(r"^backbone\."), "model."), (re.compile(r"^model\.embeddings\."), "model.embed_tokens."),
+                     (re.compile(r"^model\.norm_f\."), "model.norm.")),
         ),
         Family(  # (the released checkpoints' experts are MXFP4: dequantized to bf16 at conversion, convert.py)
             "gpt_oss", ("gpt_oss",), ("num_local_experts", "num_experts"), _all_layers,

@@ -92,6 +92,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "jamba": dict(SMALL, num_hidden_layers=5, intermediate_size=32, num_key_value_heads=2, num_experts=4,
                   attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
                   mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, initializer_range=0.1),
+    # Nemotron-H: Mamba2 layers 0 and 5 (8 heads of 8 in 2 groups, a state of 16, a conv of 4, chunks of 8, so
+    # the 12-token prompt spans two), a NoPE attention layer 2, MoE layers 1, 3 and 6 (8 relu2 experts in 2
+    # groups, one kept, top-2, a routing scale, a shared MLP wider than an expert) and a dense MLP layer 4;
+    # norms, D, dt_bias and the correction bias random (RANDOMIZED)
+    "nemotron_h": dict(SMALL, hybrid_override_pattern="ME*E-ME", num_key_value_heads=2, head_dim=16,
+                       intermediate_size=48, n_routed_experts=8, moe_intermediate_size=32,
+                       moe_shared_expert_intermediate_size=40, n_group=2, topk_group=1, routed_scaling_factor=1.5,
+                       mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, conv_kernel=4,
+                       chunk_size=8, initializer_range=0.1),
     # JetMoE's attention experts over kv heads of kv_channels (24, not hidden_size / heads; C = 48);
     # an rms_norm_eps only its final norm reads (transformers' layer norms keep 1e-6)
     "jetmoe": dict(SMALL, num_hidden_layers=2, intermediate_size=32, num_key_value_heads=2, kv_channels=24,
@@ -383,6 +392,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "granitemoehybrid": ("layernorm.", "model.norm.", "mamba.norm.", "mamba.D", "mamba.dt_bias"),
     "minicpm5_moe": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "jamba": ("layernorm.", "mamba.D", "conv1d.bias", "dt_proj.bias"),
+    "nemotron_h": ("norm.", "norm_f.", "mixer.D", "mixer.dt_bias", "e_score_correction_bias"),
     "axk1": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "mellum": ("layernorm.", "model.norm.", "q_norm.", "k_norm."),
     "mistral4": ("layernorm.", "language_model.norm."),
@@ -398,7 +408,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
 FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwen3_next", "mixtral", "granitemoe", "granitemoeshared", "jetmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "glm_moe_dsa",
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
-            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text")
+            "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
+            "nemotron_h")
 
 
 def build_model(family: str, seed: int = 0):

@@ -16,10 +16,13 @@ from tests.checkpoints import FAMILIES, load_all, save_checkpoint, to_fp8
 
 # Written independently of ftw/families.py: how each on-disk name maps into the expert record.
 PER_EXPERT = re.compile(
-    r"layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|weight_scale_inv)$"
+    r"layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward|mixer)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\."
+    r"(weight|weight_scale_inv)$"
 )
 # (Gemma 4's beside the dense MLP, under the layer itself: model.layers.3.experts.gate_up_proj)
 FUSED = re.compile(r"layers\.(\d+)\.(?:mlp\.|block_sparse_moe\.)?experts\.(gate_up_proj|down_proj)$")
+# (Nemotron-H's, not gated: up_proj [E, I, H] is all of w13)
+NEMOTRON_H_FUSED = re.compile(r"layers\.(\d+)\.mixer\.experts\.(up_proj|down_proj)$")
 # Granite's (and JetMoE's MLP) fused names: input_linear is gate_up_proj [E, 2I, H] (gate rows first),
 # output_linear down_proj; JetMoE's attention experts (self_attention.experts.) stay dense
 GRANITE_FUSED = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(input_linear|output_linear)\.weight$")
@@ -36,6 +39,7 @@ GPT_OSS_FUSED = re.compile(r"layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_pro
 # correction bias and shared MLP, Kimi Linear's and Ling's forget gates, MoE, embeddings and output),
 # each the part of a name and what it becomes, in turn
 RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks"},
+           "nemotron_h": {"backbone.": "model.", "model.embeddings.": "model.embed_tokens.", "model.norm_f.": "model.norm."},
            "laguna": {".mlp.experts.e_score_correction_bias": ".mlp.gate.e_score_correction_bias",
                       ".mlp.shared_expert.": ".mlp.shared_experts."},
            "kimi_linear": {".self_attn.f_a_proj.": ".self_attn.forget_gate.f_a_proj.",
@@ -83,6 +87,8 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
             bank, data = banks[layer]
             if what == "weight_scale_inv":
                 got = reader.expert_part(data, bank, expert, SCALE_PART[proj])
+            elif proj in HALF and not bank.activation.gated:  # (w13 is up_proj alone)
+                got = reader.expert_part(data, bank, expert, "w13")
             elif proj in HALF:
                 w13 = reader.expert_part(data, bank, expert, "w13")
                 half = w13.shape[0] // 2
@@ -96,9 +102,9 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
             if part.startswith("w13"):  # FTW's gate rows, then up: alternated back
                 parts = [torch.stack(p.chunk(2), dim=1).reshape(p.shape) for p in parts]
             got = torch.stack([p.T if p.dim() == 2 else p for p in parts])
-        elif m := FUSED.search(name) or GRANITE_FUSED.search(name) or LFM2_FUSED.search(name):
+        elif m := FUSED.search(name) or GRANITE_FUSED.search(name) or LFM2_FUSED.search(name) or NEMOTRON_H_FUSED.search(name):
             bank, data = banks[int(m[1])]
-            part = "w13" if m[2] in ("gate_up_proj", "input_linear") else "w2"
+            part = "w13" if m[2] in ("gate_up_proj", "input_linear", "up_proj") else "w2"
             got = torch.stack([reader.expert_part(data, bank, e, part) for e in range(bank.num_experts)])
         elif m := LLAMA4_FUSED.search(name):
             bank, data = banks[int(m[1])]
@@ -138,8 +144,15 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
-                                    "mistral4"])
+                                    "mistral4", "nemotron_h"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
+    if family == "nemotron_h":  # (not gated: its fused experts are up_proj and down_proj)
+        src = save_checkpoint(family, tmp_path / "hf", fused=True)
+        assert any(n.endswith(".mixer.experts.up_proj") for n in load_all(src))
+        index = convert_checkpoint(src, tmp_path / "ftw")
+        assert index.banks[0].activation.kind == "relu2" and index.banks[0].part("w13").shape == (32, 64)
+        assert_round_trip(src, tmp_path / "ftw")
+        return
     src = save_checkpoint(family, tmp_path / "hf", fused=True)
     assert any(".experts.gate_up_proj" in n for n in load_all(src)), "transformers no longer writes the fused layout"
     convert_checkpoint(src, tmp_path / "ftw")

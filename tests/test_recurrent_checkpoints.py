@@ -27,7 +27,7 @@ class _Ids:
         return " ".join(map(str, ids))
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "lfm2_moe", "minimax", "kimi_linear", "jamba"])
+@pytest.fixture(scope="module", params=["qwen3_next", "lfm2_moe", "minimax", "kimi_linear", "jamba", "nemotron_h"])
 def hybrid(request, tmp_path_factory: pytest.TempPathFactory):
     pytest.importorskip("transformers")
     from tests.checkpoints import save_checkpoint

@@ -93,8 +93,8 @@ def test_dsa_selection_over_a_span_is_a_top_k_of_the_visible_tokens(loaded_famil
 
 
 def _cache_buffers(state) -> list[tuple[str, int]]:
-    """(name, address) of every tensor the state's caches hold."""
-    return [(f"{i}.{name}", value.data_ptr()) for i, cache in enumerate(state.caches)
+    """(name, address) of every tensor the state's caches hold (none for a layer without a mixer)."""
+    return [(f"{i}.{name}", value.data_ptr()) for i, cache in enumerate(state.caches) if cache is not None
             for name, value in sorted(vars(cache).items()) if isinstance(value, torch.Tensor)]
 
 

@@ -60,6 +60,7 @@ FAMILY_MODULES = {
     "mellum": "mellum",
     "mistral4": "mistral4",
     "gemma4_text": "gemma4",
+    "nemotron_h": "nemotron_h",
 }
 
 

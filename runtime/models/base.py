@@ -133,12 +133,32 @@ def chunk_bounds(num_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
 Norm = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
 
+class NoMixer:
+    """The mixer of a block that has none (Nemotron-H's MoE and MLP layers are a norm and an FFN
+    alone): DecoderModel skips it, and its cache is nothing."""
+
+    takes_device_position = True
+    chunks_prompt = True
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: Any, start: Start) -> torch.Tensor:
+        raise AssertionError("a block without a mixer is not called")
+
+    def new_cache(self, max_tokens: int) -> None:
+        return None
+
+
+NO_MIXER = NoMixer()
+
+
 @dataclass
 class Block:
+    """One layer: x += mixer(input_norm(x)), then x += ffn(post_norm(x)). A layer with one of the
+    two only (Nemotron-H's) has mixer NO_MIXER (input_norm unread) or ffn None (post_norm unread)."""
+
     input_norm: Norm
     mixer: Mixer
     post_norm: Norm
-    ffn: FFN
+    ffn: FFN | None
     residuals: tuple[Residual, Residual] | None = None  # the mixer's and the FFN's, where x is several streams
     # the FFN reads the mixer's input (input_norm's) beside it, both added: x += mixer(h) + ffn(h)
     # (Cohere's parallel block; post_norm is not read)
@@ -334,8 +354,10 @@ class DecoderModel:
                 h = self.norm(x, block.input_norm)
                 x = x.add(block.mixer(h, positions, cache, start), alpha=r).add(self._ffn(block, h, tokens), alpha=r)
                 continue
-            x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
-            x = x.add(self._ffn(block, self.norm(x, block.post_norm), tokens), alpha=r)
+            if block.mixer is not NO_MIXER:
+                x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
+            if block.ffn is not None:
+                x = x.add(self._ffn(block, self.norm(x, block.post_norm), tokens), alpha=r)
             if block.output_scale is not None:
                 x = x * block.output_scale
         return x if self.streams is None else self.streams.collapse(x)
@@ -348,8 +370,9 @@ class DecoderModel:
             x = self.streams.expand(x)
         r = self.residual_multiplier
         for block, cache in zip(self.blocks, state.caches, strict=True):
-            # the whole prompt at once where the mixer's cache cannot be continued cheaply
+            # the whole prompt at once where the mixer's cache cannot be continued cheaply; none without a mixer
             spans = bounds if getattr(block.mixer, "chunks_prompt", False) else [(0, x.shape[0])]
+            spans = [] if block.mixer is NO_MIXER else spans
             # a parallel block's FFN reads the mixer's input: normed once, before the mixer adds to x
             normed = self.norm(x, block.input_norm) if block.parallel else None
             for first, end in spans:
@@ -361,7 +384,7 @@ class DecoderModel:
                 else:
                     mixed = self.norm(h, block.input_norm) if normed is None else normed[first:end]
                     h.add_(block.mixer(mixed, at, cache, start + first), alpha=r)
-            for index, (first, end) in enumerate(bounds):
+            for index, (first, end) in enumerate(bounds if block.ffn is not None else []):
                 h = x[first:end]
                 with _computing_chunk(PromptChunk(index, len(bounds))):
                     if block.residuals is not None:
@@ -375,6 +398,7 @@ class DecoderModel:
 
     @staticmethod
     def _ffn(block: Block, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        assert block.ffn is not None
         return block.ffn(h, tokens) if getattr(block.ffn, "takes_tokens", False) else block.ffn(h)  # type: ignore[call-arg]
 
     def _mixed_streams(self, block: Block, x: torch.Tensor, positions: torch.Tensor, cache: Any,

@@ -47,6 +47,8 @@ KINDS: dict[str, tuple[str, str]] = {
                          "softmax over the top-k logits, a shared MLP"),
     "granitemoeshared": ("GQA, Granite's multipliers", "softmax over the top-k logits, a shared MLP"),
     "hunyuan_v1_moe": ("GQA, QK norm after rope, NTK-alpha rope", "softmax top-k renormalized, a shared MLP"),
+    "nemotron_h": ("Mamba2 (selective state space) layers and NoPE GQA layers, one mixer or FFN a layer",
+                   "sigmoid + bias, group-limited top-k, a shared MLP, relu2 experts (not gated), dense MLP layers"),
     "jamba": ("Mamba (selective state space) layers and NoPE GQA layers", "softmax top-k, dense MLP layers between"),
     "hy_v3": ("GQA, QK norm", "sigmoid + bias, renormalized and scaled, shared experts"),
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),

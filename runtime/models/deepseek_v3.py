@@ -31,18 +31,20 @@ class SigmoidMoE:
     """Router (sigmoid scores, `e_score_correction_bias`, group-limited top-k) + routed experts
     through the executor + shared experts (a dense SwiGLU) added to the routed output. `bias`: the
     correction bias's name under the MLP's prefix (EXAONE keeps it beside the router, not in it);
-    None: no correction bias (A.X-K1's releases route without one: zeros, as transformers fills it)."""
+    None: no correction bias (A.X-K1's releases route without one: zeros, as transformers fills it).
+    `shared_mlp` makes the shared experts' MLP from its prefix (Nemotron-H's is not gated)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
                  executor: ExpertExecutor, defaults: dict[str, Any], *,
-                 bias: str | None = "gate.e_score_correction_bias") -> None:
+                 bias: str | None = "gate.e_score_correction_bias",
+                 shared_mlp: Callable[[ModelWeights, str], FFN] = dense_mlp) -> None:
         def get(key: str) -> Any:
             return config.get(key, defaults[key])
 
         self.router = weights.get(prefix + "gate.weight")
         self.bias = weights.get(prefix + bias) if bias is not None else (
             torch.zeros(config.num_experts, dtype=torch.float32, device=self.router.device))
-        self.shared = dense_mlp(weights, prefix + "shared_experts.") if get("n_shared_experts") else None
+        self.shared = shared_mlp(weights, prefix + "shared_experts.") if get("n_shared_experts") else None
         self.layer, self.executor, self.k = layer, executor, config.num_experts_per_tok
         self.num_groups, self.topk_groups = int(get("n_group")), int(get("topk_group"))
         self.normalize, self.scaling = bool(get("norm_topk_prob")), float(get("routed_scaling_factor"))

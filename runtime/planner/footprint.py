@@ -18,6 +18,8 @@ from ftw.families import (
     family_for_config,
     kimi_linear_layer_types,
     kimi_linear_sizes,
+    nemotron_h_layer_types,
+    nemotron_h_view,
     normalized_config,
     parse_expert_name,
 )
@@ -215,11 +217,23 @@ def _mamba2_hybrid(c: dict[str, Any], b: int) -> KVLayout:
     kv = _gqa({**c, "num_hidden_layers": full}, b)
     heads, groups, d_state = (int(c.get(k) or d) for k, d in (("mamba_n_heads", 128), ("mamba_n_groups", 1),
                                                                ("mamba_d_state", 256)))
-    inner = int(c.get("mamba_expand") or 2) * int(c["hidden_size"])
+    head_dim = c.get("mamba_d_head")  # (Mamba2Sizes: heads x head_dim, else expand x hidden)
+    inner = heads * int(head_dim) if head_dim not in (None, "auto") else int(c.get("mamba_expand") or 2) * int(c["hidden_size"])
     state = (int(c.get("mamba_d_conv") or 4) - 1) * (inner + 2 * groups * d_state) * b + inner * d_state * 4
     return KVLayout("hybrid", kv.bytes_per_token, (len(types) - full) * state,
                     f"{kv.formula.replace('GQA', f'{full} attention')}; + {len(types) - full} Mamba2 layers x "
                     f"{size(state)} state")
+
+
+def _nemotron_h(c: dict[str, Any], b: int) -> KVLayout:
+    """Nemotron-H: its attention layers' KV and its Mamba2 layers' state, as Granite 4.0 hybrid's
+    (`_mamba2_hybrid`) from its config under Granite's names (ftw.families.nemotron_h_view); its MoE
+    and MLP layers keep nothing."""
+    types = nemotron_h_layer_types(c)
+    kinds = ["attention" if t == "full_attention" else "mamba" for t in types if t in ("full_attention", "linear_attention")]
+    view = nemotron_h_view(c)
+    return _mamba2_hybrid({**c, **view, "num_hidden_layers": len(kinds), "layer_types": kinds,
+                           "mamba_expand": None}, b)
 
 
 def _mamba_hybrid(c: dict[str, Any], b: int) -> KVLayout:
@@ -315,7 +329,7 @@ def _compressed(c: dict[str, Any], b: int) -> KVLayout:
                     f"x {b} B; + {layers} windows of {window - 1} keys and the open compressor windows")
 
 
-KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "jamba": _mamba_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
+KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "nemotron_h": _nemotron_h, "jamba": _mamba_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
               "deepseek_v2": _mla, "axk1": _mla, "mistral4": _mla, "glm_moe_dsa": _mla, "deepseek_v4": _compressed,
               "deepseek_v32": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "glm4_moe_lite": _mla,
