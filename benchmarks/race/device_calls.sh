@@ -18,13 +18,14 @@
 #   kernels  a cold machine's block-GEMV bench (against .clean/ftold.tar.gz's where carried) and GPU
 #            kernel tests beside the build and pull, then the Q4_K_M race at -ncmoe 8 (~9 min)
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
+#   tests    a cold machine's -m gpu tests of $GPU_TESTS, nothing else (~2 min)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files whose -m
 # gpu tests run first, beside the build and the pull).
 set -u
-CALL=${1:?setup, race8, race6, quant, long, quick, kernels or profile}
+CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels or profile}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -129,6 +130,11 @@ case $CALL in
     timeout 200 "${RACE[@]}" --quant Q4_K_M --settings 8 --threads 8 --prompts 512 --ft-timeout 150 \
       --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsq8.json" > "$OUT/raceq8.log" 2>&1
     echo "rc $?"; tail -n 3 "$OUT/gpu_kernels.log"; tail -n 6 "$OUT/raceq8.log" ;;
+  tests)
+    # only $GPU_TESTS' -m gpu tests (no llama.cpp, no model file: ~2 min on a cold machine)
+    # shellcheck disable=SC2086
+    timeout 400 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider ${GPU_TESTS:?the test files} > "$OUT/gpu_tests.log" 2>&1
+    echo "rc $?" >> "$OUT/gpu_tests.log"; tail -n 8 "$OUT/gpu_tests.log" ;;
   profile)
     # where a decode token's time goes (benchmarks/profile_decode.py), Q4_K_M against bf16: a
     # CPU-only llama-quantize (no llama-bench needed) beside the bf16 pull, then four profiles
