@@ -260,3 +260,67 @@ def jamba_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         mamba_conv_bias=_has(meta.model, "ssm_conv1d.bias"), mamba_proj_bias=False,
     )
     return config
+
+
+NEMOTRON_H_CHUNK_SIZE = 128  # NemotronHConfig's chunk_size, which the file does not carry
+
+
+def nemotron_h_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """NemotronHModel.set_gguf_parameters for MoE checkpoints (over GraniteHybridModel's): head_count_kv
+    and feed_forward_length one a layer, which llama.cpp's nemotron_h_moe reads as the layer's kind
+    (both 0: Mamba2; FFN 0: attention; else MoE), key_length (head_dim), the rms eps as
+    attention.layer_norm_epsilon, the ssm keys (conv_kernel, state_size, group_count (n_groups),
+    inner_size = mamba_num_heads x mamba_head_dim, time_step_rank = mamba_num_heads), expert_count,
+    _used_count, _feed_forward_length, _shared_feed_forward_length, _shared_count, _weights_norm,
+    _weights_scale and _group_count (n_group), rope.scaling.finetuned false (NoPE) with context_length
+    2^20. Routing is sigmoid with the correction bias (the graph's, whatever the file says). The
+    converter writes no expert_group_used_count: llama.cpp refuses a file with groups and without it,
+    and so does ft. A dense MLP layer (hybrid_override_pattern's -) is written with both counts 0, as
+    a Mamba2 layer would be; llama.cpp cannot load it, and ft refuses it. chunk_size is not in the
+    file: NemotronHConfig's 128 (the scan's chunks; the same sums)."""
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    path, layers = meta.model.path, config["num_hidden_layers"]
+    attending = _attention_layers(meta, layers, "NemotronHModel writes 0 for each Mamba2 and MoE layer")
+    widths = meta.get("feed_forward_length")
+    if not isinstance(widths, list) or len(widths) < layers:
+        raise SourceError(f"{path}: GGUF metadata {meta.arch}.feed_forward_length is not one width a layer "
+                          f"({widths!r}); NemotronHModel writes 0 for each Mamba2 and attention layer")
+    if _has(meta.model, "ffn_up.weight"):
+        raise UnsupportedArchitectureError(
+            f"{path}: a nemotron_h_moe GGUF with dense MLP layers (ffn_up); NemotronHModel writes them as "
+            "Mamba2 layers (feed_forward_length 0), which llama.cpp cannot load, and so ft refuses them")
+    groups = meta.int("expert_group_count", 1)
+    if groups > 1 and meta.get("expert_group_used_count") is None:
+        raise UnsupportedArchitectureError(
+            f"{path}: a nemotron_h_moe GGUF with {groups} expert groups and no expert_group_used_count "
+            "(NemotronHModel does not write topk_group); llama.cpp refuses to load it, as ft does")
+    kinds = ["moe" if width else "full_attention" if a else "linear_attention"
+             for a, width in zip(attending, widths[:layers], strict=True)]
+    hidden, inner, heads = config["hidden_size"], meta.int("ssm.inner_size"), meta.int("ssm.time_step_rank")
+    if inner % heads:
+        raise SourceError(f"{path}: GGUF metadata {meta.arch}.ssm.inner_size {inner} is not a multiple of "
+                          f"ssm.time_step_rank ({heads}) as Mamba2 layers have it")
+    config.pop("rope_theta")
+    config.pop("hidden_act")
+    eps = config.pop("rms_norm_eps")
+    config.update(
+        layers_block_type=kinds,
+        head_dim=meta.int("attention.key_length", hidden // config["num_attention_heads"]),
+        layer_norm_epsilon=meta.float("attention.layer_norm_rms_epsilon",
+                                      meta.float("attention.layer_norm_epsilon", eps)),
+        mlp_hidden_act="relu2", mamba_hidden_act="silu",
+        mamba_num_heads=heads, mamba_head_dim=inner // heads, n_groups=meta.int("ssm.group_count"),
+        ssm_state_size=meta.int("ssm.state_size"), conv_kernel=meta.int("ssm.conv_kernel"),
+        chunk_size=NEMOTRON_H_CHUNK_SIZE, use_conv_bias=_has(meta.model, "ssm_conv1d.bias"),
+        mamba_proj_bias=False, use_bias=False, attention_bias=False, mlp_bias=False,
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        moe_shared_expert_intermediate_size=meta.int("expert_shared_feed_forward_length"),
+        n_shared_experts=meta.int("expert_shared_count", 1),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # llama.cpp's default where absent
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        n_group=groups, topk_group=meta.int("expert_group_used_count", 1),
+    )
+    return config

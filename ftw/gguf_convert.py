@@ -265,13 +265,16 @@ class _GGUFConverter:
             return t
 
         down = need("down", hidden, inter)
-        if "gate_up" in src:
+        activation = self.family.expert_activation(self.family.text_config(self.source_config))
+        if not activation.gated:  # (Nemotron-H's relu2: ffn_up_exps alone, w13 its up rows)
+            sources = {"w13": [need("up", inter, hidden)], "w2": [down]}
+        elif "gate_up" in src:
             gate_up = need("gate_up", 2 * inter, hidden)
             sources = {"w13": [gate_up], "w2": [down]}
         else:
             gate, up = need("gate", inter, hidden), need("up", inter, hidden)
             sources = {"w13": [gate, up], "w2": [down]} if gate.dtype == up.dtype else {"w1": [gate], "w3": [up], "w2": [down]}
-        shapes = {"w13": (2 * inter, hidden), "w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
+        shapes = {"w13": (activation.w13_rows(inter), hidden), "w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
         parts = [(name, ts[0].dtype, shapes[name]) for name, ts in sources.items()]
         for _, dtype, shape in parts:
             self.params_by_dtype[dtype] += num_experts * math.prod(shape)
@@ -283,12 +286,11 @@ class _GGUFConverter:
 
         expert_bytes = sum(t.nbytes for ts in sources.values() for t in ts) // num_experts
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
-        activation = self.family.expert_activation(self.family.text_config(self.source_config))
         with self.writer.expert_bank(layer, num_experts, parts, activation=activation) as bank:
             for e, pieces in enumerate(readahead(self.pool, read, num_experts, depth)):
                 bank.write_expert(e, pieces)
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b in bufs))
-        return 3 * inter * hidden
+        return (activation.w13_rows(inter) + inter) * hidden
 
     def _bias_parts(self, layer: int, src: dict[str, GGUFTensor], sources: dict[str, list[GGUFTensor]], inter: int,
                     hidden: int) -> list[tuple[str, str, tuple[int, ...]]]:

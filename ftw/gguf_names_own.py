@@ -3,7 +3,7 @@ rows in gguf_names.py: each one's whole table (or whole block table) under its o
 
 from __future__ import annotations
 
-from .gguf_names import AFMOE, BAILINGMOE2, DBRX, GEMMA4, JAMBA, LFM2MOE, LLAMA4, QWEN35, Row
+from .gguf_names import AFMOE, BAILINGMOE2, DBRX, GEMMA4, JAMBA, LFM2MOE, LLAMA4, NEMOTRON_H_MOE, QWEN35, Row
 
 # DBRX's whole table under its own names (after "transformer.blocks.N." for block rows): no generic row applies
 DBRX_GLOBAL_ROWS: tuple[Row, ...] = (
@@ -190,3 +190,26 @@ GEMMA4_BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_down_exps.scale", "router.per_expert_scale", (GEMMA4,)),  # [E]: llama.cpp scales each expert's down
     Row("layer_output_scale.weight", "layer_scalar", (GEMMA4,)),  # [1]
 )
+
+
+# NVIDIA Nemotron-H MoE's block table: one mixer a layer under mixer. (the names after the family's
+# renames, Family.renames: backbone. -> model.), normed by the layer's one norm; the globals are the shared rows
+NEMOTRON_H_MOE_BLOCK_ROWS: tuple[Row, ...] = tuple(Row(g, h, (NEMOTRON_H_MOE,)) for g, h in (
+    ("attn_norm.weight", "norm.weight"),  # the norm before any mixer
+    ("ssm_in.weight", "mixer.in_proj.weight"),  # Mamba2: z | xBC | dt [2I + 2GN + heads, H]
+    ("ssm_conv1d.weight", "mixer.conv1d.weight"),  # stored [C, K]: UNDONE
+    ("ssm_conv1d.bias", "mixer.conv1d.bias"),
+    ("ssm_dt.bias", "mixer.dt_bias"),  # [heads]
+    ("ssm_a", "mixer.A_log"),  # stored -exp(A_log) as [heads, 1]: UNDONE
+    ("ssm_d", "mixer.D"),  # stored [heads, 1]: UNDONE
+    ("ssm_norm.weight", "mixer.norm.weight"),  # stored [G, I / G]: UNDONE
+    ("ssm_out.weight", "mixer.out_proj.weight"),
+    ("attn_q.weight", "mixer.q_proj.weight"),  # permuted by the converter (NoPE all the same): undone
+    ("attn_k.weight", "mixer.k_proj.weight"),
+    ("attn_v.weight", "mixer.v_proj.weight"),
+    ("attn_output.weight", "mixer.o_proj.weight"),
+    ("ffn_gate_inp.weight", "mixer.gate.weight"),  # router [E, H]
+    ("exp_probs_b.bias", "mixer.gate.e_score_correction_bias"),  # sigmoid routing's correction bias [E]
+    ("ffn_up_shexp.weight", "mixer.shared_experts.up_proj.weight"),  # relu2 shared MLP, not gated
+    ("ffn_down_shexp.weight", "mixer.shared_experts.down_proj.weight"),
+))

@@ -35,6 +35,7 @@ from .gguf_config_layered import (
     granitehybrid_config,
     jamba_config,
     lfm2moe_config,
+    nemotron_h_moe_config,
 )
 from .gguf_config_more import (
     bailingmoe2_config,
@@ -68,6 +69,7 @@ from .gguf_names import (
     LLAMA4,
     MINIMAX_M2,
     MISTRAL4,
+    NEMOTRON_H_MOE,
     OLMOE,
     PHIMOE,
     QWEN2,
@@ -89,6 +91,7 @@ from .gguf_names_own import (
     LLAMA4_BLOCK_ROWS,
     LLAMA4_GLOBAL_ROWS,
     LLAMA4_LAYER_PREFIX_HF,
+    NEMOTRON_H_MOE_BLOCK_ROWS,
     QWEN35_GLOBAL_ROWS,
 )
 from .gguf_undo import CONCAT_ROWS
@@ -158,6 +161,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(MISTRAL4, "mistral4", "Mistral4ForCausalLM", mistral4_config),
         GGUFArchitecture(GEMMA4, "gemma4_text", "Gemma4ForCausalLM", gemma4_config, rows=(GLOBAL_ROWS, GEMMA4_BLOCK_ROWS)),
         GGUFArchitecture(JAMBA, "jamba", "JambaForCausalLM", jamba_config, rows=(JAMBA_GLOBAL_ROWS, JAMBA_BLOCK_ROWS)),
+        GGUFArchitecture(NEMOTRON_H_MOE, "nemotron_h", "NemotronHForCausalLM", nemotron_h_moe_config, permute_qk=True,
+                         rows=(GLOBAL_ROWS, NEMOTRON_H_MOE_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),

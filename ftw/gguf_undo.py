@@ -46,6 +46,12 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   ffn_*_exps (the others' MLP is ffn_gate/up/down): gguf_config_layered.py reads both back as Jamba's
   periods and offsets. The attention is NoPE on both sides, so nothing is permuted; the experts
   are stacked as usual.
+- nemotron_h_moe (NVIDIA Nemotron-H MoE, as NemotronHModel over GraniteHybridModel writes it): the
+  Mamba2 layers as granitehybrid's (UNDONE, the same four changes); q/k permuted as LlamaModel does
+  (GraniteHybridModel's undo_permute; harmless to NoPE attention, undone); the experts stacked, up
+  and down alone (relu2, not gated: the FTW record's w13 is ffn_up_exps); head_count_kv and
+  feed_forward_length one a layer (Mamba2: both 0; attention: FFN 0; MoE: FFN the experts' width),
+  which gguf_config_layered.py reads as layers_block_type.
 - afmoe (Arcee Trinity): AfmoeModel derives from LlamaModel but bypasses its modify_tensors, so q/k
   are not permuted (NeoX RoPE, as HF); only names change.
 - bailingmoe2 (Sarvam-30B, as SarvamMoEModel writes it): q/k/v stay fused (attn_qkv, the release's
@@ -90,7 +96,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import SourceError
-from .gguf_names import DELTANET, ERNIE, GRANITE_HYBRID, GRANITES, JAMBA, LFM2MOE, QWEN_SHARED_EXPERT
+from .gguf_names import DELTANET, ERNIE, GRANITES, JAMBA, LFM2MOE, MAMBA2_HYBRIDS, QWEN_SHARED_EXPERT
 
 
 @dataclass(frozen=True)
@@ -130,14 +136,15 @@ def _flat(shape: tuple[int, ...]) -> tuple[int, ...]:
 # squeezed from [C, 1, K]; every RMSNorm but the DeltaNet's output norm stored as 1 + w (the
 # (1 + w) the model computes). Mamba2Model.modify_tensors (Granite 4.0 hybrid's): A_log as -exp(A_log)
 # and D both unsqueezed to [heads, 1], the conv squeezed, the gated norm [I] reshaped [G, I / G].
-# JambaModel.modify_tensors: A_log as -exp(A_log) (its shape kept), the conv squeezed.
+# JambaModel.modify_tensors: A_log as -exp(A_log) (its shape kept), the conv squeezed. NemotronHModel's
+# (MoE files): Mamba2Model's, the same four.
 # By GGUF name (after "blk.N." for block rows), one Undo per set of architectures.
 UNDONE: dict[str, tuple[Undo, ...]] = {
     "ssm_a": (Undo((*DELTANET, JAMBA), lambda a: np.log(-a)),
-              Undo((GRANITE_HYBRID,), lambda a: np.log(-a), _flat)),  # Mamba2Model: also unsqueezed to [heads, 1]
-    "ssm_conv1d.weight": (Undo((*DELTANET, GRANITE_HYBRID, JAMBA), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),
-    "ssm_d": (Undo((GRANITE_HYBRID,), lambda d: d, _flat),),  # Mamba2Model's [heads, 1]
-    "ssm_norm.weight": (Undo((GRANITE_HYBRID,), lambda w: w, _flat),),  # Mamba2Model's [groups, I / groups]
+              Undo(MAMBA2_HYBRIDS, lambda a: np.log(-a), _flat)),  # Mamba2Model: also unsqueezed to [heads, 1]
+    "ssm_conv1d.weight": (Undo((*DELTANET, *MAMBA2_HYBRIDS, JAMBA), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),
+    "ssm_d": (Undo(MAMBA2_HYBRIDS, lambda d: d, _flat),),  # Mamba2Model's [heads, 1]
+    "ssm_norm.weight": (Undo(MAMBA2_HYBRIDS, lambda w: w, _flat),),  # Mamba2Model's [groups, I / groups]
     "shortconv.conv.weight": (Undo((LFM2MOE,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),  # LFM2MoeModel's squeeze
     **{name: (Undo(DELTANET, _minus_one),) for name in ("attn_norm.weight", "post_attention_norm.weight",
                                                          "attn_q_norm.weight", "attn_k_norm.weight", "output_norm.weight")},
