@@ -579,6 +579,17 @@ def nemotron_h_view(c: dict[str, Any]) -> dict[str, Any]:
             "rms_norm_eps": get("layer_norm_epsilon", default=1e-5)}
 
 
+def longcat_flash_view(c: dict[str, Any]) -> dict[str, Any]:
+    """LongCat-Flash's config under the usual names: num_hidden_layers its `num_layers` (each layer
+    holds two attention sublayers and one MoE; transformers saves no num_hidden_layers). Zero
+    experts other than the identity are refused."""
+    kind = c.get("zero_expert_type", "identity")
+    if kind != "identity":
+        raise UnsupportedArchitectureError(f"longcat_flash with zero experts of type {kind!r} has no converter; "
+                                           "ft runs identity zero experts (LongCat-Flash's)")
+    return {"num_hidden_layers": c.get("num_layers", 28)}
+
+
 def _nemotron_h_moe_layers(c: dict[str, Any]) -> list[int]:
     return [i for i, kind in enumerate(nemotron_h_layer_types(c)) if kind == "moe"]
 
@@ -793,6 +804,12 @@ FAMILIES: dict[str, Family] = {
             wrapper_model_types=("gemma4",), drop_prefixes=_GEMMA4_TOWERS, top_k_keys=("top_k_experts",),
             expert_activation=_gemma4_activation, attention_sizes=gemma4_attention, dense_reason=_gemma4_dense_reason,
             renames=((re.compile(r"^model\.language_model\."), "model."),),
+        ),
+        Family(  # (two MLA sublayers and one MoE a layer; the router's rows count the zero experts too, which
+            # have no weights: runtime/models/longcat_flash.py; the release's MTP layer dropped)
+            "longcat_flash", ("longcat_flash",), ("n_routed_experts", "num_local_experts"), _all_layers,
+            intermediate_key="expert_ffn_hidden_size", top_k_keys=("moe_topk", "num_experts_per_tok"),
+            config_view=longcat_flash_view, drop_prefixes=("mtp.", "model.mtp."),
         ),
         Family(  # (one mixer or FFN a layer; relu2 experts, not gated, and a relu2 shared MLP; the release's
             # names under backbone., transformers' own under model.; its MTP layers dropped)

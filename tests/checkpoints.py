@@ -187,6 +187,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 50000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
     ),
+    # two MLA sublayers, two dense MLPs and a shortcut MoE a layer: 8 real experts and 4 zero (identity) ones
+    # chosen among them top-3 by softmax with a random correction bias, scaled 2.0 (not renormalized); both
+    # latent scales (hidden / rank 2 and 4) and random norms
+    "longcat_flash": dict(
+        vocab_size=256, hidden_size=64, num_attention_heads=4, num_layers=2, ffn_hidden_size=96,
+        expert_ffn_hidden_size=32, n_routed_experts=8, zero_expert_num=4, moe_topk=3, q_lora_rank=32,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
+        routed_scaling_factor=2.0, initializer_range=0.1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -395,6 +404,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "nemotron_h": ("norm.", "norm_f.", "mixer.D", "mixer.dt_bias", "e_score_correction_bias"),
     "axk1": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "mellum": ("layernorm.", "model.norm.", "q_norm.", "k_norm."),
+    "longcat_flash": ("layernorm.", "model.norm.", "e_score_correction_bias"),
     "mistral4": ("layernorm.", "language_model.norm."),
     "gemma4_text": ("layernorm", "language_model.norm.", "q_norm.", "k_norm.", "router.scale", "per_expert_scale",
                     "layer_scalar"),
@@ -409,7 +419,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
-            "nemotron_h")
+            "nemotron_h", "longcat_flash")
 
 
 def build_model(family: str, seed: int = 0):

@@ -26,7 +26,8 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("hy_v3", False, id="hy_v3"), pytest.param("mellum", True, id="mellum-fused"),
             pytest.param("mistral4", False, id="mistral4"), pytest.param("mistral4", True, id="mistral4-fused"),
             pytest.param("gemma4_text", False, id="gemma4_text"), pytest.param("nemotron_h", False, id="nemotron_h"),
-            pytest.param("nemotron_h", True, id="nemotron_h-fused")]
+            pytest.param("nemotron_h", True, id="nemotron_h-fused"), pytest.param("longcat_flash", False, id="longcat_flash"),
+            pytest.param("longcat_flash", True, id="longcat_flash-fused")]
 MAX_TOKENS = 40
 
 

@@ -80,6 +80,9 @@ FAMILIES = [
     pytest.param("hy_v3", True, id="hy_v3-fused"),
     pytest.param("mellum", False, id="mellum"),
     pytest.param("mellum", True, id="mellum-fused"),
+    # (two MLA sublayers and a shortcut MoE a layer, identity zero experts among the routed ids)
+    pytest.param("longcat_flash", False, id="longcat_flash"),
+    pytest.param("longcat_flash", True, id="longcat_flash-fused"),
     # (a mistral3 checkpoint: the original format's language_model.model., transformers' model.language_model.)
     pytest.param("mistral4", False, id="mistral4"),
     pytest.param("mistral4", True, id="mistral4-fused"),
@@ -688,3 +691,29 @@ def test_gemma4_text_refuses_what_it_does_not_run(tmp_path: Path) -> None:
         (src / "config.json").write_text(json.dumps({**config, "text_config": {**config["text_config"], key: value}}))
         with pytest.raises(UnsupportedFamilyError, match=key):
             convert_and_load(src, tmp_path / f"store{i}")
+
+
+def test_longcat_flash_drops_its_mtp_layer_and_refuses_other_zero_experts(tmp_path: Path) -> None:
+    """The release's multi-token-prediction layer (model.mtp., which transformers ignores) is
+    dropped at conversion; zero experts of a type other than the identity are refused."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from ftw.errors import UnsupportedArchitectureError
+
+    src = save_checkpoint("longcat_flash", tmp_path / "hf", seed=7)
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    tensors["model.mtp.layers.0.input_layernorm.weight"] = torch.ones(64)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    ours = convert_and_load(src, tmp_path / "store")
+    assert not any(".mtp." in name for name in ours.weights.dense)
+    assert ours.model.config.num_layers == 2 and len(ours.model.blocks) == 4
+    assert_parity(ours, hf_model(src), PROMPT, 8)
+
+    config = json.loads((src / "config.json").read_text())
+    config["zero_expert_type"] = "constant"
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="zero experts of type 'constant'"):
+        convert_and_load(src, tmp_path / "store-constant")

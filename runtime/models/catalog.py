@@ -57,6 +57,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "laguna": ("sliding-window and full GQA layers, QK norm, partial rope, softplus output gate, heads per layer",
                "sigmoid + bias (soft-capped logits), renormalized, shared experts"),
     "lfm2_moe": ("gated short-convolution layers and GQA layers, QK norm", "sigmoid + bias, renormalized"),
+    "longcat_flash": ("two MLA sublayers a layer (scaled latents), two dense MLPs",
+                      "softmax + bias over real and identity (zero) experts, scaled, a shortcut MoE"),
     "llama4": ("chunked rope layers and global NoPE layers, QK L2 norm", "sigmoid top-1 on the input, shared expert"),
     "mellum": ("sliding-window and full GQA layers, QK norm, a rope a layer kind", "softmax top-k renormalized"),
     "mimo_v2_flash": ("sliding-window layers with sinks and twice the KV heads, full layers, partial rope, "
