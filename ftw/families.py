@@ -517,13 +517,19 @@ def gemma4_attention(c: dict[str, Any]) -> list[AttentionSizes]:
     return sizes
 
 
-def _gemma4_activation(c: dict[str, Any]) -> ExpertActivation:
-    """Gemma4TextExperts' GELU-gated experts (`hidden_activation`, gelu_pytorch_tanh)."""
-    act = c.get("hidden_activation", "gelu_pytorch_tanh")
-    if act != "gelu_pytorch_tanh":
-        raise UnsupportedArchitectureError(f"gemma4_text with hidden_activation {act!r} has no converter "
-                                           "(ft runs Gemma 4's gelu_pytorch_tanh experts)")
-    return ExpertActivation("geglu_tanh")
+def _one_activation(family: str, key: str, name: str, kind: str) -> Callable[[dict[str, Any]], ExpertActivation]:
+    """A family whose experts run one activation: the config's `key` (default `name`) must say
+    `name`, and the bank's activation is `kind` (Gemma 4's gelu_pytorch_tanh: "geglu_tanh";
+    Nemotron-H's non-gated relu2: "relu2")."""
+
+    def read(c: dict[str, Any]) -> ExpertActivation:
+        act = c.get(key, name)
+        if act != name:
+            raise UnsupportedArchitectureError(f"{family} with {key} {act!r} has no converter (ft runs its {name} "
+                                               "experts)")
+        return ExpertActivation(kind)
+
+    return read
 
 
 def _gemma4_dense_reason(c: dict[str, Any]) -> str | None:
@@ -592,15 +598,6 @@ def longcat_flash_view(c: dict[str, Any]) -> dict[str, Any]:
 
 def _nemotron_h_moe_layers(c: dict[str, Any]) -> list[int]:
     return [i for i, kind in enumerate(nemotron_h_layer_types(c)) if kind == "moe"]
-
-
-def _nemotron_h_activation(c: dict[str, Any]) -> ExpertActivation:
-    """NemotronHExperts' experts, not gated: `mlp_hidden_act` (relu2) of up_proj, then down_proj."""
-    act = c.get("mlp_hidden_act", "relu2")
-    if act != "relu2":
-        raise UnsupportedArchitectureError(f"nemotron_h with mlp_hidden_act {act!r} has no converter (ft runs its "
-                                           "relu2 experts)")
-    return ExpertActivation("relu2")
 
 
 def _nemotron_h_dense_reason(c: dict[str, Any]) -> str | None:
@@ -802,7 +799,8 @@ FAMILIES: dict[str, Family] = {
         Family(  # (the release is a gemma4 checkpoint around it, its towers dropped; experts fused, beside the dense MLP)
             "gemma4_text", ("gemma4_text",), ("num_experts",), _all_layers, text_config_key="text_config",
             wrapper_model_types=("gemma4",), drop_prefixes=_GEMMA4_TOWERS, top_k_keys=("top_k_experts",),
-            expert_activation=_gemma4_activation, attention_sizes=gemma4_attention, dense_reason=_gemma4_dense_reason,
+            expert_activation=_one_activation("gemma4_text", "hidden_activation", "gelu_pytorch_tanh", "geglu_tanh"),
+            attention_sizes=gemma4_attention, dense_reason=_gemma4_dense_reason,
             renames=((re.compile(r"^model\.language_model\."), "model."),),
         ),
         Family(  # (two MLA sublayers and one MoE a layer; the router's rows count the zero experts too, which
@@ -815,7 +813,8 @@ FAMILIES: dict[str, Family] = {
             # names under backbone., transformers' own under model.; its MTP layers dropped)
             "nemotron_h", ("nemotron_h",), ("n_routed_experts", "num_local_experts"), _nemotron_h_moe_layers,
             num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0), config_view=nemotron_h_view,
-            expert_activation=_nemotron_h_activation, dense_reason=_nemotron_h_dense_reason, gated_mlps=False,
+            expert_activation=_one_activation("nemotron_h", "mlp_hidden_act", "relu2", "relu2"),
+            dense_reason=_nemotron_h_dense_reason, gated_mlps=False,
             drop_prefixes=("mtp.", "model.mtp.", "backbone.mtp."),
             renames=((re.compile(r"^backbone\."), "model."), (re.compile(r"^model\.embeddings\."), "model.embed_tokens."),
                      (re.compile(r"^model\.norm_f\."), "model.norm.")),
