@@ -942,6 +942,26 @@ def test_a_prefill_with_no_buffer_streams_through_the_cache(mode: str, slots: in
     assert repeated.stats().prefill_bytes == len(torch.unique(ids)) * banks[1].layout.expert_stride
 
 
+@pytest.mark.parametrize("mode", ["offload", "auto"])
+@pytest.mark.parametrize("buffers", [0, 2])
+def test_a_prefill_plans_on_the_host_whatever_the_default_device(mode: str, buffers: int) -> None:
+    """Inside DeviceModel torch's default device is the GPU. A prefill's host plans (the rounds'
+    row maps, their pair plans) name the host, or each round waits for the device several times
+    (the Q4_K_M race file at -ncmoe 16, 9 slots: ~15 rounds a layer, pp512 at 0.2-0.5x
+    llama.cpp). Here the default device is "meta": a tensor made on it by mistake fails."""
+    banks = make_banks()
+    reference = CPUExpertExecutor(banks, torch.float32)
+    ex = hybrid(banks, mode, slots=12, prefill_buffers=buffers)
+    gen = torch.Generator().manual_seed(12)
+    for tokens in (24, 1, 16):
+        for layer in LAYERS:
+            x, (ids, weights) = torch.randn(tokens, H, generator=gen), routing(tokens, gen)
+            with torch.device("meta"):
+                out = ex(layer, x, ids, weights)
+            assert_close(out, reference(layer, x, ids, weights))
+    assert ex.stats().prefill_calls == 2 * len(LAYERS)
+
+
 @pytest.mark.parametrize("mode", ["static", "prefill_placement", "cpu"])
 def test_the_modes_that_do_not_fill_the_cache_run_a_prefill_with_no_buffer_as_decode_calls(mode: str) -> None:
     banks = make_banks()

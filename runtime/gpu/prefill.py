@@ -359,8 +359,10 @@ class CachePrefill:
                     raise RuntimeError(f"layer {layer}: the expert cache has no slot to fill (all pinned)")
                 pending = pending[len(batch):]
                 ready.update(zip(batch, self._fill(layer, batch, protect), strict=True))
-            row_of = torch.full((bank.num_experts,), -1, dtype=torch.int64)
-            row_of[list(ready)] = torch.tensor(list(ready.values()), dtype=torch.int64)
+            # planned on the host (device="cpu": inside DeviceModel torch's default device is the
+            # GPU, where the plan's nonzero, unique and lists would each wait for the device)
+            row_of = torch.full((bank.num_experts,), -1, dtype=torch.int64, device="cpu")
+            row_of[list(ready)] = torch.tensor(list(ready.values()), dtype=torch.int64, device="cpu")
             plan = PairPlan.build(ids, row_of, self.streams.upload)
             if plan is not None:
                 experts_from_records(x, weights, plan, views, self.dtype, out)
