@@ -19,8 +19,8 @@
 #            kernel tests beside the build and pull, then the Q4_K_M race at -ncmoe 8 (~9 min)
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
 #   tests    a cold machine's -m gpu tests of $GPU_TESTS, nothing else (~2 min)
-#   prompts  a cold machine's profiles of a 512-token prompt at the -ncmoe 16 budgets, Q4_K_M (also
-#            at .clean/ftold.tar.gz's commit where carried) and bf16 (~8 min; no llama-bench)
+#   prompts  a cold machine's profiles of a 512-token Q4_K_M prompt at -ncmoe 16's budget (also at
+#            .clean/ftold.tar.gz's commit where carried) and at 1.2 GiB (~7 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
@@ -157,9 +157,10 @@ case $CALL in
     grep -h '"tok_s' "$OUT"/*.log ;;
   prompts)
     # where a prompt's time goes at the smallest footprint (benchmarks/profile_prompt.py): the
-    # Q4_K_M file's 9 slots at -ncmoe 16's budget (830 MiB), and the bf16 file's 19 (1,762 MiB)
-    (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
-     echo "pull rc $?" >> "$OUT/pull.log") &
+    # Q4_K_M file's 9 slots at -ncmoe 16's budget (830 MiB), at this commit and, where carried,
+    # .clean/ftold.tar.gz's (the bf16 file is written, not pulled: llama-quantize's source only)
+    (python3 benchmarks/vs_llamacpp.py gguf --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+     echo "gguf rc $?" >> "$OUT/pull.log") &
     pulled=$!
     quantize_early $pulled Q4_K_M
     python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
@@ -172,8 +173,7 @@ case $CALL in
       (cd /tmp/ftold && PYTHONPATH=/tmp/site:/tmp/ftold timeout 70 "${PROFILE[@]}" --model $q4 --vram-gib 0.8105 \
         --out "$OUT/p_q4_830m_old.json" > "$OUT/p_q4_830m_old.log" 2>&1)
     fi
-    timeout 90 "${PROFILE[@]}" --model local/qwen3-30b-a3b-16l-bf16 --vram-gib 1.7207 --out "$OUT/p_bf16.json" \
-      > "$OUT/p_bf16.log" 2>&1
+    timeout 60 "${PROFILE[@]}" --model $q4 --vram-gib 1.2 --out "$OUT/p_q4_1200m.json" > "$OUT/p_q4_1200m.log" 2>&1
     grep -h '"tok_s_median' "$OUT"/p_*.log ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
