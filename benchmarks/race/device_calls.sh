@@ -20,7 +20,7 @@
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
 #   tests    a cold machine's -m gpu tests of $GPU_TESTS, nothing else (~2 min)
 #   prompts  a cold machine's profiles of a 512-token Q4_K_M prompt at -ncmoe 16's budget (also at
-#            .clean/ftold.tar.gz's commit where carried) and at 1.2 GiB (~7 min; no llama-bench)
+#            .clean/ftold.tar.gz's commit where carried) and at 1 GiB, LAYERS=4 (~4 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
@@ -48,15 +48,15 @@ start_build_and_pull() {  # llama.cpp's build and the bf16 race file's pull, sid
   pulled=$!
 }
 
-quantize_early() {  # a CPU-only llama-quantize (no llama-bench), the bf16 file once written (pull $1), as $2
+quantize_early() {  # a CPU-only llama-quantize (no llama-bench), the bf16 file of $3 layers (16) once written (pull $1), as $2
   mkdir -p /tmp/lcpq && tar xJf .lcpp/llama.cpp-*-src.tar.xz -C /tmp/lcpq
   (cd /tmp/lcpq/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
      > /dev/null && cmake --build build --target llama-quantize -j 12 > /dev/null) > "$OUT/lcpq.log" 2>&1
-  local source=/tmp/race/qwen3-30b-a3b-16l-bf16.gguf
+  local source=/tmp/race/qwen3-30b-a3b-${3:-16}l-bf16.gguf
   until [ -f $source ] || ! kill -0 "$1" 2> /dev/null; do sleep 2; done
   while [ -f $source ] && [ "$(stat -c %s $source)" != "$(sleep 3; stat -c %s $source)" ]; do :; done
-  /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source "/tmp/race/qwen3-30b-a3b-16l-${2,,}.gguf" "$2" 8 \
+  /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source "/tmp/race/qwen3-30b-a3b-${3:-16}l-${2,,}.gguf" "$2" 8 \
     > "$OUT/quantize.log" 2>&1
   echo "quantize rc $?" >> "$OUT/lcpq.log"
 }
@@ -157,23 +157,26 @@ case $CALL in
     grep -h '"tok_s' "$OUT"/*.log ;;
   prompts)
     # where a prompt's time goes at the smallest footprint (benchmarks/profile_prompt.py): the
-    # Q4_K_M file's 9 slots at -ncmoe 16's budget (830 MiB), at this commit and, where carried,
-    # .clean/ftold.tar.gz's (the bf16 file is written, not pulled: llama-quantize's source only)
-    (python3 benchmarks/vs_llamacpp.py gguf --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+    # Q4_K_M file's ~9 slots at -ncmoe 16's budget (830 MiB at 16 layers; BUDGET_GIB, default
+    # 0.66 at LAYERS=4: the 12 layers' dense weights and KV less), at this commit and, where
+    # carried, .clean/ftold.tar.gz's; the bf16 file is written, not pulled (llama-quantize's source)
+    layers=${LAYERS:-4}
+    (python3 benchmarks/vs_llamacpp.py gguf --work /tmp/race --layers "$layers" > "$OUT/pull.log" 2>&1
      echo "gguf rc $?" >> "$OUT/pull.log") &
     pulled=$!
-    quantize_early $pulled Q4_K_M
-    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    quantize_early $pulled Q4_K_M "$layers"
+    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers "$layers" --quant Q4_K_M > "$OUT/pullq.log" 2>&1
     tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
-    q4=local/qwen3-30b-a3b-16l-q4_k_m
-    PROFILE=(python3 benchmarks/profile_prompt.py --store /tmp/race/ft --threads 8 --tokens 512)
-    timeout 70 "${PROFILE[@]}" --model $q4 --vram-gib 0.8105 --out "$OUT/p_q4_830m.json" > "$OUT/p_q4_830m.log" 2>&1
+    q4=local/qwen3-30b-a3b-${layers}l-q4_k_m
+    PROFILE=(python3 benchmarks/profile_prompt.py --store /tmp/race/ft --threads 8 --tokens 512 --model "$q4")
+    budget=${BUDGET_GIB:-0.66}
+    timeout 60 "${PROFILE[@]}" --vram-gib "$budget" --out "$OUT/p_q4.json" > "$OUT/p_q4.log" 2>&1
     if [ -f "$OLDPWD/.clean/ftold.tar.gz" ]; then  # the same at another commit, side by side
       mkdir -p /tmp/ftold && tar xzf "$OLDPWD/.clean/ftold.tar.gz" -C /tmp/ftold
-      (cd /tmp/ftold && PYTHONPATH=/tmp/site:/tmp/ftold timeout 70 "${PROFILE[@]}" --model $q4 --vram-gib 0.8105 \
-        --out "$OUT/p_q4_830m_old.json" > "$OUT/p_q4_830m_old.log" 2>&1)
+      (cd /tmp/ftold && PYTHONPATH=/tmp/site:/tmp/ftold timeout 60 "${PROFILE[@]}" --vram-gib "$budget" \
+        --out "$OUT/p_q4_old.json" > "$OUT/p_q4_old.log" 2>&1)
     fi
-    timeout 60 "${PROFILE[@]}" --model $q4 --vram-gib 1.2 --out "$OUT/p_q4_1200m.json" > "$OUT/p_q4_1200m.log" 2>&1
-    grep -h '"tok_s_median' "$OUT"/p_*.log ;;
+    timeout 50 "${PROFILE[@]}" --vram-gib 1.0 --out "$OUT/p_q4_1g.json" > "$OUT/p_q4_1g.log" 2>&1
+    grep -h '"tok_s_median\|"cache_slots' "$OUT"/p_*.log ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
