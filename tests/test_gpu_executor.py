@@ -962,6 +962,20 @@ def test_a_prefill_plans_on_the_host_whatever_the_default_device(mode: str, buff
     assert ex.stats().prefill_calls == 2 * len(LAYERS)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q4_k"])
+def test_the_cpu_executor_computes_on_the_host_whatever_the_default_device(dtype: str) -> None:
+    """The CPU kernel writes its output at a raw host address: made on torch's default device (the
+    GPU inside DeviceModel), the kernel wrote to a device address (a segfault under "meta")."""
+    banks = {1: random_bank(dtype, E, 256, 256, layer=1, seed=1)}
+    gen = torch.Generator().manual_seed(13)
+    x, (ids, weights) = torch.randn(5, 256, generator=gen), routing(5, gen)
+    want = CPUExpertExecutor(banks, torch.float32)(1, x, ids, weights)
+    with torch.device("meta"):
+        got = CPUExpertExecutor(banks, torch.float32)(1, x, ids, weights)
+    assert got.device.type == "cpu"
+    assert_close(got, want)
+
+
 @pytest.mark.parametrize("mode", ["static", "prefill_placement", "cpu"])
 def test_the_modes_that_do_not_fill_the_cache_run_a_prefill_with_no_buffer_as_decode_calls(mode: str) -> None:
     banks = make_banks()

@@ -302,7 +302,7 @@ class ExpertKernel:
         xf = x.to("cpu", torch.float32).contiguous()
         ids = expert_ids.to("cpu", torch.int64).contiguous()
         wf = weights.to("cpu", torch.float32).contiguous()
-        out = torch.empty(num_tokens, self.hidden_size, dtype=torch.float32)
+        out = torch.empty(num_tokens, self.hidden_size, dtype=torch.float32, device="cpu")  # (not the default device)
         rc = self.kernel._forward(self.bank.data.data_ptr(), ctypes.byref(self.layout), num_tokens, top_k,
                                   ids.data_ptr(), wf.data_ptr(), xf.data_ptr(), out.data_ptr(), threads)
         if rc == -1:

@@ -40,7 +40,7 @@ def dequantize(
 
 def _dequantize_fp8(w: torch.Tensor, scales: list[torch.Tensor], block: tuple[int, int]) -> torch.Tensor:
     rows_per_scale = w.shape[0] // len(scales)
-    out = torch.empty(w.shape, dtype=torch.float32)
+    out = torch.empty(w.shape, dtype=torch.float32, device=w.device)
     for i, scale in enumerate(scales):
         part = w[i * rows_per_scale : (i + 1) * rows_per_scale].to(torch.float32)
         r, c = part.shape
