@@ -3,7 +3,9 @@
 one under torch's profiler. Prints the prompt rate with and without the profiler, the executor's
 prefill counters (layer calls, bytes streamed, experts read from the cache) and the device
 kernels and host ops that took the most time per prompt, so a slow path (a kernel, a host wait,
-a round of cache fills) has a name. profile_decode.py is its decode twin.
+a round of cache fills) has a name; on CUDA, one more prompt under torch's sync debug mode counts
+the implicit host waits by the line of ft's code that made them (a prompt's path should make
+none but its planned downloads). profile_decode.py is its decode twin.
 
 For the race's files (benchmarks/vs_llamacpp.py pull), on the GPU machine, at the budget of
 llama.cpp's -ncmoe 16 (its 1,451 MiB less ft's CUDA context, 621):
@@ -19,6 +21,9 @@ import json
 import statistics
 import sys
 import time
+import traceback
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -29,6 +34,29 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.profile_decode import _top  # noqa: E402
 from benchmarks.race.ft_side import _random_ids, _sync  # noqa: E402
+
+
+def _implicit_syncs(run) -> dict[str, int]:
+    """`run()` under torch.cuda's sync debug mode: each implicit host wait counted by the innermost
+    line of this repository's code below it (its own frames, not torch's or this script's)."""
+    sites: Counter[str] = Counter()
+    root = str(ROOT)
+
+    def note(message, category, filename, lineno, file=None, line=None) -> None:
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if f.filename.startswith(root) and "benchmarks" not in f.filename]
+        where = f"{Path(frames[-1].filename).relative_to(root)}:{frames[-1].lineno} {frames[-1].line}" if frames else filename
+        sites[where] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = note
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return dict(sites.most_common())
 
 
 def main() -> None:
@@ -75,6 +103,7 @@ def main() -> None:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as prof:
             profiled_s = prompt()
+        syncs = _implicit_syncs(prompt) if device.type == "cuda" else {}
     events = prof.key_averages()
     report = {
         "model": args.model, "vram_gib": args.vram_gib, "threads": args.threads, "mode": args.mode,
@@ -85,6 +114,7 @@ def main() -> None:
         "tok_s_profiled": round(args.tokens / profiled_s, 1),
         "expert_stats_per_prompt": {k: (v / args.reps if isinstance(v, (int, float)) else v) for k, v in stats.items()},
         "device_us": round(sum(e.self_device_time_total for e in events), 1),
+        "implicit_syncs": syncs,
         "device_kernels": _top(events, "self_device_time_total", 1, args.top),
         "host_ops": _top(events, "self_cpu_time_total", 1, args.top),
     }
