@@ -19,6 +19,9 @@
 #            kernel tests beside the build and pull, then the Q4_K_M race at -ncmoe 8 (~9 min)
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
 #   tests    a cold machine's -m gpu tests of $GPU_TESTS, nothing else (~2 min)
+#   replay   a cold machine's agent replay (benchmarks/agent_replay.py, issue 23) against `ft serve` on
+#            the Q4_K_M race file at VRAM_GIB (4) with two sessions, through the real anthropic
+#            client (carry .whl2 too; ~7 min; no llama-bench)
 #   prompts  a cold machine's profiles of a 512-token Q4_K_M prompt at -ncmoe 16's budget (also at
 #            .clean/ftold.tar.gz's commit where carried) and at 1 GiB, LAYERS=4 (~4 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
@@ -27,7 +30,7 @@
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files whose -m
 # gpu tests run first, beside the build and the pull).
 set -u
-CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile or prompts}
+CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts or replay}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -155,6 +158,28 @@ case $CALL in
     timeout 100 "${PROFILE[@]}" --model local/qwen3-30b-a3b-16l-bf16 --vram-gib 24 --out "$OUT/bf16_24g.json" \
       > "$OUT/bf16_24g.log" 2>&1
     grep -h '"tok_s' "$OUT"/*.log ;;
+  replay)
+    # coding-agent sessions through `ft serve` (benchmarks/agent_replay.py): the race file's
+    # tokenizer makes about a token a byte of its filler words, so the workload is sized to the
+    # file's 40,960-token context: a ~15k-token system prompt, 24 turns of ~1k-token tool results
+    layers=${LAYERS:-16}
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$OLDPWD"/.whl2/*.whl
+    (python3 benchmarks/vs_llamacpp.py gguf --work /tmp/race --layers "$layers" > "$OUT/pull.log" 2>&1
+     echo "gguf rc $?" >> "$OUT/pull.log") &
+    pulled=$!
+    quantize_early $pulled Q4_K_M "$layers"
+    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers "$layers" --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
+    model=local/qwen3-30b-a3b-${layers}l-q4_k_m
+    FT_HOME=/tmp/race/ft FT_CONTEXT_LENGTH=40960 python3 -c "import ftpull.cli as c; c.main()" serve --port 11435 \
+      --device gpu --vram-gib "${VRAM_GIB:-4}" > "$OUT/serve.log" 2>&1 &
+    served=$!
+    until curl -s http://127.0.0.1:11435/api/version > /dev/null || ! kill -0 $served 2> /dev/null; do sleep 1; done
+    timeout "${REPLAY_S:-300}" python3 benchmarks/agent_replay.py --model "$model" --sessions 2 --system-words 2500 \
+      --turns 24 --result-words 150 --out "$OUT/replay.json" > "$OUT/replay.log" 2>&1
+    echo "replay rc $?" >> "$OUT/replay.log"
+    kill $served; wait $served
+    tail -n 30 "$OUT/replay.log"; grep -i -E "error|traceback" "$OUT/serve.log" | head -5 ;;
   prompts)
     # where a prompt's time goes at the smallest footprint (benchmarks/profile_prompt.py): the
     # Q4_K_M file's ~9 slots at -ncmoe 16's budget (830 MiB at 16 layers; BUDGET_GIB, default
