@@ -9,6 +9,8 @@ from typing import Any
 
 from .footprint import size
 
+PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
+
 
 @dataclass(frozen=True)
 class PlanOverrides:
@@ -81,7 +83,7 @@ class Plan:
     num_expert_records: int
     num_threads: int
     num_physical_cores: int
-    prefill_chunk_tokens: int = 512  # prompt tokens computed at once on the GPU (plan.PREFILL_CHUNK_TOKENS or fewer)
+    prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # prompt tokens computed at once on the GPU (or fewer: plan.py)
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     problems: tuple[Problem, ...] = ()

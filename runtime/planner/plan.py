@@ -35,7 +35,7 @@ from .footprint import (  # noqa: F401 - re-exported: callers plan from here
     kv_layout,
     size,
 )
-from .placement import FitError, Plan, PlanOverrides, Problem  # noqa: F401 - re-exported: callers plan from here
+from .placement import PREFILL_CHUNK_TOKENS, FitError, Plan, PlanOverrides, Problem  # noqa: F401 - re-exported: callers plan from here
 from .resources import Machine
 
 RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activations of the GPU path
@@ -44,8 +44,8 @@ RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activati
 # budget plus CUDA context at both settings (6,713 of 6,370 + 621 MiB, 11,321 of 10,976 + 621),
 # decode and 512-token prompts, step graphs captured; 320 keeps ~86 MiB of that margin.
 GPU_RESERVE_BYTES = 320 << 20
-PREFILL_CHUNK_TOKENS = 512  # activations are sized for this many prompt tokens computed at once
-# ... or down to this many, halving, where the full chunk's activations would leave the expert
+# A prompt chunk is PREFILL_CHUNK_TOKENS (placement.py), or down to this many, halving, where the
+# full chunk's activations would leave the expert
 # cache without one layer's top-k (mode auto then sends every expert to the CPU, a prompt's too):
 # at the smallest footprint the slots a smaller chunk frees stream the prompt's experts over PCIe
 MIN_PREFILL_CHUNK_TOKENS = 128
