@@ -45,9 +45,9 @@ RAM_RESERVE_BYTES = 2 << 30  # the OS, the runtime's own code, CPU-side activati
 # decode and 512-token prompts, step graphs captured; 320 keeps ~86 MiB of that margin.
 GPU_RESERVE_BYTES = 320 << 20
 # A prompt chunk is PREFILL_CHUNK_TOKENS (placement.py), or down to this many, halving, where the
-# full chunk's activations would leave the expert
-# cache without one layer's top-k (mode auto then sends every expert to the CPU, a prompt's too):
-# at the smallest footprint the slots a smaller chunk frees stream the prompt's experts over PCIe
+# full chunk's activations would leave the expert cache without one layer's top-k (mode auto then
+# sends every expert to the CPU, a prompt's too): at the smallest footprint the slots a smaller
+# chunk frees stream the prompt's experts over PCIe
 MIN_PREFILL_CHUNK_TOKENS = 128
 PREFILL_BUFFERS = 2  # bank-sized buffers a prefill streams through (2: double-buffered), lent by the cache
 DEFAULT_NUM_CTX = 32768  # when neither the user nor the recipe says; agents need long contexts
