@@ -65,8 +65,7 @@ class ModelConfig:
 
     def get(self, key: str, default: Any = None) -> Any:
         """A key of the source config (None/absent -> `default`)."""
-        value = self.source.get(key)
-        return default if value is None else value
+        return config_value(self.source, key, default)
 
     @property
     def rms_norm_eps(self) -> float:
@@ -85,3 +84,10 @@ class ModelConfig:
             params["rope_type"] = params["type"]
         params.setdefault("rope_type", "default")
         return params
+
+
+def config_value(c: ModelConfig | Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """`key` of a model's config (a ModelConfig's source, or a config.json as a dict), `default`
+    where it is absent or null (transformers writes unset sizes as null)."""
+    value = c.get(key)
+    return default if value is None else value

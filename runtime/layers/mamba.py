@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig, UnsupportedFamilyError
+from ..config import ModelConfig, UnsupportedFamilyError, config_value
 from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .gated_deltanet import causal_conv1d
@@ -55,10 +56,7 @@ class MambaSizes:
 
     @staticmethod
     def of(c: ModelConfig | dict) -> MambaSizes:
-        def get(key: str, default):
-            value = c.get(key)
-            return default if value is None else value
-
+        get = partial(config_value, c)
         hidden = int(c.get("hidden_size"))
         rank = get("mamba_dt_rank", "auto")
         return MambaSizes(int(get("mamba_expand", 2)) * hidden, int(get("mamba_d_state", 16)),

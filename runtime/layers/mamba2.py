@@ -17,12 +17,13 @@ and S: a recurrent mixer (it cannot rewind), checkpointed to the host like the o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig, UnsupportedFamilyError
+from ..config import ModelConfig, UnsupportedFamilyError, config_value
 from ..loading.read_ftw import ModelWeights
 from .attention import DevicePosition, Start
 from .gated_deltanet import causal_conv1d
@@ -50,10 +51,7 @@ class Mamba2Sizes:
 
     @staticmethod
     def of(c: ModelConfig | dict) -> Mamba2Sizes:
-        def get(key: str, default):
-            value = c.get(key)
-            return default if value is None else value
-
+        get = partial(config_value, c)
         heads, expand, hidden = int(get("mamba_n_heads", 128)), int(get("mamba_expand", 2)), int(c.get("hidden_size"))
         head_dim = get("mamba_d_head", "auto")
         head_dim = expand * hidden // heads if head_dim == "auto" else int(head_dim)
