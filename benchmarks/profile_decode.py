@@ -43,6 +43,18 @@ def _top(events, key: str, per: int, limit: int) -> list[dict]:
     return rows[:limit]
 
 
+def show(report: dict, per: str, out: Path | None) -> None:
+    """Print `report` (its figures, then its device kernels and host ops, in us per `per`), and
+    write it whole as JSON to `out` where given."""
+    print(json.dumps({k: v for k, v in report.items() if k not in ("device_kernels", "host_ops")}, indent=1))
+    for title, rows in (("device kernels", report["device_kernels"]), ("host ops", report["host_ops"])):
+        print(f"\n{title}, us per {per} (calls per {per}):")
+        for r in rows:
+            print(f"  {r['us_per_token']:10.1f}  ({r['calls_per_token']:7.1f})  {r['name']}")
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", type=Path, required=True, help="the registry (FT_HOME) holding the model")
@@ -92,13 +104,7 @@ def main() -> None:
         "device_kernels": _top(events, "self_device_time_total", args.tokens, args.top),
         "host_ops": _top(events, "self_cpu_time_total", args.tokens, args.top),
     }
-    print(json.dumps({k: v for k, v in report.items() if k not in ("device_kernels", "host_ops")}, indent=1))
-    for title, rows in (("device kernels", report["device_kernels"]), ("host ops", report["host_ops"])):
-        print(f"\n{title}, us per token (calls per token):")
-        for r in rows:
-            print(f"  {r['us_per_token']:9.1f}  ({r['calls_per_token']:6.1f})  {r['name']}")
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=1))
+    show(report, "token", args.out)
 
 
 if __name__ == "__main__":

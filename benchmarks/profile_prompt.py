@@ -17,7 +17,6 @@ llama.cpp's -ncmoe 16 (its 1,451 MiB less ft's CUDA context, 621):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.profile_decode import _top  # noqa: E402
+from benchmarks.profile_decode import _top, show  # noqa: E402
 from benchmarks.race.ft_side import _random_ids, _sync  # noqa: E402
 
 
@@ -118,13 +117,7 @@ def main() -> None:
         "device_kernels": _top(events, "self_device_time_total", 1, args.top),
         "host_ops": _top(events, "self_cpu_time_total", 1, args.top),
     }
-    print(json.dumps({k: v for k, v in report.items() if k not in ("device_kernels", "host_ops")}, indent=1))
-    for title, rows in (("device kernels", report["device_kernels"]), ("host ops", report["host_ops"])):
-        print(f"\n{title}, us per prompt (calls per prompt):")
-        for r in rows:
-            print(f"  {r['us_per_token']:10.1f}  ({r['calls_per_token']:7.1f})  {r['name']}")
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=1))
+    show(report, "prompt", args.out)
 
 
 if __name__ == "__main__":
