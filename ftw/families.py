@@ -383,6 +383,13 @@ def _sparse_unless_dense_layers(c: dict[str, Any]) -> list[int]:
     return _first_k_dense_layers({**c, "first_k_dense_replace": 0, "moe_layer_freq": 1})
 
 
+def _flint_layers(c: dict[str, Any]) -> list[int]:
+    """Qwen3-MoE's rule (`mlp_only_layers` dense, every `decoder_sparse_step`-th layer MoE), the
+    dense layers FlintConfig's [0, 1] where the config names none."""
+    only = c.get("mlp_only_layers")
+    return _qwen3_moe_layers({**c, "mlp_only_layers": [0, 1] if only is None else only})
+
+
 def _axk1_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else AXK1Config's derivation from the older keys: MoE from
     `first_k_dense_replace` (default 1) on, on every `moe_layer_freq`-th layer counted from 0."""
@@ -787,6 +794,10 @@ FAMILIES: dict[str, Family] = {
         Family(  # (its sliding and full layers' KV alike: heads and head_dim shared)
             "mellum", ("mellum",), ("num_local_experts", "num_experts"), _sparse_unless_dense_layers,
             drop_prefixes=("mtp.", "model.mtp."),
+        ),
+        Family(  # (one ungated shared expert on every MoE layer; the release names the sinks softmax_offset)
+            "flint", ("flint",), ("num_experts", "num_local_experts"), _flint_layers, num_shared_experts=lambda c: 1,
+            renames=((re.compile(r"\.self_attn\.softmax_offset$"), ".self_attn.sinks"),),
         ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,

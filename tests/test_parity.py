@@ -80,6 +80,8 @@ FAMILIES = [
     pytest.param("hy_v3", True, id="hy_v3-fused"),
     pytest.param("mellum", False, id="mellum"),
     pytest.param("mellum", True, id="mellum-fused"),
+    pytest.param("flint", False, id="flint"),  # (the release's self_attn.softmax_offset, transformers' sinks)
+    pytest.param("flint", True, id="flint-fused"),
     # (two MLA sublayers and a shortcut MoE a layer, identity zero experts among the routed ids)
     pytest.param("longcat_flash", False, id="longcat_flash"),
     pytest.param("longcat_flash", True, id="longcat_flash-fused"),
@@ -717,3 +719,32 @@ def test_longcat_flash_drops_its_mtp_layer_and_refuses_other_zero_experts(tmp_pa
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedArchitectureError, match="zero experts of type 'constant'"):
         convert_and_load(src, tmp_path / "store-constant")
+
+
+def test_flint_with_flintconfigs_defaults_and_a_partial_rotary_factor_refused(tmp_path: Path) -> None:
+    """A config.json without layer_types and mlp_only_layers takes FlintConfig's schedule (full
+    attention on layers 0, 1 and the last, dense MLPs on 0 and 1), as transformers fills them in;
+    a partial_rotary_factor, which transformers' Flint cannot apply, is refused."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from runtime.models import UnsupportedFamilyError
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    config = {k: v for k, v in FAMILY_CONFIGS["flint"].items() if k not in ("layer_types", "mlp_only_layers")}
+    torch.manual_seed(6)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("flint", **config))
+    assert model.config.layer_types == ["full_attention", "full_attention", "sliding_attention", "full_attention"]
+    model.save_pretrained(tmp_path / "hf")
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del saved["layer_types"], saved["mlp_only_layers"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert ours.weights.config.moe_layers == (2, 3)
+    assert_parity(ours, hf_model(tmp_path / "hf"), PROMPT, STEPS)
+
+    saved["rope_parameters"]["partial_rotary_factor"] = 0.5
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(UnsupportedFamilyError, match="partial_rotary_factor"):
+        convert_and_load(tmp_path / "hf", tmp_path / "store-partial")

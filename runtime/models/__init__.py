@@ -58,6 +58,7 @@ FAMILY_MODULES = {
     "axk1": "axk1",
     "hy_v3": "hy_v3",
     "mellum": "mellum",
+    "flint": "flint",
     "longcat_flash": "longcat_flash",
     "mistral4": "mistral4",
     "gemma4_text": "gemma4",

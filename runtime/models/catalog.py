@@ -31,6 +31,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "dots1": ("GQA, QK norm", "sigmoid + bias, group-limited top-k, shared experts"),
     "ernie4_5_moe": ("GQA, interleaved rope", "softmax + correction bias, shared experts, dense layers"),
     "exaone_moe": ("sliding-window rope layers and global NoPE layers", "sigmoid + bias, shared experts"),
+    "flint": ("sliding-window rope layers and global NoPE layers, sinks on every layer, QK norm",
+              "sigmoid top-k renormalized, an ungated shared expert, dense layers"),
     "flex_olmo": ("GQA, QK norm, post-norm blocks", "softmax top-k"),
     "glm4_moe": ("GQA, partial rope, QK norm optional", "sigmoid + bias, group-limited top-k, shared experts"),
     "glm4_moe_lite": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts"),
