@@ -125,6 +125,33 @@ def test_a_parked_conversation_comes_back_with_its_state(tiny) -> None:
     assert _generation(unparked, turn)[1].stats.cached_tokens == 0 and not unparked.parked
 
 
+def test_a_subagent_starting_from_a_parked_conversation_leaves_it_parked(tiny) -> None:
+    """One session: the main conversation, a side request (the main one parked), then a subagent
+    sharing the main one's system prompt, served from the parked state, then the main
+    conversation's next turn, which still finds its whole history: the subagent took a copy of the
+    shared prefix, not the parked conversation (before, it was unparked for the subagent, cut to
+    the shared prefix, and the main turn computed its history again)."""
+    from runtime.server.session_pool import SessionPool
+
+    model, tokenizer = tiny
+    system = list(range(5, 85))  # 80 tokens shared by the main conversation and the subagent
+    main = system + list(range(90, 130))
+    side = [200, 201] + list(range(130, 200))
+    subagent = system + [210, 211, 212]
+    pool = SessionPool(lambda context: Session(model, tokenizer, context), 256, size=1, park_bytes=1 << 30)
+    session, _ = _generation(pool, main)
+    held = list(session.tokens)
+    _generation(pool, side)
+    _, sub = _generation(pool, subagent)
+    assert sub.stats.cached_tokens == len(system)
+    assert held in [c.tokens for c in pool.parked]  # still parked, whole
+    turn = held + [7, 8, 9]
+    _, again = _generation(pool, turn)
+    assert again.stats.cached_tokens == len(held)
+    assert again.tokens == Session(model, tokenizer, 256).generate(turn, GREEDY).tokens
+    assert held not in [c.tokens for c in pool.parked]  # continued whole: the session holds it now
+
+
 def test_the_oldest_parked_conversation_goes_first_when_the_budget_is_full(tiny) -> None:
     from runtime.server.session_pool import SessionPool
 

@@ -14,9 +14,11 @@ Sessions are made on first use, each with the whole context's state.
 
 Where the pool has a parking budget (a model on the GPU keeps one session, in VRAM), a
 conversation about to lose its state to another is first copied to host memory (Session.park),
-and a request that continues a parked conversation further than any session does gets it copied
-back (Session.unpark): host RAM is the second tier of the conversations' states, the oldest
-parked going first when the budget is full.
+and a request that keeps more of a parked conversation than any session does gets it copied back
+(Session.unpark): host RAM is the second tier of the conversations' states, the oldest parked
+going first when the budget is full. A parked conversation leaves the host only for a request that
+continues all of it; one that shares a prefix of it (a subagent with the main conversation's
+system prompt) starts from a copy and leaves it parked.
 
 Generations run concurrently, one a session: a session is taken (`choose`) until its generation
 gives it back (`give_back`), and only free ones are chosen. The pool is shared by the model's
@@ -103,8 +105,11 @@ class SessionPool:
         if keep < len(target.tokens):
             self._park(target)
         back = max(self.parked, key=lambda c: c.reusable(prompt), default=None)
-        if back is not None and back.reusable(prompt) > max(keep, MIN_SHARED_TOKENS - 1) and target.unpark(back):
-            self.parked.remove(back)
+        reused = back.reusable(prompt) if back is not None else 0
+        if reused > max(keep, MIN_SHARED_TOKENS - 1) and target.unpark(back) and reused == len(back.tokens):
+            self.parked.remove(back)  # the prompt continues all of it: the session holds it now
+        # (a prompt that keeps only a prefix of it, a subagent sharing the main conversation's system
+        # prompt, leaves it parked: the session is about to drop the rest, which its own next turn needs)
         return target
 
     def _park(self, session: Session) -> None:
