@@ -799,6 +799,13 @@ FAMILIES: dict[str, Family] = {
             "flint", ("flint",), ("num_experts", "num_local_experts"), _flint_layers, num_shared_experts=lambda c: 1,
             renames=((re.compile(r"\.self_attn\.softmax_offset$"), ".self_attn.sinks"),),
         ),
+        Family(  # (every layer MoE with shared experts; the release's names as transformers' conversion_mapping renames them)
+            "kolibri1", ("kolibri1",), ("num_local_experts", "num_experts"), _all_layers, num_shared_experts=lambda c: 1,
+            renames=tuple((re.compile(pattern), replacement) for pattern, replacement in (
+                (r"\.moe\.router\.expert_bias$", ".mlp.gate.e_score_correction_bias"),
+                (r"\.post_attn_norm\.", ".post_self_attn_layernorm."),
+                (r"\.post_ffn_norm\.", ".post_mlp_layernorm."))),
+        ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,
             num_shared_experts=lambda c: int(c.get("num_shared_experts", 2) or 0),

@@ -205,6 +205,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     ),
+    # GQA with q/k norms in sliding layers 0 and 2 (rope at base 1000 within a 5-token window) and a full NoPE
+    # layer 1, sandwich norms; every layer a MoE of 8 experts, top 2 by logit + a random correction bias
+    # (RANDOMIZED), weighed by their sigmoid, renormalized, beside shared experts 48 wide; norms random
+    "kolibri1": dict(
+        SMALL, num_hidden_layers=3, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_key_value_heads=2,
+        head_dim=16, num_experts=8, sliding_window=5, norm_topk_prob=True, initializer_range=0.1,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -419,6 +428,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
                     "layer_scalar"),
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "flint": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "sinks"),
+    "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
@@ -429,7 +439,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
-            "nemotron_h", "longcat_flash", "flint")
+            "nemotron_h", "longcat_flash", "flint", "kolibri1")
 
 
 def build_model(family: str, seed: int = 0):

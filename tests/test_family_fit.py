@@ -28,7 +28,8 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("gemma4_text", False, id="gemma4_text"), pytest.param("nemotron_h", False, id="nemotron_h"),
             pytest.param("nemotron_h", True, id="nemotron_h-fused"), pytest.param("longcat_flash", False, id="longcat_flash"),
             pytest.param("longcat_flash", True, id="longcat_flash-fused"), pytest.param("flint", False, id="flint"),
-            pytest.param("flint", True, id="flint-fused")]
+            pytest.param("flint", True, id="flint-fused"), pytest.param("kolibri1", False, id="kolibri1"),
+            pytest.param("kolibri1", True, id="kolibri1-fused")]
 MAX_TOKENS = 40
 
 

@@ -82,6 +82,9 @@ FAMILIES = [
     pytest.param("mellum", True, id="mellum-fused"),
     pytest.param("flint", False, id="flint"),  # (the release's self_attn.softmax_offset, transformers' sinks)
     pytest.param("flint", True, id="flint-fused"),
+    # (the release's moe.router.expert_bias, post_attn_norm and post_ffn_norm; transformers' own names)
+    pytest.param("kolibri1", False, id="kolibri1"),
+    pytest.param("kolibri1", True, id="kolibri1-fused"),
     # (two MLA sublayers and a shortcut MoE a layer, identity zero experts among the routed ids)
     pytest.param("longcat_flash", False, id="longcat_flash"),
     pytest.param("longcat_flash", True, id="longcat_flash-fused"),
@@ -748,3 +751,19 @@ def test_flint_with_flintconfigs_defaults_and_a_partial_rotary_factor_refused(tm
     (tmp_path / "hf" / "config.json").write_text(json.dumps(saved))
     with pytest.raises(UnsupportedFamilyError, match="partial_rotary_factor"):
         convert_and_load(tmp_path / "hf", tmp_path / "store-partial")
+
+
+
+def test_kolibri1_without_a_window_is_refused(tmp_path: Path) -> None:
+    """No sliding_window: transformers' Kolibri 1 would rotate every layer, but its mask maker raises
+    (sliding layers without a window, transformers' config refuses): ft refuses both at build."""
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("kolibri1", tmp_path / "hf", seed=6)
+    config = json.loads((src / "config.json").read_text())
+    for types in (config["layer_types"], ["full_attention"] * 3):
+        (src / "config.json").write_text(json.dumps({**config, "sliding_window": None, "layer_types": types}))
+        with pytest.raises(UnsupportedFamilyError, match="sliding_window"):
+            convert_and_load(src, tmp_path / f"store-{types[0]}")

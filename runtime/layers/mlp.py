@@ -121,6 +121,19 @@ def _group_limited_topk(scores: torch.Tensor, choice: torch.Tensor, k: int, num_
     return ids, weights * scaling
 
 
+def logit_biased_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, k: int,
+                              normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kolibri routing: the top k chosen by logit + `bias` (float32; the bias is added to the logits,
+    not to sigmoid scores as DeepSeek-V3's), weighed by the sigmoid of their logits, renormalized to
+    sum 1 where `normalize`. Returns (ids [T, k], weights [T, k] float32)."""
+    logits = logits.to(torch.float32)
+    ids = torch.topk(logits + bias.to(torch.float32), k, dim=-1).indices
+    weights = torch.sigmoid(logits.gather(1, ids))
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
 def sigmoid_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 4 routing: the k largest logits, each weighed by its sigmoid (float32), never
     renormalized. Returns (ids [T, k], weights [T, k] float32); Llama 4 applies the weights to the

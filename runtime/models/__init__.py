@@ -59,6 +59,7 @@ FAMILY_MODULES = {
     "hy_v3": "hy_v3",
     "mellum": "mellum",
     "flint": "flint",
+    "kolibri1": "kolibri1",
     "longcat_flash": "longcat_flash",
     "mistral4": "mistral4",
     "gemma4_text": "gemma4",

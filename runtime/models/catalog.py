@@ -56,6 +56,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),
     "kimi_linear": ("Kimi Delta Attention (per-channel decay) and NoPE MLA layers",
                     "sigmoid + bias, group-limited top-k, shared experts"),
+    "kolibri1": ("sliding-window rope layers and global NoPE layers, QK norm, sandwich norms",
+                 "sigmoid of the top-k logits chosen with a bias, shared experts"),
     "laguna": ("sliding-window and full GQA layers, QK norm, partial rope, softplus output gate, heads per layer",
                "sigmoid + bias (soft-capped logits), renormalized, shared experts"),
     "lfm2_moe": ("gated short-convolution layers and GQA layers, QK norm", "sigmoid + bias, renormalized"),
