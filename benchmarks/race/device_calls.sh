@@ -27,6 +27,7 @@
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
+# SHAPE (qwen3-30b-a3b, or qwen3.6-35b-a3b: synth_gguf.py's shapes; trace routing for the first only),
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files whose -m
 # gpu tests run first, beside the build and the pull).
 set -u
@@ -40,13 +41,16 @@ if [ ! -f /tmp/ft/.unpacked ]; then
 fi
 cd /tmp/ft || exit 1
 export PYTHONPATH=/tmp/site:$PWD FT_COMMIT=${FT_COMMIT:-unknown}
-RACE=(python3 benchmarks/vs_llamacpp.py race --work /tmp/race --layers 16 --trace "$PWD/.traces/qwen3-30b-a3b.npz")
+SHAPE=${SHAPE:-qwen3-30b-a3b}  # benchmarks/race/synth_gguf.py SHAPES; the trace routes the default one only
+TRACE=()
+if [ "$SHAPE" = qwen3-30b-a3b ]; then TRACE=(--trace "$PWD/.traces/qwen3-30b-a3b.npz"); fi
+RACE=(python3 benchmarks/vs_llamacpp.py race --shape "$SHAPE" --work /tmp/race --layers 16 "${TRACE[@]}")
 PRICING=()
 if [ -n "${FILL_PRICING:-}" ]; then PRICING=(--fill-pricing "$FILL_PRICING"); fi
 start_build_and_pull() {  # llama.cpp's build and the bf16 race file's pull, side by side: $build, $pulled
   (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
   build=$!
-  (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+  (python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
    echo "pull rc $?" >> "$OUT/pull.log") &
   pulled=$!
 }
@@ -56,10 +60,10 @@ quantize_early() {  # a CPU-only llama-quantize (no llama-bench), the bf16 file 
   (cd /tmp/lcpq/llama.cpp && cmake -B build -G Ninja -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
      > /dev/null && cmake --build build --target llama-quantize -j 12 > /dev/null) > "$OUT/lcpq.log" 2>&1
-  local source=/tmp/race/qwen3-30b-a3b-${3:-16}l-bf16.gguf
+  local source=/tmp/race/$SHAPE-${3:-16}l-bf16.gguf
   until [ -f $source ] || ! kill -0 "$1" 2> /dev/null; do sleep 2; done
   while [ -f $source ] && [ "$(stat -c %s $source)" != "$(sleep 3; stat -c %s $source)" ]; do :; done
-  /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source "/tmp/race/qwen3-30b-a3b-${3:-16}l-${2,,}.gguf" "$2" 8 \
+  /tmp/lcpq/llama.cpp/build/bin/llama-quantize $source "/tmp/race/$SHAPE-${3:-16}l-${2,,}.gguf" "$2" 8 \
     > "$OUT/quantize.log" 2>&1
   echo "quantize rc $?" >> "$OUT/lcpq.log"
 }
@@ -76,7 +80,7 @@ case $CALL in
       tests/test_ggml_blocks.py tests/test_block_gemv.py tests/test_grouped_block_experts.py > "$OUT/gpu2.log" 2>&1
     echo "rc $?" >> "$OUT/gpu2.log"
     wait $build
-    timeout 150 python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M \
+    timeout 150 python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 --quant Q4_K_M \
       > "$OUT/pullq.log" 2>&1
     echo "rc $?" >> "$OUT/pullq.log"
     df -h /tmp | tail -1 >> "$OUT/pullq.log"
@@ -108,7 +112,7 @@ case $CALL in
     tail -n 1 "$OUT/lcpp.log" "$OUT/pull.log"
     QUANTIZED=()
     if [ -n "${QUANT:-}" ]; then
-      python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant "$QUANT" > "$OUT/pullq.log" 2>&1
+      python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 --quant "$QUANT" > "$OUT/pullq.log" 2>&1
       tail -n 1 "$OUT/pullq.log"
       QUANTIZED=(--quant "$QUANT")
     fi
@@ -131,7 +135,7 @@ case $CALL in
     echo "rc $?" >> "$OUT/gpu_kernels.log"
     quantize_early $pulled Q4_K_M
     wait $pulled $build
-    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
     timeout 200 "${RACE[@]}" --quant Q4_K_M --settings 8 --threads 8 --prompts 512 --ft-timeout 150 \
       --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsq8.json" > "$OUT/raceq8.log" 2>&1
     echo "rc $?"; tail -n 3 "$OUT/gpu_kernels.log"; tail -n 6 "$OUT/raceq8.log" ;;
@@ -143,19 +147,19 @@ case $CALL in
   profile)
     # where a decode token's time goes (benchmarks/profile_decode.py), Q4_K_M against bf16: a
     # CPU-only llama-quantize (no llama-bench needed) beside the bf16 pull, then four profiles
-    (python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+    (python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
      echo "pull rc $?" >> "$OUT/pull.log") &
     pulled=$!
     quantize_early $pulled Q4_K_M
-    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 --quant Q4_K_M > "$OUT/pullq.log" 2>&1
     tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
-    q4=local/qwen3-30b-a3b-16l-q4_k_m
+    q4=local/$SHAPE-16l-q4_k_m
     PROFILE=(python3 benchmarks/profile_decode.py --store /tmp/race/ft --threads 8)
     timeout 75 "${PROFILE[@]}" --model $q4 --vram-gib 12 --out "$OUT/q4_12g.json" > "$OUT/q4_12g.log" 2>&1
     FT_CUDA_GRAPHS=0 timeout 75 "${PROFILE[@]}" --model $q4 --vram-gib 12 --out "$OUT/q4_12g_eager.json" \
       > "$OUT/q4_12g_eager.log" 2>&1
     timeout 75 "${PROFILE[@]}" --model $q4 --vram-gib 3.57 --out "$OUT/q4_3g.json" > "$OUT/q4_3g.log" 2>&1
-    timeout 100 "${PROFILE[@]}" --model local/qwen3-30b-a3b-16l-bf16 --vram-gib 24 --out "$OUT/bf16_24g.json" \
+    timeout 100 "${PROFILE[@]}" --model local/$SHAPE-16l-bf16 --vram-gib 24 --out "$OUT/bf16_24g.json" \
       > "$OUT/bf16_24g.log" 2>&1
     grep -h '"tok_s' "$OUT"/*.log ;;
   replay)
@@ -164,13 +168,13 @@ case $CALL in
     # file's 40,960-token context: a ~15k-token system prompt, 24 turns of ~1k-token tool results
     layers=${LAYERS:-16}
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$OLDPWD"/.whl2/*.whl
-    (python3 benchmarks/vs_llamacpp.py gguf --work /tmp/race --layers "$layers" > "$OUT/pull.log" 2>&1
+    (python3 benchmarks/vs_llamacpp.py gguf --shape "$SHAPE" --work /tmp/race --layers "$layers" > "$OUT/pull.log" 2>&1
      echo "gguf rc $?" >> "$OUT/pull.log") &
     pulled=$!
     quantize_early $pulled Q4_K_M "$layers"
-    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers "$layers" --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers "$layers" --quant Q4_K_M > "$OUT/pullq.log" 2>&1
     tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
-    model=local/qwen3-30b-a3b-${layers}l-q4_k_m
+    model=local/$SHAPE-${layers}l-q4_k_m
     FT_HOME=/tmp/race/ft FT_CONTEXT_LENGTH=40960 python3 -c "import ftpull.cli as c; c.main()" serve --port 11435 \
       --device gpu --vram-gib "${VRAM_GIB:-4}" > "$OUT/serve.log" 2>&1 &
     served=$!
@@ -186,13 +190,13 @@ case $CALL in
     # 0.66 at LAYERS=4: the 12 layers' dense weights and KV less), at this commit and, where
     # carried, .clean/ftold.tar.gz's; the bf16 file is written, not pulled (llama-quantize's source)
     layers=${LAYERS:-4}
-    (python3 benchmarks/vs_llamacpp.py gguf --work /tmp/race --layers "$layers" > "$OUT/pull.log" 2>&1
+    (python3 benchmarks/vs_llamacpp.py gguf --shape "$SHAPE" --work /tmp/race --layers "$layers" > "$OUT/pull.log" 2>&1
      echo "gguf rc $?" >> "$OUT/pull.log") &
     pulled=$!
     quantize_early $pulled Q4_K_M "$layers"
-    python3 benchmarks/vs_llamacpp.py pull --work /tmp/race --layers "$layers" --quant Q4_K_M > "$OUT/pullq.log" 2>&1
+    python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers "$layers" --quant Q4_K_M > "$OUT/pullq.log" 2>&1
     tail -n 1 "$OUT/lcpq.log" "$OUT/pull.log" "$OUT/pullq.log"
-    q4=local/qwen3-30b-a3b-${layers}l-q4_k_m
+    q4=local/$SHAPE-${layers}l-q4_k_m
     PROFILE=(python3 benchmarks/profile_prompt.py --store /tmp/race/ft --threads 8 --tokens 512 --model "$q4")
     budget=${BUDGET_GIB:-0.66}
     timeout 60 "${PROFILE[@]}" --vram-gib "$budget" --out "$OUT/p_q4.json" > "$OUT/p_q4.log" 2>&1
