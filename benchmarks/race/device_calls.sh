@@ -22,6 +22,9 @@
 #   replay   a cold machine's agent replay (benchmarks/agent_replay.py, issue 23) against `ft serve` on
 #            the Q4_K_M race file at VRAM_GIB (4) with two sessions, through the real anthropic
 #            client (carry .whl2 too; ~7 min; no llama-bench)
+#   handoff  a cold machine's bench_handoff.py (the CPU share's fixed cost a layer call, no model file)
+#            with OpenMP's threads sleeping between calls as by default, and spinning
+#            (OMP_WAIT_POLICY=active), side by side (~2 min)
 #   prompts  a cold machine's profiles of a 512-token Q4_K_M prompt at -ncmoe 16's budget (also at
 #            .clean/ftold.tar.gz's commit where carried) and at 1 GiB, LAYERS=4 (~4 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
@@ -31,7 +34,7 @@
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files whose -m
 # gpu tests run first, beside the build and the pull).
 set -u
-CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts or replay}
+CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts, replay or handoff}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -162,6 +165,17 @@ case $CALL in
     timeout 100 "${PROFILE[@]}" --model local/$SHAPE-16l-bf16 --vram-gib 24 --out "$OUT/bf16_24g.json" \
       > "$OUT/bf16_24g.log" 2>&1
     grep -h '"tok_s' "$OUT"/*.log ;;
+  handoff)
+    # the CPU share's fixed cost a decode layer call (85 us in the race's bandwidth profile): the
+    # hand-off with and without the OpenMP team spinning between calls (libgomp reads its policy at
+    # start, so each is its own process)
+    for policy in default active; do
+      env_policy=()
+      if [ $policy = active ]; then env_policy=(OMP_WAIT_POLICY=active); fi
+      env "${env_policy[@]}" timeout 150 python3 benchmarks/bench_handoff.py 16 8 300 > "$OUT/handoff_$policy.log" 2>&1
+      echo "rc $?" >> "$OUT/handoff_$policy.log"
+    done
+    tail -n 12 "$OUT"/handoff_*.log ;;
   replay)
     # coding-agent sessions through `ft serve` (benchmarks/agent_replay.py): the race file's
     # tokenizer makes about a token a byte of its filler words, so the workload is sized to the
