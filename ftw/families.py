@@ -391,7 +391,7 @@ def _flint_layers(c: dict[str, Any]) -> list[int]:
 
 
 def _axk1_layers(c: dict[str, Any]) -> list[int]:
-    """`mlp_layer_types`, else AXK1Config's derivation from the older keys: MoE from
+    """`mlp_layer_types`, else AXK1Config's (and AXK2Config's) derivation from the older keys: MoE from
     `first_k_dense_replace` (default 1) on, on every `moe_layer_freq`-th layer counted from 0."""
     if isinstance(c.get("mlp_layer_types"), list):
         return [i for i, kind in enumerate(c["mlp_layer_types"]) if kind == "sparse"]
@@ -776,6 +776,15 @@ FAMILIES: dict[str, Family] = {
             "axk1", ("axk1",), ("n_routed_experts", "num_local_experts"), _axk1_layers,
             drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
             renames=((re.compile(r"^(model\.layers\.[0-9]+)\.post_mlp_layernorm\."), r"\1.mlp.post_mlp_layernorm."),),
+        ),
+        Family(  # (DeepSeek-V3.2's model, its MTP layers after num_hidden_layers dropped; the release's names as
+            # transformers' conversion_mapping renames them: the query-and-gate projection, the gated norms' MLP)
+            "axk2", ("axk2",), ("n_routed_experts", "num_local_experts"), _axk1_layers,
+            drop_layers_from_num_layers=True, num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
+            renames=tuple((re.compile(pattern), replacement) for pattern, replacement in (
+                (r"\.self_attn\.q_b_proj\.", ".self_attn.q_gate_proj."),
+                (r"_layernorm\.W_down\.", "_layernorm.mlp.fc1."),
+                (r"_layernorm\.W_up\.", "_layernorm.mlp.fc2."))),
         ),
         Family(  # (Mistral Small 4: a mistral3 checkpoint around it, its vision parts dropped)
             "mistral4", ("mistral4",), ("n_routed_experts", "num_local_experts"), _first_k_dense_layers,

@@ -214,6 +214,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     ),
+    # DeepSeek-V3.2's model (every layer indexed, 6 of up to 44 tokens a query; 16 indexer heads and wide weights so
+    # few scores tie at 0) with the query gating the output and gated norms (random weights: RANDOMIZED); a dense
+    # first layer, then 8 experts top 2 without groups (A.X-K2-Light's routing), a shared expert
+    "axk2": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=4,
+        n_routed_experts=8, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=16, index_topk=6, index_head_dim=16, index_n_heads=16, gated_norm_rank=8,
+        mlp_layer_types=["dense", "sparse", "sparse"], initializer_range=0.15, bos_token_id=1, eos_token_id=2,
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -429,6 +438,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "flint": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "sinks"),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
+    "axk2": ("layernorm.norm.", "layernorm.weight", "model.norm.", "indexer.k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     # attention and expert biases (around 0), norms, sinks (around 1)
@@ -439,7 +449,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
-            "nemotron_h", "longcat_flash", "flint", "kolibri1")
+            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2")
 
 
 def build_model(family: str, seed: int = 0):

@@ -29,15 +29,18 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("nemotron_h", True, id="nemotron_h-fused"), pytest.param("longcat_flash", False, id="longcat_flash"),
             pytest.param("longcat_flash", True, id="longcat_flash-fused"), pytest.param("flint", False, id="flint"),
             pytest.param("flint", True, id="flint-fused"), pytest.param("kolibri1", False, id="kolibri1"),
-            pytest.param("kolibri1", True, id="kolibri1-fused")]
+            pytest.param("kolibri1", True, id="kolibri1-fused"), pytest.param("axk2", False, id="axk2"),
+            pytest.param("axk2", True, id="axk2-fused")]
 MAX_TOKENS = 40
 
 
 def state_bytes(cache: object) -> int:
-    """The bytes of the tensors a layer's cache holds (none: a layer without a mixer, Nemotron-H's MoE layers)."""
+    """The bytes of the tensors a layer's cache holds (none: a layer without a mixer, Nemotron-H's MoE layers),
+    those of the caches within it too (DSA's: its MLA cache beside the indexer's keys)."""
     if cache is None:
         return 0
-    return sum(t.numel() * t.element_size() for t in vars(cache).values() if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else state_bytes(t)
+               for t in vars(cache).values() if isinstance(t, torch.Tensor) or hasattr(t, "__dict__"))
 
 
 @pytest.mark.parametrize("family, fused", FAMILIES)

@@ -60,6 +60,9 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
            "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},  # (the release's name of the sinks)
            "kolibri1": {".moe.router.expert_bias": ".mlp.gate.e_score_correction_bias",
                         ".post_attn_norm.": ".post_self_attn_layernorm.", ".post_ffn_norm.": ".post_mlp_layernorm."},
+           # (the release's query-and-gate projection and gated norms' MLP)
+           "axk2": {".self_attn.q_b_proj.": ".self_attn.q_gate_proj.", "_layernorm.W_down.": "_layernorm.mlp.fc1.",
+                    "_layernorm.W_up.": "_layernorm.mlp.fc2."},
            "hy_v3": {".mlp.router.gate.": ".mlp.gate.", ".mlp.expert_bias": ".mlp.e_score_correction_bias",
                      ".mlp.shared_mlp.": ".mlp.shared_experts."},
            # (query_key_value stays fused: the runtime reads it apart)
@@ -147,7 +150,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
-                                    "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1"])
+                                    "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     if family == "nemotron_h":  # (not gated: its fused experts are up_proj and down_proj)
         src = save_checkpoint(family, tmp_path / "hf", fused=True)

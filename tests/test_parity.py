@@ -85,6 +85,9 @@ FAMILIES = [
     # (the release's moe.router.expert_bias, post_attn_norm and post_ffn_norm; transformers' own names)
     pytest.param("kolibri1", False, id="kolibri1"),
     pytest.param("kolibri1", True, id="kolibri1-fused"),
+    # (the release's q_b_proj for the query-and-gate projection, W_down/W_up for the norms' gates)
+    pytest.param("axk2", False, id="axk2"),
+    pytest.param("axk2", True, id="axk2-fused"),
     # (two MLA sublayers and a shortcut MoE a layer, identity zero experts among the routed ids)
     pytest.param("longcat_flash", False, id="longcat_flash"),
     pytest.param("longcat_flash", True, id="longcat_flash-fused"),
@@ -767,3 +770,24 @@ def test_kolibri1_without_a_window_is_refused(tmp_path: Path) -> None:
         (src / "config.json").write_text(json.dumps({**config, "sliding_window": None, "layer_types": types}))
         with pytest.raises(UnsupportedFamilyError, match="sliding_window"):
             convert_and_load(src, tmp_path / f"store-{types[0]}")
+
+
+def test_axk2_with_expert_groups_fills_dropped_groups_with_zero(tmp_path: Path) -> None:
+    """The larger A.X-K2 releases route within expert groups (n_group, topk_group); transformers'
+    AXK2TopkRouter sets the dropped groups' choice scores to 0, not -inf (DeepSeek-V3's), which
+    decides where a negative correction bias pushes a kept expert's below 0."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    torch.manual_seed(8)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "axk2", **{**FAMILY_CONFIGS["axk2"], "n_group": 4, "topk_group": 2}))
+    with torch.no_grad():
+        for name, p in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                p.normal_(-0.8, 0.3)  # (most kept experts' sigmoid + bias below a dropped one's 0)
+    model.save_pretrained(tmp_path / "hf")
+    ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
+    assert ours.model.blocks[1].ffn.num_groups == 4 and ours.model.blocks[1].ffn.dropped == 0.0
+    assert_parity(ours, hf_model(tmp_path / "hf"), PROMPT, STEPS)

@@ -195,10 +195,11 @@ def families(tmp_path_factory):
 # full and NoPE layers too) and without (Mellum's), and Gemma 4's FFN reading the residual itself, the stream
 # then scaled in place chunk by chunk (layer_scalar), and LongCat-Flash's shortcut MoE (a second stream kept
 # chunk by chunk from one half-layer to the next), Flint's sinks on sliding rope layers and full NoPE ones,
-# and Kolibri 1's sandwich-normed sliding and NoPE layers
+# and Kolibri 1's sandwich-normed sliding and NoPE layers; A.X-K2's gated-query DSA (whole prompts, as GLM-5's)
+# between gated norms
 CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
                     "jetmoe", "cohere2_moe", "minimax", "lfm2_moe", "kimi_linear", "mimo_v2_flash", "granitemoe_swa",
-                    "granitemoehybrid", "jamba", "mellum", "gemma4_text", "longcat_flash", "flint", "kolibri1")
+                    "granitemoehybrid", "jamba", "mellum", "gemma4_text", "longcat_flash", "flint", "kolibri1", "axk2")
 
 
 @pytest.mark.parametrize("family", CHUNKED_FAMILIES)

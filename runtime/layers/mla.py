@@ -69,18 +69,22 @@ class MLAttention:
         self.heads = config.num_attention_heads
         self.nope_dim, self.rope_dim = int(config.get("qk_nope_head_dim")), int(config.get("qk_rope_head_dim"))
         self.v_dim, self.kv_lora_rank = int(config.get("v_head_dim")), int(config.get("kv_lora_rank"))
-        if config.get("q_lora_rank") is None:
-            self.q_proj: torch.Tensor | None = weights.get(prefix + "q_proj.weight")
-        else:
-            self.q_proj = None
-            self.q_a, self.q_a_bias = weights.get(prefix + "q_a_proj.weight"), weights.maybe(prefix + "q_a_proj.bias")
-            self.q_a_norm, self.q_b = weights.get(prefix + "q_a_layernorm.weight"), weights.get(prefix + "q_b_proj.weight")
+        self.load_query(config, weights, prefix)
         self.kv_a, self.kv_a_bias = weights.get(prefix + "kv_a_proj_with_mqa.weight"), weights.maybe(prefix + "kv_a_proj_with_mqa.bias")
         self.kv_a_norm, self.kv_b = weights.get(prefix + "kv_a_layernorm.weight"), weights.get(prefix + "kv_b_proj.weight")
         self.o, self.o_bias = weights.get(prefix + "o_proj.weight"), weights.maybe(prefix + "o_proj.bias")
         self.rope, self.dtype = rope, dtype
         self.rotate = unrotated if rope is None else apply_rotary_interleaved if interleave else apply_rotary
         self.scale = softmax_scale(self.nope_dim + self.rope_dim, config.rope_parameters)
+
+    def load_query(self, config: ModelConfig, weights: ModelWeights, prefix: str) -> None:
+        """The query's projections: q_proj, or the low-rank q_a_proj -> q_a_layernorm -> q_b_proj."""
+        if config.get("q_lora_rank") is None:
+            self.q_proj: torch.Tensor | None = weights.get(prefix + "q_proj.weight")
+        else:
+            self.q_proj = None
+            self.q_a, self.q_a_bias = weights.get(prefix + "q_a_proj.weight"), weights.maybe(prefix + "q_a_proj.bias")
+            self.q_a_norm, self.q_b = weights.get(prefix + "q_a_layernorm.weight"), weights.get(prefix + "q_b_proj.weight")
 
     def new_cache(self, max_tokens: int) -> MLACache:
         return MLACache(max_tokens, self.kv_lora_rank, self.rope_dim, self.dtype)
@@ -118,3 +122,32 @@ class MLAttention:
         q, _ = self.query(x, cos, sin)
         k, v = self.keys_values(x, cos, sin, cache, start)
         return self.output(causal_attention(q, k, v, start, self.scale))
+
+
+class GatedQueryMLA(MLAttention):
+    """A.X-K2's MLA: no q_b_proj; `q_gate_proj` reads the low-rank query normed and raw side by side
+    ([q_a_layernorm(q_a x) | q_a x], 2 x q_lora_rank) and gives each head its query (nope + rope)
+    and a gate (v_head_dim); the attended values are multiplied by sigmoid(gate) (float32, cast
+    back) before o_proj. `query` keeps the step's gate for `output`, which the same call runs
+    after it (MLAttention's and DSA's order)."""
+
+    gate: torch.Tensor | None = None  # the current step's, [T, heads, v_dim]
+
+    def load_query(self, config: ModelConfig, weights: ModelWeights, prefix: str) -> None:
+        self.q_proj = None
+        self.q_a, self.q_a_bias = weights.get(prefix + "q_a_proj.weight"), weights.maybe(prefix + "q_a_proj.bias")
+        self.q_a_norm = weights.get(prefix + "q_a_layernorm.weight")
+        self.q_gate = weights.get(prefix + "q_gate_proj.weight")  # [heads x (nope + rope + v), 2 x q_lora_rank]
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q_raw = linear(x, self.q_a, self.q_a_bias)
+        q_low = rms_norm(q_raw, self.q_a_norm, LATENT_NORM_EPS)
+        qg = linear(torch.cat((q_low, q_raw), dim=-1), self.q_gate).view(x.shape[0], self.heads, -1)
+        q_nope, q_rot, self.gate = qg.split([self.nope_dim, self.rope_dim, self.v_dim], dim=-1)  # [T, heads, *]
+        return torch.cat((q_nope, self.rotate(q_rot, cos, sin)), dim=-1), q_low
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        assert self.gate is not None, "output before query"
+        gated = (attended * torch.sigmoid(self.gate.float())).to(attended.dtype)  # [T, heads, v_dim]
+        self.gate = None
+        return super().output(gated)

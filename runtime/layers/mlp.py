@@ -84,15 +84,18 @@ def sigmoid_group_topk(
     topk_groups: int,
     normalize: bool,
     scaling: float,
+    dropped: float = float("-inf"),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3/GLM routing: sigmoid scores; choose with the correction bias, restricted to the
     best `topk_groups` of `num_groups` groups (a group scores the sum of its top-2); weigh with the
     unbiased scores, optionally renormalized, times `scaling`.
 
     Experts of dropped groups are masked with -inf as transformers (>= 5) and DeepSeek's own
-    inference code do: with a negative correction bias, a 0 fill could outrank a kept expert."""
+    inference code do: with a negative correction bias, a 0 fill could outrank a kept expert.
+    `dropped`: their fill where a family's reference masks them otherwise (A.X-K2's 0.0)."""
     scores = torch.sigmoid(logits.to(torch.float32))
-    return _group_limited_topk(scores, scores + bias.to(torch.float32), k, num_groups, topk_groups, normalize, scaling)
+    return _group_limited_topk(scores, scores + bias.to(torch.float32), k, num_groups, topk_groups, normalize, scaling,
+                               dropped)
 
 
 def softmax_group_sum_topk(logits: torch.Tensor, k: int, num_groups: int, topk_groups: int, normalize: bool,
@@ -106,14 +109,15 @@ def softmax_group_sum_topk(logits: torch.Tensor, k: int, num_groups: int, topk_g
 
 
 def _group_limited_topk(scores: torch.Tensor, choice: torch.Tensor, k: int, num_groups: int, topk_groups: int,
-                        normalize: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top k by `choice` within the best `topk_groups` groups, weighed by `scores`."""
+                        normalize: bool, scaling: float, dropped: float = float("-inf")) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k by `choice` within the best `topk_groups` groups (the others' `choice` set to
+    `dropped`), weighed by `scores`."""
     t, e = choice.shape
     if num_groups > 1:
         grouped = choice.view(t, num_groups, e // num_groups)
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, 1.0)
-        choice = choice.masked_fill(~keep.bool().repeat_interleave(e // num_groups, dim=1), float("-inf"))
+        choice = choice.masked_fill(~keep.bool().repeat_interleave(e // num_groups, dim=1), dropped)
     ids = torch.topk(choice, k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if normalize:

@@ -71,6 +71,23 @@ class Float32RMSNorm:
         return (self.weight.to(torch.float32) * h).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class GatedRMSNorm:
+    """RMSNorm, then times a low-rank gate of its own output: y = rms_norm(x) * sigmoid(fc2 silu(fc1 y)),
+    the gate in float32 and the product cast back (A.X-K2's AXK2GatedRMSNorm, Megatron's
+    GatedNormWrapper), called on x [..., H]; fc1 [rank, H], fc2 [H, rank]."""
+
+    weight: torch.Tensor
+    fc1: torch.Tensor
+    fc2: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = rms_norm(x, self.weight, self.eps)
+        gate = torch.sigmoid(F.linear(F.silu(F.linear(y, self.fc1)), self.fc2).float())
+        return (y * gate).to(y.dtype)
+
+
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x), the rms taken in float32 and cast to x's dtype before the product (DeepSeek-V4's
     DeepseekV4UnweightedRMSNorm: its per-head query norm and the hyper-connections' input norm)."""

@@ -60,6 +60,7 @@ FAMILY_MODULES = {
     "mellum": "mellum",
     "flint": "flint",
     "kolibri1": "kolibri1",
+    "axk2": "axk2",
     "longcat_flash": "longcat_flash",
     "mistral4": "mistral4",
     "gemma4_text": "gemma4",

@@ -17,6 +17,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "afmoe": ("sliding-window rope layers and global NoPE layers, QK norm, gated output, sandwich norms",
               "sigmoid + bias, renormalized and scaled, shared experts"),
     "axk1": ("MLA (latent KV)", "sigmoid + bias, group-limited top-k, shared experts, the MoE output RMSNormed"),
+    "axk2": ("MLA with a sparse-attention indexer (DSA) on every layer, the query gating the output, gated norms",
+             "sigmoid + bias, top-k (group-limited where grouped), shared experts"),
     "bailing_hybrid": ("Kimi Delta Attention layers and head-gated MLA layers",
                        "sigmoid + bias, group-limited top-k, shared experts"),
     "cohere2_moe": ("parallel blocks: sliding-window rope layers and global NoPE layers, LayerNorm",
