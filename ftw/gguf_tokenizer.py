@@ -9,8 +9,8 @@ both are matched whole; padding (unused) tokens stay plain vocabulary entries, a
 matches them in text.
 
 - Byte-level BPE (`tokenizer.ggml.model` "gpt2"): `tokenizer.ggml.pre` only names the
-  pre-tokenizer, and llama.cpp's llama-vocab.cpp maps the name to regexes. PRE_TOKENIZERS maps the
-  names we know to the pipeline of the model's original tokenizer.json.
+  pre-tokenizer, and llama.cpp's llama-vocab.cpp maps the name to regexes. PRE_TOKENIZERS
+  (gguf_pretokenizers) maps the names we know to the pipeline of the model's original tokenizer.
 - SentencePiece ("llama": Llama, Mistral, Mixtral and many more): a BPE with byte fallback whose
   merges are the file's, or else derived from the scores; see gguf_tokenizer_spm.
 - Gemma 4's ("gemma4", Gemma4Model's set_vocab from tokenizer.json): SentencePiece-style BPE with
@@ -29,10 +29,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import SourceError
+from .gguf_pretokenizers import PRE_TOKENIZERS
 from .gguf_tokenizer_spm import merges_from_scores, spm_decoder, spm_model, spm_normalizer
 
 # gguf-py TokenType
@@ -45,78 +45,6 @@ SPECIAL_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_
 _SPM_DEFAULT_IDS = {"unknown_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 _DAMAGED = "the file's tokenizer metadata is damaged; re-download it, or use the model's Hugging Face tokenizer"
 
-_QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-_LLAMA3_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-# o200k (gpt-oss, Llama 4, MiniMax-M2): cased words with their contraction, digits in threes
-_GPT4O_SPLIT = (
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-    r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-# Mistral's tekken (Mistral NeMo, Mistral Small 3.x and 4), its tokenizer.json's regex as llama-vocab.cpp quotes
-# it: o200k's cased words without the contractions, and every digit alone
-_TEKKEN_SPLIT = (
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
-    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
-    r"""|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-_DEEPSEEK_V3_SPLITS = (
-    r"\p{N}{1,3}",
-    "[一-龥\u3040-ゟ゠-ヿ]+",
-    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-)
-
-# K-EXAONE's (tokenizer.json's original, which llama-vocab.cpp quotes): letters joined across single spaces
-_EXAONE_MOE_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"""
-)
-
-# Arcee Trinity's (AFMoE), as llama-vocab.cpp has it: digit runs in threes from the right (its
-# \p{AFMoE_digits}, unicode.cpp's custom split), runs of CJK and other Asian scripts (its ranges, verbatim),
-# then DeepSeek-V3's word regex
-_AFMOE_SPLITS = (
-    r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))",
-    "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf\u0e40-\u0e7f"
-    "\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+",
-    _DEEPSEEK_V3_SPLITS[2],
-)
-
-
-@dataclass(frozen=True)
-class PreTokenizer:
-    splits: tuple[str, ...]  # regexes applied in turn, matches isolated; () = GPT-2's built-in regex
-    normalizer: str | None = None  # e.g. "NFC"
-    # False: SentencePiece-style BPE in a 'gpt2' file (llama-vocab.cpp's byte_encode false with
-    # escape_whitespaces): spaces become U+2581 first, merges run over raw UTF-8, a character without
-    # a token falls back to its <0xXX> byte tokens
-    byte_level: bool = True
-
-
-PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    "qwen2": PreTokenizer((_QWEN2_SPLIT,), "NFC"),  # Qwen2, Qwen2.5, Qwen3 (their tokenizer.json normalizes NFC)
-    "llama-bpe": PreTokenizer((_LLAMA3_SPLIT,)),  # Llama 3
-    "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
-    "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
-    "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
-    "tekken": PreTokenizer((_TEKKEN_SPLIT,)),  # Mistral's tekken (Mistral Small 4)
-    "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
-    "afmoe": PreTokenizer(_AFMOE_SPLITS),  # Arcee Trinity
-    "sarvam-moe": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Sarvam-30B: lines and runs of newlines
-    "gemma4": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Gemma 4 (tokenizer model "gemma4"): the same
-}
-# Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
-# LLAMA3's for llama3/llama-v3 and LFM2's lfm2, for DBRX and Smaug ("same as llama3") and for CHATGLM4
-# (GLM-4.5 to GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE); GPT4O's (the
-# tokenizer.json original its comment quotes) for llama4 and minimax-m2.
-PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in
-                   ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe", "lfm2")}
-PRE_TOKENIZERS |= {"olmo": PRE_TOKENIZERS["gpt-2"]}
-PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["gpt-4o"] for name in ("llama4", "minimax-m2")}
 HF_JSON_KEY = "tokenizer.huggingface.json"
 
 
@@ -260,7 +188,8 @@ def _byte_level_pipeline(vocab: _Vocab) -> dict[str, Any]:
     model = {
         "type": "BPE", "dropout": None, "unk_token": vocab.token("unknown_token_id"),
         "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
-        "byte_fallback": not pre.byte_level, "ignore_merges": False, "vocab": vocab.vocab(), "merges": vocab.merges,
+        "byte_fallback": not pre.byte_level, "ignore_merges": pre.ignore_merges, "vocab": vocab.vocab(),
+        "merges": vocab.merges,
     }
     if not pre.byte_level:
         return {
