@@ -13,7 +13,7 @@ regex that splitter stands for; see kimi-k2 below for where they part.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _QWEN2_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -126,11 +126,11 @@ class PreTokenizer:
 
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "qwen2": PreTokenizer((_QWEN2_SPLIT,), "NFC"),  # Qwen2, Qwen2.5, Qwen3 (their tokenizer.json normalizes NFC)
-    "llama-bpe": PreTokenizer((_LLAMA3_SPLIT,)),  # Llama 3
+    "llama-bpe": PreTokenizer((_LLAMA3_SPLIT,), ignore_merges=True),  # Llama 3 (its tokenizer.json ignores merges too)
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
     "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
-    "tekken": PreTokenizer((_TEKKEN_SPLIT,)),  # Mistral's tekken (Mistral Small 4)
+    "tekken": PreTokenizer((_TEKKEN_SPLIT,), ignore_merges=True),  # Mistral's tekken (Mistral Small 4)
     "exaone-moe": PreTokenizer((_EXAONE_MOE_SPLIT,)),  # K-EXAONE
     "afmoe": PreTokenizer(_AFMOE_SPLITS),  # Arcee Trinity
     "sarvam-moe": PreTokenizer((r"[^\n]+|[\n]+",), byte_level=False),  # Sarvam-30B: lines and runs of newlines
@@ -139,9 +139,12 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 # Names llama-vocab.cpp (llama.cpp 0c1e570, llm_tokenizer_bpe) gives the same regex as one above:
 # LLAMA3's for llama3/llama-v3 and LFM2's lfm2, for DBRX and Smaug ("same as llama3") and for CHATGLM4
 # (GLM-4.5 to GLM-5's glm4/glm5, chatglm-bpe: the identical pattern); GPT2's for OLMO (OLMoE); GPT4O's (the
-# tokenizer.json original its comment quotes) for llama4 and minimax-m2.
-PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in
-                   ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe", "lfm2")}
+# tokenizer.json original its comment quotes) for llama4 and minimax-m2. It takes a piece that is a token
+# whole (ignore_merges) for llama3/llama-v3/llama-bpe/lfm2, glm4/glm5 and tekken, not for dbrx, smaug-bpe,
+# chatglm-bpe or GPT4O's names.
+PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["llama-bpe"] for name in ("llama3", "llama-v3", "glm4", "glm5", "lfm2")}
+PRE_TOKENIZERS |= {name: replace(PRE_TOKENIZERS["llama-bpe"], ignore_merges=False)
+                   for name in ("dbrx", "smaug-bpe", "chatglm-bpe")}
 PRE_TOKENIZERS |= {"olmo": PRE_TOKENIZERS["gpt-2"]}
 PRE_TOKENIZERS |= {name: PRE_TOKENIZERS["gpt-4o"] for name in ("llama4", "minimax-m2")}
 # Added for the MoE families whose GGUFs name these (llama.cpp 0c1e570's convert_hf_to_gguf.py writes them):

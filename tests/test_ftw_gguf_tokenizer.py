@@ -331,10 +331,27 @@ def test_empty_and_repeated_tokens_load() -> None:
 
 def test_llama_cpp_names_of_one_regex_rebuild_alike() -> None:
     """llama-vocab.cpp gives GLM-4.5's glm4, DBRX's dbrx and llama3 Llama 3's regex, and OLMoE's olmo
-    GPT-2's: a file naming any of them is rebuilt (GLM, DBRX and OLMoE GGUFs were refused)."""
+    GPT-2's: a file naming any of them is rebuilt (GLM, DBRX and OLMoE GGUFs were refused). It takes a
+    piece that is a token whole for Llama 3's names, LFM2's and GLM-4.5/5's, not for DBRX's, Smaug's or
+    chatglm-bpe."""
     for name in ("llama3", "llama-v3", "dbrx", "smaug-bpe", "glm4", "glm5", "chatglm-bpe", "lfm2"):
-        assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS["llama-bpe"], name
+        assert PRE_TOKENIZERS[name].splits == PRE_TOKENIZERS["llama-bpe"].splits, name
+        assert PRE_TOKENIZERS[name].ignore_merges == (name not in ("dbrx", "smaug-bpe", "chatglm-bpe")), name
     assert PRE_TOKENIZERS["olmo"] == PRE_TOKENIZERS["gpt-2"]
+
+
+@pytest.mark.parametrize(("pre", "whole"), [("llama-bpe", True), ("glm4", True), ("tekken", True), ("lfm2", True),
+                                            ("dbrx", False), ("qwen2", False), ("gpt-4o", False)])
+def test_a_piece_that_is_a_token_is_taken_whole_where_llama_cpp_ignores_merges(tmp_path: Path, pre: str,
+                                                                                whole: bool) -> None:
+    """llama-vocab.cpp's ignore_merges (Llama 3, LFM2, GLM-4.5/5, tekken; Llama 3's tokenizer.json too):
+    a pre-tokenized piece that is itself a token is that token, whether or not a merge builds it. Here
+    "abc" is a token no merge makes ("a b" only): taken whole, or split as the merges leave it."""
+    tokens = ["a", "b", "c", "ab", "abc", "<|endoftext|>"]
+    path = write_tokenizer_gguf(tmp_path / f"{pre}.gguf", tokens, [NORMAL] * 5 + [CONTROL], pre=pre,
+                                merges=["a b"], ids={"eos_token_id": 5})
+    ids = rebuilt(path).encode("abc", add_special_tokens=False).ids
+    assert ids == ([4] if whole else [3, 2])
 
 
 def test_gpt_4o_pre_tokenizer_splits_as_o200k(tmp_path: Path) -> None:
