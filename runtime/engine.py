@@ -112,10 +112,15 @@ class Session:
         self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
         self.anchored: StateCheckpoint | None = None  # ... and where the first message ends
         self.prompt_length = 0  # of `tokens`, those of the last prompt (the rest: its reply)
+        # the host copy this state was last parked as or brought back from: parking again shares the
+        # rows of the tokens it has in common with `tokens` (the whole history of a conversation
+        # that went on), copying only the others
+        self.parked_copy: ParkedConversation | None = None
 
     def reset(self) -> None:
         self.state = self.model.reset_state(self.state)  # emptied in place where it can be (CUDA graphs keep its buffers)
         self.tokens, self.saved, self.prompt_length, self.anchored = [], [], 0, None
+        self.parked_copy = None
 
     @property
     def checkpoints(self) -> list[StateCheckpoint]:
@@ -205,17 +210,22 @@ class Session:
     def park(self) -> ParkedConversation | None:
         """This session's conversation copied to host memory (DecoderModel.park), for `unpark` to
         bring back after another conversation has used the state: its tokens, or a recurrent
-        model's up to its latest saved state. None where the model's state cannot be copied so."""
+        model's up to its latest saved state. None where the model's state cannot be copied so.
+        The rows of the tokens it shares with `parked_copy` are that copy's, not copied again."""
         park = getattr(self.model, "park", None)
         saved = None
         length = len(self.tokens)
         if not getattr(self.model, "rewinds", False):
             saved = max(self.checkpoints, key=lambda s: s.length, default=None)
             length = saved.length if saved is not None else 0
-        parked = park(self.state, length, saved) if park is not None and length > 0 else None
+        copy, base = self.parked_copy, None
+        if copy is not None:
+            base = copy.state.prefix(common_prefix(copy.tokens, self.tokens[:length]))
+        parked = park(self.state, length, saved, base) if park is not None and length > 0 else None
         if parked is None:
             return None
-        return ParkedConversation(self.tokens[:length], min(self.prompt_length, length), parked)
+        self.parked_copy = ParkedConversation(self.tokens[:length], min(self.prompt_length, length), parked)
+        return self.parked_copy
 
     def unpark(self, conversation: ParkedConversation) -> bool:
         """This session holding a parked conversation again (its state copied back in place)."""
@@ -224,6 +234,7 @@ class Session:
             return False
         self.tokens, self.prompt_length = list(conversation.tokens), conversation.prompt_length
         self.saved, self.anchored = [], conversation.state.saved
+        self.parked_copy = conversation
         return True
 
     def _keep_prefix_of(self, prompt: list[int]) -> None:

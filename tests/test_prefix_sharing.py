@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine import Session
+from runtime.engine import ParkedConversation, Session
 from runtime.loading.registered import open_model
 from runtime.loading.runnable import load
 from runtime.models.base import DecodeState
@@ -193,3 +193,77 @@ def test_a_server_with_one_session_parks_the_main_conversation_for_a_side_reques
                 {"role": "user", "content": "Now run the tests."}]
         second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_parking_a_conversation_again_copies_only_what_it_added(tiny) -> None:
+    """A conversation parked, brought back and gone on, then parked again: the second parking shares
+    the first one's rows (the same host memory) and copies only the tokens added since; a prefix of
+    it (a subagent's shared system prompt) shares them too. Brought back, either answers as one
+    computed whole."""
+    from runtime.models.state_copy import host_bytes
+
+    model, tokenizer = tiny
+    first_turn = list(range(5, 105))
+    session = Session(model, tokenizer, 256)
+    session.generate(first_turn, GREEDY)
+    parked = session.park()
+    assert parked is not None and len(parked.state.parts) == 1 and session.parked_copy is parked
+    held = list(session.tokens)
+    other = Session(model, tokenizer, 256)
+    assert other.unpark(parked) and other.parked_copy is parked
+    other.generate(held + [7, 8, 9], GREEDY)
+    again = other.park()
+    assert again is not None and again.state.parts[0] is parked.state.parts[0]  # shared, not copied
+    assert [(p.start, p.end) for p in again.state.parts] == [(0, len(held)), (len(held), len(other.tokens))]
+    assert host_bytes([parked.state, again.state]) == again.state.nbytes < parked.state.nbytes + again.state.nbytes
+
+    turn = list(again.tokens) + [11, 12]
+    back = Session(model, tokenizer, 256)
+    assert back.unpark(again)
+    reply = back.generate(turn, GREEDY)
+    assert reply.stats.cached_tokens == len(again.tokens)
+    assert reply.tokens == Session(model, tokenizer, 256).generate(turn, GREEDY).tokens
+
+    shared = again.state.prefix(50)  # the first 50 positions, views of the same rows
+    assert shared is not None and shared.length == 50 and host_bytes([again.state, shared]) == again.state.nbytes
+    sub = Session(model, tokenizer, 256)
+    assert sub.unpark(ParkedConversation(again.tokens[:50], 50, shared))
+    sub_turn = again.tokens[:50] + [13, 14, 15]
+    assert sub.generate(sub_turn, GREEDY).tokens == Session(model, tokenizer, 256).generate(sub_turn, GREEDY).tokens
+
+
+def test_a_pool_parks_the_main_conversation_incrementally_at_each_switch(tiny) -> None:
+    """One session, a side request between every main turn: each time the main conversation is
+    parked again it shares its earlier rows, so the parked memory grows by the turns added, not by
+    the whole history; every main turn finds its whole history and answers as computed whole."""
+    from runtime.server.session_pool import SessionPool
+
+    model, tokenizer = tiny
+    pool = SessionPool(lambda context: Session(model, tokenizer, context), 512, size=1, park_bytes=1 << 30)
+    main, held = list(range(5, 105)), []
+    parkings = []
+    for turn in range(3):
+        session = pool.choose(main, 512)
+        try:
+            reply = session.generate(main, GREEDY)
+        finally:
+            pool.give_back(session)
+        if turn:
+            assert reply.stats.cached_tokens == len(held)
+        held = list(session.tokens)
+        assert reply.tokens == Session(model, tokenizer, 512).generate(main, GREEDY).tokens
+        _generation_at(pool, [200 + turn, 201] + list(range(120, 190)), 512)  # a side request parks it
+        parkings.append(next(c for c in pool.parked if c.tokens == held))
+        main = held + [7 + turn, 8, 9]
+    last = parkings[-1].state
+    assert [p.start for p in last.parts] == [0] + [len(c.tokens) for c in parkings[:-1]]  # one part a parking
+    assert all(last.parts[i] is c.state.parts[i] for i, c in enumerate(parkings))  # the earlier ones' own rows
+    assert not any(c.tokens == parkings[0].tokens for c in pool.parked)  # superseded by the later parkings
+
+
+def _generation_at(pool, prompt: list[int], context: int):
+    session = pool.choose(prompt, context)
+    try:
+        return session.generate(prompt, GREEDY)
+    finally:
+        pool.give_back(session)

@@ -268,10 +268,12 @@ class DecoderModel:
         return True
 
     @torch.inference_mode()
-    def park(self, state: DecodeState, length: int, saved: StateCheckpoint | None = None) -> ParkedState | None:
+    def park(self, state: DecodeState, length: int, saved: StateCheckpoint | None = None,
+             base: ParkedState | None = None) -> ParkedState | None:
         """`state`'s first `length` tokens in host memory (`unpark` puts them back into a state of
-        this model); None where they cannot be copied (state_copy.py)."""
-        return park_state(self.rewinds, state, length, saved)
+        this model); None where they cannot be copied (state_copy.py). `base`: an earlier parking
+        of a prefix of them, whose rows are shared and not copied again."""
+        return park_state(self.rewinds, state, length, saved, base)
 
     @torch.inference_mode()
     def unpark(self, parked: ParkedState, state: DecodeState) -> bool:

@@ -7,6 +7,11 @@ What can be copied is what is read by position: each tensor of such a cache has 
 tokens. A recurrent layer's state is one summary of every token so far; it is taken from a
 `StateCheckpoint` saved at exactly `length` tokens (DecoderModel.checkpoint). Any other cache (a
 state of a step's own, a tensor of another shape) makes the state not copyable: nothing is copied.
+
+A parked state is kept as parts, each a run of positions: parking a conversation again after it
+went on (a coding agent's main conversation, displaced by a side request at every turn) shares the
+parts of its earlier parking and copies only the tokens added since (`park_state`'s `base`), so a
+switch moves the new tokens' rows off the device, not the whole history.
 """
 
 from __future__ import annotations
@@ -20,18 +25,68 @@ from .state import DecodeState, StateCheckpoint
 
 
 @dataclass(frozen=True)
+class ParkedPart:
+    """The rows of positions [start, start + rows[0].shape[0]) of each positional cache tensor (in
+    `positional_rows` order), in host memory."""
+
+    start: int
+    rows: tuple[torch.Tensor, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + (self.rows[0].shape[0] if self.rows else 0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.numel() * r.element_size() for r in self.rows)
+
+
+@dataclass(frozen=True)
 class ParkedState:
-    """A state's first `length` tokens in host memory: its positional caches' rows (in
-    `positional_rows` order) and a recurrent model's caches saved at `length`."""
+    """A state's first `length` tokens in host memory: its positional caches' rows, in parts that
+    follow one another from position 0 to `length`, and a recurrent model's caches saved at
+    `length`."""
 
     length: int
-    rows: tuple[torch.Tensor, ...]
+    parts: tuple[ParkedPart, ...]
     saved: StateCheckpoint | None
 
     @property
     def nbytes(self) -> int:
-        saved = 0 if self.saved is None else sum(_bytes(c) for c in self.saved.caches.values())
-        return sum(r.numel() * r.element_size() for r in self.rows) + saved
+        """Its rows' and saved caches' bytes (rows it shares with another parking counted here too:
+        `host_bytes` counts a set of them)."""
+        return sum(p.nbytes for p in self.parts) + self.saved_bytes
+
+    @property
+    def saved_bytes(self) -> int:
+        return 0 if self.saved is None else sum(_bytes(c) for c in self.saved.caches.values())
+
+    def prefix(self, length: int) -> ParkedState | None:
+        """Its first `length` positions, sharing its memory (parts cut to them are views); None for
+        a recurrent model's parking (its saved caches are of one length) or for no position."""
+        if self.saved is not None or length <= 0:
+            return None
+        if length >= self.length:
+            return self
+        parts = []
+        for part in self.parts:
+            if part.start >= length:
+                break
+            parts.append(part if part.end <= length else
+                         ParkedPart(part.start, tuple(r[: length - part.start] for r in part.rows)))
+        return ParkedState(length, tuple(parts), None)
+
+
+def host_bytes(states: list[ParkedState]) -> int:
+    """The host memory `states` hold together: rows shared between them (one parked on top of
+    another, or on a prefix of it) counted once."""
+    storages: dict[int, int] = {}
+    for state in states:
+        for part in state.parts:
+            for row in part.rows:
+                storage = row.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) + sum(state.saved_bytes for state in states)
 
 
 def positional_rows(state: DecodeState, skip: set[int] | dict) -> list[torch.Tensor] | None:
@@ -72,15 +127,30 @@ def copy_state_prefix(rewinds: bool, source: DecodeState, target: DecodeState, l
     return True
 
 
-def park_state(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> ParkedState | None:
-    """`state`'s first `length` tokens copied to host memory; None where they cannot be."""
+def park_state(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None,
+               base: ParkedState | None = None) -> ParkedState | None:
+    """`state`'s first `length` tokens copied to host memory; None where they cannot be. `base`: an
+    earlier parking of the same tokens' first `base.length` (the caller knows they are a prefix of
+    these): its parts are shared, and only the rows after them are copied. A recurrent model's
+    parking is whole (its saved caches are of one length)."""
     recurrent = saved.caches if saved is not None else {}
     rows = positional_rows(state, recurrent) if copyable(rewinds, state, length, saved) and length > 0 else None
     if rows is None:
         return None
+    kept: tuple[ParkedPart, ...] = ()
+    if base is not None and saved is None and base.saved is None and 0 < base.length <= length \
+            and _fits(base, rows):
+        kept = base.parts
+    start = kept[-1].end if kept else 0
     _settle(rows)
-    host = tuple(r[:length].to("cpu", copy=True) for r in rows)
-    return ParkedState(length, host, saved)
+    new = (ParkedPart(start, tuple(r[start:length].to("cpu", copy=True) for r in rows)),) if start < length else ()
+    return ParkedState(length, kept + new, saved)
+
+
+def _fits(parked: ParkedState, rows: list[torch.Tensor]) -> bool:
+    """Whether `parked`'s parts are rows of tensors shaped as `rows` (the same model's state)."""
+    return all(len(p.rows) == len(rows) and all(h.shape[1:] == r.shape[1:] and h.dtype == r.dtype
+                                                for h, r in zip(p.rows, rows, strict=True)) for p in parked.parts)
 
 
 def unpark_state(parked: ParkedState, state: DecodeState) -> bool:
@@ -88,12 +158,12 @@ def unpark_state(parked: ParkedState, state: DecodeState) -> bool:
     nothing copied, where the state's caches are not those it was parked from."""
     recurrent = parked.saved.caches if parked.saved is not None else {}
     into = positional_rows(state, recurrent)
-    if into is None or state.extra or len(into) != len(parked.rows) \
-            or any(t.shape[1:] != r.shape[1:] or t.shape[0] < parked.length for t, r in zip(into, parked.rows, strict=True)):
+    if into is None or state.extra or not _fits(parked, into) or any(t.shape[0] < parked.length for t in into):
         return False
     _settle(into)
-    for row, to in zip(parked.rows, into, strict=True):
-        to[: parked.length].copy_(row)
+    for part in parked.parts:
+        for row, to in zip(part.rows, into, strict=True):
+            to[part.start: part.end].copy_(row)
     for index, copy in recurrent.items():
         state.caches[index].restore(copy)
     _settle(into)

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable
 
 from ..engine import ParkedConversation, Session
+from ..models.state_copy import host_bytes
 
 MIN_SHARED_TOKENS = 64  # a shared prefix shorter than this is computed again, not copied
 
@@ -115,17 +116,25 @@ class SessionPool:
     def _park(self, session: Session) -> None:
         if self.park_bytes <= 0 or len(session.tokens) < MIN_SHARED_TOKENS:
             return
-        conversation = session.park()
+        conversation = session.park()  # (sharing the rows of its earlier parking, or of the one it came from)
         if conversation is None or conversation.state.nbytes > self.park_bytes:
+            session.parked_copy = None
             return
         tokens = conversation.tokens  # (an older parking of the same conversation is superseded)
         self.parked = [c for c in self.parked if c.tokens != tokens[: len(c.tokens)]] + [conversation]
-        while self.parked_bytes > self.park_bytes:
+        while self.parked_bytes > self.park_bytes and self.parked:
             self.parked.pop(0)
+        for other in self.sessions:  # then the host copies sessions keep of what they hold
+            if self.parked_bytes <= self.park_bytes:
+                break
+            other.parked_copy = None
 
     @property
     def parked_bytes(self) -> int:
-        return sum(c.state.nbytes for c in self.parked)
+        """Host memory of the parked conversations and of the sessions' copies of theirs, rows
+        shared between them counted once."""
+        copies = [s.parked_copy.state for s in self.sessions if getattr(s, "parked_copy", None) is not None]
+        return host_bytes([c.state for c in self.parked] + copies)
 
     def _new(self) -> Session:
         session = self.make(self.context_length)
