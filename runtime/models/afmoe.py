@@ -23,6 +23,7 @@ from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 from .flex_olmo import PostNormedMixer, post_normed
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import GQAAttention, dense_mlp
 
 # AfmoeConfig's defaults, for checkpoints whose config.json leaves a key out
@@ -69,13 +70,8 @@ class BiasedSigmoidMoE:
 
 def layer_types(config: ModelConfig) -> list[str]:
     """`layer_types`, else AfmoeConfig's schedule: every `global_attn_every_n_layers`-th layer full."""
-    types = config.get("layer_types")
-    if types is None:
-        every = int(config.get("global_attn_every_n_layers", DEFAULTS["global_attn_every_n_layers"]))
-        types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(config.num_layers)]
-    if len(types) != config.num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise UnsupportedFamilyError(f"unsupported afmoe layer_types {types!r} for {config.num_layers} layers")
-    return list(types)
+    every = int(config.get("global_attn_every_n_layers", DEFAULTS["global_attn_every_n_layers"]))
+    return checked_layer_types(config, "afmoe", lambda i: "sliding_attention" if (i + 1) % every else "full_attention")
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:

@@ -30,6 +30,7 @@ from ..layers.rope import RotaryEmbedding
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel, Mixer
 from .deepseek_v3 import SigmoidMoE, rotary
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import dense_mlp
 
 # BailingHybridConfig's defaults, for checkpoints whose config.json leaves a key out
@@ -78,11 +79,9 @@ def kda(config: ModelConfig, weights: ModelWeights, prefix: str, dtype: torch.dt
 
 def layer_types(config: ModelConfig) -> list[str]:
     every = int(config.get("layer_group_size", DEFAULTS["layer_group_size"]))
-    types = config.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention"
-                                          for i in range(config.num_layers)]
-    if len(types) != config.num_layers or set(types) - {"full_attention", "linear_attention"}:
-        raise UnsupportedFamilyError(f"unsupported bailing_hybrid layer_types {types!r} for {config.num_layers} layers")
-    return list(types)
+    return checked_layer_types(config, "bailing_hybrid",
+                               lambda i: "full_attention" if (i + 1) % every == 0 else "linear_attention",
+                               kinds=("full_attention", "linear_attention"))
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:

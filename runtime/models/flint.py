@@ -25,6 +25,7 @@ from ..layers.norm import Float32RMSNorm
 from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import GQAAttention, dense_mlp
 
 # FlintConfig's defaults, for a config.json that leaves a key out
@@ -55,12 +56,9 @@ class SigmoidSharedMoE:
 def layer_types(config: ModelConfig) -> list[str]:
     """`layer_types`, else FlintConfig's schedule: full on the first two layers, every fourth from
     layer 1 and the last; sliding elsewhere."""
-    n = config.num_layers
-    types = config.get("layer_types") or [
-        "full_attention" if i < 2 or i % 4 == 1 or i == n - 1 else "sliding_attention" for i in range(n)]
-    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
-        raise UnsupportedFamilyError(f"unsupported flint layer_types {types!r} for {n} layers")
-    return list(types)
+    last = config.num_layers - 1
+    return checked_layer_types(config, "flint", lambda i: "full_attention" if i < 2 or i % 4 == 1 or i == last
+                               else "sliding_attention")
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:

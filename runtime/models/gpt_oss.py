@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ModelConfig, UnsupportedFamilyError
+from ..config import ModelConfig
 from ..experts import ExpertExecutor
 from ..layers.attention import KVCache, Start
 from ..layers.linear import linear
@@ -28,6 +28,7 @@ from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..layers.sink_attention import sink_causal_attention
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import GQAAttention
 
 # GptOssConfig's defaults, for checkpoints whose config.json leaves a key out
@@ -87,11 +88,7 @@ class BiasedRouterMoE:
 
 def layer_types(config: ModelConfig) -> list[str]:
     """`layer_types`, else GptOssConfig's schedule: sliding and full layers in turn, sliding first."""
-    types = config.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(config.num_layers)]
-    if len(types) != config.num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise UnsupportedFamilyError(f"unsupported gpt-oss layer_types {types!r} for {config.num_layers} layers")
-    return list(types)
+    return checked_layer_types(config, "gpt-oss", lambda i: "sliding_attention" if (i + 1) % 2 else "full_attention")
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:

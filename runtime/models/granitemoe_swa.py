@@ -21,6 +21,7 @@ from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
 from .granitemoe import DEFAULTS, GraniteMoE
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import GQAAttention
 
 SLIDING_WINDOW = 128  # GraniteMoeSWAConfig's default
@@ -28,11 +29,7 @@ SLIDING_WINDOW = 128  # GraniteMoeSWAConfig's default
 
 def layer_types(config: ModelConfig) -> list[str]:
     """`layer_types`, else GraniteMoeSWAConfig's schedule: every fourth layer full from layer 0, the rest sliding."""
-    types = config.get("layer_types") or [
-        "full_attention" if i % 4 == 0 else "sliding_attention" for i in range(config.num_layers)]
-    if len(types) != config.num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise UnsupportedFamilyError(f"unsupported granitemoe_swa layer_types {types!r} for {config.num_layers} layers")
-    return list(types)
+    return checked_layer_types(config, "granitemoe_swa", lambda i: "full_attention" if i % 4 == 0 else "sliding_attention")
 
 
 def layer_rope_theta(config: ModelConfig, params: dict[str, Any]) -> list[float]:

@@ -24,6 +24,7 @@ from ..layers.rope import RotaryEmbedding, apply_rotary
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
 from .flex_olmo import PostNormedMixer, post_normed
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import GQAAttention, dense_mlp
 
 # Kolibri1Config's defaults, for a config.json that leaves a key out
@@ -51,11 +52,7 @@ class LogitBiasedMoE:
 
 def layer_types(config: ModelConfig) -> list[str]:
     """`layer_types`, else Kolibri1Config's schedule: every fifth layer full, the rest sliding."""
-    n = config.num_layers
-    types = config.get("layer_types") or ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(n)]
-    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
-        raise UnsupportedFamilyError(f"unsupported kolibri1 layer_types {types!r} for {n} layers")
-    return list(types)
+    return checked_layer_types(config, "kolibri1", lambda i: "full_attention" if (i + 1) % 5 == 0 else "sliding_attention")
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:

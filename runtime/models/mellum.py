@@ -14,6 +14,7 @@ from ..experts import ExpertExecutor
 from ..layers.rope import ropes_by_layer_type
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
+from .layer_schedule import layer_types as checked_layer_types
 from .qwen3_moe import GQAAttention, SoftmaxMoE, dense_mlp
 
 # MellumConfig's defaults, for a config.json that leaves a key out
@@ -24,10 +25,7 @@ ROPE_DEFAULTS = {"full_attention": {"rope_type": "default", "rope_theta": 500000
 
 def layer_types(config: ModelConfig) -> list[str]:
     """`layer_types`, else every layer full (MellumConfig's default)."""
-    types = config.get("layer_types") or ["full_attention"] * config.num_layers
-    if len(types) != config.num_layers or set(types) - set(ROPE_DEFAULTS):
-        raise UnsupportedFamilyError(f"unsupported mellum layer_types {types!r} for {config.num_layers} layers")
-    return list(types)
+    return checked_layer_types(config, "mellum", lambda i: "full_attention", kinds=ROPE_DEFAULTS)
 
 
 def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype) -> DecoderModel:
