@@ -288,6 +288,13 @@ def deepseek2_or_mistral_config(meta: Meta, arch: GGUFArchitecture) -> dict[str,
     return deepseek2_config(meta, arch)
 
 
+def _no_yarn_factors(meta: Meta, where: str) -> None:
+    for key in ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.attn_factor"):
+        if meta.float(key, 1.0) != 1.0:
+            raise UnsupportedArchitectureError(f"{where} with {key} {meta.get(key)}; transformers' YaRN has no "
+                                               "such factor (or llama.cpp ignores it)")
+
+
 def _mistral4_rope(meta: Meta, where: str, scaling: dict[str, Any] | None, theta: float) -> dict[str, Any]:
     """rope_parameters as llama.cpp's deepseek2 graph runs a mistral4 file (mistral4_config)."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
@@ -297,10 +304,7 @@ def _mistral4_rope(meta: Meta, where: str, scaling: dict[str, Any] | None, theta
                 f"{where} with rope.scaling.type {scaling['rope_type']!r} and yarn_log_multiplier "
                 f"{meta.get('rope.scaling.yarn_log_multiplier')!r}: llama.cpp scales its attention as transformers "
                 "does only for YaRN with mscale_all_dim 1 (a yarn_log_multiplier of 0.1), as Mistral Small 4 has")
-        for key in ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.attn_factor"):
-            if meta.float(key, 1.0) != 1.0:
-                raise UnsupportedArchitectureError(f"{where} with {key} {meta.get(key)}; transformers' YaRN has no "
-                                                   "such factor (or llama.cpp ignores it)")
+        _no_yarn_factors(meta, where)
         rope.update({k: v for k, v in scaling.items() if k not in ("type", "mscale")}, mscale=1.0)
     beta = meta.float("attention.temperature_scale", 0.0)
     if beta:  # (llama.cpp applies it where it is not 0)
@@ -312,4 +316,78 @@ def _mistral4_rope(meta: Meta, where: str, scaling: dict[str, Any] | None, theta
                 f"and whose YaRN original context is {original}; transformers' Mistral 4 steps by its original "
                 "context, and llama.cpp refuses a temperature without a length")
         rope["llama_4_scaling_beta"] = beta
+    return rope
+
+
+# llama.cpp's glm-dsa (src/models/glm-dsa.cpp at 0c1e570) where the file has no attention.indexer.types:
+# every layer full before GLM-5.2 (a context under 2^20), else GLM-5.2's schedule (full on layers 0 and 1,
+# then every fourth from 2; shared past the 78 its table lists)
+GLM_5_2_CONTEXT, GLM_5_2_INDEXER_TABLE = 1 << 20, [True, True] + [True, False, False, False] * 19
+
+
+def glm_dsa_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """GlmMoeDsaModel over DeepseekV2Model (conversion/glm.py): deepseek2's keys (deepseek2_config: MLA,
+    kv_b split, dense first layers, experts, the correction bias, shared experts, nextn blocks), the rope
+    dimension qk_rope_head_dim, and the indexer's attention.indexer.head_count, key_length, top_k and
+    types (one bool a layer, "full" where true, from the config's indexer_types). llama.cpp runs it as
+    src/models/glm-dsa.cpp does:
+
+    - routing by sigmoid, the default where the file has no expert_gating_func (glm-dsa's loader; the
+      converter writes the key only from a scoring_func), with the correction bias; softmax is refused
+      (transformers' GLM-5 routes by sigmoid);
+    - no indexer types in the file: every layer full before GLM-5.2 (a context under 2^20), else
+      GLM-5.2's schedule, as llama.cpp's loader fills them;
+    - YaRN (_glm_dsa_rope) as glm-dsa's loader runs it: without the yarn_log_multiplier.
+
+    The indexer's key LayerNorm: llama.cpp's graph normalizes with hparams.f_norm_eps, which glm-dsa's
+    loader never sets (0), transformers with 1e-6; the file says neither, and ft keeps transformers'."""
+    where = f"{meta.model.path}: a {meta.arch} GGUF of GLM-5"
+    gating = meta.get("expert_gating_func", SIGMOID)
+    if gating != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; GLM-5 routes by sigmoid")
+    config = deepseek2_config(meta, arch)
+    for key in ("scoring_func", "topk_method", "rope_interleave"):
+        config.pop(key)
+    layers = config["num_hidden_layers"]
+    types = meta.get("attention.indexer.types")
+    if types is None:
+        types = ([True] * layers if meta.int("context_length", 0) < GLM_5_2_CONTEXT
+                 else [i < len(GLM_5_2_INDEXER_TABLE) and GLM_5_2_INDEXER_TABLE[i] for i in range(layers)])
+    elif not isinstance(types, list) or len(types) != layers or not all(isinstance(t, (bool, int)) for t in types):
+        raise SourceError(f"{where} whose attention.indexer.types is not one flag for each of its {layers} layers")
+    if not types or not types[0]:
+        raise UnsupportedArchitectureError(f"{where} whose first layer shares an indexer selection no layer made; "
+                                           "llama.cpp asserts a full indexer layer before a shared one")
+    rope_dim, index_dim = config["qk_rope_head_dim"], meta.int("attention.indexer.key_length")
+    if index_dim < rope_dim:
+        raise SourceError(f"{where} whose indexer heads ({index_dim}) are narrower than the rope ({rope_dim})")
+    config.update(
+        model_type=arch.model_type, architectures=[arch.hf_architecture],
+        index_n_heads=meta.int("attention.indexer.head_count"), index_head_dim=index_dim,
+        index_topk=meta.int("attention.indexer.top_k"),
+        indexer_types=["full" if t else "shared" for t in types],
+        rope_parameters=_glm_dsa_rope(meta, where, config.pop("rope_scaling", None), config.pop("rope_theta")),
+    )
+    return config
+
+
+def _glm_dsa_rope(meta: Meta, where: str, scaling: dict[str, Any] | None, theta: float) -> dict[str, Any]:
+    """rope_parameters as llama.cpp runs a glm-dsa file. Its loader reads no yarn_log_multiplier (deepseek2's
+    and mistral4's do), so llama-context.cpp's YaRN factor is get_mscale(factor) = 1 + 0.1 ln(factor) = m for
+    cos/sin (on MLA's and the indexer's rotated channels alike) and the graph's softmax scale m^2 / sqrt(d):
+    transformers' YaRN with mscale_all_dim 1 and no mscale (its attention factor then get_mscale(factor)).
+    A checkpoint with mscale_all_dim 1 (a yarn_log_multiplier of 0.1) and no mscale runs so in transformers;
+    one with mscale 1 too would have cos/sin unscaled there, but the file does not say which (the converter
+    writes only mscale_all_dim), and ft runs it as llama.cpp does. Another yarn_log_multiplier (a checkpoint
+    that transformers runs with another softmax scale), other scaling and YaRN ext/attn factors are refused."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if scaling is not None:
+        log_mul = meta.float("rope.scaling.yarn_log_multiplier", 0.1)
+        if scaling["rope_type"] != "yarn" or log_mul != 0.1:
+            raise UnsupportedArchitectureError(
+                f"{where} with rope.scaling.type {scaling['rope_type']!r} and yarn_log_multiplier {log_mul!r}: "
+                "llama.cpp's glm-dsa scales its attention as transformers does only for YaRN with mscale_all_dim 1 "
+                "(a yarn_log_multiplier of 0.1, or none)")
+        _no_yarn_factors(meta, where)
+        rope.update({k: v for k, v in scaling.items() if k not in ("type", "mscale")}, mscale_all_dim=1.0)
     return rope

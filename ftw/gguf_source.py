@@ -40,6 +40,7 @@ from .gguf_config_layered import (
 from .gguf_config_more import (
     bailingmoe2_config,
     deepseek2_or_mistral_config,
+    glm_dsa_config,
     llama4_config,
     mistral4_config,
     phimoe_config,
@@ -56,6 +57,7 @@ from .gguf_names import (
     EXAONE_MOE,
     GEMMA4,
     GLM4,
+    GLM_DSA,
     GLOBAL_ROWS,
     GPT_OSS,
     GRANITE,
@@ -159,6 +161,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(LLAMA4, "llama4", "Llama4ForConditionalGeneration", llama4_config,
                          hf_layer_prefix=LLAMA4_LAYER_PREFIX_HF, rows=(LLAMA4_GLOBAL_ROWS, LLAMA4_BLOCK_ROWS)),
         GGUFArchitecture(MISTRAL4, "mistral4", "Mistral4ForCausalLM", mistral4_config),
+        GGUFArchitecture(GLM_DSA, "glm_moe_dsa", "GlmMoeDsaForCausalLM", glm_dsa_config),
         GGUFArchitecture(GEMMA4, "gemma4_text", "Gemma4ForCausalLM", gemma4_config, rows=(GLOBAL_ROWS, GEMMA4_BLOCK_ROWS)),
         GGUFArchitecture(JAMBA, "jamba", "JambaForCausalLM", jamba_config, rows=(JAMBA_GLOBAL_ROWS, JAMBA_BLOCK_ROWS)),
         GGUFArchitecture(NEMOTRON_H_MOE, "nemotron_h", "NemotronHForCausalLM", nemotron_h_moe_config, permute_qk=True,

@@ -16,6 +16,10 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
 - mistral4 (Mistral Small 4, as Mistral4Model over DeepseekV2Model writes it): deepseek2's names and kv_b
   split; `language_model.` dropped, the vision tower not written, the experts already fused in the release
   (gate_up_proj as ffn_gate_up_exps, down_proj as ffn_down_exps, neither transposed).
+- glm-dsa (GLM-5, as GlmMoeDsaModel over DeepseekV2Model writes it): deepseek2's names and kv_b split, the
+  experts stacked per layer; DSA's indexer (wq_b, wk, k_norm, weights_proj) by name only (its rotated
+  channels are interleaved pairs on both sides: LLAMA_ROPE_TYPE_NORM, transformers' GLM-5); the NextN
+  block after the last layer dropped.
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
 - dbrx: DbrxModel views each flat expert tensor [E * I, H] as [E, I, H] and transposes w2's to
   [E, H, I]: the usual ffn_*_exps, which give the FTW bank the HF checkpoint gives. DBRX keeps its
