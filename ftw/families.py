@@ -390,6 +390,11 @@ def _flint_layers(c: dict[str, Any]) -> list[int]:
     return _qwen3_moe_layers({**c, "mlp_only_layers": [0, 1] if only is None else only})
 
 
+def _beam_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else BeamConfig's: the first three layers dense, the rest MoE."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": 3, "moe_layer_freq": 1})
+
+
 def _axk1_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else AXK1Config's (and AXK2Config's) derivation from the older keys: MoE from
     `first_k_dense_replace` (default 1) on, on every `moe_layer_freq`-th layer counted from 0."""
@@ -815,6 +820,7 @@ FAMILIES: dict[str, Family] = {
                 (r"\.post_attn_norm\.", ".post_self_attn_layernorm."),
                 (r"\.post_ffn_norm\.", ".post_mlp_layernorm."))),
         ),
+        Family("beam", ("beam",), ("num_experts",), _beam_layers),  # (no shared experts; the experts as Qwen's)
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,
             num_shared_experts=lambda c: int(c.get("num_shared_experts", 2) or 0),

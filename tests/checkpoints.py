@@ -223,6 +223,17 @@ FAMILY_CONFIGS: dict[str, dict] = {
         v_head_dim=16, index_topk=6, index_head_dim=16, index_n_heads=16, gated_norm_rank=8,
         mlp_layer_types=["dense", "sparse", "sparse"], initializer_range=0.15, bos_token_id=1, eos_token_id=2,
     ),
+    # GQA with q/k norms: sliding layers 0 and 2 rotate (base 1000) within a 5-token window, full layers 1 and 3
+    # NoPE with the log-length query scale; outputs gated with a bias a head (around 1: RANDOMIZED); sandwich
+    # norms (random) around a depth-scaled residual; a dense first layer, then 8 experts in 4 groups (the best 2
+    # kept), top 2 by sigmoid + a random correction bias, renormalized, the sum times 2.5; logits soft-capped at 30
+    "beam": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=2, head_dim=16,
+        num_experts=8, n_group=4, topk_group=2, sliding_window=5, initializer_range=0.1, rms_norm_eps=0.01,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}, "full_attention": None},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -438,6 +449,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "flint": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "sinks"),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
+    "beam": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "gate_bias", "e_score_correction_bias"),
     "axk2": ("layernorm.norm.", "layernorm.weight", "model.norm.", "indexer.k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
@@ -449,7 +461,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
-            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2")
+            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam")
 
 
 def build_model(family: str, seed: int = 0):

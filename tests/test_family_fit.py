@@ -30,7 +30,8 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("longcat_flash", True, id="longcat_flash-fused"), pytest.param("flint", False, id="flint"),
             pytest.param("flint", True, id="flint-fused"), pytest.param("kolibri1", False, id="kolibri1"),
             pytest.param("kolibri1", True, id="kolibri1-fused"), pytest.param("axk2", False, id="axk2"),
-            pytest.param("axk2", True, id="axk2-fused")]
+            pytest.param("axk2", True, id="axk2-fused"), pytest.param("beam", False, id="beam"),
+            pytest.param("beam", True, id="beam-fused")]
 MAX_TOKENS = 40
 
 

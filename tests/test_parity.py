@@ -88,6 +88,9 @@ FAMILIES = [
     # (the release's q_b_proj for the query-and-gate projection, W_down/W_up for the norms' gates)
     pytest.param("axk2", False, id="axk2"),
     pytest.param("axk2", True, id="axk2-fused"),
+    # (per-head gate biases, NoPE query scale, sandwich norms around a depth-scaled residual, grouped routing)
+    pytest.param("beam", False, id="beam"),
+    pytest.param("beam", True, id="beam-fused"),
     # (two MLA sublayers and a shortcut MoE a layer, identity zero experts among the routed ids)
     pytest.param("longcat_flash", False, id="longcat_flash"),
     pytest.param("longcat_flash", True, id="longcat_flash-fused"),
@@ -791,3 +794,47 @@ def test_axk2_with_expert_groups_fills_dropped_groups_with_zero(tmp_path: Path) 
     ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
     assert ours.model.blocks[1].ffn.num_groups == 4 and ours.model.blocks[1].ffn.dropped == 0.0
     assert_parity(ours, hf_model(tmp_path / "hf"), PROMPT, STEPS)
+
+
+def test_beam_over_a_long_prompt_and_with_beamconfigs_defaults_matches_transformers(tmp_path: Path, monkeypatch) -> None:
+    """Over 400 positions, where the NoPE layers' query scale (1 + (p + 1) / 2048) ** 0.1 reaches 1.02
+    (dropping it moves these logits by ~0.4; at the parity run's 44 positions by ~1e-3); then a
+    config.json without layer_types, mlp_layer_types and rope_parameters takes BeamConfig's (layers
+    0-2 sliding and dense, the last full NoPE and MoE, rope base 10000), as transformers fills them in."""
+    import json
+    import random
+
+    from tests.checkpoints import FAMILY_CONFIGS
+
+    src = save_checkpoint("beam", tmp_path / "hf", seed=4)
+    prompt = random.Random(0).choices(range(256), k=400)
+    assert_parity(convert_and_load(src, tmp_path / "store"), hf_model(src), prompt, 4)
+
+    defaults = ("layer_types", "mlp_layer_types", "rope_parameters")
+    monkeypatch.setitem(FAMILY_CONFIGS, "beam", {k: v for k, v in FAMILY_CONFIGS["beam"].items() if k not in defaults})
+    src = save_checkpoint("beam", tmp_path / "hf-defaults", seed=4)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in defaults}))
+    ours, ref = convert_and_load(src, tmp_path / "store-defaults"), hf_model(src)
+    assert ref.config.layer_types[-1] == "full_attention" and ours.weights.config.moe_layers == (3,)
+    assert_parity(ours, ref, PROMPT, 8)
+
+
+def test_beam_refuses_what_transformers_cannot_run(tmp_path: Path) -> None:
+    """No expert groups (transformers' router views the scores by n_group), sliding layers without a
+    window, rope_parameters not keyed by layer type, a partial_rotary_factor: refused at build."""
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("beam", tmp_path / "hf", seed=5)
+    config = json.loads((src / "config.json").read_text())
+    rope = {"rope_type": "default", "rope_theta": 1000.0}
+    for i, (change, match) in enumerate([
+            ({"n_group": None}, "n_group"), ({"sliding_window": None}, "sliding_window"),
+            ({"rope_parameters": rope}, "rope_parameters keyed by layer type"),
+            ({"rope_parameters": {"sliding_attention": {**rope, "partial_rotary_factor": 0.5}, "full_attention": None}},
+             "partial_rotary_factor")]):
+        (src / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(UnsupportedFamilyError, match=match):
+            convert_and_load(src, tmp_path / f"store-{i}")

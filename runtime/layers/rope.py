@@ -147,6 +147,13 @@ def query_temperature(positions: torch.Tensor, floor_scale: float, beta: float, 
     return torch.log1p(torch.floor((positions.to(torch.float32) + offset) / floor_scale)) * beta + 1.0
 
 
+def log_length_query_scale(positions: torch.Tensor, length: float = 2048.0, power: float = 0.1) -> torch.Tensor:
+    """Scalable-softmax's query scale a position [T] (float32), growing slowly with the context it
+    attends over: (1 + (p + 1) / length) ** power, as exp(power * log1p(...)) (Beam's NoPE layers,
+    transformers' `compute_attention_scaling`)."""
+    return torch.exp(power * torch.log1p((positions.to(torch.float32) + 1) / length))
+
+
 class RotaryEmbedding:
     """cos/sin tables for positions, computed on demand (float32, as transformers does).
 

@@ -61,6 +61,7 @@ FAMILY_MODULES = {
     "flint": "flint",
     "kolibri1": "kolibri1",
     "axk2": "axk2",
+    "beam": "beam",
     "longcat_flash": "longcat_flash",
     "mistral4": "mistral4",
     "gemma4_text": "gemma4",

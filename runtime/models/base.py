@@ -129,6 +129,10 @@ def chunk_bounds(num_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
     return [(first, min(first + max_tokens, num_tokens)) for first in range(0, num_tokens, max_tokens)]
 
 
+# how a sublayer's output joins the residual: x = x * residual + out * update, each a float or a [H]
+# tensor (Beam's depth-scaled residual: sqrt((n - 1) / n) and 1 / sqrt(n) at the n-th join)
+ResidualScale = tuple[float | torch.Tensor, float | torch.Tensor]
+
 # an RMSNorm's weight, or a norm of its own: a LayerNorm (Phi-3.5-MoE, DBRX), none (FlexOlmo's post-norm block)
 Norm = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
@@ -165,6 +169,9 @@ class Block:
     parallel: bool = False
     # the residual stream times this [1] after the block (Gemma 4's `layer_scalar`)
     output_scale: torch.Tensor | None = None
+    # the mixer's and the FFN's (residual, update) scales, where the residual is scaled too
+    # (x = x * residual + out * update; None: x += out); not read by a parallel block
+    scales: tuple[ResidualScale, ResidualScale] | None = None
 
 
 class DecoderModel:
@@ -174,7 +181,9 @@ class DecoderModel:
     Granite's multipliers (its config's names; 1 elsewhere): the embeddings are multiplied by
     `embedding_multiplier`, each mixer's and FFN's output by `residual_multiplier` before it is
     added, and the logits divided by `logits_scaling`. `final_logit_softcapping` (Gemma's): the
-    logits squashed to (-cap, cap) as cap * tanh(logits / cap).
+    logits squashed to (-cap, cap) as cap * tanh(logits / cap). A block with `scales` scales the
+    residual too: x = x * residual + out * update (Beam's depth-scaled residual), in place of the
+    multiplier.
 
     `streams` (DeepSeek-V4's hyper-connections): the residual is several streams, the embeddings
     expanded into them and collapsed before the final norm; each block's `residuals` say how its
@@ -357,9 +366,9 @@ class DecoderModel:
                 x = x.add(block.mixer(h, positions, cache, start), alpha=r).add(self._ffn(block, h, tokens), alpha=r)
                 continue
             if block.mixer is not NO_MIXER:
-                x = x.add(block.mixer(self.norm(x, block.input_norm), positions, cache, start), alpha=r)
+                x = self._join(x, block.mixer(self.norm(x, block.input_norm), positions, cache, start), block, 0)
             if block.ffn is not None:
-                x = x.add(self._ffn(block, self.norm(x, block.post_norm), tokens), alpha=r)
+                x = self._join(x, self._ffn(block, self.norm(x, block.post_norm), tokens), block, 1)
             if block.output_scale is not None:
                 x = x * block.output_scale
         return x if self.streams is None else self.streams.collapse(x)
@@ -370,7 +379,6 @@ class DecoderModel:
         embeddings: this pass's own tensor): the same sums, each token's in the same order."""
         if self.streams is not None:
             x = self.streams.expand(x)
-        r = self.residual_multiplier
         for block, cache in zip(self.blocks, state.caches, strict=True):
             # the whole prompt at once where the mixer's cache cannot be continued cheaply; none without a mixer
             spans = bounds if getattr(block.mixer, "chunks_prompt", False) else [(0, x.shape[0])]
@@ -385,7 +393,7 @@ class DecoderModel:
                     h.copy_(self._mixed_streams(block, h, at, cache, start + first))
                 else:
                     mixed = self.norm(h, block.input_norm) if normed is None else normed[first:end]
-                    h.add_(block.mixer(mixed, at, cache, start + first), alpha=r)
+                    self._join(h, block.mixer(mixed, at, cache, start + first), block, 0, in_place=True)
             for index, (first, end) in enumerate(bounds if block.ffn is not None else []):
                 h = x[first:end]
                 with _computing_chunk(PromptChunk(index, len(bounds))):
@@ -393,10 +401,19 @@ class DecoderModel:
                         h.copy_(self._fed_streams(block, h, tokens[first:end]))
                     else:
                         fed = self.norm(h, block.post_norm) if normed is None else normed[first:end]
-                        h.add_(self._ffn(block, fed, tokens[first:end]), alpha=r)
+                        self._join(h, self._ffn(block, fed, tokens[first:end]), block, 1, in_place=True)
                     if block.output_scale is not None:
                         h.mul_(block.output_scale)
         return x if self.streams is None else self.streams.collapse(x)
+
+    def _join(self, x: torch.Tensor, out: torch.Tensor, block: Block, sublayer: int, *,
+              in_place: bool = False) -> torch.Tensor:
+        """x after sublayer `sublayer`'s (0 the mixer, 1 the FFN) output joins it: x + r * out (r
+        the residual multiplier), or x * residual + out * update where the block scales both."""
+        if block.scales is None:
+            return x.add_(out, alpha=self.residual_multiplier) if in_place else x.add(out, alpha=self.residual_multiplier)
+        residual, update = block.scales[sublayer]
+        return x.mul_(residual).add_(out * update) if in_place else x * residual + out * update
 
     @staticmethod
     def _ffn(block: Block, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

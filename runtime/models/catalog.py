@@ -21,6 +21,9 @@ KINDS: dict[str, tuple[str, str]] = {
              "sigmoid + bias, top-k (group-limited where grouped), shared experts"),
     "bailing_hybrid": ("Kimi Delta Attention layers and head-gated MLA layers",
                        "sigmoid + bias, group-limited top-k, shared experts"),
+    "beam": ("sliding-window rope layers and global NoPE layers with a log-length query scale, QK norm, "
+             "gated output (a bias a head), sandwich norms, depth-scaled residual",
+             "sigmoid + bias, group-limited top-k, scaled after the sum, dense layers"),
     "cohere2_moe": ("parallel blocks: sliding-window rope layers and global NoPE layers, LayerNorm",
                     "softmax or sigmoid over the top-k logits, shared experts summed or averaged"),
     "dbrx": ("GQA, fused Wqkv clipped, LayerNorm", "softmax top-k, p-norm renormalized"),

@@ -33,12 +33,15 @@ class SigmoidMoE:
     correction bias's name under the MLP's prefix (EXAONE keeps it beside the router, not in it);
     None: no correction bias (A.X-K1's releases route without one: zeros, as transformers fills it).
     `shared_mlp` makes the shared experts' MLP from its prefix (Nemotron-H's is not gated);
-    `dropped`: the choice score of the experts of dropped groups (sigmoid_group_topk's)."""
+    `dropped`: the choice score of the experts of dropped groups (sigmoid_group_topk's);
+    `scale_after_sum`: `routed_scaling_factor` multiplies the experts' weighted sum, not each weight
+    (Beam's: the same in float32, a rounding apart in 16 bits)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, layer: int, prefix: str,
                  executor: ExpertExecutor, defaults: dict[str, Any], *,
                  bias: str | None = "gate.e_score_correction_bias",
-                 shared_mlp: Callable[[ModelWeights, str], FFN] = dense_mlp, dropped: float = float("-inf")) -> None:
+                 shared_mlp: Callable[[ModelWeights, str], FFN] = dense_mlp, dropped: float = float("-inf"),
+                 scale_after_sum: bool = False) -> None:
         def get(key: str) -> Any:
             return config.get(key, defaults[key])
 
@@ -49,14 +52,15 @@ class SigmoidMoE:
         self.layer, self.executor, self.k = layer, executor, config.num_experts_per_tok
         self.num_groups, self.topk_groups = int(get("n_group")), int(get("topk_group"))
         self.normalize, self.scaling = bool(get("norm_topk_prob")), float(get("routed_scaling_factor"))
-        self.dropped = dropped
+        self.dropped, self.scale_after_sum = dropped, scale_after_sum
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # transformers keeps the router in float32 and routes in float32 whatever the model dtype
         logits = F.linear(x.to(torch.float32), self.router.to(torch.float32))
         ids, weights = sigmoid_group_topk(logits, self.bias, self.k, self.num_groups, self.topk_groups,
-                                          self.normalize, self.scaling, self.dropped)
+                                          self.normalize, 1.0 if self.scale_after_sum else self.scaling, self.dropped)
         routed = self.executor(self.layer, x, ids, weights.to(x.dtype))
+        routed = routed * self.scaling if self.scale_after_sum else routed
         return routed if self.shared is None else routed + self.shared(x)
 
 

@@ -26,7 +26,9 @@ class GQAAttention:
     """q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, causal attention over a KV cache;
     scores scaled by `scale` (1/sqrt(head_dim) where None). `rotary` rotates queries and keys (None:
     no position encoding, NoPE); `window`: attention within that many positions (None: all of them);
-    `sinks` [Hq]: a learned sink logit per head in each query's softmax (layers/sink_attention.py).
+    `sinks` [Hq]: a learned sink logit per head in each query's softmax (layers/sink_attention.py);
+    `query_scale`: positions [T] -> a factor a position (float32) the queries are multiplied by
+    after rotation, in float32 (Beam's NoPE layers: layers/rope.log_length_query_scale).
     `norm_names` and `out_name` name the q/k norms and the output projection under `prefix`.
     `head_dim`/`kv_heads`: this layer's where not the config's (Gemma 4's full layers); `v_norm`:
     values RMS-normed without a weight; `values_from_keys`: no v_proj, the values are k_proj's
@@ -40,7 +42,8 @@ class GQAAttention:
                  rotary: Rotary | None = apply_rotary, window: int | None = None, sinks: torch.Tensor | None = None,
                  norm_names: tuple[str, str] = ("q_norm", "k_norm"), out_name: str = "o_proj",
                  head_dim: int | None = None, kv_heads: int | None = None, v_norm: bool = False,
-                 values_from_keys: bool = False) -> None:
+                 values_from_keys: bool = False,
+                 query_scale: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         projections = ("q_proj", "k_proj", "v_proj", out_name)
         self.q, self.k, self.o = (weights.get(f"{prefix}{p}.weight") for p in ("q_proj", "k_proj", out_name))
         self.v: torch.Tensor | None = None if values_from_keys else weights.get(f"{prefix}v_proj.weight")
@@ -53,7 +56,7 @@ class GQAAttention:
         self.v_norm = v_norm
         self.eps, self.rope, self.dtype, self.rotary, self.window = config.rms_norm_eps, rope, dtype, rotary, window
         self.scale = self.head_dim ** -0.5 if scale is None else scale  # (Granite's attention_multiplier)
-        self.sinks = sinks
+        self.sinks, self.query_scale = sinks, query_scale
 
     def new_cache(self, max_tokens: int) -> KVCache:
         return KVCache(max_tokens, self.kv_heads, self.head_dim, self.head_dim, self.dtype)
@@ -75,6 +78,8 @@ class GQAAttention:
         if self.rotary is not None:
             cos, sin = self.rope(positions, x.dtype)
             q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
+        if self.query_scale is not None:
+            q = (q.to(torch.float32) * self.query_scale(positions)[:, None, None]).to(q.dtype)
         keys, values = cache.append(start, k, v)
         if self.sinks is not None:
             out = sink_causal_attention(q, keys, values, start, self.scale, self.sinks, self.window)
