@@ -141,7 +141,8 @@ def test_the_dispatch_picks_the_block_kernel_for_gguf_records() -> None:
     assert kind_of("q4_k", up_dtype="bf16") is None  # float and block parts mixed
     assert kind_of("q4_k", activation=ExpertActivation("swiglu_limited", 1.0, 7.0)) is None  # only plain silu(gate) * up
     assert kind_of("q4_k", bias_dtype="bf16") is None
-    assert kind_of("bf16") == "grouped_experts" and kind_of("f32") is None and kind_of("f8_e4m3") is None
+    assert kind_of("bf16") == "grouped_experts" and kind_of("f32") is None
+    assert kind_of("f8_e4m3") == "grouped_fp8_experts"  # (tests/test_grouped_fp8_experts.py)
     made = random_bank("q4_k", 2, 256, 256, down_dtype="q6_k")
     views = RecordViews(made.data, made.layout)
     assert _grouped_kernel(torch.zeros(1, 256), views, torch.bfloat16) is None  # CPU tensors: the padded runs

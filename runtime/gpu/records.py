@@ -20,6 +20,8 @@ from ..experts.activation import activate, plain, split_rows
 from ..experts.ggml_blocks import DEVICE_BLOCK_DTYPES, dequantize_blocks
 from .kernels import triton_module
 from .kernels.grouped_block_experts_ref import BLOCK_KINDS, part_bytes
+from .kernels.grouped_fp8_experts_ref import FP8_KINDS
+from .kernels.grouped_fp8_experts_ref import TILE as FP8_TILE
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Up to this many distinct experts (decode) a call gathers their weights and runs every token
@@ -40,6 +42,21 @@ CHUNK_EXPERTS = 32
 # counts these rows per token (runtime/planner/footprint.py, `_activation_bytes_per_token`).
 GROUP_PAIRS_PER_ROW = 4
 COPIED_EXPERTS = 8
+
+
+FP8_PARTS = {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
+
+
+def fp8_parts(layout: ExpertBank, kinds) -> dict | None:
+    """The layout's parts by name where the FP8 kernels read them all: w13 (gated) and w2 of one
+    of `kinds` (its FP8 types) with their float32 block scales (w1_scale, w3_scale, w2_scale).
+    Else None."""
+    parts = {p.name: p for p in layout.parts}
+    if not layout.activation.gated or set(parts) != FP8_PARTS or parts["w13"].dtype not in kinds or parts["w2"].dtype != parts["w13"].dtype:
+        return None
+    if any(parts[n].dtype != "f32" for n in ("w1_scale", "w3_scale", "w2_scale")):
+        return None
+    return parts
 
 
 class UnsupportedOnDevice(ValueError):
@@ -114,6 +131,23 @@ class RecordViews:
         else:
             gate, up = (parts["w1"].offset, parts["w1"].dtype), (parts["w3"].offset, parts["w3"].dtype)
         return {"gate": gate, "up": up, "down": (down.offset, down.dtype), "hidden": hidden, "inter": inter}
+
+    def fp8_block_parts(self) -> dict | None:
+        """Where a block-scaled FP8 record's weights and scales are, for the grouped kernel that
+        reads `data` itself (kernels/grouped_fp8_experts.py): gate, up and down as (the weight's
+        byte offset within a row, its float32 scales'), H, I, the FP8 type and the scale block;
+        None unless the parts are fp8_parts' and H and I whole tiles of that kernel."""
+        parts = fp8_parts(self.layout, FP8_KINDS)
+        if parts is None:
+            return None
+        w13, w2 = parts["w13"], parts["w2"]
+        hidden, inter = w2.shape
+        if hidden % FP8_TILE or inter % FP8_TILE:
+            return None
+        return {"gate": (w13.offset, parts["w1_scale"].offset),
+                "up": (w13.offset + inter * hidden, parts["w3_scale"].offset),
+                "down": (w2.offset, parts["w2_scale"].offset), "hidden": hidden, "inter": inter, "kind": w13.dtype,
+                "block": tuple(self.block)}
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H] (or [n, I, H]: ExpertActivation.w13_rows), w2 [n, H, I]) of `rows` (a
@@ -230,9 +264,10 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
     from its row of `views`; x, weights [T, K] and out on one device.
 
     Few distinct experts (decode): gather their weights, one batched matmul for all tokens.
-    Many (prefill): on CUDA, float records in the compute dtype and GGUF records (Q4_K, Q5_K,
-    Q6_K, Q8_0 parts, dequantized per tile) go through two grouped-GEMM launches for the whole
-    call (kernels/grouped_experts.py, grouped_block_experts.py); else runs of record rows, each
+    Many (prefill): on CUDA, float records in the compute dtype, GGUF records (Q4_K, Q5_K, Q6_K,
+    Q8_0 parts, dequantized per tile) and block-scaled FP8 records (widened per tile) go through
+    two grouped-GEMM launches for the whole call (kernels/grouped_experts.py,
+    grouped_block_experts.py, grouped_fp8_experts.py); else runs of record rows, each
     expert over its own tokens padded to the run's longest group, bounded as GROUP_PAIRS_PER_ROW
     and COPIED_EXPERTS say.
     """
@@ -281,13 +316,16 @@ def _grouped_kernel(x: torch.Tensor, views: RecordViews, dtype: torch.dtype) -> 
 def grouped_kind(views: RecordViews, dtype: torch.dtype) -> str | None:
     """Which grouped kernel module computes a many-expert call over `views` in `dtype` (bf16 or
     f16) on CUDA: "grouped_experts" for float records read in place in the compute dtype,
+    "grouped_fp8_experts" for block-scaled FP8 records (RecordViews.fp8_block_parts),
     "grouped_block_experts" for GGUF records of the types it reads (RecordViews.block_parts);
-    None for the others (FP8, f32 records, other GGML types, an activation other than plain
-    silu(gate) * up, biases)."""
+    None for the others (f32 records, FP8 without block scales, other GGML types, an activation
+    other than plain silu(gate) * up, biases)."""
     if dtype not in (torch.bfloat16, torch.float16) or not plain(views.layout.activation) or "w13_bias" in views.parts:
         return None
     if views.in_place(dtype):
         return "grouped_experts"
+    if views.fp8_block_parts() is not None:
+        return "grouped_fp8_experts"
     return "grouped_block_experts" if views.blocks and views.block_parts() is not None else None
 
 
@@ -301,6 +339,8 @@ def grouped_call(views: RecordViews, dtype: torch.dtype) -> Callable | None:
         return None
     if kind == "grouped_experts":
         return functools.partial(module.grouped_experts, **views.float_parts())
+    if kind == "grouped_fp8_experts":
+        return functools.partial(module.grouped_fp8_experts, **views.fp8_block_parts())
     return functools.partial(module.grouped_block_experts, **views.block_parts())
 
 

@@ -27,7 +27,7 @@ from ftw.reader import torch_dtype_of
 from ..experts.activation import activate, split_rows
 from .kernels import RoutePlan, triton_module
 from .kernels.slot_experts_ref import ACTIVATIONS
-from .records import RecordViews, swiglu_experts
+from .records import RecordViews, fp8_parts, swiglu_experts  # noqa: F401 - fp8_parts: tests take it from here
 
 BIAS_PARTS = ("w13_bias", "w2_bias")
 
@@ -124,21 +124,6 @@ def block_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
         return y if biases is None else y + biases[1]
 
     _swiglu_pairs(x, token, weight, compute_dtype, out, gate_up, down, activation)
-
-
-FP8_PARTS = {"w13", "w2", "w1_scale", "w3_scale", "w2_scale"}
-
-
-def fp8_parts(layout: ExpertBank, kinds) -> dict | None:
-    """The layout's parts by name where the FP8 kernel reads them all: w13 (gated) and w2 of one
-    of `kinds` (its FP8 types) with their float32 block scales (w1_scale, w3_scale, w2_scale).
-    Else None."""
-    parts = {p.name: p for p in layout.parts}
-    if not layout.activation.gated or set(parts) != FP8_PARTS or parts["w13"].dtype not in kinds or parts["w2"].dtype != parts["w13"].dtype:
-        return None
-    if any(parts[n].dtype != "f32" for n in ("w1_scale", "w3_scale", "w2_scale")):
-        return None
-    return parts
 
 
 def fp8_slot_experts(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor,
