@@ -18,7 +18,8 @@
 #   kernels  a cold machine's block-GEMV bench (against .clean/ftold.tar.gz's where carried) and GPU
 #            kernel tests beside the build and pull, then the Q4_K_M race at -ncmoe 8 (~9 min)
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
-#   tests    a cold machine's -m gpu tests of $GPU_TESTS, nothing else (~2 min)
+#   tests    a cold machine's run of the $GPU_TESTS files on CUDA (all their tests: a kernel test file
+#            marks none gpu, it runs at DEVICE=cuda there), nothing else (~2-4 min)
 #   replay   a cold machine's agent replay (benchmarks/agent_replay.py, issue 23) against `ft serve` on
 #            the Q4_K_M race file at VRAM_GIB (4) with two sessions, through the real anthropic
 #            client (carry .whl2 too; ~7 min; no llama-bench)
@@ -31,7 +32,7 @@
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
 # SHAPE (qwen3-30b-a3b, or qwen3.6-35b-a3b: synth_gguf.py's shapes; trace routing for the first only),
-# SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files whose -m
+# SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files run whole on
 # gpu tests run first, beside the build and the pull).
 set -u
 CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts, replay or handoff}
@@ -104,9 +105,9 @@ case $CALL in
   quick)
     start_build_and_pull
     tests=
-    if [ -n "${GPU_TESTS:-}" ]; then  # these test files' -m gpu tests, beside the build and the pull
+    if [ -n "${GPU_TESTS:-}" ]; then  # these test files, whole, on CUDA, beside the build and the pull
       # shellcheck disable=SC2086
-      (timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.log" 2>&1
+      (timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.log" 2>&1
        echo "rc $?" >> "$OUT/gpu_tests.log") &
       tests=$!
     fi
@@ -143,9 +144,9 @@ case $CALL in
       --tracebacks-every 30 "${PRICING[@]}" --out "$OUT/vsq8.json" > "$OUT/raceq8.log" 2>&1
     echo "rc $?"; tail -n 3 "$OUT/gpu_kernels.log"; tail -n 6 "$OUT/raceq8.log" ;;
   tests)
-    # only $GPU_TESTS' -m gpu tests (no llama.cpp, no model file: ~2 min on a cold machine)
+    # only the $GPU_TESTS files, whole, on CUDA (no llama.cpp, no model file: ~2-4 min on a cold machine)
     # shellcheck disable=SC2086
-    timeout 400 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider ${GPU_TESTS:?the test files} > "$OUT/gpu_tests.log" 2>&1
+    timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider ${GPU_TESTS:?the test files} > "$OUT/gpu_tests.log" 2>&1
     echo "rc $?" >> "$OUT/gpu_tests.log"; tail -n 8 "$OUT/gpu_tests.log" ;;
   profile)
     # where a decode token's time goes (benchmarks/profile_decode.py), Q4_K_M against bf16: a
