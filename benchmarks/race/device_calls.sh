@@ -33,7 +33,7 @@
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
 # SHAPE (qwen3-30b-a3b, or qwen3.6-35b-a3b: synth_gguf.py's shapes; trace routing for the first only),
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files run whole on
-# gpu tests run first, beside the build and the pull).
+# CUDA first, beside the build and the pull).
 set -u
 CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts, replay or handoff}
 OUT=${OUT:-/tmp/race-out}
