@@ -2,9 +2,10 @@
 padded runs of experts it replaced (records.experts_from_records without the kernel), side by side
 in one process, on one bank resident in VRAM as a streamed prefill buffer holds it.
 
-    python3 benchmarks/bench_grouped_experts.py [--tokens 512,2048] [--experts 128] [--reps 20]
+    python3 benchmarks/bench_grouped_experts.py [--tokens 512,2048] [--experts 128] [--reps 20] [--dtype f8_e4m3]
 
-Default shape: Qwen3-30B-A3B's layer (hidden 2048, 128 experts of 768, top-8, bf16 records). Each
+Default shape: Qwen3-30B-A3B's layer (hidden 2048, 128 experts of 768, top-8, bf16 records; `--dtype`
+f8_e4m3 for the FP8 release's block-scaled records, q4_k for GGUF ones, with Q4_K_M's q6_k down). Each
 figure is the median over `--reps` calls, synchronized, after a warm-up; the routing is uniformly
 random (every expert gets about tokens x 8 / 128 pairs). Also checks the two agree (bf16 rounding).
 """
@@ -46,13 +47,16 @@ def main() -> None:
     parser.add_argument("--inter", type=int, default=768)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--dtype", default="bf16", help="the records: bf16, f8_e4m3, q4_k (Q4_K_M's mix), ...")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU (the kernel is the device path; the CPU runs the padded runs only)")
-    bank = random_bank("bf16", args.experts, args.hidden, args.inter, num_distinct=8)
+    down = "q6_k" if args.dtype == "q4_k" else None
+    bank = random_bank(args.dtype, args.experts, args.hidden, args.inter, num_distinct=8, down_dtype=down)
     rows = bank.data.cuda()
     views = RecordViews(rows, bank.layout)
     gen = torch.Generator().manual_seed(0)
+    print(f"{args.dtype} records, grouped kernel: {records.grouped_kind(views, torch.bfloat16)}")
     print(f"{'tokens':>7} {'grouped ms':>11} {'padded ms':>10} {'speed-up':>9} {'max |diff| / max':>17}")
     for tokens in (int(t) for t in args.tokens.split(",")):
         grouped, padded, diff = compare(tokens, views, gen, args)
