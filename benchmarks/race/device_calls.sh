@@ -19,7 +19,8 @@
 #            kernel tests beside the build and pull, then the Q4_K_M race at -ncmoe 8 (~9 min)
 #   profile  a cold machine's profiles of one decode token, Q4_K_M and bf16 (~8 min; no llama-bench)
 #   tests    a cold machine's run of the $GPU_TESTS files on CUDA (all their tests: a kernel test file
-#            marks none gpu, it runs at DEVICE=cuda there), nothing else (~2-4 min)
+#            marks none gpu, it runs at DEVICE=cuda there), then bench_grouped_experts.py for bf16,
+#            FP8 and Q4_K_M records (~3-5 min)
 #   replay   a cold machine's agent replay (benchmarks/agent_replay.py, issue 23) against `ft serve` on
 #            the Q4_K_M race file at VRAM_GIB (4) with two sessions, through the real anthropic
 #            client (carry .whl2 too; ~7 min; no llama-bench)
@@ -147,7 +148,10 @@ case $CALL in
     # only the $GPU_TESTS files, whole, on CUDA (no llama.cpp, no model file: ~2-4 min on a cold machine)
     # shellcheck disable=SC2086
     timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider ${GPU_TESTS:?the test files} > "$OUT/gpu_tests.log" 2>&1
-    echo "rc $?" >> "$OUT/gpu_tests.log"; tail -n 8 "$OUT/gpu_tests.log" ;;
+    echo "rc $?" >> "$OUT/gpu_tests.log"; tail -n 8 "$OUT/gpu_tests.log"
+    for dtype in bf16 f8_e4m3 q4_k; do  # a prompt chunk's experts: the grouped kernels against the padded runs
+      timeout 60 python3 benchmarks/bench_grouped_experts.py --dtype $dtype --reps 10 2>&1 | tee -a "$OUT/grouped.log"
+    done ;;
   profile)
     # where a decode token's time goes (benchmarks/profile_decode.py), Q4_K_M against bf16: a
     # CPU-only llama-quantize (no llama-bench needed) beside the bf16 pull, then four profiles
