@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, _f32, _has, deepseek2_config, sigmoid_moe_keys
+from .gguf_config import (
+    Meta,
+    _common_config,
+    _expert_layers,
+    _expert_size,
+    _f32,
+    _has,
+    deepseek2_config,
+    sigmoid_moe_keys,
+)
 from .gguf_config_layered import SIGMOID, _no_rope_scaling
 
 if TYPE_CHECKING:
@@ -391,3 +400,77 @@ def _glm_dsa_rope(meta: Meta, where: str, scaling: dict[str, Any] | None, theta:
         _no_yarn_factors(meta, where)
         rope.update({k: v for k, v in scaling.items() if k not in ("type", "mscale")}, mscale_all_dim=1.0)
     return rope
+
+
+def mimo2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """MimoV2Model.set_gguf_parameters (conversion/mimo.py, from the release's config: hybrid_layer_pattern,
+    swa_num_key_value_heads, rope_theta and swa_rope_theta, partial_rotary_factor, layernorm_epsilon) and the
+    base's: head_count_kv one a layer (the sliding layers' swa count), attention.sliding_window and
+    sliding_window_pattern (1 a sliding layer), key_length (head_dim) and value_length (v_head_dim),
+    rope.freq_base and rope.freq_base_swa, rope.dimension_count (head_dim x partial_rotary_factor),
+    attention.value_scale, the expert keys, nextn_predict_layers (the release's 3 MTP blocks, dropped).
+    llama.cpp runs it as src/models/mimo2.cpp does, which is transformers' MiMo-V2-Flash when:
+
+    - the sliding layers have twice the full layers' key-value heads (transformers derives them so);
+    - routing is sigmoid with the correction bias, renormalized, not scaled: mimo2's graph hard-codes
+      sigmoid and renormalization and its loader reads no expert_weights_scale (the release's
+      routed_scaling_factor is null: 1), so a file with another gating or scale is refused;
+    - the window is the file's: a query sees sliding_window positions, itself included, on both sides
+      (transformers makes it the release's sliding_window_size + 1; the converter writes whichever
+      sliding_window the config it read had);
+    - no attention.value_scale: unscaled, as llama.cpp runs it (transformers' default would be 0.707).
+    Sinks only on sliding layers (transformers has none on full ones), no RoPE scaling."""
+    where = f"{meta.model.path}: a {meta.arch} GGUF of MiMo-V2-Flash"
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
+                                           "llama.cpp's mimo2 routes by sigmoid whatever the file says")
+    if meta.float("expert_weights_scale", 1.0) != 1.0:
+        raise UnsupportedArchitectureError(f"{where} with expert_weights_scale {meta.get('expert_weights_scale')}; "
+                                           "llama.cpp's mimo2 does not scale the routed weights")
+    layers = meta.int("block_count") - meta.int("nextn_predict_layers", 0)
+    pattern, kv_heads = meta.get("attention.sliding_window_pattern"), meta.get("attention.head_count_kv")
+    if not isinstance(pattern, list) or len(pattern) < layers or not isinstance(kv_heads, list) or len(kv_heads) < layers:
+        raise SourceError(f"{where} without attention.sliding_window_pattern and head_count_kv one a layer")
+    full_layers = Meta(meta.model, meta.arch)  # (the base config sized by the full layers' key-value heads)
+    full_layers.values = {**meta.values, f"{meta.arch}.attention.head_count_kv": next(
+        (k for k, p in zip(kv_heads, pattern, strict=False) if not p), kv_heads[0])}
+    config = _common_config(full_layers, arch)
+    _no_rope_scaling(meta, config)
+    sliding = [bool(p) for p in pattern[:layers]]
+    full_kv = {k for k, s in zip(kv_heads, sliding, strict=False) if not s}
+    swa_kv = {k for k, s in zip(kv_heads, sliding, strict=False) if s}
+    if len(full_kv) != 1 or (swa_kv and swa_kv != {2 * next(iter(full_kv))}):
+        raise UnsupportedArchitectureError(f"{where} with key-value heads {kv_heads[:layers]} (full, sliding): "
+                                           "transformers' MiMo-V2-Flash has twice the full layers' on sliding ones")
+    for i in range(layers):
+        if not sliding[i] and f"blk.{i}.attn_sinks.weight" in meta.model.tensors:
+            raise UnsupportedArchitectureError(f"{where} with sinks on full layer {i}; transformers' MiMo-V2-Flash "
+                                               "has them on sliding layers only")
+    head_dim = meta.int("attention.key_length")
+    rotated = meta.int("rope.dimension_count", head_dim)
+    theta = config.pop("rope_theta")
+    partial = rotated / head_dim  # (int(head_dim * partial) is rotated again)
+    moe = set(_expert_layers(meta.model))
+    config.update(
+        num_key_value_heads=next(iter(full_kv)),
+        head_dim=head_dim,
+        v_head_dim=meta.int("attention.value_length"),
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        sliding_window=meta.int("attention.sliding_window"),
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": partial},
+            "sliding_attention": {"rope_type": "default", "rope_theta": meta.float("rope.freq_base_swa", theta),
+                                  "partial_rotary_factor": partial}},
+        attention_value_scale=meta.float("attention.value_scale"),
+        attention_bias=_has(meta.model, "attn_q.bias"),
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        n_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        mlp_layer_types=["sparse" if i in moe else "dense" for i in range(layers)],
+    )
+    return config

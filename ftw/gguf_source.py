@@ -42,6 +42,7 @@ from .gguf_config_more import (
     deepseek2_or_mistral_config,
     glm_dsa_config,
     llama4_config,
+    mimo2_config,
     mistral4_config,
     phimoe_config,
 )
@@ -69,6 +70,7 @@ from .gguf_names import (
     LFM2MOE,
     LLAMA,
     LLAMA4,
+    MIMO2,
     MINIMAX_M2,
     MISTRAL4,
     NEMOTRON_H_MOE,
@@ -162,6 +164,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          hf_layer_prefix=LLAMA4_LAYER_PREFIX_HF, rows=(LLAMA4_GLOBAL_ROWS, LLAMA4_BLOCK_ROWS)),
         GGUFArchitecture(MISTRAL4, "mistral4", "Mistral4ForCausalLM", mistral4_config),
         GGUFArchitecture(GLM_DSA, "glm_moe_dsa", "GlmMoeDsaForCausalLM", glm_dsa_config),
+        GGUFArchitecture(MIMO2, "mimo_v2_flash", "MiMoV2FlashForCausalLM", mimo2_config),
         GGUFArchitecture(GEMMA4, "gemma4_text", "Gemma4ForCausalLM", gemma4_config, rows=(GLOBAL_ROWS, GEMMA4_BLOCK_ROWS)),
         GGUFArchitecture(JAMBA, "jamba", "JambaForCausalLM", jamba_config, rows=(JAMBA_GLOBAL_ROWS, JAMBA_BLOCK_ROWS)),
         GGUFArchitecture(NEMOTRON_H_MOE, "nemotron_h", "NemotronHForCausalLM", nemotron_h_moe_config, permute_qk=True,

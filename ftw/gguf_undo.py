@@ -20,6 +20,9 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   experts stacked per layer; DSA's indexer (wq_b, wk, k_norm, weights_proj) by name only (its rotated
   channels are interleaved pairs on both sides: LLAMA_ROPE_TYPE_NORM, transformers' GLM-5); the NextN
   block after the last layer dropped.
+- mimo2 (MiMo-V2-Flash, as MimoV2Model writes it): nothing but names (NeoX RoPE on part of each head, as
+  HF); attention_sink_bias as attn_sinks, the experts stacked per layer, the MTP blocks after the last layer
+  dropped; head_count_kv one a layer and sliding_window_pattern read back as layer_types.
 - Routed experts are stored fused per layer, `ffn_{gate,up,down}_exps` [E, rows, cols].
 - dbrx: DbrxModel views each flat expert tensor [E * I, H] as [E, I, H] and transposes w2's to
   [E, H, I]: the usual ffn_*_exps, which give the FTW bank the HF checkpoint gives. DBRX keeps its
