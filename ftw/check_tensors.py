@@ -116,7 +116,8 @@ def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape],
         if not 1 <= len(shape) <= MAX_RANK or any(d < 1 for d in shape):
             raise TensorProblem(f"tensor {name!r} has shape {list(shape)}: a weight has 1 to {MAX_RANK} "
                                 "dimensions, none of them 0", tensor=name)
-        if name.endswith(("norm.weight", "norm.bias")) and len(shape) != 1:
+        per_expert = ".experts." in name and tuple(shape) == (config["num_experts"], hidden)  # (Ergo's, one an expert)
+        if name.endswith(("norm.weight", "norm.bias")) and len(shape) != 1 and not per_expert:
             raise TensorProblem(f"tensor {name!r} has shape {list(shape)}; a norm's weight is a vector", tensor=name)
         try:
             check_dense_shape(name, shape, dict(config))

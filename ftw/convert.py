@@ -86,6 +86,7 @@ class _Converter:
         self.writer = FTWWriter(out, max_shard_bytes=max_shard_bytes)
         quant = self.family.text_config(self.source_config).get("quantization_config") or self.source_config.get("quantization_config") or {}
         self.fp8_block = weight_block_size(quant)
+        self.transposed: set[str] = set()  # dense tensors written as the transpose of the checkpoint's (Family.transposed)
 
     # -- classification -------------------------------------------------------------------------
 
@@ -102,6 +103,12 @@ class _Converter:
                                   "holds two copies and ft cannot tell which is meant")
             renamed[name] = source_name
             t = t if name == source_name else replace(t, name=name)
+            if any(p.search(source_name) for p in self.family.transposed):
+                if len(t.shape) != 2:
+                    raise SourceError(f"{t.file}: tensor {source_name!r} is {list(t.shape)}; ft reads it as a matrix "
+                                      "stored transposed")
+                self.transposed.add(name)
+                t = replace(t, shape=t.shape[::-1])
             if not self.family.keeps(name, num_layers):
                 dropped += 1
                 continue
@@ -167,7 +174,14 @@ class _Converter:
 
     def write_dense(self, t: SourceTensor) -> int:
         target = self.stored_dtype(t.dtype) if not t.name.endswith("_scale_inv") else _scale_dtype(t.dtype)
-        self.writer.add_tensor(t.name, target, t.shape, self.chunks(t, target))
+        chunks = self.chunks(t, target)
+        if t.name in self.transposed:  # (read whole: routers and shared experts, a few hundred MB at most)
+            rows, cols = t.shape  # (the runtime's; the checkpoint holds [cols, rows])
+            data = np.concatenate([np.ravel(c) for c in chunks])
+            itemsize = data.nbytes // (rows * cols)
+            matrix = data.view(np.dtype(f"V{itemsize}")).reshape(cols, rows)
+            chunks = iter([np.ascontiguousarray(matrix.T).view(np.uint8).ravel()])
+        self.writer.add_tensor(t.name, target, t.shape, chunks)
         return 0 if t.name.endswith("_scale_inv") else math.prod(t.shape)
 
     def write_bank(self, layer: int, src: _LayerExperts) -> int:

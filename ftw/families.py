@@ -40,6 +40,8 @@ EXPERT_NAME_PATTERNS: tuple[re.Pattern[str], ...] = (
     # model.layers.3.feed_forward.experts.gate_up_proj, not under language_model.: Llama 4's there lie transposed)
     re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]+)\.(?:mlp|block_sparse_moe)\.experts\."
                r"(?P<proj>gate_up_proj|down_proj)(?:\.(?P<what>weight))?$"),
+    # fused and not gated, Ergo's as transformers names them: model.layers.3.mlp.experts.up_proj [E, H, I] (x @ W)
+    re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.mlp\.experts\.(?P<proj>up_proj)$"),
     re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.feed_forward\.experts\.(?P<proj>gate_up_proj|down_proj)$"),
     # fused, Gemma 4 names, the experts beside the layer's dense MLP: model.layers.3.experts.gate_up_proj [E, 2I, H]
     re.compile(r"^model\.layers\.(?P<layer>[0-9]+)\.experts\.(?P<proj>gate_up_proj|down_proj)$"),
@@ -66,8 +68,9 @@ PROJ_ALIASES = {"v1": "up_proj", "w1": "gate_proj", "w3": "up_proj", "w2": "down
                 "output_linear": "down_proj"}
 EXPERTS_MARKER = re.compile(r"\.experts\.")
 # experts that are dense weights, not banks: shared experts; JetMoE's attention experts (each a
-# query and an output projection, run inside attention: runtime/models/jetmoe.py)
-DENSE_EXPERTS = ("shared_expert", ".self_attention.experts.")
+# query and an output projection, run inside attention: runtime/models/jetmoe.py); Ergo's per-expert
+# output norms [E, H]
+DENSE_EXPERTS = ("shared_expert", ".self_attention.experts.", ".experts.post_expert_norm.")
 LAYER_NUMBER = re.compile(r"^model\.(?:language_model\.)?layers\.([0-9]+)\.")
 
 
@@ -142,6 +145,9 @@ class Family:
     # a checkpoint's tensor names made the ones the runtime reads, each (pattern, replacement) in
     # turn (`tensor_name`): DeepSeek-V4's release names its tensors its own way (_DEEPSEEK_V4_NAMES)
     renames: tuple[tuple[re.Pattern[str], str], ...] = ()
+    # dense 2-D tensors (by the checkpoint's name) stored as the transpose of what the runtime reads,
+    # transposed at conversion (Ergo's release keeps its router and shared expert as [in, out])
+    transposed: tuple[re.Pattern[str], ...] = ()
     # per layer, from the text config, where attention is not sized alike on every layer (MiMo-V2-Flash's
     # sliding layers have twice the key-value heads, and values narrower than keys): the tensor check's sizes
     attention_sizes: Callable[[dict[str, Any]], list[AttentionSizes]] | None = None
@@ -393,6 +399,31 @@ def _flint_layers(c: dict[str, Any]) -> list[int]:
 def _beam_layers(c: dict[str, Any]) -> list[int]:
     """`mlp_layer_types`, else BeamConfig's: the first three layers dense, the rest MoE."""
     return _first_k_dense_layers({**c, "first_k_dense_replace": 3, "moe_layer_freq": 1})
+
+
+def _ergo_layers(c: dict[str, Any]) -> list[int]:
+    """`mlp_layer_types`, else ErgoConfig's: the first `num_dense_blocks` (default 1) layers dense."""
+    return _first_k_dense_layers({**c, "first_k_dense_replace": int(c.get("num_dense_blocks", 1)), "moe_layer_freq": 1})
+
+
+# Ergo's release names (its training framework's), as transformers' conversion_mapping renames them
+_ERGO_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"^tok_embeddings\.", "model.embed_tokens."), (r"^norm\.", "model.norm."), (r"^output\.", "lm_head."),
+    (r"^layers\.", "model.layers."), (r"\.attention_norm\.", ".input_layernorm."),
+    (r"\.post_attention_norm\.", ".post_attention_layernorm."), (r"\.ffn_norm\.", ".pre_feedforward_layernorm."),
+    (r"\.post_ffn_norm\.", ".post_feedforward_layernorm."),
+    (r"\.post_attention_residual\.scale$", ".attention_residual_gate.weight"),
+    (r"\.post_ffn_residual\.scale$", ".feedforward_residual_gate.weight"),
+    (r"\.attention\.wqkv\.", ".self_attn.qkv_proj."), (r"\.attention\.wo\.", ".self_attn.o_proj."),
+    (r"\.attention\.(q|k)_norm\.", r".self_attn.\1_norm."),
+    (r"\.feed_forward\.up\.", ".mlp.up_proj."), (r"\.feed_forward\.down\.", ".mlp.down_proj."),
+    (r"\.feed_forward\.gate_kernel$", ".mlp.gate.linear.weight"),  # ([H, E]: transposed)
+    (r"\.feed_forward\.router_bias$", ".mlp.gate.e_score_correction_bias"),
+    (r"\.feed_forward\.up_proj$", ".mlp.experts.up_proj"), (r"\.feed_forward\.down_proj$", ".mlp.experts.down_proj"),
+    (r"\.feed_forward\.expert_output_norm\.scale$", ".mlp.experts.post_expert_norm.weight"),
+    (r"\.feed_forward\.shared_up_proj$", ".mlp.shared_experts.up_proj.weight"),  # ([H, I]: transposed)
+    (r"\.feed_forward\.shared_down_proj$", ".mlp.shared_experts.down_proj.weight"),  # ([I, H]: transposed)
+    (r"\.feed_forward\.shared_expert_output_norm\.scale$", ".mlp.shared_experts.norm.weight")))
 
 
 def _axk1_layers(c: dict[str, Any]) -> list[int]:
@@ -821,6 +852,12 @@ FAMILIES: dict[str, Family] = {
                 (r"\.post_ffn_norm\.", ".post_mlp_layernorm."))),
         ),
         Family("beam", ("beam",), ("num_experts",), _beam_layers),  # (no shared experts; the experts as Qwen's)
+        Family(  # (relu2 experts, not gated, fused [E, in, out] either way; the release's names renamed, its router
+            # and shared expert transposed, as transformers' conversion_mapping does)
+            "ergo", ("ergo",), ("num_experts",), _ergo_layers, num_shared_experts=lambda c: 1,
+            expert_activation=lambda c: ExpertActivation("relu2"), gated_mlps=False, fused_experts_transposed=True,
+            renames=_ERGO_NAMES, transposed=(re.compile(r"\.feed_forward\.(?:gate_kernel|shared_up_proj|shared_down_proj)$"),),
+        ),
         Family(
             "afmoe", ("afmoe",), ("num_experts", "num_local_experts"), _after_dense_layers,
             num_shared_experts=lambda c: int(c.get("num_shared_experts", 2) or 0),

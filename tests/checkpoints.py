@@ -234,6 +234,16 @@ FAMILY_CONFIGS: dict[str, dict] = {
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}, "full_attention": None},
     ),
+    # fused QKV with q/k norms: sliding layers 0 and 2 rotate (interleaved pairs, base 1000) within a 5-token
+    # window, full layers 1 and 3 NoPE with their scores times 1.5; sandwich norms and residual gates (random);
+    # a dense relu2 first layer, then 8 relu2 experts top 2 by sigmoid + a random correction bias, each route's
+    # output RMSNormed with its expert's (random) weight, and a shared expert 48 wide, normed; rms_norm_eps 0.01
+    "ergo": dict(
+        SMALL, num_hidden_layers=4, num_key_value_heads=2, first_dense_intermediate_size=96, moe_intermediate_size=32,
+        shared_intermediate_size=48, num_experts=8, num_dense_blocks=1, sliding_window=5, global_attention_every_n_layers=2,
+        global_attention_scale=1.5, initializer_range=0.1, rms_norm_eps=0.01,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -450,6 +460,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "flint": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "sinks"),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "beam": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "gate_bias", "e_score_correction_bias"),
+    "ergo": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "residual_gate.", "post_expert_norm.",
+             "shared_experts.norm.", "e_score_correction_bias"),
     "axk2": ("layernorm.norm.", "layernorm.weight", "model.norm.", "indexer.k_norm.", "e_score_correction_bias"),
     "sarvam_moe": ("layernorm.", "model.norm.", "_proj.bias", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "param2moe": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
@@ -461,7 +473,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
-            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam")
+            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo")
 
 
 def build_model(family: str, seed: int = 0):

@@ -30,6 +30,10 @@ GRANITE_FUSED = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(input_lin
 LFM2_FUSED = re.compile(r"^model\.layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|down_proj)$")
 # Llama 4's: gate_up_proj [E, H, 2I] (gate columns first) and down_proj [E, I, H], each expert's the transpose
 LLAMA4_FUSED = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|down_proj)$")
+# Ergo's, not gated, [E, in, out] either way: up_proj [E, H, I] (all of w13) and down_proj [E, I, H], each
+# expert's the transpose (the release's under feed_forward); the release's router and shared expert [in, out]
+ERGO_FUSED = re.compile(r"layers\.(\d+)\.(?:feed_forward|mlp\.experts)\.(up_proj|down_proj)$")
+ERGO_TRANSPOSED = re.compile(r"\.feed_forward\.(?:gate_kernel|shared_up_proj|shared_down_proj)$")
 # DBRX's: w1 (gate), v1 (up) and w2 (down), each [E * I, H]: an expert's rows of w2 are its down's transpose
 DBRX_FLAT = re.compile(r"blocks\.(\d+)\.ffn\.experts\.mlp\.(w1|v1|w2)$")
 # gpt-oss's: gate_up_proj [E, H, 2I] (gate and up columns alternating) and down_proj [E, I, H], each
@@ -86,8 +90,16 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
         renamed = name
         for old, new in RENAMED.get(index.family, {}).items():
             renamed = renamed.replace(old, new)
+        if index.family == "ergo":  # (its release renames a name's every part, anchored: the family's own table)
+            renamed = family_for_config({"model_type": "ergo"}).tensor_name(name)
         if renamed in dense_names:
             got = reader.tensor(renamed)
+            if index.family == "ergo" and ERGO_TRANSPOSED.search(name):
+                got = got.T.contiguous()
+        elif index.family == "ergo" and (m := ERGO_FUSED.search(name)):
+            bank, data = banks[int(m[1])]
+            part = "w13" if m[2] == "up_proj" else "w2"
+            got = torch.stack([reader.expert_part(data, bank, e, part).T for e in range(bank.num_experts)])
         elif m := PER_EXPERT.search(name):
             layer, expert, proj, what = int(m[1]), int(m[2]), m[3], m[4]
             bank, data = banks[layer]
@@ -150,8 +162,16 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
-                                    "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam"])
+                                    "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam",
+                                    "ergo"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
+    if family == "ergo":  # (not gated; transformers' own names, its router and shared expert [out, in])
+        src = save_checkpoint(family, tmp_path / "hf", fused=True)
+        assert any(n.endswith(".mlp.experts.up_proj") for n in load_all(src))
+        index = convert_checkpoint(src, tmp_path / "ftw")
+        assert index.banks[0].activation.kind == "relu2" and index.banks[0].part("w13").shape == (32, 64)
+        assert_round_trip(src, tmp_path / "ftw")
+        return
     if family == "nemotron_h":  # (not gated: its fused experts are up_proj and down_proj)
         src = save_checkpoint(family, tmp_path / "hf", fused=True)
         assert any(n.endswith(".mixer.experts.up_proj") for n in load_all(src))

@@ -91,6 +91,9 @@ FAMILIES = [
     # (per-head gate biases, NoPE query scale, sandwich norms around a depth-scaled residual, grouped routing)
     pytest.param("beam", False, id="beam"),
     pytest.param("beam", True, id="beam-fused"),
+    # (the release's names, router and shared expert transposed; transformers' own; fused experts either way)
+    pytest.param("ergo", False, id="ergo"),
+    pytest.param("ergo", True, id="ergo-fused"),
     # (two MLA sublayers and a shortcut MoE a layer, identity zero experts among the routed ids)
     pytest.param("longcat_flash", False, id="longcat_flash"),
     pytest.param("longcat_flash", True, id="longcat_flash-fused"),
@@ -838,3 +841,24 @@ def test_beam_refuses_what_transformers_cannot_run(tmp_path: Path) -> None:
         (src / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(UnsupportedFamilyError, match=match):
             convert_and_load(src, tmp_path / f"store-{i}")
+
+
+def test_ergo_with_its_released_config_keys_matches_transformers_and_refuses_other_ropes(tmp_path: Path) -> None:
+    """The release's config.json: flat rope_parameters (the sliding layers'; ErgoConfig makes the full layers
+    NoPE), local_attention_window, no layer_types or mlp_layer_types (every global_attention_every_n_layers-th
+    full, the first num_dense_blocks dense): parity. A YaRN rope is refused (ft rotates at default frequencies)."""
+    import json
+
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("ergo", tmp_path / "hf", seed=3)
+    config = json.loads((src / "config.json").read_text())
+    released = {k: v for k, v in config.items() if k not in ("layer_types", "mlp_layer_types", "sliding_window")}
+    released.update(rope_parameters=config["rope_parameters"]["sliding_attention"], local_attention_window=5)
+    (src / "config.json").write_text(json.dumps(released))
+    assert_parity(convert_and_load(src, tmp_path / "store"), hf_model(src), PROMPT, STEPS)
+
+    yarn = {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+    (src / "config.json").write_text(json.dumps({**released, "rope_parameters": yarn}))
+    with pytest.raises(UnsupportedFamilyError, match="'yarn' rope"):
+        convert_and_load(src, tmp_path / "store-yarn")

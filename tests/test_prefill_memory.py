@@ -196,11 +196,12 @@ def families(tmp_path_factory):
 # then scaled in place chunk by chunk (layer_scalar), and LongCat-Flash's shortcut MoE (a second stream kept
 # chunk by chunk from one half-layer to the next), Flint's sinks on sliding rope layers and full NoPE ones,
 # and Kolibri 1's sandwich-normed sliding and NoPE layers; A.X-K2's gated-query DSA (whole prompts, as GLM-5's)
-# between gated norms; Beam's depth-scaled residual (the stream scaled and added to in place chunk by chunk)
+# between gated norms; Beam's depth-scaled residual (the stream scaled and added to in place chunk by chunk), and
+# Ergo's residual gates ([H] scales) around experts each route of which is normed
 CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
                     "jetmoe", "cohere2_moe", "minimax", "lfm2_moe", "kimi_linear", "mimo_v2_flash", "granitemoe_swa",
                     "granitemoehybrid", "jamba", "mellum", "gemma4_text", "longcat_flash", "flint", "kolibri1", "axk2",
-                    "beam")
+                    "beam", "ergo")
 
 
 @pytest.mark.parametrize("family", CHUNKED_FAMILIES)

@@ -159,6 +159,21 @@ def input_scaled_experts(experts: Callable[[torch.Tensor, torch.Tensor, torch.Te
     return out if k == 1 else out.view(t, k, -1).sum(dim=1)
 
 
+def output_normed_experts(experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                          x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, norms: torch.Tensor,
+                          eps: float) -> torch.Tensor:
+    """sum over k of weights[t, k] * rms_norm(expert_{ids[t, k]}(x[t])) * norms[ids[t, k]], as Ergo
+    routes: each route's output RMSNormed (float32, cast back) with its expert's own weight [E, H]
+    before the weighted sum (float32, cast to x's dtype). `experts` as `input_scaled_experts`':
+    it gets one row per (token, expert), each with weight 1."""
+    t, k = ids.shape
+    rows = x.repeat_interleave(k, dim=0)  # [T*k, H]
+    ones = torch.ones(t * k, 1, dtype=x.dtype, device=x.device)
+    out = experts(rows, ids.reshape(t * k, 1), ones).to(torch.float32)
+    normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps) * norms[ids.reshape(-1)].to(torch.float32)
+    return (normed.to(x.dtype).view(t, k, -1) * weights[:, :, None]).sum(dim=1).to(x.dtype)
+
+
 def softmax_topk_pnorm(logits: torch.Tensor, k: int, p: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """DBRX routing: softmax top-k, the k weights divided by their p-norm (`moe_normalize_expert_weights`:
     1 renormalizes them to sum 1; None leaves them as they are)."""

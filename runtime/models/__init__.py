@@ -62,6 +62,7 @@ FAMILY_MODULES = {
     "kolibri1": "kolibri1",
     "axk2": "axk2",
     "beam": "beam",
+    "ergo": "ergo",
     "longcat_flash": "longcat_flash",
     "mistral4": "mistral4",
     "gemma4_text": "gemma4",

@@ -35,6 +35,9 @@ KINDS: dict[str, tuple[str, str]] = {
                     "hyper-connections", "sqrt-softplus + bias or hashed by token, shared expert, clamped SwiGLU"),
     "dots1": ("GQA, QK norm", "sigmoid + bias, group-limited top-k, shared experts"),
     "ernie4_5_moe": ("GQA, interleaved rope", "softmax + correction bias, shared experts, dense layers"),
+    "ergo": ("sliding-window rope layers and global NoPE layers, fused QKV, QK norm, sandwich norms, learned "
+             "residual gates", "sigmoid + bias, renormalized and scaled, each expert's output RMSNormed, a normed "
+             "shared expert, relu2"),
     "exaone_moe": ("sliding-window rope layers and global NoPE layers", "sigmoid + bias, shared experts"),
     "flint": ("sliding-window rope layers and global NoPE layers, sinks on every layer, QK norm",
               "sigmoid top-k renormalized, an ungated shared expert, dense layers"),

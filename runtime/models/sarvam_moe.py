@@ -36,8 +36,8 @@ PARTIAL_ROTARY_FACTOR = 1.0
 KEEP_FLOAT32 = ("e_score_correction_bias", "mlp.gate.weight")
 
 
-def split_qkv(config: ModelConfig, weights: ModelWeights) -> ModelWeights:
-    """`weights` with each layer's fused `self_attn.query_key_value` (weight and bias) as the
+def split_qkv(config: ModelConfig, weights: ModelWeights, name: str = "query_key_value") -> ModelWeights:
+    """`weights` with each layer's fused `self_attn.<name>` (weight and bias; Ergo's qkv_proj) as the
     q_proj, k_proj and v_proj transformers splits it into; a checkpoint in transformers' own
     layout has those already."""
     rows = [config.num_attention_heads * config.head_dim] + [config.num_key_value_heads * config.head_dim] * 2
@@ -45,7 +45,7 @@ def split_qkv(config: ModelConfig, weights: ModelWeights) -> ModelWeights:
     for i in range(config.num_layers):
         prefix = f"model.layers.{i}.self_attn."
         for what in ("weight", "bias"):
-            fused = dense.pop(f"{prefix}query_key_value.{what}", None)
+            fused = dense.pop(f"{prefix}{name}.{what}", None)
             if fused is not None:
                 for proj, part in zip(("q_proj", "k_proj", "v_proj"), fused.split(rows), strict=True):
                     dense[f"{prefix}{proj}.{what}"] = part

@@ -342,7 +342,7 @@ KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2":
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa, "solar_open": _gqa, "sarvam_moe": _gqa, "minicpm5_moe": _gqa, "hy_v3": _gqa, "mellum": _gqa, "flint": _gqa, "kolibri1": _gqa,
-              "beam": _gqa,
+              "beam": _gqa, "ergo": _gqa,
               "cohere2_moe": _gqa, "afmoe": _gqa, "laguna": _gqa, "lfm2_moe": _short_conv, "minimax": _lightning,
               "kimi_linear": _kimi_linear, "bailing_hybrid": _bailing_hybrid,
               "gemma4_text": _per_layer_gqa("gemma4_text"),  # (wider full layers; sliding ones keep every token)
