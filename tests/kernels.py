@@ -42,3 +42,38 @@ def gathered_pairs(views, x: torch.Tensor, token: torch.Tensor, slot: torch.Tens
             biases = views.biases(s, torch.float32)
             out[t] += w * swiglu_experts(x[t: t + 1].float(), w13, w2, views.layout.activation, biases)[0, 0]
     return out
+
+
+def routed_chunk(bank, num_tokens: int = 20, top_k: int = 2):
+    """A prompt chunk over `bank` for the grouped kernels' tests: the records as rows wider than a
+    record (cache slots: 0xFF bytes beside), on DEVICE, and a routing where expert 2 is hot (more
+    pairs than one 16-row tile) and the last expert gets no pair. Returns (records, views, plan, x,
+    weights)."""
+    from runtime.gpu.records import PairPlan, RecordViews
+
+    experts, stride = bank.num_experts, bank.layout.expert_stride
+    hidden = next(p.shape[1] for p in bank.layout.parts if p.name in ("w13", "w1"))
+    records = torch.full((experts, stride + 96), 0xFF, dtype=torch.uint8)
+    records[:, :stride] = bank.data
+    rows = records.to(DEVICE)[:, :stride]
+    gen = torch.Generator().manual_seed(8)
+    chosen = []
+    for t in range(num_tokens):
+        perm = torch.randperm(experts - 1, generator=gen)
+        if t < 18:
+            perm = torch.cat([torch.tensor([2]), perm[perm != 2]])
+        chosen.append(perm[:top_k])
+    ids = torch.stack(chosen)
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen), dim=-1)
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    plan = PairPlan.build(ids, torch.arange(experts), lambda t: t.to(DEVICE))
+    return rows, RecordViews(rows, bank.layout), plan, x.to(DEVICE), weights.to(DEVICE)
+
+
+def plan_args(plan, weights: torch.Tensor, dtype: torch.dtype, idle_row: int) -> dict:
+    """A grouped kernel's plan arguments, with an expert of zero pairs (`idle_row`) among them."""
+    zero = torch.zeros(1, dtype=torch.int64, device=plan.rows.device)
+    return {"rows": torch.cat([plan.rows[:2], zero + idle_row, plan.rows[2:]]),
+            "starts": torch.cat([plan.starts[:2], plan.starts[2:3], plan.starts[2:]]),
+            "counts": torch.cat([plan.counts[:2], zero, plan.counts[2:]]), "tokens": plan.tokens,
+            "pair_weights": weights.reshape(-1)[plan.pairs].to(dtype).float(), "max_count": max(plan.counts_host)}

@@ -22,49 +22,21 @@ import torch
 from runtime.experts.synthetic import random_bank
 from runtime.gpu.kernels.grouped_fp8_experts_ref import fp8_weight, grouped_fp8_experts_ref
 from runtime.gpu.records import (
-    PairPlan,
     RecordViews,
     dequantize_fp8,
     experts_from_records,
     grouped_call,
     grouped_kind,
 )
-from tests.kernels import DEVICE, import_kernel, needs
+from tests.kernels import DEVICE, import_kernel, needs, plan_args, routed_chunk
 
 grouped_fp8_experts = import_kernel("grouped_fp8_experts", "grouped_fp8_experts")
 needs_triton = needs(grouped_fp8_experts)
 
 
 def _setup(kind: str, hidden: int, inter: int, num_tokens: int = 20, experts: int = 6, top_k: int = 2):
-    """An FP8 bank (128 x 128 scale blocks) as rows wider than a record (cache slots: 0xFF bytes
-    beside), and a chunk's routing: expert 2 hot (more pairs than one 16-row tile), the last expert
-    routed no pair."""
-    bank = random_bank(kind, experts, hidden, inter, seed=7)
-    stride = bank.layout.expert_stride
-    records = torch.full((experts, stride + 96), 0xFF, dtype=torch.uint8)
-    records[:, :stride] = bank.data
-    rows = records.to(DEVICE)[:, :stride]
-    gen = torch.Generator().manual_seed(8)
-    chosen = []
-    for t in range(num_tokens):
-        perm = torch.randperm(experts - 1, generator=gen)
-        if t < 18:
-            perm = torch.cat([torch.tensor([2]), perm[perm != 2]])
-        chosen.append(perm[:top_k])
-    ids = torch.stack(chosen)
-    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen), dim=-1)
-    x = torch.randn(num_tokens, hidden, generator=gen)
-    plan = PairPlan.build(ids, torch.arange(experts), lambda t: t.to(DEVICE))
-    return rows, RecordViews(rows, bank.layout), plan, x.to(DEVICE), weights.to(DEVICE)
-
-
-def _plan_args(plan: PairPlan, weights: torch.Tensor, dtype: torch.dtype, idle_row: int) -> dict:
-    """The kernel's plan arguments, with an expert of zero pairs (`idle_row`) among them."""
-    zero = torch.zeros(1, dtype=torch.int64, device=plan.rows.device)
-    return {"rows": torch.cat([plan.rows[:2], zero + idle_row, plan.rows[2:]]),
-            "starts": torch.cat([plan.starts[:2], plan.starts[2:3], plan.starts[2:]]),
-            "counts": torch.cat([plan.counts[:2], zero, plan.counts[2:]]), "tokens": plan.tokens,
-            "pair_weights": weights.reshape(-1)[plan.pairs].to(dtype).float(), "max_count": max(plan.counts_host)}
+    """An FP8 bank (128 x 128 scale blocks) and a chunk routed over it (tests/kernels.routed_chunk)."""
+    return routed_chunk(random_bank(kind, experts, hidden, inter, seed=7), num_tokens, top_k)
 
 
 @needs_triton
@@ -80,7 +52,7 @@ def test_the_kernel_matches_its_twin_and_the_padded_runs(kind: str, hidden: int,
     assert max(plan.counts_host) > 16 and len(plan.rows_host) == 5
     call = grouped_call(views, dtype)
     assert call is not None and call.func is grouped_fp8_experts
-    args = _plan_args(plan, weights, dtype, idle_row=5)
+    args = plan_args(plan, weights, dtype, idle_row=5)
     ours = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=DEVICE)
     call(x.to(dtype), records, **args, out=ours)
     twin = torch.zeros_like(ours)
@@ -154,7 +126,7 @@ def test_the_dispatch_picks_the_fp8_kernel_for_block_scaled_records() -> None:
 
 def test_bad_arguments_are_refused_with_what_is_wrong() -> None:
     records, views, plan, x, weights = _setup("f8_e4m3", 256, 256, experts=4)
-    args = {**views.fp8_block_parts(), **_plan_args(plan, weights, torch.bfloat16, idle_row=3)}
+    args = {**views.fp8_block_parts(), **plan_args(plan, weights, torch.bfloat16, idle_row=3)}
     out = torch.zeros(20, 256, dtype=torch.float32, device=DEVICE)
     with pytest.raises(ValueError, match="x is"):
         grouped_fp8_experts_ref(x, records, **args, out=out)
