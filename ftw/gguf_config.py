@@ -122,7 +122,10 @@ def _expert_layers(model: GGUFModel) -> list[int]:
 def _expert_size(model: GGUFModel) -> int | None:
     """The experts' intermediate size as the tensors show it (for files that omit the key)."""
     down = next((t for n, t in model.tensors.items() if n.endswith(".ffn_down_exps.weight")), None)
-    return down.shape[-1] if down is not None and len(down.shape) == 3 else None
+    if down is None:  # the old per-expert Mixtral layout: blk.N.ffn_down.E.weight [H, I]
+        down = next((t for n, t in model.tensors.items() if n.startswith("blk.") and n.endswith(".ffn_down.0.weight")), None)
+        return down.shape[-1] if down is not None and len(down.shape) == 2 else None
+    return down.shape[-1] if len(down.shape) == 3 else None
 
 
 def qwen3_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:

@@ -5,7 +5,9 @@ names, each MoE layer's routed experts as one bank of expert records. A record's
 expert's gate rows then its up rows, both GGML-quantized row blocks copied as stored (each row is
 quantized on its own, so concatenating rows is valid); `w2` is its down projection. When gate and
 up have different GGML types (some mixed quantizations), the record has `w1` and `w3` instead of
-`w13`. The tokenizer files are written beside the index (GGUF_SIDE_FILES).
+`w13`. The tokenizer files are written beside the index (GGUF_SIDE_FILES). Old Mixtral files
+(llama, before April 2024) store each expert as its own blk.N.ffn_{gate,up,down}.E.weight; a layer's
+are read as the fused [E, ...] tensor they stand for (_StackedExperts), their bytes as stored.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from .reader import TORCH_DTYPES
 from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
 
 GGUF_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json")
-PER_EXPERT_NAME = re.compile(r"^ffn_(?:gate|up|down)\.\d+\.weight$")  # old Mixtral GGUFs: blk.N.ffn_gate.E.weight
+# old Mixtral GGUFs (llama.cpp before its April 2024 fusion): each expert its own blk.N.ffn_gate.E.weight
+PER_EXPERT_NAME = re.compile(r"^ffn_(gate|up|down)\.(\d+)\.weight$")
 READAHEAD_BYTES = 256 << 20
 READ_THREADS = 4
 FLOAT_DTYPES = ("f32", "f16", "bf16")
@@ -52,6 +55,32 @@ class _Dense:
     dtype: str
     shape: tuple[int, ...]
     chunks: Chunks
+
+
+@dataclass(frozen=True)
+class _StackedExperts:
+    """One layer's per-expert tensors of one role (the old Mixtral layout) standing for the fused
+    ffn_<role>_exps [E, rows, cols]: expert e's bytes are parts[e]'s, whole GGML rows as stored."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    parts: tuple[GGUFTensor, ...]
+
+
+def _stacked(path: Path, layer: int, role: str, by_expert: dict[int, GGUFTensor]) -> _StackedExperts:
+    if sorted(by_expert) != list(range(len(by_expert))):
+        raise SourceError(f"{path}: layer {layer} has per-expert ffn_{role} tensors for experts {sorted(by_expert)}, "
+                          "not 0 to E-1")
+    parts = tuple(by_expert[e] for e in range(len(by_expert)))
+    first = parts[0]
+    for t in parts:
+        if len(t.shape) != 2 or t.shape != first.shape or t.dtype != first.dtype or t.nbytes != first.nbytes:
+            raise SourceError(f"{path}: {t.name} is {t.dtype} {list(t.shape)}, {first.name} {first.dtype} "
+                              f"{list(first.shape)}; a layer's experts must agree in type and shape")
+    return _StackedExperts(f"blk.{layer}.ffn_{role}.{{0..{len(parts) - 1}}}.weight", first.dtype,
+                           (len(parts), *first.shape), first.nbytes * len(parts), parts)
 
 
 def _split_block_name(name: str) -> tuple[int, str] | None:
@@ -88,12 +117,13 @@ class _GGUFConverter:
 
     # -- classification -------------------------------------------------------------------------
 
-    def classify(self) -> tuple[dict[int, list[_Dense]], dict[int, dict[str, GGUFTensor]], int]:
+    def classify(self) -> tuple[dict[int, list[_Dense]], dict[int, dict[str, GGUFTensor | _StackedExperts]], int]:
         """Dense tensors by layer (-1 before the layers, num_layers after), expert tensors by layer."""
         num_layers = self.config["num_layers"]
         names = self.arch.tensor_names(num_layers)
         dense: dict[int, list[_Dense]] = defaultdict(list)
-        experts: dict[int, dict[str, GGUFTensor]] = defaultdict(dict)
+        experts: dict[int, dict[str, GGUFTensor | _StackedExperts]] = defaultdict(dict)
+        per_expert: dict[int, dict[str, dict[int, GGUFTensor]]] = defaultdict(lambda: defaultdict(dict))
         kv_b: dict[int, dict[str, GGUFTensor]] = defaultdict(dict)
         concat_parts = self.arch.concat_parts()
         concats: dict[tuple[int, str], dict[int, GGUFTensor]] = defaultdict(dict)
@@ -114,14 +144,22 @@ class _GGUFConverter:
                 experts[block[0]][EXPERT_BIAS_ROWS[block[1]]] = t
             elif block and block[1] in KV_B_SPLIT:
                 kv_b[block[0]][KV_B_SPLIT[block[1]]] = t
+            elif block and (m := PER_EXPERT_NAME.match(block[1])) and self.arch.name == "llama":
+                per_expert[block[0]][m[1]][index_in_name(m[2], name)] = t
             elif block and PER_EXPERT_NAME.match(block[1]):
-                raise SourceError(f"{self.model.path}: {name!r} is in the old per-expert GGUF layout (before "
-                                  "llama.cpp fused experts in 2024); download a GGUF made by a recent llama.cpp")
+                raise SourceError(f"{self.model.path}: {name!r} is in the old per-expert GGUF layout, which ft "
+                                  "reads only for llama (Mixtral); download a GGUF made by a recent llama.cpp")
             else:
                 raise SourceError(
                     f"{self.model.path}: tensor {name!r} has no Hugging Face name in ft's {self.arch.name} table "
                     "(ftw/gguf_names.py, gguf_names_own.py); this GGUF variant is not supported"
                 )
+        for layer, roles in per_expert.items():
+            for role, by_expert in roles.items():
+                if role in experts[layer]:
+                    raise SourceError(f"{self.model.path}: layer {layer} has both ffn_{role}_exps and per-expert "
+                                      f"ffn_{role}.E tensors")
+                experts[layer][role] = _stacked(self.model.path, layer, role, by_expert)
         for layer, halves in kv_b.items():
             hf = self.arch.hf_layer_prefix.format(layer=layer) + KV_B_HF
             if any(d.name == hf for d in dense[layer]):
@@ -250,12 +288,12 @@ class _GGUFConverter:
         self.params_by_dtype[d.dtype] += math.prod(d.shape)
         return math.prod(d.shape)
 
-    def write_bank(self, layer: int, src: dict[str, GGUFTensor]) -> int:
+    def write_bank(self, layer: int, src: dict[str, GGUFTensor | _StackedExperts]) -> int:
         """Write one layer's experts; returns the parameter count of one expert."""
         cfg = self.config
         num_experts, inter, hidden = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
 
-        def need(role: str, rows: int, cols: int) -> GGUFTensor:
+        def need(role: str, rows: int, cols: int) -> GGUFTensor | _StackedExperts:
             t = src.get(role)
             if t is None:
                 raise SourceError(f"{self.model.path}: layer {layer} lacks ffn_{role}_exps")
@@ -280,9 +318,13 @@ class _GGUFConverter:
             self.params_by_dtype[dtype] += num_experts * math.prod(shape)
         parts += self._bias_parts(layer, src, sources, inter, hidden)
 
+        def one(t: GGUFTensor | _StackedExperts, e: int) -> np.ndarray:
+            if isinstance(t, _StackedExperts):
+                return self.model.read_bytes(t.parts[e])
+            return self.model.read_bytes(t, e * (t.nbytes // num_experts), t.nbytes // num_experts)
+
         def read(e: int) -> dict[str, list[np.ndarray]]:
-            return {name: [self.model.read_bytes(t, e * (t.nbytes // num_experts), t.nbytes // num_experts) for t in ts]
-                    for name, ts in sources.items()}
+            return {name: [one(t, e) for t in ts] for name, ts in sources.items()}
 
         expert_bytes = sum(t.nbytes for ts in sources.values() for t in ts) // num_experts
         depth = max(2, READAHEAD_BYTES // max(1, expert_bytes))
@@ -292,7 +334,8 @@ class _GGUFConverter:
                 self.progress(sum(b.nbytes for bufs in pieces.values() for b in bufs))
         return (activation.w13_rows(inter) + inter) * hidden
 
-    def _bias_parts(self, layer: int, src: dict[str, GGUFTensor], sources: dict[str, list[GGUFTensor]], inter: int,
+    def _bias_parts(self, layer: int, src: dict[str, GGUFTensor | _StackedExperts],
+                    sources: dict[str, list[GGUFTensor | _StackedExperts]], inter: int,
                     hidden: int) -> list[tuple[str, str, tuple[int, ...]]]:
         """The experts' biases (gpt-oss: ffn_{gate,up,down}_exps.bias, all three or none) as the record's
         w13_bias [2I] (gate's, then up's) and w2_bias [H], added to `sources`; their parts."""

@@ -53,11 +53,27 @@ def collect_expert(experts: dict, name: str, t: torch.Tensor) -> None:
     experts.setdefault((int(parts[2]), ".".join(parts[:5] + parts[6:])), {})[int(parts[5])] = t
 
 
-def add_stacked_experts(w: gguf.GGUFWriter, maps: list, experts: dict) -> None:
-    """Each layer's collected experts stacked [E, ...] under their GGUF name, as llama.cpp's converters do."""
+def add_stacked_experts(w: gguf.GGUFWriter, maps: list, experts: dict, *, per_expert: bool = False,
+                        qtype: GGMLQuantizationType | None = None) -> None:
+    """Each layer's collected experts stacked [E, ...] under their GGUF name, as llama.cpp's converters do;
+    with `per_expert`, each expert its own tensor blk.N.ffn_{gate,up,down}.E.weight, as llama.cpp's
+    convert.py wrote Mixtral before April 2024 (MODEL_TENSOR.FFN_*_EXP); `qtype`, quantized so (each
+    expert on its own when per_expert, the stack at once otherwise)."""
+
+    def add(name: str, t: torch.Tensor) -> None:
+        array = t.contiguous().numpy()
+        if qtype is None:
+            w.add_tensor(name, array)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
     for (_, merged), by_expert in sorted(experts.items()):
-        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
+        if per_expert:
+            fused = _gguf_name(maps, merged)  # blk.N.ffn_gate_exps.weight
+            for e in range(len(by_expert)):
+                add(fused.replace("_exps.weight", f".{e}.weight"), by_expert[e])
+            continue
+        add(_gguf_name(maps, merged), torch.stack([by_expert[e] for e in range(len(by_expert))]))
 
 
 def write_gguf(w: gguf.GGUFWriter, out: Path) -> Path:
@@ -213,12 +229,14 @@ def _add_byte_level_tokenizer(w: gguf.GGUFWriter, vocab_size: int) -> None:
 
 def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GGMLQuantizationType | None = None,
                 mtp: bool = False, flat: tuple[str, ...] = (),
-                qtypes: dict[str, GGMLQuantizationType] | None = None, gating_key: bool = True) -> Path:
+                qtypes: dict[str, GGMLQuantizationType] | None = None, gating_key: bool = True,
+                per_expert: bool = False, experts_qtype: GGMLQuantizationType | None = None) -> Path:
     """Write the HF checkpoint `src` as an F32 GGUF the way llama.cpp's converter would; with
     `mtp`, add a DeepSeek-style multi-token-prediction block after the last layer and YaRN; with
     `flat`, the [1, N] tensors whose HF names end so as [N] (llama.cpp sizes them {N});
     `qtypes`, GGUF tensors whose names end so quantized to that type (gguf-py's quantize); without
-    `gating_key`, a DeepSeek file as written before expert_gating_func existed."""
+    `gating_key`, a DeepSeek file as written before expert_gating_func existed; `per_expert` and
+    `experts_qtype` as for add_stacked_experts."""
     c = json.loads((src / "config.json").read_text())
     family = c["model_type"]
     arch = ARCH[family]
@@ -277,7 +295,7 @@ def export_gguf(src: Path, out: Path, *, kv_b_split: bool = True, kv_b_qtype: GG
         if flat and name.endswith(flat):
             t = t.reshape(-1)
         w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
-    add_stacked_experts(w, maps, experts)
+    add_stacked_experts(w, maps, experts, per_expert=per_expert, qtype=experts_qtype)
     return write_gguf(w, out)
 
 
