@@ -82,7 +82,7 @@ def _gate_up_kernel(x_ptr, stride_x, rec_ptr, stride_row, gate_at, gate_scale_at
         acc_u = tl.dot(xt, tl.trans(wu), acc_u)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     at = act_ptr + (start + offs_m).to(tl.int64)[:, None] * stride_act + tl.trans(offs_n)
-    tl.store(at, _rounded(act, dtype, UPCAST).to(dtype), mask=mask_m[:, None])
+    tl.store(at, _rounded(act, dtype, UPCAST).to(dtype), mask=mask_m[:, None] & (tl.trans(offs_n) < INTER))
 
 
 @triton.jit
@@ -116,7 +116,8 @@ def _down_kernel(act_ptr, stride_act, rec_ptr, stride_row, down_at, down_scale_a
         acc = tl.dot(a, tl.trans(w), acc)
     acc *= tl.load(pair_weight_ptr + sorted_at, mask=mask_m, other=0.0)[:, None]
     token = tl.load(tokens_ptr + sorted_at, mask=mask_m, other=0).to(tl.int64)
-    tl.atomic_add(out_ptr + token[:, None] * stride_out + tl.trans(offs_n), acc, mask=mask_m[:, None], sem="relaxed")
+    tl.atomic_add(out_ptr + token[:, None] * stride_out + tl.trans(offs_n), acc,
+                  mask=mask_m[:, None] & (tl.trans(offs_n) < HIDDEN), sem="relaxed")
 
 
 def grouped_fp8_experts(x: torch.Tensor, records: torch.Tensor, *, gate: Fp8Part, up: Fp8Part, down: Fp8Part,
