@@ -474,3 +474,78 @@ def mimo2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         mlp_layer_types=["sparse" if i in moe else "dense" for i in range(layers)],
     )
     return config
+
+
+def kimi_linear_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """KimiLinearModel.set_gguf_parameters (conversion/kimi_linear.py, from the release's config: linear_attn_config,
+    num_experts, num_experts_per_token, num_shared_experts, first_k_dense_replace, moe_router_activation_func,
+    model_max_length) and the base's: head_count_kv one a layer (0 on the KDA layers, 1 on the MLA ones: the
+    converter's MQA view), ssm.conv_kernel and kda.head_dim (linear_attn_config's short_conv_kernel_size and
+    head_dim; KDA has head_count heads), q_lora_rank (absent when null) and kv_lora_rank, rope.dimension_count
+    (qk_rope_head_dim), key_length_mla (nope + rope) and value_length_mla (v_head_dim), the expert keys, the
+    dense first layers, expert_weights_scale. Read back in transformers' KimiLinearConfig names (layer_types,
+    linear_num_heads, linear_head_dim, linear_conv_kernel_dim, mlp_layer_types, model_max_length, num_experts,
+    num_experts_per_token, num_shared_experts, num_expert_group, moe_renormalize). llama.cpp runs it as
+    src/models/kimi-linear.cpp does, which is transformers' Kimi Linear when:
+
+    - routing is sigmoid with the correction bias (expert_gating_func, which llama.cpp's loader requires;
+      softmax is refused), renormalized (the graph always renormalizes: the release's moe_renormalize) and
+      scaled by expert_weights_scale (required: a file without it would have its routed experts zeroed);
+    - the MLA layers have no rope (transformers' Kimi Linear is NoPE; no rope scaling is read).
+    The converter writes expert_group_used_count from topk_group but no group count (the release names it
+    num_expert_group): one group, as llama.cpp runs it and the release has it."""
+    where = f"{meta.model.path}: a {meta.arch} GGUF of Kimi Linear"
+    gating = meta.get("expert_gating_func")
+    if gating != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; Kimi Linear routes by sigmoid "
+                                           "(llama.cpp's loader requires the key)")
+    if meta.get("expert_weights_scale") is None:
+        raise SourceError(f"{where} without expert_weights_scale; llama.cpp would scale the routed experts by 0")
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    config.pop("rope_theta")
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    kv_heads = meta.get("attention.head_count_kv")
+    if not isinstance(kv_heads, list) or len(kv_heads) != layers or not all(isinstance(k, int) for k in kv_heads):
+        raise SourceError(f"{where} without attention.head_count_kv one a layer (0 on the KDA layers)")
+    rope = meta.int("rope.dimension_count")
+    key_mla = meta.int("attention.key_length_mla")
+    if key_mla <= rope:
+        raise SourceError(f"{where} whose MLA keys ({key_mla}) are no wider than their rope part ({rope})")
+    dense = meta.int("leading_dense_block_count", 0)
+    moe = _expert_layers(meta.model)
+    if moe != list(range(dense, layers)):
+        raise SourceError(f"{where} with routed experts in layers {moe}; leading_dense_block_count says {dense} "
+                          f"dense layers, then experts on each of the {layers}")
+    q_lora = meta.get("attention.q_lora_rank")
+    if (q_lora is None) == _has(meta.model, "attn_q_a.weight") and any(kv_heads):
+        raise SourceError(f"{where} whose attention.q_lora_rank and attn_q_a tensors disagree")
+    model_max_length = config.pop("max_position_embeddings")
+    value_length = meta.get("attention.value_length")  # (the base's, from the release's head_dim)
+    config.update(
+        num_key_value_heads=heads,  # (MLA: every head its own key and value; the file's 1 is llama.cpp's MQA view)
+        model_max_length=model_max_length,
+        layer_types=["full_attention" if k else "linear_attention" for k in kv_heads],
+        linear_num_heads=heads,
+        linear_head_dim=meta.int("kda.head_dim"),
+        linear_conv_kernel_dim=meta.int("ssm.conv_kernel"),
+        kv_lora_rank=meta.int("attention.kv_lora_rank"),
+        q_lora_rank=None if q_lora is None else meta.int("attention.q_lora_rank"),
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=key_mla - rope,
+        qk_head_dim=key_mla,
+        v_head_dim=meta.int("attention.value_length_mla"),
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        num_experts=meta.int("expert_count"),
+        num_experts_per_token=meta.int("expert_used_count"),
+        num_shared_experts=meta.int("expert_shared_count", 0),
+        num_expert_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+        moe_renormalize=True,
+        routed_scaling_factor=meta.float("expert_weights_scale"),
+        mlp_layer_types=["dense" if i < dense else "sparse" for i in range(layers)],
+    )
+    if isinstance(value_length, int):
+        config["head_dim"] = value_length
+    return config

@@ -27,6 +27,7 @@ MISTRAL4 = "mistral4"  # Mistral Small 4's text model: deepseek2's tensors, soft
 GEMMA4 = "gemma4"  # Gemma 4's text model (the 26B-A4B's MoE): sliding and full layers, a dense MLP beside the experts
 MIMO2 = "mimo2"  # Xiaomi MiMo-V2-Flash: full and sliding GQA layers (sinks on the sliding ones), values narrower
 GLM_DSA = "glm-dsa"  # GLM-5's: DeepSeek-V3's model with DeepSeek Sparse Attention's indexer on MLA
+KIMI_LINEAR = "kimi-linear"  # Moonshot's Kimi Linear: Kimi Delta Attention and NoPE MLA layers, DeepSeek-V3's MoE
 MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)

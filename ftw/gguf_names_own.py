@@ -3,7 +3,19 @@ rows in gguf_names.py: each one's whole table (or whole block table) under its o
 
 from __future__ import annotations
 
-from .gguf_names import AFMOE, BAILINGMOE2, DBRX, GEMMA4, JAMBA, LFM2MOE, LLAMA4, NEMOTRON_H_MOE, QWEN35, Row
+from .gguf_names import (
+    AFMOE,
+    BAILINGMOE2,
+    DBRX,
+    GEMMA4,
+    JAMBA,
+    KIMI_LINEAR,
+    LFM2MOE,
+    LLAMA4,
+    NEMOTRON_H_MOE,
+    QWEN35,
+    Row,
+)
 
 # DBRX's whole table under its own names (after "transformer.blocks.N." for block rows): no generic row applies
 DBRX_GLOBAL_ROWS: tuple[Row, ...] = (
@@ -212,4 +224,45 @@ NEMOTRON_H_MOE_BLOCK_ROWS: tuple[Row, ...] = tuple(Row(g, h, (NEMOTRON_H_MOE,)) 
     ("exp_probs_b.bias", "mixer.gate.e_score_correction_bias"),  # sigmoid routing's correction bias [E]
     ("ffn_up_shexp.weight", "mixer.shared_experts.up_proj.weight"),  # relu2 shared MLP, not gated
     ("ffn_down_shexp.weight", "mixer.shared_experts.down_proj.weight"),
+))
+
+
+# Kimi Linear's block table (KimiLinearModel, conversion/kimi_linear.py, as gguf-py's kimi-linear rows name the
+# release's tensors), under the names ft's kimi_linear family keeps (ftw/families.py renames: the forget gate's
+# f_a/f_b, dt_bias and A_log under self_attn.forget_gate., block_sparse_moe as mlp). KDA layers: q/k/v/o and
+# their short convolutions (stored [1, C, 1, K]: UNDONE), the beta and gate projections, A_log as -exp(A_log)
+# (UNDONE), dt_bias renamed dt_proj.bias, the gated output norm. MLA layers: DeepSeek's (kv_b split: KV_B_SPLIT),
+# no q_a when q_lora_rank is null (attn_q). The release's dense first layer is mlp.gate/up/down_proj.
+KIMI_LINEAR_BLOCK_ROWS: tuple[Row, ...] = tuple(Row(g, h, (KIMI_LINEAR,)) for g, h in (
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("attn_q.weight", "self_attn.q_proj.weight"),  # KDA's, or MLA's without the low-rank query
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+    ("ssm_conv1d_q.weight", "self_attn.q_conv1d.weight"),  # [C, 1, K], stored [1, C, 1, K]: UNDONE
+    ("ssm_conv1d_k.weight", "self_attn.k_conv1d.weight"),
+    ("ssm_conv1d_v.weight", "self_attn.v_conv1d.weight"),
+    ("ssm_f_a.weight", "self_attn.forget_gate.f_a_proj.weight"),  # the forget gate's low rank [K, H]
+    ("ssm_f_b.weight", "self_attn.forget_gate.f_b_proj.weight"),
+    ("ssm_a", "self_attn.forget_gate.A_log"),  # [1, 1, heads, 1], stored -exp(A_log): UNDONE
+    ("ssm_dt.bias", "self_attn.forget_gate.dt_bias"),  # (renamed dt_proj.bias by the converter)
+    ("ssm_beta.weight", "self_attn.b_proj.weight"),  # [heads, H]
+    ("ssm_g_a.weight", "self_attn.g_a_proj.weight"),  # the output gate's low rank
+    ("ssm_g_b.weight", "self_attn.g_b_proj.weight"),
+    ("ssm_norm.weight", "self_attn.o_norm.weight"),  # the gated output RMSNorm [head_dim]
+    ("attn_q_a.weight", "self_attn.q_a_proj.weight"),  # MLA
+    ("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"),
+    ("attn_q_b.weight", "self_attn.q_b_proj.weight"),
+    ("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+    ("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"),
+    ("attn_kv_b.weight", "self_attn.kv_b_proj.weight"),  # (files that keep it whole; the converter splits it)
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),  # the dense first layers' MLP
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+    ("ffn_gate_inp.weight", "mlp.gate.weight"),  # router [E, H]
+    ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),  # [E]
+    ("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"),
+    ("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+    ("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"),
 ))

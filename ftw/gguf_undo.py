@@ -90,6 +90,11 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   norm shift: Gemma 4's RMSNorm multiplies by w; NeoX RoPE, as HF); router.scale and per_expert_scale
   kept as tensors (ffn_gate_inp.scale, ffn_down_exps.scale), not folded into weights; layer_scalar as
   layer_output_scale; the proportional RoPE only the rope_freqs tensor (gguf_config_gemma4.py).
+- kimi-linear (Kimi Linear, as KimiLinearModel writes it): the KDA layers' A_log stored as -exp(A_log) (its
+  [1, 1, heads, 1] kept) and the q/k/v short convolutions [C, 1, K] reshaped [1, C, 1, K] (UNDONE; A_log to a
+  rounding, as jamba's), dt_bias renamed dt_proj.bias; the MLA layers' kv_b split as deepseek2's (rebuilt);
+  the experts stacked per layer; nothing permuted (MLA is NoPE, KDA has no rope). head_count_kv one a layer,
+  0 on the KDA layers, 1 on the MLA ones (the converter's MQA view): gguf_config_more.py reads layer_types.
 - HF [1, N] tensors that llama.cpp sizes [N] may be stored either way; they are read [1, N]
   (ROW_VECTORS).
 """
@@ -103,7 +108,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import SourceError
-from .gguf_names import DELTANET, ERNIE, GRANITES, JAMBA, LFM2MOE, MAMBA2_HYBRIDS, QWEN_SHARED_EXPERT
+from .gguf_names import (
+    DELTANET,
+    ERNIE,
+    GRANITES,
+    JAMBA,
+    KIMI_LINEAR,
+    LFM2MOE,
+    MAMBA2_HYBRIDS,
+    QWEN_SHARED_EXPERT,
+)
 
 
 @dataclass(frozen=True)
@@ -139,17 +153,26 @@ def _flat(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (math.prod(shape),)
 
 
+def _kda_conv(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """KimiLinearModel's KDA conv [C, 1, K] stored [1, C, 1, K] (ggml ne [K, 1, C, 1]): back to [C, 1, K]."""
+    if len(shape) < 2:
+        raise SourceError(f"a KDA short convolution of shape {list(shape)}; expected [1, C, 1, K]")
+    return (math.prod(shape[:-1]), 1, shape[-1])
+
+
 # Qwen3NextModel.modify_tensors (Qwen3.5's too): A_log stored as -exp(A_log); the depthwise conv
 # squeezed from [C, 1, K]; every RMSNorm but the DeltaNet's output norm stored as 1 + w (the
 # (1 + w) the model computes). Mamba2Model.modify_tensors (Granite 4.0 hybrid's): A_log as -exp(A_log)
 # and D both unsqueezed to [heads, 1], the conv squeezed, the gated norm [I] reshaped [G, I / G].
-# JambaModel.modify_tensors: A_log as -exp(A_log) (its shape kept), the conv squeezed. NemotronHModel's
+# JambaModel.modify_tensors: A_log as -exp(A_log) (its shape kept), the conv squeezed. KimiLinearModel's:
+# A_log as -exp(A_log) (its [1, 1, heads, 1] kept), the q/k/v convs reshaped [1, C, 1, K]. NemotronHModel's
 # (MoE files): Mamba2Model's, the same four.
 # By GGUF name (after "blk.N." for block rows), one Undo per set of architectures.
 UNDONE: dict[str, tuple[Undo, ...]] = {
-    "ssm_a": (Undo((*DELTANET, JAMBA), lambda a: np.log(-a)),
+    "ssm_a": (Undo((*DELTANET, JAMBA, KIMI_LINEAR), lambda a: np.log(-a)),
               Undo(MAMBA2_HYBRIDS, lambda a: np.log(-a), _flat)),  # Mamba2Model: also unsqueezed to [heads, 1]
     "ssm_conv1d.weight": (Undo((*DELTANET, *MAMBA2_HYBRIDS, JAMBA), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),
+    **{f"ssm_conv1d_{x}.weight": (Undo((KIMI_LINEAR,), lambda w: w, _kda_conv),) for x in "qkv"},
     "ssm_d": (Undo(MAMBA2_HYBRIDS, lambda d: d, _flat),),  # Mamba2Model's [heads, 1]
     "ssm_norm.weight": (Undo(MAMBA2_HYBRIDS, lambda w: w, _flat),),  # Mamba2Model's [groups, I / groups]
     "shortconv.conv.weight": (Undo((LFM2MOE,), lambda w: w, lambda shape: (shape[0], 1, *shape[1:])),),  # LFM2MoeModel's squeeze
