@@ -5,7 +5,8 @@ in one process, on one bank resident in VRAM as a streamed prefill buffer holds 
     python3 benchmarks/bench_grouped_experts.py [--tokens 512,2048] [--experts 128] [--reps 20] [--dtype f8_e4m3]
 
 Default shape: Qwen3-30B-A3B's layer (hidden 2048, 128 experts of 768, top-8, bf16 records; `--dtype`
-f8_e4m3 for the FP8 release's block-scaled records, q4_k for GGUF ones, with Q4_K_M's q6_k down). Each
+f8_e4m3 for the FP8 release's block-scaled records, q4_k for GGUF ones, with Q4_K_M's q6_k down, mxfp4
+for gpt-oss's, with its biases and clamped SwiGLU). Each
 figure is the median over `--reps` calls, synchronized, after a warm-up; the routing is uniformly
 random (every expert gets about tokens x 8 / 128 pairs). Also checks the two agree (bf16 rounding).
 """
@@ -22,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ftw.format import ExpertActivation  # noqa: E402
 from runtime.experts.synthetic import random_bank  # noqa: E402
 from runtime.gpu import records  # noqa: E402
 from runtime.gpu.records import PairPlan, RecordViews, experts_from_records  # noqa: E402
@@ -52,7 +54,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU (the kernel is the device path; the CPU runs the padded runs only)")
     down = "q6_k" if args.dtype == "q4_k" else None
-    bank = random_bank(args.dtype, args.experts, args.hidden, args.inter, num_distinct=8, down_dtype=down)
+    gpt_oss = {"activation": ExpertActivation("swiglu_clamped", 1.702, 7.0), "bias_dtype": "bf16"}  # (its experts)
+    bank = random_bank(args.dtype, args.experts, args.hidden, args.inter, num_distinct=8, down_dtype=down,
+                       **(gpt_oss if args.dtype == "mxfp4" else {}))
     rows = bank.data.cuda()
     views = RecordViews(rows, bank.layout)
     gen = torch.Generator().manual_seed(0)

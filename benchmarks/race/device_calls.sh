@@ -149,7 +149,7 @@ case $CALL in
     # shellcheck disable=SC2086
     timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider ${GPU_TESTS:?the test files} > "$OUT/gpu_tests.log" 2>&1
     echo "rc $?" >> "$OUT/gpu_tests.log"; tail -n 8 "$OUT/gpu_tests.log"
-    for dtype in bf16 f8_e4m3 q4_k; do  # a prompt chunk's experts: the grouped kernels against the padded runs
+    for dtype in bf16 f8_e4m3 q4_k mxfp4; do  # a prompt chunk's experts: the grouped kernels against the padded runs
       timeout 60 python3 benchmarks/bench_grouped_experts.py --dtype $dtype --reps 10 2>&1 | tee -a "$OUT/grouped.log"
     done ;;
   profile)

@@ -22,6 +22,8 @@ from .kernels import triton_module
 from .kernels.grouped_block_experts_ref import BLOCK_KINDS, part_bytes
 from .kernels.grouped_fp8_experts_ref import FP8_KINDS
 from .kernels.grouped_fp8_experts_ref import TILE as FP8_TILE
+from .kernels.grouped_mxfp4_experts_ref import BIAS_KINDS as MXFP4_BIAS_KINDS
+from .kernels.grouped_mxfp4_experts_ref import GATED_ACTS as MXFP4_ACTS
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Up to this many distinct experts (decode) a call gathers their weights and runs every token
@@ -148,6 +150,29 @@ class RecordViews:
                 "up": (w13.offset + inter * hidden, parts["w3_scale"].offset),
                 "down": (w2.offset, parts["w2_scale"].offset), "hidden": hidden, "inter": inter, "kind": w13.dtype,
                 "block": tuple(self.block)}
+
+    def mxfp4_block_parts(self) -> dict | None:
+        """Where an MXFP4 record's weights and biases are, for the grouped kernel that reads `data`
+        itself (kernels/grouped_mxfp4_experts.py): w13 (gate rows, then up) and w2's byte offsets,
+        the biases' (-1 and a bias_kind None without), H, I and the activation with its constants;
+        None unless w13 and w2 are MXFP4, the activation a gated one that kernel computes, and H
+        and I whole 32-value blocks."""
+        parts = {p.name: p for p in self.layout.parts}
+        activation = self.layout.activation
+        if set(parts) - {"w13_bias", "w2_bias"} != {"w13", "w2"} or activation.kind not in MXFP4_ACTS:
+            return None
+        w13, w2 = parts["w13"], parts["w2"]
+        hidden, inter = w2.shape
+        if w13.dtype != "mxfp4" or w2.dtype != "mxfp4" or hidden % 32 or inter % 32:
+            return None
+        biases = (parts.get("w13_bias"), parts.get("w2_bias"))
+        if (biases[0] is None) != (biases[1] is None) or (biases[0] is not None and (
+                biases[0].dtype != biases[1].dtype or biases[0].dtype not in MXFP4_BIAS_KINDS)):
+            return None
+        return {"w13_at": w13.offset, "w2_at": w2.offset, "w13_bias_at": biases[0].offset if biases[0] else -1,
+                "w2_bias_at": biases[1].offset if biases[1] else -1,
+                "bias_kind": biases[0].dtype if biases[0] else None, "hidden": hidden, "inter": inter,
+                "act": activation.kind, "alpha": float(activation.alpha), "limit": float(activation.limit or 0.0)}
 
     def weights(self, rows: torch.Tensor | int | slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H] (or [n, I, H]: ExpertActivation.w13_rows), w2 [n, H, I]) of `rows` (a
@@ -317,10 +342,15 @@ def grouped_kind(views: RecordViews, dtype: torch.dtype) -> str | None:
     """Which grouped kernel module computes a many-expert call over `views` in `dtype` (bf16 or
     f16) on CUDA: "grouped_experts" for float records read in place in the compute dtype,
     "grouped_fp8_experts" for block-scaled FP8 records (RecordViews.fp8_block_parts),
-    "grouped_block_experts" for GGUF records of the types it reads (RecordViews.block_parts);
-    None for the others (f32 records, FP8 without block scales, other GGML types, an activation
-    other than plain silu(gate) * up, biases)."""
-    if dtype not in (torch.bfloat16, torch.float16) or not plain(views.layout.activation) or "w13_bias" in views.parts:
+    "grouped_mxfp4_experts" for MXFP4 records, biases and a clamped SwiGLU included (gpt-oss's:
+    RecordViews.mxfp4_block_parts), "grouped_block_experts" for GGUF records of the types it reads
+    (RecordViews.block_parts); None for the others (f32 records, FP8 without block scales, other
+    GGML types, an activation other than plain silu(gate) * up or biases beside those)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if views.mxfp4_block_parts() is not None:  # (with its biases and activation)
+        return "grouped_mxfp4_experts"
+    if not plain(views.layout.activation) or "w13_bias" in views.parts:
         return None
     if views.in_place(dtype):
         return "grouped_experts"
@@ -341,6 +371,8 @@ def grouped_call(views: RecordViews, dtype: torch.dtype) -> Callable | None:
         return functools.partial(module.grouped_experts, **views.float_parts())
     if kind == "grouped_fp8_experts":
         return functools.partial(module.grouped_fp8_experts, **views.fp8_block_parts())
+    if kind == "grouped_mxfp4_experts":
+        return functools.partial(module.grouped_mxfp4_experts, **views.mxfp4_block_parts())
     return functools.partial(module.grouped_block_experts, **views.block_parts())
 
 
