@@ -41,6 +41,35 @@ def add_base_keys(w: gguf.GGUFWriter, c: dict, *, block_count: int | None = None
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
 
+def add_yarn_keys(w: gguf.GGUFWriter, rope: dict) -> None:
+    """The base converter's YaRN keys from a config's rope parameters (rope_type "yarn")."""
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+
+
+def add_deepseek2_keys(w: gguf.GGUFWriter, c: dict) -> None:
+    """DeepseekV2Model.set_gguf_parameters' MLA and expert keys, kv_b split (the writers of the
+    MLA families it converts: glm-dsa, mistral4)."""
+    w.add_leading_dense_block_count(c["first_k_dense_replace"])
+    w.add_vocab_size(c["vocab_size"])
+    w.add_q_lora_rank(c["q_lora_rank"])
+    w.add_kv_lora_rank(c["kv_lora_rank"])
+    w.add_key_length(c["kv_lora_rank"] + c["qk_rope_head_dim"])  # (over head_dim's, with the writer's warning)
+    w.add_value_length(c["kv_lora_rank"])
+    w.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+    w.add_value_length_mla(c["v_head_dim"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_count(c["n_routed_experts"])
+    w.add_expert_shared_count(c["n_shared_experts"])
+    w.add_expert_weights_scale(c["routed_scaling_factor"])
+    if c["norm_topk_prob"]:
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(c["qk_rope_head_dim"])
+
+
 def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: int = 16, bos: int | None = None,
                      eos: int | None = None, unk: int | None = None, pad: int | None = None) -> None:
     """A byte-level BPE vocabulary `num_pad` tokens shorter than the embedding, padded as

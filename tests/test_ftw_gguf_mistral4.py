@@ -32,7 +32,13 @@ from ftw.errors import UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
 from tests import checkpoints
 from tests.checkpoints import load_all, save_checkpoint
-from tests.gguf_export import add_base_keys, add_padded_vocab, config_differences
+from tests.gguf_export import (
+    add_base_keys,
+    add_deepseek2_keys,
+    add_padded_vocab,
+    add_yarn_keys,
+    config_differences,
+)
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_convert import assert_round_trip
 from tests.test_ftw_gguf_hf import _gguf_name, write_gguf
@@ -60,26 +66,8 @@ def export_mistral4_gguf(src: Path, out: Path, *, temperature: bool = False, log
     if mistral_format:
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)  # (its scoring_func "softmax")
     add_base_keys(w, {**c, "num_key_value_heads": 1})  # (DeepseekV2Model sets 1 before the base's keys)
-    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-    w.add_rope_scaling_factor(rope["factor"])
-    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    w.add_leading_dense_block_count(c["first_k_dense_replace"])  # (DeepseekV2Model's from here)
-    w.add_vocab_size(c["vocab_size"])
-    w.add_q_lora_rank(c["q_lora_rank"])
-    w.add_kv_lora_rank(c["kv_lora_rank"])
-    w.add_key_length(c["kv_lora_rank"] + c["qk_rope_head_dim"])  # (over head_dim's, with the writer's warning)
-    w.add_value_length(c["kv_lora_rank"])
-    w.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
-    w.add_value_length_mla(c["v_head_dim"])
-    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
-    w.add_expert_count(c["n_routed_experts"])
-    w.add_expert_shared_count(c["n_shared_experts"])
-    w.add_expert_weights_scale(c["routed_scaling_factor"])
-    if c["norm_topk_prob"]:
-        w.add_expert_weights_norm(True)
-    w.add_rope_dimension_count(c["qk_rope_head_dim"])
+    add_yarn_keys(w, rope)
+    add_deepseek2_keys(w, c)
     w.add_rope_scaling_yarn_log_mul(log_mul if log_mul is not None else 0.1 * rope["mscale_all_dim"])
     if temperature:
         w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
