@@ -290,9 +290,9 @@ def experts_from_records(x: torch.Tensor, weights: torch.Tensor, plan: PairPlan,
 
     Few distinct experts (decode): gather their weights, one batched matmul for all tokens.
     Many (prefill): on CUDA, float records in the compute dtype, GGUF records (Q4_K, Q5_K, Q6_K,
-    Q8_0 parts, dequantized per tile) and block-scaled FP8 records (widened per tile) go through
-    two grouped-GEMM launches for the whole call (kernels/grouped_experts.py,
-    grouped_block_experts.py, grouped_fp8_experts.py); else runs of record rows, each
+    Q8_0 parts, dequantized per tile), block-scaled FP8 records and MXFP4 ones with their biases
+    and activation (widened per tile) go through two grouped-GEMM launches for the whole call
+    (`grouped_kind` says which kernel); else runs of record rows, each
     expert over its own tokens padded to the run's longest group, bounded as GROUP_PAIRS_PER_ROW
     and COPIED_EXPERTS say.
     """

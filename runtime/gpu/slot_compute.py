@@ -27,7 +27,7 @@ from ftw.reader import torch_dtype_of
 from ..experts.activation import activate, split_rows
 from .kernels import RoutePlan, triton_module
 from .kernels.slot_experts_ref import ACTIVATIONS
-from .records import RecordViews, fp8_parts, swiglu_experts  # noqa: F401 - fp8_parts: tests take it from here
+from .records import RecordViews, fp8_parts, swiglu_experts
 
 BIAS_PARTS = ("w13_bias", "w2_bias")
 

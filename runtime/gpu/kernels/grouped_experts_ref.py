@@ -55,17 +55,21 @@ def grouped_experts_ref(x: torch.Tensor, records: torch.Tensor, *, w13_offset: i
 
 def swiglu_groups(x: torch.Tensor, expert: Callable[[int], tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor,
                   starts: torch.Tensor, counts: torch.Tensor, tokens: torch.Tensor, pair_weights: torch.Tensor,
-                  out: torch.Tensor) -> None:
+                  out: torch.Tensor, *, activation: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                  biases: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
     """The twins' arithmetic, expert by expert: `expert(row)` gives the record's (w13 [2I, H], w2
-    [H, I]) as float32 holding values of the compute dtype (x's)."""
+    [H, I]) as float32 holding values of the compute dtype (x's); `activation(gate, up)` in fp32
+    (None: silu(gate) * up) is rounded to the compute dtype once; `biases(row)`, where the records
+    have them, the float32 (w13 bias [2I], w2 bias [H]) added to the fp32 sums."""
     for row, start, count in zip(rows.tolist(), starts.tolist(), counts.tolist(), strict=True):
         if count == 0:
             continue
         w13, w2 = expert(row)
         inter = w2.shape[1]
         picked = tokens[start: start + count]
-        h = x[picked].float() @ w13.T  # [count, 2I]
+        bias13, bias2 = biases(row) if biases is not None else (0.0, 0.0)
+        h = x[picked].float() @ w13.T + bias13  # [count, 2I]
         gate, up = h[:, :inter], h[:, inter:]
-        act = (gate * torch.sigmoid(gate) * up).to(x.dtype)
-        y = (act.float() @ w2.T) * pair_weights[start: start + count, None].float()
+        act = (gate * torch.sigmoid(gate) * up if activation is None else activation(gate, up)).to(x.dtype)
+        y = (act.float() @ w2.T + bias2) * pair_weights[start: start + count, None].float()
         out.index_add_(0, picked, y)

@@ -1,9 +1,7 @@
 """The torch twin of grouped_mxfp4_experts.py (a prompt chunk's MXFP4 experts, gpt-oss's, as two
 grouped GEMMs with the records' biases and activation): each expert's parts dequantized as gguf-py
-does (runtime/experts/ggml_blocks.py) and rounded to the compute dtype; gate|up in fp32 plus the
-w13 bias, the bank's activation (slot_experts_ref.activation_ref) rounded to the compute dtype
-once, the down product in fp32 plus the w2 bias, times the pair's routing weight, summed into fp32
-outputs. The kernel matches it up to fp32 summation order. It also holds what the kernel and its
+does (runtime/experts/ggml_blocks.py) and rounded to the compute dtype, then grouped_experts_ref's
+arithmetic (swiglu_groups) with the biases and the bank's activation (slot_experts_ref.activation_ref). The kernel matches it up to fp32 summation order. It also holds what the kernel and its
 callers share: the argument checks."""
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import torch
 from ftw.format import BLOCK_DTYPES
 
 from ...experts.ggml_blocks import dequantize_blocks
+from .grouped_experts_ref import swiglu_groups
 from .slot_experts_ref import ACTIVATIONS, activation_ref
 
 BIAS_KINDS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -63,17 +62,14 @@ def grouped_mxfp4_experts_ref(x: torch.Tensor, records: torch.Tensor, *, w13_at:
         raw = records[row: row + 1, at: at + mxfp4_bytes(*shape)]
         return dequantize_blocks(raw, "mxfp4", shape)[0].to(x.dtype).float()
 
-    def bias(row: int, at: int, size: int) -> torch.Tensor:
-        if bias_kind is None:
-            return torch.zeros(size, device=records.device)
-        kind = BIAS_KINDS[bias_kind]
-        return records[row, at: at + size * kind.itemsize].view(kind).float()
+    def expert(row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return weight(row, w13_at, (2 * inter, hidden)), weight(row, w2_at, (hidden, inter))
 
-    for row, start, count in zip(rows.tolist(), starts.tolist(), counts.tolist(), strict=True):
-        if count == 0:
-            continue
-        picked = tokens[start: start + count]
-        h = x[picked].float() @ weight(row, w13_at, (2 * inter, hidden)).T + bias(row, w13_bias_at, 2 * inter)
-        a = activation_ref(h[:, :inter], h[:, inter:], ACTIVATIONS[act], alpha, limit).to(x.dtype).float()
-        y = a @ weight(row, w2_at, (hidden, inter)).T + bias(row, w2_bias_at, hidden)
-        out.index_add_(0, picked, y * pair_weights[start: start + count, None].float())
+    def biases(row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kind = BIAS_KINDS[bias_kind]
+        return tuple(records[row, at: at + size * kind.itemsize].view(kind).float()
+                     for at, size in ((w13_bias_at, 2 * inter), (w2_bias_at, hidden)))
+
+    swiglu_groups(x, expert, rows, starts, counts, tokens, pair_weights, out,
+                  activation=lambda gate, up: activation_ref(gate, up, ACTIVATIONS[act], alpha, limit),
+                  biases=biases if bias_kind is not None else None)
