@@ -77,3 +77,28 @@ def plan_args(plan, weights: torch.Tensor, dtype: torch.dtype, idle_row: int) ->
             "starts": torch.cat([plan.starts[:2], plan.starts[2:3], plan.starts[2:]]),
             "counts": torch.cat([plan.counts[:2], zero, plan.counts[2:]]), "tokens": plan.tokens,
             "pair_weights": weights.reshape(-1)[plan.pairs].to(dtype).float(), "max_count": max(plan.counts_host)}
+
+
+def assert_matches_twin_and_padded_runs(chunk, dtype: torch.dtype, kernel, twin, parts: dict) -> None:
+    """A grouped prefill kernel's check on `chunk` (routed_chunk's records, views, plan, x, weights):
+    the dispatch CUDA takes (records.grouped_call) reaches `kernel`; its output, with an idle expert
+    among the plan's, is `twin`'s (called with the records' `parts`) up to fp32 summation order
+    (1e-4 of max|out|), and the padded runs' of records.experts_from_records within their extra
+    roundings (2% in bf16, 0.5% in f16)."""
+    from runtime.gpu.records import experts_from_records, grouped_call
+
+    records, views, plan, x, weights = chunk
+    assert max(plan.counts_host) > 16 and len(plan.rows_host) == 5
+    call = grouped_call(views, dtype)
+    assert call is not None and call.func is kernel
+    args = plan_args(plan, weights, dtype, idle_row=5)
+    ours = torch.zeros(x.shape, dtype=torch.float32, device=DEVICE)
+    call(x.to(dtype), records, **args, out=ours)
+    expected = torch.zeros_like(ours)
+    twin(x.to(dtype), records, **parts, **args, out=expected)
+    padded = torch.zeros_like(ours)
+    experts_from_records(x, weights, plan, views, dtype, padded)  # (on CPU tensors: the padded runs)
+    scale = expected.abs().max().item()
+    assert torch.isfinite(ours).all() and scale > 0
+    assert (ours - expected).abs().max().item() <= 1e-4 * scale
+    assert (ours - padded).abs().max().item() <= (0.02 if dtype == torch.bfloat16 else 0.005) * scale

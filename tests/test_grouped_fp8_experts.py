@@ -24,11 +24,17 @@ from runtime.gpu.kernels.grouped_fp8_experts_ref import fp8_weight, grouped_fp8_
 from runtime.gpu.records import (
     RecordViews,
     dequantize_fp8,
-    experts_from_records,
     grouped_call,
     grouped_kind,
 )
-from tests.kernels import DEVICE, import_kernel, needs, plan_args, routed_chunk
+from tests.kernels import (
+    DEVICE,
+    assert_matches_twin_and_padded_runs,
+    import_kernel,
+    needs,
+    plan_args,
+    routed_chunk,
+)
 
 grouped_fp8_experts = import_kernel("grouped_fp8_experts", "grouped_fp8_experts")
 needs_triton = needs(grouped_fp8_experts)
@@ -47,22 +53,9 @@ def test_the_kernel_matches_its_twin_and_the_padded_runs(kind: str, hidden: int,
     """Uneven counts (a hot expert over two M tiles, partial tiles), an expert with no pair in the
     plan's lists, a bank row no pair routes to, record rows wider than a record, and sizes that are
     not whole scale blocks (192: a last block of 64)."""
-    num_tokens = 20
-    records, views, plan, x, weights = _setup(kind, hidden, inter, num_tokens)
-    assert max(plan.counts_host) > 16 and len(plan.rows_host) == 5
-    call = grouped_call(views, dtype)
-    assert call is not None and call.func is grouped_fp8_experts
-    args = plan_args(plan, weights, dtype, idle_row=5)
-    ours = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=DEVICE)
-    call(x.to(dtype), records, **args, out=ours)
-    twin = torch.zeros_like(ours)
-    grouped_fp8_experts_ref(x.to(dtype), records, **views.fp8_block_parts(), **args, out=twin)
-    padded = torch.zeros_like(ours)
-    experts_from_records(x, weights, plan, views, dtype, padded)  # (on CPU tensors: the padded runs)
-    scale = twin.abs().max().item()
-    assert torch.isfinite(ours).all() and scale > 0
-    assert (ours - twin).abs().max().item() <= 1e-4 * scale
-    assert (ours - padded).abs().max().item() <= (0.02 if dtype == torch.bfloat16 else 0.005) * scale
+    chunk = _setup(kind, hidden, inter)
+    assert_matches_twin_and_padded_runs(chunk, dtype, grouped_fp8_experts, grouped_fp8_experts_ref,
+                                        chunk[1].fp8_block_parts())
 
 
 @needs_triton

@@ -21,8 +21,15 @@ from ftw.format import ExpertActivation
 from runtime.experts.ggml_blocks import dequantize_blocks
 from runtime.experts.synthetic import random_bank
 from runtime.gpu.kernels.grouped_mxfp4_experts_ref import grouped_mxfp4_experts_ref, mxfp4_bytes
-from runtime.gpu.records import RecordViews, experts_from_records, grouped_call, grouped_kind
-from tests.kernels import DEVICE, import_kernel, needs, plan_args, routed_chunk
+from runtime.gpu.records import RecordViews, grouped_call, grouped_kind
+from tests.kernels import (
+    DEVICE,
+    assert_matches_twin_and_padded_runs,
+    import_kernel,
+    needs,
+    plan_args,
+    routed_chunk,
+)
 
 grouped_mxfp4_experts = import_kernel("grouped_mxfp4_experts", "grouped_mxfp4_experts")
 needs_triton = needs(grouped_mxfp4_experts)
@@ -46,22 +53,9 @@ def test_the_kernel_matches_its_twin_and_the_padded_runs(act: str, bias: str | N
     """gpt-oss's clamped SwiGLU with bf16 biases (H not whole 64-value tiles: 32-value k steps),
     DeepSeek-V4's clamped form with f32 biases, plain SwiGLU without; uneven counts (a hot expert
     over two M tiles), an idle expert in the plan's lists, record rows wider than a record."""
-    num_tokens = 20
-    records, views, plan, x, weights = routed_chunk(_bank(act, hidden, inter, bias), num_tokens)
-    assert max(plan.counts_host) > 16 and len(plan.rows_host) == 5
-    call = grouped_call(views, dtype)
-    assert call is not None and call.func is grouped_mxfp4_experts
-    args = plan_args(plan, weights, dtype, idle_row=5)
-    ours = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=DEVICE)
-    call(x.to(dtype), records, **args, out=ours)
-    twin = torch.zeros_like(ours)
-    grouped_mxfp4_experts_ref(x.to(dtype), records, **views.mxfp4_block_parts(), **args, out=twin)
-    padded = torch.zeros_like(ours)
-    experts_from_records(x, weights, plan, views, dtype, padded)  # (on CPU tensors: the padded runs)
-    scale = twin.abs().max().item()
-    assert torch.isfinite(ours).all() and scale > 0
-    assert (ours - twin).abs().max().item() <= 1e-4 * scale
-    assert (ours - padded).abs().max().item() <= (0.02 if dtype == torch.bfloat16 else 0.005) * scale
+    chunk = routed_chunk(_bank(act, hidden, inter, bias))
+    assert_matches_twin_and_padded_runs(chunk, dtype, grouped_mxfp4_experts, grouped_mxfp4_experts_ref,
+                                        chunk[1].mxfp4_block_parts())
 
 
 @needs_triton
