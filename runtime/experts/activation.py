@@ -3,8 +3,9 @@
 A bank's layout names its experts' activation (`ExpertBank.activation`, written by the converter
 from the family's config). The compiled CPU kernel computes every kind (its `Act`, in
 csrc/moe_cpu.cpp), as does the GPU slot kernel (runtime/gpu/kernels/slot_experts.py, its ACT
-codes); the Triton grouped-GEMM kernels compute plain "swiglu" only (`plain`), and the device
-paths route other banks to their torch forms here.
+codes); the Triton grouped-GEMM prefill kernels compute plain "swiglu" (`plain`), the MXFP4 one
+also the clamped forms with biases (gpt-oss's), and the device paths route other banks to their
+torch forms here.
 
 A kind that is not gated ("relu2", Nemotron-H's) has one projection before down: its records'
 w13 holds the up rows alone ([I, H], not [2I, H]), so `split_rows` gives no gate and `activate`
