@@ -274,8 +274,7 @@ class PairPlan:
         rows = rows[pairs]
         order = torch.argsort(rows, stable=True)
         pairs, rows = pairs[order], rows[order]
-        unique, counts = torch.unique_consecutive(rows, return_counts=True)
-        inverse = torch.repeat_interleave(torch.arange(unique.numel(), device=rows.device), counts)
+        unique, inverse, counts = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
         position = torch.arange(pairs.numel(), device=rows.device) - starts[inverse]
         p, n = pairs.numel(), unique.numel()
