@@ -343,7 +343,7 @@ class CachePrefill:
         chunk = prompt_chunk()
         if chunk is None or chunk.first:  # the clock moves once a layer, however many chunks its prompt comes in
             cache.advance()
-        experts = torch.unique(ids).tolist()
+        experts = np.unique(ids.numpy()).tolist()  # (numpy: PairPlan.build says why)
         slots = cache.lookup([cache.key(layer, e) for e in experts])
         ready = {e: s for e, s in zip(experts, slots, strict=True) if s >= 0}  # computed from their slots as they are
         cache.touch(list(ready.values()))
@@ -359,10 +359,10 @@ class CachePrefill:
                     raise RuntimeError(f"layer {layer}: the expert cache has no slot to fill (all pinned)")
                 pending = pending[len(batch):]
                 ready.update(zip(batch, self._fill(layer, batch, protect), strict=True))
-            # planned on the host (device="cpu": inside DeviceModel torch's default device is the
-            # GPU, where the plan's nonzero, unique and lists would each wait for the device)
-            row_of = torch.full((bank.num_experts,), -1, dtype=torch.int64, device="cpu")
-            row_of[list(ready)] = torch.tensor(list(ready.values()), dtype=torch.int64, device="cpu")
+            # planned on the host in numpy (inside DeviceModel torch's default device is the GPU,
+            # where the plan's nonzero, unique and lists would each wait for the device)
+            row_of = np.full(bank.num_experts, -1, dtype=np.int64)
+            row_of[list(ready)] = list(ready.values())
             plan = PairPlan.build(ids, row_of, self.streams.upload)
             if plan is not None:
                 experts_from_records(x, weights, plan, views, self.dtype, out)

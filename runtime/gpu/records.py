@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ftw import ExpertBank
@@ -258,27 +259,35 @@ class PairPlan:
                                           output_size=rows.numel())
         starts = torch.cumsum(counts, 0) - counts
         position = torch.arange(rows.numel(), device=rows.device) - starts[inverse]
-        host_rows, host_counts = torch.unique(host_ids.reshape(-1).to(torch.int64), return_counts=True)
+        host_rows, host_counts = np.unique(host_ids.reshape(-1).numpy(), return_counts=True)
         return PairPlan(pairs, pairs // top_k, inverse, position, unique, starts, counts, host_rows.tolist(),
                         host_counts.tolist())
 
     @staticmethod
-    def build(expert_ids: torch.Tensor, row_of: torch.Tensor, upload: Callable[[torch.Tensor], torch.Tensor]) -> PairPlan | None:
+    def build(expert_ids: torch.Tensor, row_of: np.ndarray | torch.Tensor, upload: Callable[[torch.Tensor], torch.Tensor]) -> PairPlan | None:
         """Pairs whose expert e has row_of[e] >= 0 (a slot, or a row of a streamed bank);
-        `expert_ids` [T, K] and `row_of` [E] int64 on the host. None when there are none."""
+        `expert_ids` [T, K] and `row_of` [E] int64 on the host. None when there are none.
+
+        Planned in numpy: a few thousand ints, where torch's host ops would each enter its
+        intra-op thread pool (repeat_interleave does at any size) and wait there for its threads:
+        0.45-0.8 ms a call on the GPU host, in each of a 512-token prompt's ~480 rounds at
+        -ncmoe 16's budget (BENCHMARKS.md, 2026-12-07)."""
         top_k = expert_ids.shape[1]
-        rows = row_of[expert_ids.reshape(-1)]
-        pairs = torch.nonzero(rows >= 0).flatten()
-        if pairs.numel() == 0:
+        rows = np.asarray(row_of)[expert_ids.reshape(-1).numpy()]
+        pairs = np.flatnonzero(rows >= 0)
+        if pairs.size == 0:
             return None
         rows = rows[pairs]
-        order = torch.argsort(rows, stable=True)
+        order = np.argsort(rows, kind="stable")
         pairs, rows = pairs[order], rows[order]
-        unique, inverse, counts = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
-        starts = torch.cumsum(counts, 0) - counts
-        position = torch.arange(pairs.numel(), device=rows.device) - starts[inverse]
-        p, n = pairs.numel(), unique.numel()
-        packed = upload(torch.cat([pairs, pairs // top_k, inverse, position, unique, starts, counts]))
+        firsts = np.flatnonzero(np.diff(rows, prepend=-1))  # each row's first sorted pair
+        counts = np.diff(firsts, append=rows.size)
+        inverse = np.repeat(np.arange(firsts.size), counts)
+        position = np.arange(pairs.size) - firsts[inverse]
+        unique = rows[firsts]
+        p, n = pairs.size, unique.size
+        packed = upload(torch.from_numpy(np.concatenate([pairs, pairs // top_k, inverse, position, unique, firsts,
+                                                         counts]).astype(np.int64)))
         return PairPlan(*packed[: 4 * p].view(4, p), *packed[4 * p:].view(3, n), unique.tolist(), counts.tolist())
 
 
