@@ -17,6 +17,8 @@ llama.cpp's -ncmoe 16 (its 1,451 MiB less ft's CUDA context, 621):
 from __future__ import annotations
 
 import argparse
+import gzip
+import shutil
 import statistics
 import sys
 import time
@@ -70,6 +72,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed prompts before the profiled one")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    parser.add_argument("--trace", type=Path,
+                        help="also write the profiled prompt's timeline here (Chrome trace, gzipped, with Python "
+                             "stacks: where the host's time between the device's kernels goes; chrome://tracing "
+                             "or ui.perfetto.dev); the host ops then count Python functions too, by their own time)")
     args = parser.parse_args()
 
     from ftpull.run import load_for_chat
@@ -100,8 +106,10 @@ def main() -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.profile(activities=activities, with_stack=args.trace is not None) as prof:
             profiled_s = prompt()
+        if args.trace is not None:
+            _write_trace(prof, args.trace)
         syncs = _implicit_syncs(prompt) if device.type == "cuda" else {}
     events = prof.key_averages()
     report = {
@@ -118,6 +126,15 @@ def main() -> None:
         "host_ops": _top(events, "self_cpu_time_total", 1, args.top),
     }
     show(report, "prompt", args.out)
+
+
+def _write_trace(prof: torch.profiler.profile, path: Path) -> None:
+    """The profile's Chrome trace, gzipped (a 512-token prompt's is tens of MB as text)."""
+    raw = path.with_name(path.name + ".json.tmp")
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@
 #            with OpenMP's threads sleeping between calls as by default, and spinning
 #            (OMP_WAIT_POLICY=active), side by side (~2 min)
 #   prompts  a cold machine's profiles of a 512-token Q4_K_M prompt at -ncmoe 16's budget (also at
-#            .clean/ftold.tar.gz's commit where carried) and at 1 GiB, LAYERS=4 (~4 min; no llama-bench)
+#            .clean/ftold.tar.gz's commit where carried; this commit's timeline too, p_q4_trace.json.gz)
+#            and at 1 GiB, LAYERS=4 (~4 min; no llama-bench)
 #   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
@@ -218,7 +219,8 @@ case $CALL in
     q4=local/$SHAPE-${layers}l-q4_k_m
     PROFILE=(python3 benchmarks/profile_prompt.py --store /tmp/race/ft --threads 8 --tokens 512 --model "$q4")
     budget=${BUDGET_GIB:-0.66}
-    timeout 60 "${PROFILE[@]}" --vram-gib "$budget" --out "$OUT/p_q4.json" > "$OUT/p_q4.log" 2>&1
+    timeout 90 "${PROFILE[@]}" --vram-gib "$budget" --out "$OUT/p_q4.json" --trace "$OUT/p_q4_trace.json.gz" \
+      > "$OUT/p_q4.log" 2>&1
     if [ -f "$OLDPWD/.clean/ftold.tar.gz" ]; then  # the same at another commit, side by side
       mkdir -p /tmp/ftold && tar xzf "$OLDPWD/.clean/ftold.tar.gz" -C /tmp/ftold
       (cd /tmp/ftold && PYTHONPATH=/tmp/site:/tmp/ftold timeout 60 "${PROFILE[@]}" --vram-gib "$budget" \
