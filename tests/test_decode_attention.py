@@ -93,3 +93,24 @@ def test_what_the_kernel_takes() -> None:
         assert not supports(q.half(), k, v)  # mixed dtypes
         assert not supports(torch.zeros(1, 40, 32, device="cuda"), k, v)  # 20 query heads a key head
         assert not supports(torch.cat([q, q]), k, v)  # two tokens
+
+
+@needs(decode_attention)
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="counts compiled kernels: CUDA only")
+def test_one_compilation_serves_every_span() -> None:
+    """A captured step's span is a power of two of the conversation's length (decode_span): its
+    splits and their keys are numbers, not constexprs, so a conversation that grows past 8k, 16k,
+    32k tokens compiles nothing on the way (each compile stalled a turn by seconds)."""
+    partial = import_kernel("decode_attention", "_partial_kernel")
+    merge = import_kernel("decode_attention", "_merge_kernel")
+    q, k, v = _case(40960, 8, 2, 64, 64, torch.bfloat16, seed=3)
+    q, k, v = q.cuda(), k.cuda(), v.cuda()
+    for span in (256, 4096, 16384, 32768, 40960):
+        position = span - 7
+        visible = torch.tensor([position], dtype=torch.int64, device="cuda")
+        out = decode_attention(q, k[:span], v[:span], 0.125, visible)
+        exact = _exact(q.cpu(), k[:span].cpu(), v[:span].cpu(), 0.125, position)
+        torch.testing.assert_close(out.double().cpu(), exact, rtol=2e-2, atol=2e-2)
+    device = torch.cuda.current_device()
+    assert len(partial.device_caches[device][0]) == 1 and len(merge.device_caches[device][0]) == 1

@@ -26,19 +26,24 @@ MAX_HEAD_DIM = 256
 BLOCK_L = 16  # keys a loop step reads
 KEYS_PER_SPLIT = 64  # at least; more where the span would need more than MAX_SPLITS
 MAX_SPLITS = 128
+# The span sets the splits and their keys, both passed as numbers: were either a constexpr, each
+# new span (a power of two, device_model.decode_span) would compile the kernels again, seconds
+# on the first step past 8k, 16k, 32k... tokens of a conversation (the GPU agent replay of
+# 2026-12-07: those turns decoded at 13-16 tok/s, the others at 83-110)
+MERGE_SPLITS = triton.next_power_of_2(MAX_SPLITS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk_keys"])  # (one compilation for every span: MERGE_SPLITS)
 def _partial_kernel(q_ptr, k_ptr, v_ptr, visible_ptr, m_ptr, l_ptr, acc_ptr, stride_qh, stride_kl, stride_kh,
-                    stride_vl, stride_vh, scale, window, chunk, CHUNK_KEYS: tl.constexpr, GROUP: tl.constexpr,
+                    stride_vl, stride_vh, scale, window, chunk, chunk_keys, GROUP: tl.constexpr,
                     GP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
                     BLOCK: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
     splits = tl.num_programs(1)
     pos = tl.load(visible_ptr).to(tl.int32)
-    lo = s * CHUNK_KEYS
-    hi = tl.minimum(lo + CHUNK_KEYS, pos + 1)
+    lo = s * chunk_keys
+    hi = tl.minimum(lo + chunk_keys, pos + 1)
     first = pos * 0
     if window > 0:  # (sliding_causal_attention: keys after pos - window)
         first = tl.maximum(first, pos - window + 1)
@@ -59,8 +64,10 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, visible_ptr, m_ptr, l_ptr, acc_ptr, str
     m = tl.full((GP,), float("-inf"), dtype=tl.float32)
     total = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, BDV), dtype=tl.float32)
-    for step in range(0, CHUNK_KEYS // BLOCK):  # (a fixed count: the split's blocks outside [lo, hi) add nothing)
-        keys = s * CHUNK_KEYS + step * BLOCK + tl.arange(0, BLOCK)
+    start = 0
+    while start < chunk_keys:  # (a number, not a constexpr: a while, which Triton's interpreter runs too; the
+        # split's blocks outside [lo, hi) add nothing)
+        keys = s * chunk_keys + start + tl.arange(0, BLOCK)
         live = (keys >= lo) & (keys < hi)
         k = tl.load(k_ptr + keys[:, None].to(tl.int64) * stride_kl + h * stride_kh + d[None, :],
                     mask=live[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)  # [BLOCK, BD]
@@ -71,16 +78,21 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, visible_ptr, m_ptr, l_ptr, acc_ptr, str
         alpha = tl.exp(m - shift)
         p = tl.exp(scores - shift[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + keys[:, None].to(tl.int64) * stride_vl + h * stride_vh + dv[None, :],
-                    mask=live[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)  # [BLOCK, BDV]
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        # the values transposed, [BDV, BLOCK], and the sum over the last axis: Triton rewrites
+        # sum(p[:, :, None] * v[None, :, :], axis=1) as a tl.dot in TF32 (its
+        # CombineBroadcastMulReducePattern, where every side is >= 16: 12 query heads a key head
+        # were off by 1e-3 on the H100)
+        vt = tl.load(v_ptr + keys[None, :].to(tl.int64) * stride_vl + h * stride_vh + dv[:, None],
+                     mask=live[None, :] & (dv < DV)[:, None], other=0.0).to(tl.float32)  # [BDV, BLOCK]
+        acc = acc * alpha[:, None] + tl.sum(p[:, None, :] * vt[None, :, :], axis=2)
         m = m_new
+        start += BLOCK
     tl.store(m_ptr + row, m)
     tl.store(l_ptr + row, total)
     tl.store(acc_ptr + row[:, None] * BDV + dv[None, :], acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])  # (4 splits or 64 would compile twice: Triton specializes multiples of 16)
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, splits, stride_oh, GROUP: tl.constexpr, GP: tl.constexpr,
                   DV: tl.constexpr, BDV: tl.constexpr, BS: tl.constexpr):
     head = tl.program_id(0)
@@ -125,10 +137,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     total = torch.empty_like(m)
     acc = torch.empty(kv_heads * splits * gp, bdv, dtype=torch.float32, device=q.device)
     _partial_kernel[(kv_heads, splits)](q, k, v, visible, m, total, acc, q.stride(1), k.stride(0), k.stride(1),
-                                        v.stride(0), v.stride(1), scale, window, chunk, CHUNK_KEYS=chunk_keys, GROUP=group,
+                                        v.stride(0), v.stride(1), scale, window, chunk, chunk_keys, GROUP=group,
                                         GP=gp, D=dim, BD=bd, DV=dim_v, BDV=bdv, BLOCK=BLOCK_L,
                                         num_warps=4 if gp * bd <= 1024 else 8)
     out = torch.empty(1, heads, dim_v, dtype=v.dtype, device=q.device)
     _merge_kernel[(heads,)](m, total, acc, out, splits, out.stride(1), GROUP=group, GP=gp, DV=dim_v, BDV=bdv,
-                            BS=max(2, triton.next_power_of_2(splits)), num_warps=4)
+                            BS=MERGE_SPLITS, num_warps=4)
     return out
