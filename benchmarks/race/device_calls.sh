@@ -24,6 +24,9 @@
 #   replay   a cold machine's agent replay (benchmarks/agent_replay.py, issue 23) against `ft serve` on
 #            the Q4_K_M race file at VRAM_GIB (4) with two sessions, through the real anthropic
 #            client (carry .whl2 too; ~7 min; no llama-bench)
+#   cpuside  a cold machine's look at auto's CPU side (benchmarks/bench_profile.py: the bandwidth
+#            profile's raw points at 4, 8 and 12 threads with the CPU facts, the kernel alone, the
+#            hand-off with a CPU expert a layer; ~4 min, no model file)
 #   handoff  a cold machine's bench_handoff.py (the CPU share's fixed cost a layer call, no model file)
 #            with OpenMP's threads sleeping between calls as by default, and spinning
 #            (OMP_WAIT_POLICY=active), side by side (~2 min)
@@ -37,7 +40,7 @@
 # SETTINGS and QUANT (quick: e.g. SETTINGS=8 QUANT=Q4_K_M), GPU_TESTS (quick: test files run whole on
 # CUDA first, beside the build and the pull).
 set -u
-CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts, replay or handoff}
+CALL=${1:?setup, race8, race6, quant, long, quick, tests, kernels, profile, prompts, replay, handoff or cpuside}
 OUT=${OUT:-/tmp/race-out}
 mkdir -p "$OUT" /tmp/ft
 if [ ! -f /tmp/ft/.unpacked ]; then
@@ -182,6 +185,18 @@ case $CALL in
       echo "rc $?" >> "$OUT/handoff_$policy.log"
     done
     tail -n 12 "$OUT"/handoff_*.log ;;
+  cpuside)
+    # why auto's CPU side is slow in the live runtime (the race's profile: CPU 22.9 GB/s alone and
+    # 0.11 of it beside the PCIe fills, where bench_cpu_experts streams 71.7 at 8 threads): the
+    # machine's CPU facts (affinity, cgroup quota), the profile's raw points at 4, 8 and 12
+    # threads, the kernel alone at the same threads, the hand-off with one CPU expert a layer
+    timeout 240 python3 benchmarks/bench_profile.py --threads 4,8,12 --dtypes q4_k/q6_k,bf16 --slots 9 \
+      > "$OUT/profile_points.log" 2>&1
+    echo "rc $?" >> "$OUT/profile_points.log"
+    timeout 150 python3 benchmarks/bench_cpu_experts.py --threads 4,8,12 --dtypes q4_k/q6_k,bf16 --no-reference \
+      --reps 10 > "$OUT/cpu_experts.log" 2>&1
+    timeout 100 python3 benchmarks/bench_handoff.py 16 8 200 > "$OUT/handoff.log" 2>&1
+    cat "$OUT/profile_points.log"; tail -n 12 "$OUT/cpu_experts.log" "$OUT/handoff.log" ;;
   replay)
     # coding-agent sessions through `ft serve` (benchmarks/agent_replay.py): the race file's
     # tokenizer makes about a token a byte of its filler words, so the workload is sized to the

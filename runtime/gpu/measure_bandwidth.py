@@ -101,9 +101,13 @@ def measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.de
         finally:
             ex.close()
 
-    pcie_fixed, pcie_per = _fit(*timed("offload", n, (1, 0), (n, 0)), n)
-    cpu_fixed, cpu_per = _fit(*timed("cpu", 0, (0, 1), (0, n)), n)
+    pcie_points = timed("offload", n, (1, 0), (n, 0))
+    cpu_points = timed("cpu", 0, (0, 1), (0, n))
     (together,) = timed("auto", n, (n, n))
+    log.debug("bandwidth points, ms a call: PCIe 1 / %d misses %.3f / %.3f, CPU %.3f / %.3f, both %d + %d %.3f",
+              n, *pcie_points, *cpu_points, n, n, together)
+    pcie_fixed, pcie_per = _fit(*pcie_points, n)
+    cpu_fixed, cpu_per = _fit(*cpu_points, n)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the measurement's slots back to the driver, not kept beside the cache
     # together = max(pcie_fixed + n * pcie_per / f, cpu_fixed + n * cpu_per / f): the slowdown f beside
