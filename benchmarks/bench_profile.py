@@ -8,11 +8,13 @@ Also the machine's CPU facts that bear on it: the cores this process may use, th
 quota, the CPU model (a quota below the threads the runtime starts throttles them all).
 
     PYTHONPATH=. python benchmarks/bench_profile.py --threads 4,8 --dtypes q4_k/q6_k,bf16 --slots 9,16
+    PYTHONPATH=. python benchmarks/bench_profile.py --threads 8 --torch-threads 8,1   # torch's own team's share
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import platform
@@ -47,6 +49,9 @@ def main() -> None:
     parser.add_argument("--dtypes", default="q4_k/q6_k", help="expert dtypes (a/b: gate and up a, down b)")
     parser.add_argument("--slots", default="9,16", help="the cache's slots (at most n misses a side)")
     parser.add_argument("--seconds", type=float, default=0.4, help="per measured point")
+    parser.add_argument("--torch-threads", default="",
+                        help="torch's own intra-op threads, comma separated (each measured; default: as started): "
+                             "the launching thread's team, beside the CPU kernel's")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("runtime.gpu.measure_bandwidth").setLevel(logging.DEBUG)
@@ -58,13 +63,15 @@ def main() -> None:
         bank = random_bank(dtype, 128, 2048, 768, layer=0, seed=0, num_distinct=8, down_dtype=down or None)
         if device.type == "cuda":
             HostPinner().pin_banks({0: bank})
-        for threads in (int(t) for t in args.threads.split(",")):
+        for threads, slots, torch_threads in itertools.product(
+                [int(t) for t in args.threads.split(",")], [int(s) for s in args.slots.split(",")],
+                [int(t) for t in args.torch_threads.split(",")] if args.torch_threads else [torch.get_num_threads()]):
+            torch.set_num_threads(torch_threads)
             cpu = CPUExpertExecutor({0: bank}, torch.bfloat16, threads=threads)
-            for slots in (int(s) for s in args.slots.split(",")):
-                p = measure(bank, cpu, device, cpu_threads=threads, max_slots=slots, seconds=args.seconds)
-                print(f"{spec} {threads} threads, {slots} slots: PCIe {p.pcie_alone_gbps:.1f} GB/s alone, "
-                      f"{p.pcie_gbps:.1f} beside, +{p.pcie_fixed_ms:.3f} ms; CPU {p.cpu_alone_gbps:.1f} alone, "
-                      f"{p.cpu_gbps:.1f} beside, +{p.cpu_fixed_ms:.3f} ms", flush=True)
+            p = measure(bank, cpu, device, cpu_threads=threads, max_slots=slots, seconds=args.seconds)
+            print(f"{spec} {threads} threads (torch {torch_threads}), {slots} slots: "
+                  f"PCIe {p.pcie_alone_gbps:.1f} GB/s alone, {p.pcie_gbps:.1f} beside, +{p.pcie_fixed_ms:.3f} ms; "
+                  f"CPU {p.cpu_alone_gbps:.1f} alone, {p.cpu_gbps:.1f} beside, +{p.cpu_fixed_ms:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ case $CALL in
     # 0.11 of it beside the PCIe fills, where bench_cpu_experts streams 71.7 at 8 threads): the
     # machine's CPU facts (affinity, cgroup quota), the profile's raw points at 4, 8 and 12
     # threads, the kernel alone at the same threads, the hand-off with one CPU expert a layer
-    timeout 240 python3 benchmarks/bench_profile.py --threads 4,8,12 --dtypes q4_k/q6_k,bf16 --slots 9 \
+    timeout 240 python3 benchmarks/bench_profile.py --threads 4,8,12 --torch-threads 8,1 --dtypes q4_k/q6_k --slots 9 \
       > "$OUT/profile_points.log" 2>&1
     echo "rc $?" >> "$OUT/profile_points.log"
     timeout 150 python3 benchmarks/bench_cpu_experts.py --threads 4,8,12 --dtypes q4_k/q6_k,bf16 --no-reference \
