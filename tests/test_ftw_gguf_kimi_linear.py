@@ -28,6 +28,7 @@ from gguf.constants import MODEL_ARCH
 from ftw import FTWReader, convert_checkpoint
 from ftw.errors import SourceError, UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
+from runtime.loading.family_tensors import check_family_tensors
 from tests import checkpoints
 from tests.checkpoints import load_all, save_checkpoint
 from tests.gguf_export import add_padded_vocab, config_differences
@@ -43,7 +44,8 @@ ARCH = gguf.MODEL_ARCH_NAMES[MODEL_ARCH.KIMI_LINEAR]
 def export_kimi_linear_gguf(src: Path, out: Path, *, gating: gguf.ExpertGatingFuncType | None =
                             gguf.ExpertGatingFuncType.SIGMOID, scale: bool = True, drop: str | None = None) -> Path:
     """The file KimiLinearModel writes from the release config the checkpoint stands for; `gating` the
-    expert_gating_func (None: no key), without `scale` no expert_weights_scale, `drop` a kv_b half left out."""
+    expert_gating_func (None: no key), without `scale` no expert_weights_scale, `drop` a tensor (a kv_b half
+    among them) left out."""
     c = json.loads((src / "config.json").read_text())
     layers = c["num_hidden_layers"]
     full = [t == "full_attention" for t in c["layer_types"]]
@@ -110,7 +112,8 @@ def export_kimi_linear_gguf(src: Path, out: Path, *, gating: gguf.ExpertGatingFu
                 if gname != drop:
                     w.add_tensor(gname, data.contiguous().numpy())
             continue
-        w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
+        if _gguf_name(maps, name) != drop:
+            w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
     for (_, merged), by_expert in sorted(experts.items()):
         stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
         w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
@@ -182,3 +185,16 @@ def test_kimi_linear_gguf_refusals(tmp_path: Path) -> None:
         convert_gguf(export_kimi_linear_gguf(src, tmp_path / "scale.gguf", scale=False), tmp_path / "c")
     with pytest.raises(SourceError, match=r"layer 1 has \['v_b'\] of attn_k_b/attn_v_b, needs both"):
         convert_gguf(export_kimi_linear_gguf(src, tmp_path / "drop.gguf", drop="blk.1.attn_k_b.weight"), tmp_path / "d")
+
+
+def test_kimi_linear_gguf_missing_a_kda_tensor_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The converter's shape checks know the tensors every family shares; a KDA layer's own (its beta
+    projection here) only the kimi_linear runtime names: `ft pull` passes its build over shape-only
+    tensors (runtime/loading/family_tensors.py) as the converter's family check, which refuses the file by
+    the tensor's name before a byte is written."""
+    src = save_checkpoint("kimi_linear", tmp_path / "hf")
+    path = export_kimi_linear_gguf(src, tmp_path / "nobeta.gguf", drop="blk.0.ssm_beta.weight")
+    with pytest.raises(SourceError, match=r"no tensor 'model\.layers\.0\.self_attn\.b_proj\.weight', which the "
+                                          "kimi_linear runtime reads"):
+        convert_gguf(path, tmp_path / "ftw", family_check=check_family_tensors)
+    assert not (tmp_path / "ftw").exists() or not any((tmp_path / "ftw").iterdir())
