@@ -345,7 +345,7 @@ class _Converter:
                 data, dtype = of_expert(t, e), t.dtype
                 if transposed:
                     m = torch.from_numpy(data).view(TORCH_DTYPES[t.dtype]).view(rows, cols)
-                    data = m.t().contiguous().view(torch.uint8).numpy()
+                    data = m.t().contiguous().flatten().view(torch.uint8).numpy()  # (flat: a one-row expert's [H, 1])
             return (_gate_rows_first(data, 2 * inter) if interleaved and proj == "gate_up_proj" else data), dtype
 
         def bias(key: str, e: int) -> tuple[np.ndarray, str]:

@@ -407,6 +407,11 @@ FAMILIES: dict[str, Family] = {
                 (r"\.post_ffn_norm\.", ".post_mlp_layernorm."))),
         ),
         Family("beam", ("beam",), ("num_experts",), readers.beam_layers),  # (no shared experts; the experts as Qwen's)
+        Family(  # (one-neuron silu experts from the MLP's two embeddings, renamed a non-gated bank; its MoE models only)
+            "doge", ("doge",), ("num_experts",), readers.all_layers, config_view=readers.doge_view,
+            expert_activation=readers.one_activation("doge", "hidden_act", "silu", "silu"),
+            dense_reason=readers.doge_dense_reason, fused_experts_transposed=False, renames=readers.DOGE_NAMES,
+        ),
         Family(  # (relu2 experts, not gated, fused [E, in, out] either way; the release's names renamed, its router
             # and shared expert transposed, as transformers' conversion_mapping does)
             "ergo", ("ergo",), ("num_experts",), readers.ergo_layers, num_shared_experts=lambda c: 1,

@@ -475,6 +475,22 @@ def nemotron_h_moe_layers(c: dict[str, Any]) -> list[int]:
     return [i for i, kind in enumerate(nemotron_h_layer_types(c)) if kind == "moe"]
 
 
+def doge_dense_reason(c: dict[str, Any]) -> str | None:
+    return None if c.get("is_moe") else "is_moe is off: a dense Doge (its MLP has no experts)"
+
+
+def doge_view(c: dict[str, Any]) -> dict[str, Any]:
+    """Doge's retrieval experts are one neuron each (DogeCDMoE's down_embed and up_embed rows)."""
+    return {"moe_intermediate_size": 1}
+
+
+# Doge's experts as a bank of one-row experts, not gated: down_embed [E, H] is each expert's input row
+# (w13, up_proj [E, 1, H]), up_embed [E, H] its output column (w2, down_proj [E, H, 1]), the same bytes
+DOGE_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"\.mlp\.down_embed\.weight$", ".mlp.experts.up_proj"),
+    (r"\.mlp\.up_embed\.weight$", ".mlp.experts.down_proj")))
+
+
 def nemotron_h_dense_reason(c: dict[str, Any]) -> str | None:
     if "moe" in nemotron_h_layer_types(c):
         return None

@@ -129,10 +129,11 @@ class ExpertPart:
 # family but gpt-oss and DeepSeek-V4; gpt-oss's clamped variant (transformers' GptOssExperts._apply_gate);
 # DeepSeek-V4's SwiGLU of clamped inputs (DeepseekV4Experts._apply_gate); Gemma 4's GELU-gated
 # experts (gelu_pytorch_tanh, Gemma4TextExperts); Nemotron-H's experts, not gated: relu(up)^2
-# (NemotronHExperts, mlp_hidden_act relu2), whose records hold only the up rows in w13
-ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited", "geglu_tanh", "relu2")
+# (NemotronHExperts, mlp_hidden_act relu2), whose records hold only the up rows in w13; Doge's
+# retrieval experts, not gated either: silu(up) (DogeCDMoE, one row each: down_embed)
+ACTIVATION_KINDS = ("swiglu", "swiglu_clamped", "swiglu_limited", "geglu_tanh", "relu2", "silu")
 CLAMPED_KINDS = ("swiglu_clamped", "swiglu_limited")  # the kinds that need a `limit`
-UNGATED_KINDS = ("relu2",)  # one projection before down: w13 is [I, H] (up), w13_bias [I]
+UNGATED_KINDS = ("relu2", "silu")  # one projection before down: w13 is [I, H] (up), w13_bias [I]
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,8 @@ class ExpertActivation:
     [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1). "swiglu_limited" (DeepSeek-V4's
     `swiglu_limit`): the same clamps, then silu(gate) * up. "geglu_tanh" (Gemma 4): gelu(gate) * up,
     GELU's tanh approximation. "relu2" (Nemotron-H): not gated, relu(up)^2, w13 holding the up
-    rows alone (I of them, `gated` false). A bank without an `activation` in its index has plain
-    SwiGLU."""
+    rows alone (I of them, `gated` false); "silu" (Doge) likewise not gated: silu(up). A bank
+    without an `activation` in its index has plain SwiGLU."""
 
     kind: str = "swiglu"
     alpha: float = 1.0

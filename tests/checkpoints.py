@@ -244,6 +244,14 @@ FAMILY_CONFIGS: dict[str, dict] = {
         global_attention_scale=1.5, initializer_range=0.1, rms_norm_eps=0.01,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     ),
+    # Doge's CDMoE: 64 one-neuron experts chosen by product keys (8 x 8, top 4) beside a SwiGLU MLP 96 wide, on
+    # every layer; a dynamic mask keeping each query's 6 keys of largest bias (so the 12-token prompt and the
+    # steps after it drop keys), A random (transformers' zeros make every bias 1), residual scales and norms random
+    "doge": dict(
+        SMALL, num_hidden_layers=3, intermediate_size=96, num_key_value_heads=2, is_moe=True, num_experts=64,
+        num_experts_per_tok=4, keep_window_size=6, initializer_range=0.1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -458,6 +466,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
                     "layer_scalar"),
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "flint": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "sinks"),
+    "doge": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "self_attn.A", "_residual"),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "beam": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "gate_bias", "e_score_correction_bias"),
     "ergo": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "residual_gate.", "post_expert_norm.",
@@ -473,7 +482,8 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "glm4_moe_lite", "llama4", "dots1", "ernie4_5_moe", "phimoe", "dbrx", "flex_olmo", "hunyuan_v1_moe", "exaone_moe",
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
-            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo")
+            "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo",
+            "doge")
 
 
 def build_model(family: str, seed: int = 0):

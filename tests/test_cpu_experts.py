@@ -97,10 +97,10 @@ def test_matches_reference_qwen3_shape(kernels, dtype: str, scales: bool) -> Non
 
 
 # gpt-oss's (its alpha; a limit the random experts' gate and up values cross), DeepSeek-V4's, Gemma 4's
-# and Nemotron-H's (not gated: w13 the up rows alone)
+# and Nemotron-H's (not gated: w13 the up rows alone), Doge's (not gated: silu)
 ACTIVATIONS = [SWIGLU, ExpertActivation("swiglu_clamped", alpha=1.702, limit=0.7),
                ExpertActivation("swiglu_limited", limit=0.5), ExpertActivation("geglu_tanh"),
-               ExpertActivation("relu2")]
+               ExpertActivation("relu2"), ExpertActivation("silu")]
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
@@ -260,6 +260,21 @@ def test_experts_that_are_not_gated_dequantize_and_run(kernels, dtype: str) -> N
         ids, weights = routing(num_tokens, seed=num_tokens)
         # (Q4_K: the kernel rounds x and h to Q8_K, tests/test_kquant_kernel.py bounds that; the rest exact)
         assert_close(executor(0, x, ids, weights), reference(0, x, ids, weights), rel=3e-2 if dtype == "q4_k" else 1e-5)
+    assert executor._layers[0] is not None
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_one_row_silu_experts_are_the_reference(kernels, dtype: str) -> None:
+    """Doge's retrieval experts, one neuron each: w13 [1, H] (silu, not gated) and w2 [H, 1]; the kernel's
+    decode and prefill sizes compute them as the reference does."""
+    bank = random_bank(dtype, NUM_EXPERTS, 96, 1, seed=31, activation=ExpertActivation("silu"))
+    assert bank.layout.part("w13").shape == (1, 96) and bank.layout.part("w2").shape == (96, 1)
+    executor = CPUExpertExecutor({0: bank}, torch.float32, threads=2, kernel=kernels["native"], grouped_gemm_min_rows=None)
+    reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
+    for num_tokens in (1, 3, 40):
+        x = torch.randn(num_tokens, 96, generator=torch.Generator().manual_seed(num_tokens))
+        ids, weights = routing(num_tokens, seed=num_tokens)
+        assert_close(executor(0, x, ids, weights), reference(0, x, ids, weights), rel=1e-5)
     assert executor._layers[0] is not None
 
 

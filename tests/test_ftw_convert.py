@@ -34,6 +34,9 @@ LLAMA4_FUSED = re.compile(r"layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|
 # expert's the transpose (the release's under feed_forward); the release's router and shared expert [in, out]
 ERGO_FUSED = re.compile(r"layers\.(\d+)\.(?:feed_forward|mlp\.experts)\.(up_proj|down_proj)$")
 ERGO_TRANSPOSED = re.compile(r"\.feed_forward\.(?:gate_kernel|shared_up_proj|shared_down_proj)$")
+# Doge's experts, an embedding row each: down_embed [E, H] (each expert's w13, one row) and up_embed [E, H] (its w2,
+# one column)
+DOGE_EMBEDS = re.compile(r"layers\.(\d+)\.mlp\.(down_embed|up_embed)\.weight$")
 # DBRX's: w1 (gate), v1 (up) and w2 (down), each [E * I, H]: an expert's rows of w2 are its down's transpose
 DBRX_FLAT = re.compile(r"blocks\.(\d+)\.ffn\.experts\.mlp\.(w1|v1|w2)$")
 # gpt-oss's: gate_up_proj [E, H, 2I] (gate and up columns alternating) and down_proj [E, I, H], each
@@ -113,6 +116,10 @@ def assert_round_trip(src: Path, out: Path) -> FTWReader:
                 got = w13[:half] if HALF[proj] == 0 else w13[half:]
             else:
                 got = reader.expert_part(data, bank, expert, "w2")
+        elif index.family == "doge" and (m := DOGE_EMBEDS.search(name)):
+            bank, data = banks[int(m[1])]
+            part = "w13" if m[2] == "down_embed" else "w2"
+            got = torch.stack([reader.expert_part(data, bank, e, part).reshape(-1) for e in range(bank.num_experts)])
         elif index.family == "gpt_oss" and (m := GPT_OSS_FUSED.search(name)):
             bank, data = banks[int(m[1])]
             part = ("w13" if m[2] == "gate_up_proj" else "w2") + (m[3] or "")

@@ -862,3 +862,102 @@ def test_ergo_with_its_released_config_keys_matches_transformers_and_refuses_oth
     (src / "config.json").write_text(json.dumps({**released, "rope_parameters": yarn}))
     with pytest.raises(UnsupportedFamilyError, match="'yarn' rope"):
         convert_and_load(src, tmp_path / "store-yarn")
+
+class OneTokenAtATime:
+    """A transformers model fed one token at a time through its cache, for logits and greedy tokens
+    (what assert_parity asks of a model): its decode path, where a model's full forward pass computes
+    something else (Doge's router mixes the tokens of a call: runtime/models/doge.py)."""
+
+    def __init__(self, model) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.new_cache = model, lambda: DynamicCache(config=model.config)
+
+    def __call__(self, ids: torch.Tensor):
+        from types import SimpleNamespace
+
+        cache = self.new_cache()
+        with torch.no_grad():
+            rows = [self.model(ids[:, i:i + 1], cache=cache, use_cache=True).logits[:, -1] for i in range(ids.shape[1])]
+        return SimpleNamespace(logits=torch.stack(rows, dim=1))
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, **_) -> torch.Tensor:
+        cache, out = self.new_cache(), ids[0].tolist()
+        with torch.no_grad():
+            for i in range(ids.shape[1] + max_new_tokens - 1):
+                logits = self.model(torch.tensor([[out[i]]]), cache=cache, use_cache=True).logits[0, -1]
+                if i >= ids.shape[1] - 1:
+                    out.append(int(torch.argmax(logits)))
+        return torch.tensor([out])
+
+
+@pytest.mark.parametrize("change", [{}, {"sliding_window": 5}], ids=["doge", "doge-window"])
+def test_doge_matches_transformers_decoding_a_token_at_a_time(change: dict, tmp_path: Path) -> None:
+    """Doge's dynamic mask (a bias a key from its value, added to its scores; every layer in a 5-token window
+    too), product-key routing of one-neuron experts beside the MLP, residual scales: logits to 1e-4, 32 greedy
+    tokens, cached decode = recompute, against transformers fed a token at a time. Its full forward pass routes a
+    token by other tokens' logits (DogeCDMoE's view(2, T, K)), so its prompt logits are neither ft's nor its own
+    one-token steps'. (keep_window_size past the sequence here: greedy tokens repeat, and where equal biases tie
+    at the keep-th place transformers' topk and ft keep different keys; test_doge_keeps_each_querys_keys_...)"""
+    import json
+
+    from tests.parity import our_logits, rel_error
+
+    src = save_checkpoint("doge", tmp_path / "hf", seed=1)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "keep_window_size": 2048, **change}))
+    ref, ours = hf_model(src), convert_and_load(src, tmp_path / "store")
+    assert_parity(ours, OneTokenAtATime(ref), PROMPT, STEPS)
+    full = ref(torch.tensor([PROMPT])).logits[0].detach()
+    assert rel_error(our_logits(ours, PROMPT), full) > 1e-2  # (the mixed routing of transformers' full pass)
+
+
+def test_doge_keeps_each_querys_keys_of_largest_bias_as_transformers(tmp_path: Path) -> None:
+    """keep_window_size 6: 44 distinct tokens (no two keys of one bias on the first layer) give transformers'
+    logits a token at a time at every position, to 1e-4, in one prompt pass and in chunks, and keeping every key
+    moves them. With repeated tokens (equal biases), the later of equal keys stay: a prompt's logits are those
+    of its tokens decoded one by one."""
+    import json
+
+    from runtime.layers.key_bias_attention import key_bias_causal_attention
+    from tests.parity import our_logits, rel_error
+
+    src = save_checkpoint("doge", tmp_path / "hf", seed=1)
+    config = json.loads((src / "config.json").read_text())
+    assert config["keep_window_size"] == 6
+    ids = torch.randperm(256, generator=torch.Generator().manual_seed(3))[:44].tolist()
+    ours, ref = convert_and_load(src, tmp_path / "store"), OneTokenAtATime(hf_model(src))
+    expected = ref(torch.tensor([ids])).logits[0]
+    assert rel_error(our_logits(ours, ids), expected) < 1e-4
+    ours.model.prefill_chunk_tokens = 16
+    try:
+        assert rel_error(our_logits(ours, ids), expected) < 1e-4
+    finally:
+        ours.model.prefill_chunk_tokens = None
+    (src / "config.json").write_text(json.dumps({**config, "keep_window_size": 2048}))
+    assert rel_error(our_logits(convert_and_load(src, tmp_path / "store-all"), ids), expected) > 1e-2
+
+    repeated = [5, 9, 5, 9, 5, 9, 7, 5, 9, 5, 7, 7, 9, 5]
+    state = ours.model.new_state(len(repeated))
+    steps = torch.cat([ours.model.forward(torch.tensor([t]), state) for t in repeated])
+    torch.testing.assert_close(our_logits(ours, repeated), steps, atol=1e-5, rtol=0)
+    # one key head, four keys of bias 1, 2, 2, 2, keeping two: keys 2 and 3 (values 20, 30)
+    q, k = torch.zeros(1, 1, 4), torch.zeros(4, 1, 4)
+    v = torch.tensor([0.0, 10.0, 20.0, 30.0]).view(4, 1, 1)
+    bias = torch.tensor([1.0, 2.0, 2.0, 2.0]).view(4, 1)
+    assert float(key_bias_causal_attention(q, k, v, bias, 3, 1.0, keep=2)) == 25.0
+
+
+def test_doge_dense_models_and_other_activations_are_refused(tmp_path: Path) -> None:
+    """A dense Doge (is_moe off) has no experts to offload; experts of another hidden_act than silu have no
+    runtime activation: both refused by name at pull."""
+    import json
+
+    from ftw.errors import UnsupportedArchitectureError
+
+    src = save_checkpoint("doge", tmp_path / "hf", seed=2)
+    config = json.loads((src / "config.json").read_text())
+    for i, (change, match) in enumerate([({"is_moe": False}, "a dense Doge"), ({"hidden_act": "gelu"}, "hidden_act")]):
+        (src / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(UnsupportedArchitectureError, match=match):
+            convert_and_load(src, tmp_path / f"store-{i}")

@@ -341,9 +341,10 @@ def test_gpu_qwen3_shape_and_cuda_graph_replay() -> None:
 
 
 # --- the experts' own forms: clamped activations and biases (gpt-oss, DeepSeek-V4), GeGLU (Gemma 4),
-# relu2 (Nemotron-H: not gated, w13 the up rows alone)
+# relu2 (Nemotron-H: not gated, w13 the up rows alone), silu (Doge: not gated either)
 
-FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702), ("geglu_tanh", 1.0), ("relu2", 1.0)]  # (no clamps but the first two)
+FORMS = [("swiglu_limited", 1.0), ("swiglu_clamped", 1.702), ("geglu_tanh", 1.0), ("relu2", 1.0),
+         ("silu", 1.0)]  # (no clamps but the first two)
 
 
 def _form_case(cache: Slots, num_tokens: int, seed: int, device: str):
@@ -385,7 +386,7 @@ def test_reference_computes_the_experts_own_form(kind: str, alpha: float) -> Non
 
 @needs_triton
 @pytest.mark.parametrize("kind, alpha", FORMS)
-@pytest.mark.parametrize("hidden, inter", [(64, 32), (96, 40)])  # whole and ragged tiles
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (96, 40), (64, 1)])  # whole and ragged tiles; Doge's one row
 def test_kernel_computes_the_experts_own_form(kind: str, alpha: float, hidden: int, inter: int) -> None:
     from runtime.gpu.kernels.slot_experts_ref import ACTIVATIONS
 

@@ -7,9 +7,9 @@ codes); the Triton grouped-GEMM prefill kernels compute plain "swiglu" (`plain`)
 also the clamped forms with biases (gpt-oss's), and the device paths route other banks to their
 torch forms here.
 
-A kind that is not gated ("relu2", Nemotron-H's) has one projection before down: its records'
-w13 holds the up rows alone ([I, H], not [2I, H]), so `split_rows` gives no gate and `activate`
-reads `up` alone.
+A kind that is not gated ("relu2", Nemotron-H's; "silu", Doge's) has one projection before down:
+its records' w13 holds the up rows alone ([I, H], not [2I, H]), so `split_rows` gives no gate and
+`activate` reads `up` alone.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def activate(activation: ExpertActivation, gate: torch.Tensor | None, up: torch.
     gate None for a kind that is not gated)."""
     if activation.kind == "relu2":  # (Nemotron-H: relu(up)^2, as transformers' ReLUSquaredActivation)
         return F.relu(up).square()
+    if activation.kind == "silu":  # (Doge's retrieval experts: silu(down_embed x))
+        return F.silu(up)
     assert gate is not None, f"{activation.kind} experts are gated"
     if activation.kind == "swiglu":
         return F.silu(gate) * up

@@ -54,7 +54,7 @@ KQUANT_DTYPES = ("q4_k", "q5_k", "q6_k")
 INT8_DTYPES = ("mxfp4",)
 BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequant_rows take
 # ExpertActivation.kind -> enum Activation in moe_cpu.cpp
-ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4}
+ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4, "silu": 5}
 BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)

@@ -59,6 +59,7 @@ FAMILY_MODULES = {
     "hy_v3": "hy_v3",
     "mellum": "mellum",
     "flint": "flint",
+    "doge": "doge",
     "kolibri1": "kolibri1",
     "axk2": "axk2",
     "beam": "beam",

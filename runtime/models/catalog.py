@@ -33,6 +33,8 @@ KINDS: dict[str, tuple[str, str]] = {
                      "sigmoid + bias, group-limited top-k, shared experts"),
     "deepseek_v4": ("sliding window + compressed KV (CSA with an indexer, HCA), sinks, grouped output, "
                     "hyper-connections", "sqrt-softplus + bias or hashed by token, shared expert, clamped SwiGLU"),
+    "doge": ("GQA, QK norm, a learned bias a key from its value with top-k key selection (dynamic mask), learned "
+             "residual scales", "product-key top-k of one-neuron silu experts, softmax, beside a dense MLP"),
     "dots1": ("GQA, QK norm", "sigmoid + bias, group-limited top-k, shared experts"),
     "ernie4_5_moe": ("GQA, interleaved rope", "softmax + correction bias, shared experts, dense layers"),
     "ergo": ("sliding-window rope layers and global NoPE layers, fused QKV, QK norm, sandwich norms, learned "

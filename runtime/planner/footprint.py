@@ -160,6 +160,15 @@ def _gqa(c: dict[str, Any], b: int) -> KVLayout:
                     formula=f"GQA: 2 x {layers} layers x {kv_heads} KV heads x {head_dim} x {b} B")
 
 
+def _doge(c: dict[str, Any], b: int) -> KVLayout:
+    """GQA's keys and values and one bias a key head beside each key (Doge's dynamic mask)."""
+    gqa = _gqa(c, b)
+    layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    return KVLayout("gqa", gqa.bytes_per_token + layers * kv_heads * b,
+                    formula=f"{gqa.formula} + {layers} layers x {kv_heads} key biases x {b} B")
+
+
 def _mla(c: dict[str, Any], b: int) -> KVLayout:
     """DeepSeek MLA caches one compressed latent + the RoPE key per layer; DSA (GLM-5) adds the
     indexer's keys on the layers that run their own indexer ("full"; "shared" ones reuse them)."""
@@ -342,7 +351,7 @@ KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2":
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa, "solar_open": _gqa, "sarvam_moe": _gqa, "minicpm5_moe": _gqa, "hy_v3": _gqa, "mellum": _gqa, "flint": _gqa, "kolibri1": _gqa,
-              "beam": _gqa, "ergo": _gqa,
+              "beam": _gqa, "ergo": _gqa, "doge": _doge,
               "cohere2_moe": _gqa, "afmoe": _gqa, "laguna": _gqa, "lfm2_moe": _short_conv, "minimax": _lightning,
               "kimi_linear": _kimi_linear, "bailing_hybrid": _bailing_hybrid,
               "gemma4_text": _per_layer_gqa("gemma4_text"),  # (wider full layers; sliding ones keep every token)

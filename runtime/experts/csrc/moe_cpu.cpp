@@ -74,8 +74,9 @@ struct Mat {
 
 // How gate and up combine (ftw.format.ExpertActivation; activation.py is the reference).
 // RELU2 (Nemotron-H) is not gated: relu(u)^2 of the up rows alone (w13 is [I, H]; `gate` then
-// names the same rows as `up` and is not read, nor is a gate bias).
-enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2, GEGLU_TANH = 3, RELU2 = 4 };
+// names the same rows as `up` and is not read, nor is a gate bias); so is SILU (Doge): silu(u).
+enum Activation : int64_t { SWIGLU = 0, SWIGLU_CLAMPED = 1, SWIGLU_LIMITED = 2, GEGLU_TANH = 3, RELU2 = 4, SILU = 5 };
+inline bool gated_kind(int64_t kind) { return kind != RELU2 && kind != SILU; }
 
 struct Layout {  // Mirrored by cpu_kernels._Layout.
   Mat gate, up, down;  // gate/up: [I, H] (rows I..2I of w13 are `up`; rows 0..I where not gated), down: [H, I]
@@ -99,6 +100,7 @@ struct Act {
       const float r = u > 0.f ? u : 0.f;
       return r * r;
     }
+    if (kind == SILU) return u / (1.f + std::exp(-u));  // (g is not read: no gate)
     if (kind == GEGLU_TANH)  // (Gemma 4: GELU's tanh form, sqrt(2 / pi) (g + 0.044715 g^3), as torch's)
       return 0.5f * g * (1.f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
     g = std::min(g, limit);  // (NaN stays NaN, as in torch's clamp)
@@ -612,7 +614,7 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
   const Act act(L);
   // gate and up of one dtype go row by row, gate row r with up row r; otherwise (GGUF mixes that
   // store them apart) rows r and r + 1 of each; without a gate, rows r and r + 1 of up alone
-  const bool gated = L.activation != RELU2;
+  const bool gated = gated_kind(L.activation);
   const bool fused = gated && L.gate.dtype == L.up.dtype;
   const int64_t hidden = L.gate.cols, inter = L.gate.rows;
   for (int64_t p = 0; p < num_pairs; ++p)
@@ -881,7 +883,7 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
   RowDots supported;  // the dtypes the kernel reads are the ones it dequantizes
   if (!supported.bind(L.gate) || !supported.bind(L.up) || !supported.bind(L.down)) return -2;
   const uint8_t* record = bank + expert * L.record_stride;
-  const bool gated = L.activation != RELU2;
+  const bool gated = gated_kind(L.activation);
   const Mat* mats[3] = {&L.gate, &L.up, &L.down};
   uint16_t* outs[3] = {w13, w13 + (gated ? L.gate.rows * L.gate.cols : 0), w2};
   int64_t first_item[4] = {0, 0, 0, 0};

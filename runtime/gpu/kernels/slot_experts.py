@@ -64,6 +64,8 @@ def _activation(g, u, alpha, limit, ACT: tl.constexpr):
     if ACT == 4:  # relu2, not gated: relu(u)^2 (g is not read)
         r = tl.maximum(u, 0.0)
         return r * r
+    if ACT == 5:  # silu, not gated: silu(u) (Doge's; g is not read)
+        return u / (1.0 + tl.exp(-u))
     if ACT == 3:  # gelu's tanh form: 0.5 g (1 + tanh(z)) = g sigmoid(2 z)
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
         return g / (1.0 + tl.exp(-2.0 * z)) * u
@@ -218,11 +220,11 @@ def _down_kernel(
         g = tl.zeros([BLOCK_K], dtype=tl.float32)
         u = tl.zeros([BLOCK_K], dtype=tl.float32)
         for s in tl.static_range(SPLIT):  # the gate pass's partial sums, in split order
-            if ACT != 4:  # (relu2 is not gated: no gate sums)
+            if ACT != 4 and ACT != 5:  # (relu2 and silu are not gated: no gate sums)
                 g += tl.load(pair_part + s * split_stride + i, mask=i < INTER, other=0.0)
             u += tl.load(pair_part + s * split_stride + INTER + i, mask=i < INTER, other=0.0)
         if BIAS:  # the pair's gate and up biases [2I] ([I], up's, where not gated), fp32
-            if ACT != 4:
+            if ACT != 4 and ACT != 5:
                 g += tl.load(bias_ptr + p * (2 * INTER) + i, mask=i < INTER, other=0.0)
                 u += tl.load(bias_ptr + p * (2 * INTER) + INTER + i, mask=i < INTER, other=0.0)
             else:

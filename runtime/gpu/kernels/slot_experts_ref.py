@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 # the kernels' ACT codes
-ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2, "geglu_tanh": 3, "relu2": 4}
-UNGATED_ACTS = (4,)  # the codes whose w13 is the up rows alone [I, H]
+ACTIVATIONS = {"swiglu": 0, "swiglu_limited": 1, "swiglu_clamped": 2, "geglu_tanh": 3, "relu2": 4, "silu": 5}
+UNGATED_ACTS = (4, 5)  # the codes whose w13 is the up rows alone [I, H]
 
 
 def w13_rows(act: int, inter: int) -> int:
@@ -49,6 +49,8 @@ def activation_ref(g: torch.Tensor | None, u: torch.Tensor, act: int, alpha: flo
     for a code that is not gated)."""
     if act == 4:
         return F.relu(u).square()
+    if act == 5:
+        return F.silu(u)
     assert g is not None
     if act == 0:
         return F.silu(g) * u
