@@ -30,6 +30,7 @@ from .family_readers import (  # noqa: F401 - re-exported: the runtime's familie
     bailing_hybrid_view,
     gemma4_attention,
     gemma4_layer_types,
+    hy_v4_indexer_types,
     kimi_linear_layer_types,
     kimi_linear_sizes,
     kimi_linear_view,
@@ -390,6 +391,12 @@ FAMILIES: dict[str, Family] = {
                 (r"\.mlp\.router\.gate\.weight$", ".mlp.gate.weight"),
                 (r"\.mlp\.expert_bias$", ".mlp.e_score_correction_bias"),
                 (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts."))),
+        ),
+        Family(  # (MLA with DSA and sinks, hyper-connections; routed experts clamped as DeepSeek-V4's, the
+            # shared ones one MLP n_shared_experts times moe_intermediate_size wide; the release's names renamed)
+            "hy_v4", ("hy_v4",), ("n_routed_experts", "num_local_experts"), readers.glm4_moe_lite_layers,
+            drop_prefixes=("model.mtp_layers.", "mtp."), num_shared_experts=lambda c: int(c.get("n_shared_experts", 1) or 0),
+            expert_activation=readers.hy_v4_activation, renames=readers.HY_V4_NAMES,
         ),
         Family(  # (its sliding and full layers' KV alike: heads and head_dim shared)
             "mellum", ("mellum",), ("num_local_experts", "num_experts"), readers.sparse_unless_dense_layers,

@@ -363,6 +363,33 @@ def deepseek_v4_activation(c: dict[str, Any]) -> ExpertActivation:
     return ExpertActivation("swiglu_limited", limit=positive_float("swiglu_limit", c.get("swiglu_limit", 10.0)))
 
 
+# Tencent Hy4's release names (transformers' conversion_mapping renames them): the hyper-connections under
+# hc_pre., the attention's and MLPs' linear_gate (gate_proj; mlp.gate stays the router) and the sinks
+HY_V4_NAMES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"\.hc_pre\.hc_", ".hc_"), (r"\.learnable_sink_param$", ".sinks"), (r"\.linear_gate\.", ".gate_proj."),
+    (r"\.hc_attn_layer\.hc_(fn|base|scale)$", r".attn_hc.\1"), (r"\.hc_mlp_layer\.hc_(fn|base|scale)$", r".ffn_hc.\1"),
+    (r"\.hc_head\.hc_head_(fn|base|scale)$", r".hc_head.hc_\1")))
+
+
+def hy_v4_activation(c: dict[str, Any]) -> ExpertActivation:
+    """HYV4Experts' SwiGLU clamped as DeepSeek-V4's at `swiglu_limit` (HYV4Config's 10). A limit at or
+    below 0 is refused: HYV4Config says it turns the clamp off, HYV4Experts clamps at it all the same."""
+    limit = c.get("swiglu_limit", 10.0)
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit <= 0:
+        raise UnsupportedArchitectureError(
+            f"hy_v4 with swiglu_limit {limit} is not supported: HYV4Config reads a limit at or below 0 as no clamp, "
+            "while transformers' HYV4Experts clamps at it all the same, so there is no reference to match")
+    return ExpertActivation("swiglu_limited", limit=positive_float("swiglu_limit", limit))
+
+
+def hy_v4_indexer_types(c: dict[str, Any]) -> list[str]:
+    """Hy4's DSA layers, "full" (its own indexer) or "shared" (the last full layer's selection):
+    `indexer_types`, else HYV4Config's schedule (full on layer 0 and every fourth from layer 1)."""
+    n = int(c["num_hidden_layers"])
+    kinds = c.get("indexer_types")
+    return list(kinds) if kinds is not None else ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(n)]
+
+
 def gemma4_layer_types(c: dict[str, Any]) -> list[str]:
     """`layer_types`, else Gemma4TextConfig's 5:1 schedule (every 6th layer full); the last layer
     full whatever they say, as transformers forces it."""

@@ -177,6 +177,20 @@ FAMILY_CONFIGS: dict[str, dict] = {
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
         head_dim=16, num_experts=8, num_shared_experts=2, router_scaling_factor=1.7, initializer_range=0.1,
     ),
+    # GLM-5's sparse MLA (6 of up to 44 tokens a query; 16 indexer heads and wide weights so few scores tie at 0)
+    # with its selection shared by layers 1 and 3, a sink per head (RANDOMIZED), the output gated; the indexer's
+    # rope channels last; 3 residual streams around every sublayer (their scales and biases random), post times
+    # 1.5; a dense first layer, then 8 experts in 2 groups (the better kept), top 2 by sigmoid + a random
+    # correction bias, renormalized, times 2.0, their gate and up clamped at 1.0 (a fair part of them), beside a
+    # shared expert; rms_norm_eps 0.01 (the indexer's k_norm's too; the latent norms keep 1e-6)
+    "hy_v4": dict(
+        SMALL, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.0, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, index_topk=6, index_head_dim=16, index_n_heads=16,
+        indexer_types=["full", "shared", "full", "shared"], hc_mult=3, hc_magnitude=1.5, swiglu_limit=1.0,
+        rms_norm_eps=0.01, initializer_range=0.15, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
     # Qwen3-MoE's block in sliding layers 0 and 2 (a window of 5 positions) and full layer 1, each kind rotating
     # at its own base (transformers' Mellum rotates whole heads: a partial_rotary_factor crashes it); a dense
     # first layer; q/k norms random
@@ -466,6 +480,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
                     "layer_scalar"),
     "hy_v3": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "flint": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "sinks"),
+    "hy_v4": ("layernorm.", "model.norm.", "indexer.k_norm.", "e_score_correction_bias", "sinks", "_hc.scale", "_hc.base",
+              "hc_head.hc_scale", "hc_head.hc_base"),
     "doge": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "self_attn.A", "_residual"),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "beam": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "gate_bias", "e_score_correction_bias"),
@@ -483,7 +499,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
             "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo",
-            "doge")
+            "doge", "hy_v4")
 
 
 def build_model(family: str, seed: int = 0):

@@ -70,6 +70,10 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
            # (the release's query-and-gate projection and gated norms' MLP)
            "axk2": {".self_attn.q_b_proj.": ".self_attn.q_gate_proj.", "_layernorm.W_down.": "_layernorm.mlp.fc1.",
                     "_layernorm.W_up.": "_layernorm.mlp.fc2."},
+           # (the release's hyper-connections under hc_pre., linear_gate and learnable_sink_param)
+           "hy_v4": {".hc_pre.hc_attn_layer.hc_": ".attn_hc.", ".hc_pre.hc_mlp_layer.hc_": ".ffn_hc.",
+                     ".hc_pre.hc_head.hc_head_": ".hc_head.hc_", ".learnable_sink_param": ".sinks",
+                     ".linear_gate.": ".gate_proj."},
            "hy_v3": {".mlp.router.gate.": ".mlp.gate.", ".mlp.expert_bias": ".mlp.e_score_correction_bias",
                      ".mlp.shared_mlp.": ".mlp.shared_experts."},
            # (query_key_value stays fused: the runtime reads it apart)
@@ -170,7 +174,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
                                     "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam",
-                                    "ergo"])
+                                    "ergo", "hy_v4"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     if family == "ergo":  # (not gated; transformers' own names, its router and shared expert [out, in])
         src = save_checkpoint(family, tmp_path / "hf", fused=True)

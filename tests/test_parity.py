@@ -82,6 +82,10 @@ FAMILIES = [
     pytest.param("mellum", True, id="mellum-fused"),
     pytest.param("flint", False, id="flint"),  # (the release's self_attn.softmax_offset, transformers' sinks)
     pytest.param("flint", True, id="flint-fused"),
+    # (MLA with DSA, sinks and an output gate, hyper-connections: the release's hc_pre.*, linear_gate and
+    # learnable_sink_param; transformers' own names)
+    pytest.param("hy_v4", False, id="hy_v4"),
+    pytest.param("hy_v4", True, id="hy_v4-fused"),
     # (the release's moe.router.expert_bias, post_attn_norm and post_ffn_norm; transformers' own names)
     pytest.param("kolibri1", False, id="kolibri1"),
     pytest.param("kolibri1", True, id="kolibri1-fused"),
@@ -961,3 +965,54 @@ def test_doge_dense_models_and_other_activations_are_refused(tmp_path: Path) -> 
         (src / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(UnsupportedArchitectureError, match=match):
             convert_and_load(src, tmp_path / f"store-{i}")
+
+
+def test_hy_v4_with_hyv4configs_defaults_and_its_mtp_layers_dropped(tmp_path: Path, monkeypatch) -> None:
+    """A config.json without indexer_types, mlp_layer_types and layer_types takes HYV4Config's
+    schedule (6 layers: indexers on 0, 1 and 5, layers 2-4 sharing layer 1's selection; a dense
+    first layer), as transformers fills it in, and the fit planner's KV counts those indexers; the
+    release's MTP layer (model.mtp_layers.*, which transformers ignores) is dropped at conversion."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from runtime.planner.footprint import kv_layout
+    from tests.checkpoints import FAMILY_CONFIGS, load_all
+
+    monkeypatch.setitem(FAMILY_CONFIGS, "hy_v4", {**{k: v for k, v in FAMILY_CONFIGS["hy_v4"].items()
+                                                     if k != "indexer_types"}, "num_hidden_layers": 6})
+    src = save_checkpoint("hy_v4", tmp_path / "hf", seed=6)
+    config = json.loads((src / "config.json").read_text())
+    assert config["indexer_types"] == ["full", "full", "shared", "shared", "shared", "full"]
+    config = {k: v for k, v in config.items() if k not in ("indexer_types", "mlp_layer_types", "layer_types")}
+    (src / "config.json").write_text(json.dumps(config))
+    tensors = load_all(src)
+    tensors["model.mtp_layers.0.eh_proj.weight"] = torch.zeros(64, 128)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    ours = convert_and_load(src, tmp_path / "store")
+    assert ours.weights.config.moe_layers == (1, 2, 3, 4, 5)
+    assert [b.mixer.indexer is not None for b in ours.model.blocks] == [True, True, False, False, False, True]
+    assert kv_layout("hy_v4", config, 2).bytes_per_token == 6 * (16 + 8) * 2 + 3 * 16 * 2
+    assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_hy_v4_refuses_what_it_cannot_match(tmp_path: Path) -> None:
+    """Attention other than indexed_attention, a first layer sharing a selection it has not got, and
+    another hidden_act are refused at build; a swiglu_limit at or below 0 (no clamp by HYV4Config's
+    word, a clamp there in HYV4Experts) at conversion."""
+    import json
+
+    from ftw import UnsupportedArchitectureError
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("hy_v4", tmp_path / "hf", seed=7)
+    config = json.loads((src / "config.json").read_text())
+    for n, (change, match) in enumerate([
+            ({"layer_types": ["indexed_attention", "sliding_attention"] * 2}, "layer_types"),
+            ({"indexer_types": ["shared", "full", "full", "shared"]}, "indexer_types"),
+            ({"hidden_act": "gelu"}, "hidden_act"),
+            ({"swiglu_limit": 0.0}, "swiglu_limit")]):
+        (src / "config.json").write_text(json.dumps({**config, **change}))
+        error = UnsupportedArchitectureError if "swiglu_limit" in change else UnsupportedFamilyError
+        with pytest.raises(error, match=match):
+            convert_and_load(src, tmp_path / f"store-{n}")

@@ -8,8 +8,13 @@ after Sinkhorn-Knopp iterations) mixes the streams themselves:
 x' = post * out + comb^T x. The embeddings enter as n copies; before the final norm the head
 collapses the streams once more with a `pre` of its own. Every mix is computed in float32.
 
-`HyperConnection` is a base.Residual (enter, leave) and `HyperHead` a base.Streams (expand,
-collapse): DecoderModel runs them where a block and the model have them.
+Tencent Hy4's independent hyper-connections (iHC, transformers' HYV4HyperConnection) are this
+without `comb`: two mixes, `post` scaled by a magnitude of the config's, and the streams carried
+over as they are, x' = post * out + x (`IndependentHyperConnection`); its head is `HyperHead`.
+
+`HyperConnection` and `IndependentHyperConnection` are base.Residual (enter, leave) and
+`HyperHead` a base.Streams (expand, collapse): DecoderModel runs them where a block and the model
+have them.
 """
 
 from __future__ import annotations
@@ -58,6 +63,38 @@ class HyperConnection:
         first index, sum_j comb[j, k] x[j], as transformers does: it is not symmetric)."""
         post, comb = mixes
         return post.to(x.dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(x.dtype).transpose(-1, -2), x)
+
+
+@dataclass(frozen=True)
+class IndependentHyperConnection:
+    """One sublayer's iHC (Hy4): `fn` [2n, n H], `base` [2n], `scale` [2] (pre, post), as transformers
+    names them (attn_hc.fn, ...); `magnitude` is hc_magnitude, `eps` hc_eps, `norm_eps` the input
+    norm's. pre = sigmoid(.) + eps, post = magnitude * sigmoid(.) + eps; no stream mixing."""
+
+    fn: torch.Tensor
+    base: torch.Tensor
+    scale: torch.Tensor
+    streams: int
+    magnitude: float
+    eps: float
+    norm_eps: float
+
+    def enter(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, n, H] -> (the sublayer's input [T, H] in x's dtype, post [T, n] float32)."""
+        n = self.streams
+        flat = x.reshape(x.shape[0], -1).float()
+        # (as transformers: the projection of the raw streams times their inverse rms)
+        mixes = F.linear(flat, self.fn.float()) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.norm_eps)
+        pre_w, post_w = mixes.split([n, n], dim=-1)
+        pre_b, post_b = self.base.float().split([n, n])
+        pre_s, post_s = self.scale.float().unbind(0)
+        pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.eps
+        post = self.magnitude * torch.sigmoid(post_w * post_s + post_b) + self.eps
+        return (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype), post
+
+    def leave(self, x: torch.Tensor, out: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+        """The streams after the sublayer: post * out + x, in float32 and cast back -> [T, n, H]."""
+        return (post.unsqueeze(-1) * out.float().unsqueeze(-2) + x.float()).to(x.dtype)
 
 
 @dataclass(frozen=True)

@@ -151,3 +151,25 @@ class GatedQueryMLA(MLAttention):
         gated = (attended * torch.sigmoid(self.gate.float())).to(attended.dtype)  # [T, heads, v_dim]
         self.gate = None
         return super().output(gated)
+
+
+class OutputGatedMLA(MLAttention):
+    """Tencent Hy4's MLA: the attended values multiplied by sigmoid(gate_proj x) per head (v_head_dim
+    each, from the sublayer's input x, in x's dtype as transformers' HYV4Attention) before o_proj.
+    `query` keeps the step's gate for `output`, as GatedQueryMLA does."""
+
+    gate: torch.Tensor | None = None  # the current step's, [T, heads, v_dim]
+
+    def load_query(self, config: ModelConfig, weights: ModelWeights, prefix: str) -> None:
+        super().load_query(config, weights, prefix)
+        self.gate_proj = weights.get(prefix + "gate_proj.weight")  # [heads x v_head_dim, H]
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.gate = linear(x, self.gate_proj).view(x.shape[0], self.heads, -1)
+        return super().query(x, cos, sin)
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        assert self.gate is not None, "output before query"
+        gated = attended * torch.sigmoid(self.gate)
+        self.gate = None
+        return super().output(gated)

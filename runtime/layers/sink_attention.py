@@ -44,15 +44,34 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.
             scale: float, sinks: torch.Tensor, window: int | None) -> torch.Tensor:
     """Queries q [C, Hq, D] at `positions` [C] over keys k/v [K, Hkv, D] at positions from
     `first_key`: the keys after a query's position, or before its window, masked."""
+    keys = torch.arange(first_key, first_key + k.shape[0], device=q.device)[None, :]
+    hidden = keys > positions[:, None]  # [C, K]
+    if window is not None:
+        hidden |= keys <= positions[:, None] - window
+    return _attend_hiding(q, k, v, hidden, scale, sinks)
+
+
+def sink_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+                          sinks: torch.Tensor) -> torch.Tensor:
+    """q [T, Hq, D] over k/v [L, Hkv, D] where visible [T, L] (bool) says which keys each query
+    sees (DSA's selection: Hy4's sparse attention with sinks); sinks [Hq]. -> [T, Hq, Dv]. Queries
+    in blocks whose scores stay within MASKED_SCORES_PER_CALL."""
+    t, heads = q.shape[0], q.shape[1]
+    block = max(1, MASKED_SCORES_PER_CALL // (heads * max(k.shape[0], 1)))
+    parts = [_attend_hiding(q[first:first + block], k, v, ~visible[first:first + block], scale, sinks)
+             for first in range(0, t, block)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _attend_hiding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor, scale: float,
+                   sinks: torch.Tensor) -> torch.Tensor:
+    """Queries q [C, Hq, D] over keys k/v [K, Hkv, D], those where hidden [C, K] masked, beside each
+    head's sink logit (float32 softmax, the sink's column dropped)."""
     c, heads, dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
     qg = q.reshape(c, kv_heads, group, dim).permute(1, 2, 0, 3)  # [Hkv, G, C, D]: query head h = kv head h // G
     scores = torch.matmul(qg, k.permute(1, 2, 0)[:, None]).to(torch.float32) * scale  # [Hkv, G, C, K]
-    keys = torch.arange(first_key, first_key + k.shape[0], device=q.device)[None, :]
-    hidden = keys > positions[:, None]  # [C, K]
-    if window is not None:
-        hidden |= keys <= positions[:, None] - window
     scores = scores.masked_fill(hidden, float("-inf"))
     sink = sinks.to(torch.float32).view(kv_heads, group, 1, 1).expand(kv_heads, group, c, 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1].to(v.dtype)  # (the sink dropped)

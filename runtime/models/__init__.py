@@ -57,6 +57,7 @@ FAMILY_MODULES = {
     "minicpm5_moe": "minicpm5_moe",
     "axk1": "axk1",
     "hy_v3": "hy_v3",
+    "hy_v4": "hy_v4",
     "mellum": "mellum",
     "flint": "flint",
     "doge": "doge",

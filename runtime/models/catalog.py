@@ -63,6 +63,8 @@ KINDS: dict[str, tuple[str, str]] = {
                    "sigmoid + bias, group-limited top-k, a shared MLP, relu2 experts (not gated), dense MLP layers"),
     "jamba": ("Mamba (selective state space) layers and NoPE GQA layers", "softmax top-k, dense MLP layers between"),
     "hy_v3": ("GQA, QK norm", "sigmoid + bias, renormalized and scaled, shared experts"),
+    "hy_v4": ("MLA with a sparse-attention indexer (DSA), shared by later layers, sinks, gated output, "
+              "hyper-connections", "sigmoid + bias, renormalized and scaled, shared experts, clamped SwiGLU, dense layers"),
     "jetmoe": ("mixture of attention heads (attention experts)", "softmax over the top-k logits"),
     "kimi_linear": ("Kimi Delta Attention (per-channel decay) and NoPE MLA layers",
                     "sigmoid + bias, group-limited top-k, shared experts"),

@@ -19,6 +19,7 @@ from ..layers.attention import Start, store
 from ..layers.linear import linear
 from ..layers.mla import MLACache, MLAttention
 from ..layers.rope import apply_rotary, apply_rotary_interleaved
+from ..layers.sink_attention import sink_masked_attention
 from ..loading.read_ftw import ModelWeights
 from .base import DecoderModel, DecodeState
 from .deepseek_v3 import block, ffn, rotary
@@ -35,24 +36,32 @@ class Indexer:
     """DSA's indexer (`self_attn.indexer.*`): per query, a score for every visible token from its
     own small heads (relu(q.k), weighted per head by `weights_proj`), and the top `index_topk`.
     Its rotated channels turn as interleaved pairs (GLM-5's) or as halves (`interleave` false:
-    DeepSeek-V3.2's, deepseek_v32.py)."""
+    DeepSeek-V3.2's, deepseek_v32.py), and come first in each head, or last (`rope_last`: Hy4's).
+    `norm_eps`: k_norm's (GLM's 1e-6; Hy4's rms_norm_eps). k_norm runs in its weight's dtype, the
+    keys cast to it and back (Hy4 keeps it float32; GLM's is the model's)."""
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, *, interleave: bool = True) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, prefix: str, *, interleave: bool = True,
+                 rope_last: bool = False, norm_eps: float = INDEXER_NORM_EPS) -> None:
         self.wq_b, self.wk = weights.get(prefix + "wq_b.weight"), weights.get(prefix + "wk.weight")
         self.k_norm, self.k_norm_bias = weights.get(prefix + "k_norm.weight"), weights.get(prefix + "k_norm.bias")
         self.weights_proj = weights.get(prefix + "weights_proj.weight")
         self.heads, self.head_dim = int(config.get("index_n_heads")), int(config.get("index_head_dim"))
         self.rope_dim, self.topk = int(config.get("qk_rope_head_dim")), int(config.get("index_topk"))
         self.rotate = apply_rotary_interleaved if interleave else apply_rotary
+        self.rope_last, self.norm_eps = rope_last, norm_eps
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # unlike MLA, the rotated channels come first here
+        # unlike MLA, the rotated channels come first here (Hy4's: last, as MLA's)
+        if self.rope_last:
+            rest, rot = x.split([self.head_dim - self.rope_dim, self.rope_dim], dim=-1)
+            return torch.cat((rest, self.rotate(rot, cos, sin)), dim=-1)
         rot, rest = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
         return torch.cat((self.rotate(rot, cos, sin), rest), dim=-1)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """This step's indexer keys [T, index_head_dim], as cached for decode."""
-        k = F.layer_norm(linear(x, self.wk), (self.head_dim,), self.k_norm, self.k_norm_bias, INDEXER_NORM_EPS)
+        k = linear(x, self.wk)
+        k = F.layer_norm(k.to(self.k_norm.dtype), (self.head_dim,), self.k_norm, self.k_norm_bias, self.norm_eps).to(x.dtype)
         return self._rope(k[:, None, :], cos, sin)[:, 0]
 
     def select(self, x: torch.Tensor, q_low: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -99,12 +108,14 @@ class DSACache:
 class DSAttention:
     """MLA whose queries see only the tokens the indexer selected. At a DevicePosition (a
     captured decode step) the indexer scores the span's tokens, those after the position masked;
-    the selection a shared layer reads is the full layer's output within the same step."""
+    the selection a shared layer reads is the full layer's output within the same step. `sinks`
+    [heads]: a learned sink logit per head in each query's softmax (Hy4's; layers/sink_attention.py)."""
 
     takes_device_position = True  # a decode call may be captured in a CUDA graph (base.Mixer)
 
-    def __init__(self, mla: MLAttention, indexer: Indexer | None, index_head_dim: int) -> None:
-        self.mla, self.indexer, self.index_head_dim = mla, indexer, index_head_dim
+    def __init__(self, mla: MLAttention, indexer: Indexer | None, index_head_dim: int,
+                 sinks: torch.Tensor | None = None) -> None:
+        self.mla, self.indexer, self.index_head_dim, self.sinks = mla, indexer, index_head_dim, sinks
 
     def new_cache(self, max_tokens: int) -> DSACache:
         keys = None if self.indexer is None else torch.zeros(max_tokens, self.index_head_dim, dtype=self.mla.dtype)
@@ -126,6 +137,8 @@ class DSAttention:
             cache.selection.visible = visible
         visible = cache.selection.visible
         assert visible is not None and visible.shape == (t, length), "a shared DSA layer ran before its full layer"
+        if self.sinks is not None:
+            return self.mla.output(sink_masked_attention(q, k, v, visible, self.mla.scale, self.sinks))
         # 4-D: the CPU flash kernel's form (3-D takes the math path, which keeps [heads, T, L] scores)
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                              attn_mask=visible, scale=self.mla.scale)[0]  # [heads, T, v_dim]

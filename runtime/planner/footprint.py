@@ -16,6 +16,7 @@ from ftw.families import (
     FAMILIES,
     ExpertTensorName,
     family_for_config,
+    hy_v4_indexer_types,
     kimi_linear_layer_types,
     kimi_linear_sizes,
     nemotron_h_layer_types,
@@ -348,6 +349,7 @@ KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2":
               "deepseek_v32": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "axk2": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "glm4_moe_lite": _mla,
+              "hy_v4": lambda c, b: _mla({**c, "indexer_types": hy_v4_indexer_types(c)}, b),  # (HYV4Config's schedule)
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa, "solar_open": _gqa, "sarvam_moe": _gqa, "minicpm5_moe": _gqa, "hy_v3": _gqa, "mellum": _gqa, "flint": _gqa, "kolibri1": _gqa,
