@@ -23,6 +23,7 @@ from ftw.format import PART_ALIGNMENT, align_up
 from runtime.planner.footprint import (
     ModelFootprint,
     _activation_bytes_per_token,
+    _ffn_bytes_per_token,
     kv_dtype_bytes,
     kv_layout,
 )
@@ -113,7 +114,8 @@ def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
         expert_pool_bytes=stride * experts * c["num_experts"], expert_stride_bytes=stride, num_moe_layers=experts,
         num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
         kv=kv_layout(family.name, text, kv_dtype_bytes(dtype)), context_length=context,
-        activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding)
+        activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding,
+        ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, {"f8_e4m3" if weight == "fp8" else weight}))
 
 
 def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from ftpull.preflight import Footprint, Resources, check_fit, footprint
 from ftw import convert_checkpoint
@@ -19,7 +20,7 @@ from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import Store
 from runtime.loading.registered import open_model
 from runtime.planner import resources
-from runtime.planner.footprint import held_dense_bytes
+from runtime.planner.footprint import GROUPED_EXPERT_DTYPES, held_dense_bytes
 from runtime.planner.plan import (
     DEFAULT_NUM_CTX,
     GPU_RESERVE_BYTES,
@@ -411,8 +412,9 @@ def test_at_the_smallest_footprints_a_smaller_prompt_chunk_buys_a_layers_top_k(q
     p = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget, num_ctx=4096))
     assert p.prefill_chunk_tokens == 256 and p.workspace_bytes == GPU_RESERVE_BYTES + 256 * QWEN3_30B_ACT
     assert p.cache_slots == (6 * stride + 256 * QWEN3_30B_ACT) // stride == 8
-    assert any("prompts run in chunks of 256 tokens, not 512" in n for n in p.notes)
-    assert dict(p.describe())["workspace"].endswith("prompts in chunks of 256 tokens")
+    assert any("prompts run in chunks of 256 tokens (their experts 512 tokens at a time), not 512" in n
+               for n in p.notes)
+    assert dict(p.describe())["workspace"].endswith("prompts in chunks of 256 tokens (512 through the experts)")
     roomy = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget + 8 * stride, num_ctx=4096))
     assert roomy.prefill_chunk_tokens == 512 and roomy.cache_slots == 14  # a layer's top-k already
     least = MIN_PREFILL_CHUNK_TOKENS * QWEN3_30B_ACT
@@ -676,3 +678,45 @@ def test_the_gpu_asked_for_where_there_is_none_is_told_to_run_on_the_cpu(qwen3_3
         plan(qwen3_30b, CPU_BOX, PlanOverrides(device="gpu"))
     vram = next(p for p in err.value.problems if p.resource == "VRAM")
     assert "no GPU was found" in str(vram) and "--device cpu" in vram.fix and "quantized" not in vram.fix
+
+
+# a MoE FFN's token where the experts compute in grouped launches (footprint._ffn_bytes_per_token):
+# the normed input, the sum and its cast, router logits and softmax, the routing (float32), and a
+# bf16 activation row for each of the top-8 pairs
+QWEN3_30B_FFN = 4 * (3 * 2048 + 2 * 128 + 16 * 8) + 2 * 8 * 768
+
+
+def test_a_halved_chunk_leaves_the_experts_the_whole_chunk_where_their_launches_are_grouped(
+        qwen3_16: ModelFootprint) -> None:
+    """Where the plan halves the prompt chunk for a layer's top-k slots, a MoE layer's FFN still
+    takes the whole 512 tokens when its experts compute in grouped launches: that FFN's tokens
+    (QWEN3_30B_FFN each) fit the workspace 256 tokens of the whole layer (QWEN3_30B_ACT each) were
+    given, and the prompt's experts then stream through the slots once, not twice. Experts the GPU
+    computes in padded runs (float32 records) keep the chunk; so does a whole chunk."""
+    assert qwen3_16.ffn_bytes_per_token == QWEN3_30B_FFN and 512 * QWEN3_30B_FFN <= 256 * QWEN3_30B_ACT
+    stride, kv = 9 * MiB, 4096 * QWEN3_16_KV
+    budget = QWEN3_16_FIXED + kv + 6 * stride
+    p = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget, num_ctx=4096))
+    assert (p.prefill_chunk_tokens, p.ffn_chunk_tokens) == (256, 512)
+    assert p.workspace_bytes == GPU_RESERVE_BYTES + 256 * QWEN3_30B_ACT  # the experts' 512 tokens within it
+    padded = replace(qwen3_16, ffn_bytes_per_token=0)  # (what from_checkpoint gives float32 experts)
+    assert plan(padded, H200, PlanOverrides(vram_budget_bytes=budget, num_ctx=4096)).ffn_chunk_tokens == 256
+    f32 = ModelFootprint.from_checkpoint(QWEN3_30B, qwen3_30b_tensors("f32", 4))
+    assert f32.ffn_bytes_per_token == 0
+    roomy = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget + 8 * stride, num_ctx=4096))
+    assert (roomy.prefill_chunk_tokens, roomy.ffn_chunk_tokens) == (512, 512)
+
+
+@pytest.mark.parametrize("dtype", sorted(GROUPED_EXPERT_DTYPES | {"f32"}))
+def test_the_grouped_expert_types_are_those_the_gpu_computes_in_grouped_launches(dtype: str) -> None:
+    """footprint.GROUPED_EXPERT_DTYPES (the planner's) against records.grouped_kind (the runtime's):
+    a bank of each type, viewed from cache slots, in its compute dtype (f16 records in f16, the rest
+    in bf16) has a grouped kernel; float32 records have none."""
+    from runtime.experts.synthetic import random_bank
+    from runtime.gpu.expert_cache import ExpertCache
+    from runtime.gpu.records import grouped_kind
+
+    bank = random_bank(dtype, 4, 256, 256, num_distinct=1)
+    views = ExpertCache(2, bank.layout.expert_stride, "cpu", num_layers=1, num_experts=4).views(bank.layout)
+    compute = torch.float16 if dtype == "f16" else torch.bfloat16
+    assert (grouped_kind(views, compute) is not None) == (dtype in GROUPED_EXPERT_DTYPES)

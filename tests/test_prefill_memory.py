@@ -47,11 +47,11 @@ def planned_bytes_per_token() -> int:
 
 
 def gpu_path(weights: ModelWeights, dtype: str, chunk: int | None, *, mode: str = "offload", buffers: int = 2,
-             slots: int = LAYERS * EXPERTS // 2):
+             slots: int = LAYERS * EXPERTS // 2, ffn_chunk: int | None = None):
     ex = build_hybrid(weights, device="cpu", cache_slots=slots, mode=mode, compute_dtype=DTYPES[dtype],
                       prefill_buffers=buffers, pin=False, force=True, split=lambda misses, nbytes: misses)
     return DeviceModel(build_model(weights.config, weights, ex, DTYPES[dtype]), "cpu", ex.steps,
-                       prefill_chunk_tokens=chunk), ex
+                       prefill_chunk_tokens=chunk, prefill_ffn_chunk_tokens=ffn_chunk), ex
 
 
 def prompt(tokens: int, seed: int = 1) -> torch.Tensor:
@@ -152,6 +152,29 @@ def test_a_chunked_prefill_equals_the_whole_one(mode: str, buffers: int) -> None
     state = reference.new_state(1301)
     ref = reference.forward(ids, state, last_only=True)[-1]
     torch.testing.assert_close(chunked[0], ref, atol=2e-5 * float(ref.abs().max()), rtol=0)
+
+
+def test_experts_in_larger_chunks_than_the_mixer_stream_the_cache_once_per_ffn_call() -> None:
+    """The plan's smallest footprints: 256-token chunks so that the cache keeps a layer's top-k (9
+    slots of 32 experts here: rounds of fills through the cache, CachePrefill), the MoE FFN in 512
+    (Plan.ffn_chunk_tokens). A 512-token prompt then makes one FFN call a layer, not two, and
+    streams each routed expert once, not once a chunk; the logits are the 256-token chunks' and
+    the CPU backend's."""
+    weights = tiny_model("f32")
+    ids = prompt(512, seed=3)
+    runs = {}
+    for ffn_chunk in (None, 512):
+        model, ex = gpu_path(weights, "f32", 256, buffers=0, slots=9, ffn_chunk=ffn_chunk)
+        runs[ffn_chunk] = _run(model, ids, steps=2), ex.stats()
+    (split, split_stats), (whole, whole_stats) = runs[None], runs[512]
+    for ours, ref in zip(whole, split, strict=True):
+        torch.testing.assert_close(ours, ref, atol=2e-5 * float(ref.abs().max()), rtol=0)
+    assert (split_stats.prefill_calls, whole_stats.prefill_calls) == (2 * LAYERS, LAYERS)
+    stride = weights.banks[0].layout.expert_stride
+    assert whole_stats.prefill_bytes <= LAYERS * EXPERTS * stride < split_stats.prefill_bytes
+    reference = build_model(weights.config, weights, CPUExpertExecutor(weights.banks, torch.float32), torch.float32)
+    ref = reference.forward(ids, reference.new_state(513), last_only=True)[-1]
+    torch.testing.assert_close(whole[0], ref, atol=2e-5 * float(ref.abs().max()), rtol=0)
 
 
 def test_chunk_bounds_cover_the_prompt_at_multiples_of_the_chunk() -> None:

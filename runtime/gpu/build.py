@@ -234,4 +234,6 @@ def load_gpu(registered: RegisteredModel, dtype: torch.dtype, *, device: torch.d
     with torch.device(device):
         model = build_model(weights.config, weights, executor, dtype)
     chunk = fit.prefill_chunk_tokens if fit is not None else PREFILL_CHUNK_TOKENS  # (what the workspace holds)
-    return weights, DeviceModel(model, device, executor.steps, prefill_chunk_tokens=chunk), executor
+    ffn_chunk = fit.ffn_chunk_tokens if fit is not None else None
+    return weights, DeviceModel(model, device, executor.steps, prefill_chunk_tokens=chunk,
+                                prefill_ffn_chunk_tokens=ffn_chunk), executor

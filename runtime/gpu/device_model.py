@@ -126,12 +126,15 @@ class DeviceModel:
     model's embedding table on the host (HostEmbedding); None: where `move_dense` left it there
     (True runs that path on a CPU device too, as the tests do). A longer prompt than
     `prefill_chunk_tokens` runs each layer in chunks of at most that many tokens (what the fit
-    plan's workspace is sized for: DecoderModel.prefill_chunk_tokens; None: all at once)."""
+    plan's workspace is sized for: DecoderModel.prefill_chunk_tokens; None: all at once), a MoE
+    layer's FFN in chunks of `prefill_ffn_chunk_tokens` (None: the same; Plan.ffn_chunk_tokens)."""
 
     def __init__(self, model: DecoderModel, device: torch.device | str, steps: StepGraphs | None = None,
-                 host_embedding: bool | None = None, prefill_chunk_tokens: int | None = PREFILL_CHUNK_TOKENS) -> None:
+                 host_embedding: bool | None = None, prefill_chunk_tokens: int | None = PREFILL_CHUNK_TOKENS,
+                 prefill_ffn_chunk_tokens: int | None = None) -> None:
         self.model = model
         model.prefill_chunk_tokens = prefill_chunk_tokens
+        model.prefill_ffn_chunk_tokens = prefill_ffn_chunk_tokens
         self.device = torch.device(device)
         if host_embedding is None:
             host_embedding = model.embed.device.type == "cpu" and self.device.type != "cpu"

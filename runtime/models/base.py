@@ -9,7 +9,10 @@ chunk after chunk (each continuing the cache the chunks before it filled) where 
 it, then its FFN chunk after chunk, so what a layer allocates is one chunk's and only the
 residual stream ([T, H], the layer's input) spans the prompt. The layer order is kept, so an
 expert executor sees each MoE layer's chunks one after the other and streams its bank once
-(`prompt_chunk` says which chunk a call is).
+(`prompt_chunk` says which chunk a call is). A MoE layer's FFN may take larger chunks than its
+mixer (`prefill_ffn_chunk_tokens`): where the fit plan halved the chunk so that the expert cache
+keeps a layer's top-k, an executor that streams the experts through that cache does so once per
+FFN call.
 """
 
 from __future__ import annotations
@@ -191,9 +194,11 @@ class DecoderModel:
 
     `prefill_chunk_tokens` (None: every call's tokens at once): a call of more tokens runs each
     layer in chunks of at most that many (see the module doc); set by the GPU path to the
-    chunk its fit plan sizes the workspace for."""
+    chunk its fit plan sizes the workspace for. `prefill_ffn_chunk_tokens` (None: the same): the
+    chunks of a MoE layer's FFN, where the plan leaves them room for more."""
 
     prefill_chunk_tokens: int | None = None
+    prefill_ffn_chunk_tokens: int | None = None
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, blocks: list[Block], dtype: torch.dtype,
                  *, prefix: str = "model.", norm_offset: float = 0.0, embedding_multiplier: float = 1.0,
@@ -352,7 +357,9 @@ class DecoderModel:
         forward_begins()  # the layers share one pass's rope tables
         chunk = self.prefill_chunk_tokens
         if chunk is not None and isinstance(start, int) and x.shape[0] > chunk:
-            return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk), tokens)
+            ffn_chunk = max(chunk, self.prefill_ffn_chunk_tokens or chunk)
+            return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk), tokens,
+                                          chunk_bounds(x.shape[0], ffn_chunk))
         if self.streams is not None:
             x = self.streams.expand(x)
         r = self.residual_multiplier  # (alpha 1 adds exactly as `+` does)
@@ -374,12 +381,15 @@ class DecoderModel:
         return x if self.streams is None else self.streams.collapse(x)
 
     def _layers_in_chunks(self, x: torch.Tensor, positions: torch.Tensor, state: DecodeState, start: int,
-                          bounds: list[tuple[int, int]], tokens: torch.Tensor) -> torch.Tensor:
-        """`_layers` a chunk of tokens at a time within each layer, adding into x in place (the
-        embeddings: this pass's own tensor): the same sums, each token's in the same order."""
+                          bounds: list[tuple[int, int]], tokens: torch.Tensor,
+                          moe_bounds: list[tuple[int, int]]) -> torch.Tensor:
+        """`_layers` a chunk of tokens at a time within each layer (a MoE layer's FFN in
+        `moe_bounds`), adding into x in place (the embeddings: this pass's own tensor): the same
+        sums, each token's in the same order."""
         if self.streams is not None:
             x = self.streams.expand(x)
-        for block, cache in zip(self.blocks, state.caches, strict=True):
+        moe_layers = set(self.config.moe_layers)
+        for layer, (block, cache) in enumerate(zip(self.blocks, state.caches, strict=True)):
             # the whole prompt at once where the mixer's cache cannot be continued cheaply; none without a mixer
             spans = bounds if getattr(block.mixer, "chunks_prompt", False) else [(0, x.shape[0])]
             spans = [] if block.mixer is NO_MIXER else spans
@@ -394,9 +404,10 @@ class DecoderModel:
                 else:
                     mixed = self.norm(h, block.input_norm) if normed is None else normed[first:end]
                     self._join(h, block.mixer(mixed, at, cache, start + first), block, 0, in_place=True)
-            for index, (first, end) in enumerate(bounds if block.ffn is not None else []):
+            ffn_spans = [] if block.ffn is None else moe_bounds if layer in moe_layers else bounds
+            for index, (first, end) in enumerate(ffn_spans):
                 h = x[first:end]
-                with _computing_chunk(PromptChunk(index, len(bounds))):
+                with _computing_chunk(PromptChunk(index, len(ffn_spans))):
                     if block.residuals is not None:
                         h.copy_(self._fed_streams(block, h, tokens[first:end]))
                     else:

@@ -393,6 +393,7 @@ class ModelFootprint:
     context_length: int = 0  # the model's (or recipe's) maximum
     activation_bytes_per_token: int = 0
     embedding_bytes: int = 0  # of dense_bytes, the token embedding table the GPU path keeps in host RAM
+    ffn_bytes_per_token: int = 0  # a MoE layer's FFN alone, where its experts compute in grouped launches (else 0)
 
     @property
     def layout_known(self) -> bool:
@@ -432,7 +433,9 @@ class ModelFootprint:
             kv=kv_layout(index.family, text, kv_dtype_bytes(dtype)),
             context_length=context_length or int(c.get("context_length") or 0),
             activation_bytes_per_token=_activation_bytes_per_token(c),
-            embedding_bytes=_held_embedding_bytes(held, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))))
+            embedding_bytes=_held_embedding_bytes(held, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))),
+            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, {p.dtype for b in index.banks for p in b.parts
+                                                                if p.name in EXPERT_WEIGHT_PARTS}))
 
     @staticmethod
     def from_checkpoint(config: dict[str, Any], tensors: dict[str, tuple[str, int]], *, target_dtype: str = "auto",
@@ -444,7 +447,7 @@ class ModelFootprint:
         family = family_for_config(config)
         c = normalized_config(family, config)
         dense: dict[str, tuple[str, int]] = {}
-        by_dtype, embed = Counter(), None
+        by_dtype, embed, expert_dtypes = Counter(), None, set()
         parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # layer -> part -> bytes of one expert
         for source_name, (dtype, nbytes) in tensors.items():
             tensor_name = family.tensor_name(source_name)  # (DeepSeek-V4's release names its own way)
@@ -455,6 +458,8 @@ class ModelFootprint:
                 continue  # (MXFP4's: gone into the dequantized weights)
             dtype, nbytes = converted_bytes(expert, tensor_name, dtype, nbytes, target_dtype)
             by_dtype[dtype] += nbytes
+            if expert is not None and expert.what in ("weight", "blocks"):
+                expert_dtypes.add(dtype)
             embed = dtype if tensor_name.endswith(EMBEDDINGS) else embed
             if expert is None:
                 dense[tensor_name] = (dtype, nbytes)
@@ -473,7 +478,8 @@ class ModelFootprint:
             num_moe_layers=len(strides), num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
             kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),
             context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c),
-            embedding_bytes=_held_embedding_bytes(sized, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))))
+            embedding_bytes=_held_embedding_bytes(sized, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))),
+            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, expert_dtypes))
 
     @staticmethod
     def from_sizes(*, expert_bytes: int, dense_bytes: int = 0, name: str = "model", context_length: int = 0,
@@ -516,3 +522,28 @@ def _activation_bytes_per_token(c: dict[str, Any]) -> int:
     attention = 2 * hidden + 5 * q + 3 * kv
     moe = 3 * hidden + 2 * experts + 16 * top_k + rows * (2 * hidden + 4 * inter) + (4 * shared + hidden if shared else 0)
     return 4 * int(max(attention, moe) + 2 * head_dim)
+
+
+# Expert weight types whose prompt experts the GPU computes in two grouped launches, one
+# activation row a routed pair (runtime/gpu/records.grouped_kind; tests/test_plan.py holds the
+# two together): 16-bit records in the compute dtype, GGUF K-quants and Q8_0, block-scaled FP8,
+# MXFP4. Others (float32 records) go through padded runs of experts.
+GROUPED_EXPERT_DTYPES = frozenset({"bf16", "f16", "q4_k", "q5_k", "q6_k", "q8_0", "f8_e4m3", "f8_e5m2", "mxfp4"})
+EXPERT_WEIGHT_PARTS = ("w13", "w1", "w3", "w2")
+
+
+def _ffn_bytes_per_token(c: dict[str, Any], dtype: str, expert_dtypes: set[str]) -> int:
+    """What one token of a prompt holds in a MoE layer's FFN on the GPU path where its experts
+    compute in grouped launches (16-bit compute, every expert weight of a GROUPED_EXPERT_DTYPES
+    type; else 0: `_activation_bytes_per_token`'s MoE term, with its padded rows, holds). Counted
+    at 4 bytes an element as there: the normed input, the float32 sum of the experts and its cast
+    (3 x hidden), router logits and their softmax (2 x experts), the routing, its pair plan and
+    weights (16 x top-k), shared experts as there; and the grouped kernels' activation row of
+    each routed pair, in the compute dtype (top-k x moe_intermediate x 2 bytes)."""
+    if compute_bytes(dtype) != 2 or not expert_dtypes or not expert_dtypes <= GROUPED_EXPERT_DTYPES:
+        return 0
+    hidden, experts = int(c.get("hidden_size") or 0), int(c.get("num_experts") or 0)
+    top_k, inter = int(c.get("num_experts_per_tok") or 0), int(c.get("moe_intermediate_size") or 0)
+    shared = int(c.get("num_shared_experts") or 0) * inter
+    elements = 3 * hidden + 2 * experts + 16 * top_k + (4 * shared + hidden if shared else 0)
+    return 4 * elements + 2 * top_k * inter

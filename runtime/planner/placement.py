@@ -84,6 +84,10 @@ class Plan:
     num_threads: int
     num_physical_cores: int
     prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS  # prompt tokens computed at once on the GPU (or fewer: plan.py)
+    # prompt tokens a MoE layer's FFN takes at once: the chunk, or more where its experts' grouped
+    # launches leave the chunk's workspace room for them (plan.py: each FFN call streams the layer's
+    # experts through the cache once)
+    ffn_chunk_tokens: int = PREFILL_CHUNK_TOKENS
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     problems: tuple[Problem, ...] = ()
@@ -138,7 +142,9 @@ class Plan:
                 f", token embeddings {size(self.embedding_bytes)} in RAM" if self.embedding_bytes else "")),
             ("KV cache", f"{size(self.kv_bytes)} {where}, {self._per_token()}"),
             ("workspace", f"{size(self.workspace_bytes)} {where}" + (
-                f", prompts in chunks of {self.prefill_chunk_tokens} tokens" if on_gpu else "")),
+                f", prompts in chunks of {self.prefill_chunk_tokens} tokens" + (
+                    f" ({self.ffn_chunk_tokens} through the experts)"
+                    if self.ffn_chunk_tokens > self.prefill_chunk_tokens else "") if on_gpu else "")),
             *([("prefill buffers", self._prefill())] if on_gpu and self.slot_bytes else []),
             ("expert cache", cache),
             ("context", context + ")"),

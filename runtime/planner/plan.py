@@ -237,12 +237,14 @@ def _gpu_plan(fp: ModelFootprint, machine: Machine, o: PlanOverrides, ram_budget
         log.notes.append(f"the KV cache ({size(kv_bytes)}) is larger than the expert cache: every 1024 tokens "
                          f"less of --num-ctx buys {per_1k:.1f} more expert slots")
     if chunk < PREFILL_CHUNK_TOKENS and fp.layout_known:
-        log.notes.append(f"prompts run in chunks of {chunk} tokens, not {PREFILL_CHUNK_TOKENS}: the smaller "
+        ffn = _ffn_chunk(fp, chunk)
+        through = f" (their experts {ffn} tokens at a time)" if ffn > chunk else ""
+        log.notes.append(f"prompts run in chunks of {chunk} tokens{through}, not {PREFILL_CHUNK_TOKENS}: the smaller "
                          f"chunk's activations leave the expert cache {slots} slots, enough for a layer's "
                          f"top-{fp.num_experts_per_tok} (misses and long prompts' experts then stream over PCIe "
                          "beside the CPU)")
     return replace(_plan(fp, machine, o, "", ram_budget, ram_needed, vram_budget, pinned, workspace, context, max_kv,
-                         slots, log, buffers), prefill_chunk_tokens=chunk)
+                         slots, log, buffers), prefill_chunk_tokens=chunk, ffn_chunk_tokens=_ffn_chunk(fp, chunk))
 
 
 def _prefill_chunk(fp: ModelFootprint, room: int) -> int:
@@ -260,6 +262,21 @@ def _prefill_chunk(fp: ModelFootprint, room: int) -> int:
     while slots(chunk) < fp.num_experts_per_tok and chunk > MIN_PREFILL_CHUNK_TOKENS:
         chunk //= 2
     return chunk if slots(chunk) >= fp.num_experts_per_tok else PREFILL_CHUNK_TOKENS
+
+
+def _ffn_chunk(fp: ModelFootprint, chunk: int) -> int:
+    """Prompt tokens a MoE layer's FFN takes at once: `chunk`, or where its experts compute in
+    grouped launches (fp.ffn_bytes_per_token), the largest halving of PREFILL_CHUNK_TOKENS whose
+    FFN fits the workspace `chunk` tokens of the whole layer were given. At the smallest budgets
+    the chunk is halved for one token's slots (`_prefill_chunk`) and the prompt's experts then
+    stream through those slots once an FFN call: 256-token calls stream a 512-token prompt's
+    experts twice (the Q4_K_M race file at -ncmoe 16: 11.3 GB over PCIe for 5.6)."""
+    if not fp.ffn_bytes_per_token or chunk >= PREFILL_CHUNK_TOKENS:
+        return chunk
+    tokens = PREFILL_CHUNK_TOKENS
+    while tokens > chunk and tokens * fp.ffn_bytes_per_token > chunk * fp.activation_bytes_per_token:
+        tokens //= 2
+    return max(tokens, chunk)
 
 
 def _prefill_buffers_and_slots(fp: ModelFootprint, room: int, log: _Log) -> tuple[int, int]:
