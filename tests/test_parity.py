@@ -867,6 +867,7 @@ def test_ergo_with_its_released_config_keys_matches_transformers_and_refuses_oth
     with pytest.raises(UnsupportedFamilyError, match="'yarn' rope"):
         convert_and_load(src, tmp_path / "store-yarn")
 
+
 class OneTokenAtATime:
     """A transformers model fed one token at a time through its cache, for logits and greedy tokens
     (what assert_parity asks of a model): its decode path, where a model's full forward pass computes
