@@ -23,7 +23,9 @@
 #            FP8 and Q4_K_M records (~3-5 min)
 #   replay   a cold machine's agent replay (benchmarks/agent_replay.py, issue 23) against `ft serve` on
 #            the Q4_K_M race file at VRAM_GIB (4) with two sessions, through the real anthropic
-#            client (carry .whl2 too; ~7 min; no llama-bench)
+#            client (carry .whl2 too: the anthropic, openai and ollama wheels and what the host lacks
+#            of theirs, httpx2, httpcore2, h11, sniffio, truststore, distro, docstring_parser, jiter,
+#            opentelemetry-api, which fastapi 0.165 imports too; ~7 min; no llama-bench)
 #   cpuside  a cold machine's look at auto's CPU side (benchmarks/bench_profile.py: the bandwidth
 #            profile's raw points at 4, 8 and 12 threads with the CPU facts, the kernel alone, the
 #            hand-off with a CPU expert a layer; ~4 min, no model file)
