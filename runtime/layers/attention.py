@@ -136,6 +136,20 @@ def chunked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def query_blocks(start: int, t: int, heads: int, window: int | None) -> list[tuple[int, int, int]]:
+    """(first, last, first_key) of each block of a prompt's queries at positions [start, start + t)
+    whose masked scores stay within MASKED_SCORES_PER_CALL: queries [first, last) over the keys
+    [first_key, last) they can see (all before them, or within `window` positions: a block of at
+    most `window` queries then reads at most 2 x window keys, whatever the prefix)."""
+    end = start + t
+    if window is None:
+        block = max(1, MASKED_SCORES_PER_CALL // (heads * end))
+    else:
+        block = max(1, min(window, MASKED_SCORES_PER_CALL // (heads * 2 * window)))
+    return [(first, min(first + block, end), 0 if window is None else max(0, first - window + 1))
+            for first in range(start, end, block)]
+
+
 def sliding_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: Start, scale: float,
                              window: int) -> torch.Tensor:
     """`causal_attention` within a sliding window of `window` positions (transformers'
@@ -151,10 +165,8 @@ def sliding_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if t == 1:
         first_key = max(0, start - window + 1)
         return _decode_attention(q, k[first_key:end], v[first_key:end], scale)
-    block = max(1, min(window, MASKED_SCORES_PER_CALL // (heads * 2 * window)))
     parts = []
-    for first in range(start, end, block):
-        last, first_key = min(first + block, end), max(0, first - window + 1)
+    for first, last, first_key in query_blocks(start, t, heads, window):
         keys = torch.arange(first_key, last, device=q.device)[None, :]
         queries = torch.arange(first, last, device=q.device)[:, None]
         mask = (keys <= queries) & (keys > queries - window)  # [C, K]

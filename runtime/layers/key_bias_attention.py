@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import MASKED_SCORES_PER_CALL, DevicePosition, KVCache, Start, store
+from .attention import DevicePosition, KVCache, Start, query_blocks, store
 
 
 class KeyBiasCache(KVCache):
@@ -47,16 +47,8 @@ def key_bias_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     on the device."""
     if isinstance(start, DevicePosition):
         return _attend(q, k, v, bias, start.index, 0, scale, window, keep)
-    t, heads = q.shape[0], q.shape[1]
-    end = start + t
-    if window is None:
-        block = max(1, MASKED_SCORES_PER_CALL // (heads * end))
-    else:  # (a block of at most `window` queries reads at most 2 x window keys)
-        block = max(1, min(window, MASKED_SCORES_PER_CALL // (heads * 2 * window)))
     parts = []
-    for first in range(start, end, block):
-        last = min(first + block, end)
-        first_key = 0 if window is None else max(0, first - window + 1)
+    for first, last, first_key in query_blocks(start, q.shape[0], q.shape[1], window):
         positions = torch.arange(first, last, device=q.device)
         parts.append(_attend(q[first - start:last - start], k[first_key:last], v[first_key:last], bias[first_key:last],
                              positions, first_key, scale, window, keep))

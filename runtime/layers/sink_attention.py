@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import MASKED_SCORES_PER_CALL, DevicePosition, Start
+from .attention import MASKED_SCORES_PER_CALL, DevicePosition, Start, query_blocks
 
 
 def sink_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: Start, scale: float,
@@ -24,16 +24,8 @@ def sink_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     (one token), the keys after its index, and before its window, are masked on the device."""
     if isinstance(start, DevicePosition):
         return _attend(q, k, v, start.index, 0, scale, sinks, window)
-    t, heads = q.shape[0], q.shape[1]
-    end = start + t
-    if window is None:
-        block = max(1, MASKED_SCORES_PER_CALL // (heads * end))
-    else:  # (a block of at most `window` queries reads at most 2 x window keys)
-        block = max(1, min(window, MASKED_SCORES_PER_CALL // (heads * 2 * window)))
     parts = []
-    for first in range(start, end, block):
-        last = min(first + block, end)
-        first_key = 0 if window is None else max(0, first - window + 1)
+    for first, last, first_key in query_blocks(start, q.shape[0], q.shape[1], window):
         positions = torch.arange(first, last, device=q.device)
         parts.append(_attend(q[first - start:last - start], k[first_key:last], v[first_key:last], positions,
                              first_key, scale, sinks, window))
