@@ -100,7 +100,8 @@ def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
     compute = 4 if weight == "f32" else 2
     dtype = "f32" if weight == "f32" else "bf16"
     experts = len(c["moe_layers"])
-    stride = _expert_stride(c["hidden_size"], c["moe_intermediate_size"], weight)
+    gated = family.expert_activation(text).gated  # (Nemotron-H's relu2 and Doge's silu experts hold no gate)
+    stride = _expert_stride(c["hidden_size"], c["moe_intermediate_size"], weight, gated)
     dense = _dense_numel(family.name, c, text)
     embedding = 0 if c["tie_word_embeddings"] else c["vocab_size"] * c["hidden_size"] * compute
     context = recipe.context_length or c["context_length"]
@@ -130,17 +131,19 @@ def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:
     return "fp8" if quant.get("quant_method") == "fp8" else "f32" if config.get("torch_dtype") == "float32" else "bf16"
 
 
-def _expert_stride(hidden: int, inter: int, weight: str) -> int:
-    """One expert record as the FTW writer lays it out: w13 (gate and up), w2 (down), and with
-    FP8 the three block-scale parts, each part on 256 bytes, the record on 4096."""
+def _expert_stride(hidden: int, inter: int, weight: str, gated: bool = True) -> int:
+    """One expert record as the FTW writer lays it out: w13 (gate and up, or up alone where the
+    experts are not `gated`), w2 (down), and with FP8 their block-scale parts, each part on 256
+    bytes, the record on 4096."""
+    rows = (2 if gated else 1) * inter  # w13's
     if weight == "fp8":
         scale = math.ceil(inter / FP8_BLOCK) * math.ceil(hidden / FP8_BLOCK) * 4
-        parts = [2 * hidden * inter, hidden * inter, scale, scale, scale]
+        parts = [rows * hidden, hidden * inter, *([scale] * (3 if gated else 2))]
     elif weight == "mxfp4":  # (17 bytes a 32 values)
-        parts = [2 * inter * hidden // 32 * 17, hidden * inter // 32 * 17]
+        parts = [rows * hidden // 32 * 17, hidden * inter // 32 * 17]
     else:
         element = 4 if weight == "f32" else 2
-        parts = [2 * hidden * inter * element, hidden * inter * element]
+        parts = [rows * hidden * element, hidden * inter * element]
     return align_up(sum(align_up(p, PART_ALIGNMENT) for p in parts))
 
 

@@ -158,3 +158,15 @@ def test_online_the_stored_footprint_is_checked_against_the_real_config(tmp_path
     with caplog.at_level(logging.WARNING, logger="ftpull.recipe_footprint"):
         fit("hf://Qwen/Qwen3-30B-A3B", store, PlanOverrides(), DESKTOP_5090)  # (no recipe's: nothing stored)
     assert not caplog.records
+
+
+def test_a_recipe_of_experts_without_a_gate_counts_their_two_matrices() -> None:
+    """Nemotron-H's relu2 experts hold up and down only (w13 is the up rows alone), as the FTW writer
+    lays them out: the offline footprint counted a gate too, 82 GiB of experts for ~55."""
+    from ftw.format import PART_ALIGNMENT, align_up
+
+    fp = recipe_footprint(load_builtin_modelfile("nemotron-3-nano").recipe(), name="nemotron-3-nano")
+    config = stored_config("nemotron-3-nano")
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    assert fp.expert_stride_bytes == align_up(2 * align_up(hidden * inter * 2, PART_ALIGNMENT))
+    assert fp.expert_pool_bytes < 56 << 30
