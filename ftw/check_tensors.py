@@ -226,8 +226,8 @@ def _check_mlps(hidden: int, dense: Mapping[str, Shape], *, gated: bool = True) 
     prefixes = {name.removesuffix(p) for name in dense for p in ("gate_proj.weight", "up_proj.weight",
                                                                  "down_proj.weight") if name.endswith("." + p)}
     # (a KV compressor's gate_proj, beside its kv_proj, is no MLP's: DeepSeek-V4's self_attn.compressor.;
-    # nor attention's output gate: AFMoE's self_attn.gate_proj)
-    prefixes = {p for p in prefixes if not p.endswith(COMPRESSOR_PREFIXES) and not p.endswith(".self_attn.")}
+    # nor attention's output gate: AFMoE's self_attn.gate_proj; nor a router's own layer: ZAYA's mlp.gate.down_proj)
+    prefixes = {p for p in prefixes if not p.endswith(COMPRESSOR_PREFIXES) and not p.endswith((".self_attn.", ".mlp.gate."))}
     for prefix in prefixes:
         shapes = {p: dense.get(f"{prefix}{p}_proj.weight") for p in ("gate", "up", "down")}
         if missing := [p for p, s in shapes.items() if s is None]:

@@ -419,6 +419,10 @@ FAMILIES: dict[str, Family] = {
             expert_activation=readers.one_activation("doge", "hidden_act", "silu", "silu"),
             dense_reason=readers.doge_dense_reason, fused_experts_transposed=False, renames=readers.DOGE_NAMES,
         ),
+        Family(  # (SwiGLU experts fused [E, 2I, H] as transformers saves them; the router's skip expert is no bank's)
+            "zaya", ("zaya",), ("num_experts",), readers.all_layers,
+            expert_activation=readers.one_activation("zaya", "hidden_act", "silu", "swiglu"),
+        ),
         Family(  # (relu2 experts, not gated, fused [E, in, out] either way; the release's names renamed, its router
             # and shared expert transposed, as transformers' conversion_mapping does)
             "ergo", ("ergo",), ("num_experts",), readers.ergo_layers, num_shared_experts=lambda c: 1,

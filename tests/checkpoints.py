@@ -266,6 +266,19 @@ FAMILY_CONFIGS: dict[str, dict] = {
         num_experts_per_tok=4, keep_window_size=6, initializer_range=0.1,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     ),
+    # ZAYA's CCA on every layer: convolutions of 2 and 3 taps (a token reads the 3 before it), 4 query heads over 2
+    # key heads, values half of the token before, biases on every projection; full layers 0 and 2 (rope base 1000
+    # on half of each head), sliding layer 1 within 5 tokens (base 100 on a quarter); a router state 24 wide
+    # passed layer to layer, 4 experts + the skip one, top 1; residual scales and biases, the embeddings' scale and
+    # bias, qk_norm.temp (transformers' zeros would zero the keys), balancing biases and norms random; a head bias
+    # beside the tied head
+    "zaya": dict(
+        SMALL, num_hidden_layers=3, moe_intermediate_size=32, num_key_value_heads=2, head_dim=16, num_experts=4,
+        num_experts_per_tok=1, router_hidden_size=24, cca_time0=2, cca_time1=3, attention_bias=True, lm_head_bias=True,
+        layer_types=["hybrid", "hybrid_sliding", "hybrid"], sliding_window=5, initializer_range=0.1,
+        rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5},
+                         "hybrid_sliding": {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.25}},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -484,6 +497,8 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
               "hc_head.hc_scale", "hc_head.hc_base"),
     "doge": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "self_attn.A", "_residual"),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
+    "zaya": ("layernorm.", "model.norm.", "router_mlp.norm.", "qk_norm.temp", "residual_scale.", "input_hidden_states_",
+             "balancing_biases", "router_states_scale", "lm_head.bias"),
     "beam": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "gate_bias", "e_score_correction_bias"),
     "ergo": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "residual_gate.", "post_expert_norm.",
              "shared_experts.norm.", "e_score_correction_bias"),
@@ -499,7 +514,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
             "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo",
-            "doge", "hy_v4")
+            "doge", "hy_v4", "zaya")
 
 
 def build_model(family: str, seed: int = 0):

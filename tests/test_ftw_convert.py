@@ -174,7 +174,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
                                     "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam",
-                                    "ergo", "hy_v4"])
+                                    "ergo", "hy_v4", "zaya"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     if family == "ergo":  # (not gated; transformers' own names, its router and shared expert [out, in])
         src = save_checkpoint(family, tmp_path / "hf", fused=True)

@@ -108,6 +108,9 @@ FAMILIES = [
     pytest.param("gemma4_text", False, id="gemma4_text"),
     pytest.param("granitemoe_swa", False, id="granitemoe_swa"),  # (transformers writes its experts fused either way)
     pytest.param("granitemoehybrid", False, id="granitemoehybrid"),  # (fused either way, as Granite's)
+    # (CCA: convolved q/k and delayed values cached beside the keys; a router state passed layer to layer, the skip
+    # expert; residual scales with biases; transformers writes its experts fused either way)
+    pytest.param("zaya", False, id="zaya"),
 ]
 
 

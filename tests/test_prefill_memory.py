@@ -226,7 +226,7 @@ def families(tmp_path_factory):
 CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
                     "jetmoe", "cohere2_moe", "minimax", "lfm2_moe", "kimi_linear", "mimo_v2_flash", "granitemoe_swa",
                     "granitemoehybrid", "jamba", "mellum", "gemma4_text", "longcat_flash", "flint", "kolibri1", "axk2",
-                    "beam", "ergo", "doge", "hy_v4")
+                    "beam", "ergo", "doge", "hy_v4", "zaya")
 
 
 @pytest.mark.parametrize("family", CHUNKED_FAMILIES)

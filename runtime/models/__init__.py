@@ -61,6 +61,7 @@ FAMILY_MODULES = {
     "mellum": "mellum",
     "flint": "flint",
     "doge": "doge",
+    "zaya": "zaya",
     "kolibri1": "kolibri1",
     "axk2": "axk2",
     "beam": "beam",

@@ -136,6 +136,10 @@ def chunk_bounds(num_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
 # tensor (Beam's depth-scaled residual: sqrt((n - 1) / n) and 1 / sqrt(n) at the n-th join)
 ResidualScale = tuple[float | torch.Tensor, float | torch.Tensor]
 
+# biases [H] added before those scales: x = (x + residual_bias) * residual + (out + update_bias) * update
+# (ZAYA's residual scaling); None: no bias on that side
+ResidualBias = tuple[torch.Tensor | None, torch.Tensor | None]
+
 # an RMSNorm's weight, or a norm of its own: a LayerNorm (Phi-3.5-MoE, DBRX), none (FlexOlmo's post-norm block)
 Norm = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
@@ -175,6 +179,8 @@ class Block:
     # the mixer's and the FFN's (residual, update) scales, where the residual is scaled too
     # (x = x * residual + out * update; None: x += out); not read by a parallel block
     scales: tuple[ResidualScale, ResidualScale] | None = None
+    # the mixer's and the FFN's (residual, update) biases, added before `scales` (read only with them)
+    biases: tuple[ResidualBias, ResidualBias] | None = None
 
 
 class DecoderModel:
@@ -186,7 +192,9 @@ class DecoderModel:
     added, and the logits divided by `logits_scaling`. `final_logit_softcapping` (Gemma's): the
     logits squashed to (-cap, cap) as cap * tanh(logits / cap). A block with `scales` scales the
     residual too: x = x * residual + out * update (Beam's depth-scaled residual), in place of the
-    multiplier.
+    multiplier; with `biases`, x = (x + residual_bias) * residual + (out + update_bias) * update.
+    `embedding_bias` [H]: added to the embeddings before `embedding_multiplier` (a float, or a [H]
+    scale: ZAYA's (x + bias) * scale).
 
     `streams` (DeepSeek-V4's hyper-connections): the residual is several streams, the embeddings
     expanded into them and collapsed before the final norm; each block's `residuals` say how its
@@ -201,7 +209,8 @@ class DecoderModel:
     prefill_ffn_chunk_tokens: int | None = None
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, blocks: list[Block], dtype: torch.dtype,
-                 *, prefix: str = "model.", norm_offset: float = 0.0, embedding_multiplier: float = 1.0,
+                 *, prefix: str = "model.", norm_offset: float = 0.0, embedding_multiplier: float | torch.Tensor = 1.0,
+                 embedding_bias: torch.Tensor | None = None,
                  residual_multiplier: float = 1.0, logits_scaling: float = 1.0,
                  embed_name: str = "embed_tokens.weight", final_norm: Norm | None = None,
                  head_name: str = "lm_head.weight", streams: Streams | None = None,
@@ -212,6 +221,7 @@ class DecoderModel:
         self.blocks = blocks
         self.norm_offset = norm_offset
         self.embedding_multiplier, self.residual_multiplier = embedding_multiplier, residual_multiplier
+        self.embedding_bias = embedding_bias
         self.logits_scaling, self.softcap = logits_scaling, final_logit_softcapping
         self.embed = weights.get(prefix + embed_name)  # (DBRX's: transformer.wte.weight)
         self.final_norm = weights.get(prefix + "norm.weight") if final_norm is None else final_norm
@@ -344,7 +354,10 @@ class DecoderModel:
 
     def _embed(self, input_ids: torch.Tensor, embeds: torch.Tensor | None) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed) if embeds is None else embeds
-        return x if self.embedding_multiplier == 1.0 else x * self.embedding_multiplier
+        if self.embedding_bias is not None:
+            x = x + self.embedding_bias
+        scale = self.embedding_multiplier
+        return x if isinstance(scale, float | int) and scale == 1.0 else x * scale
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = linear(self.norm(x, self.final_norm), self.lm_head, self.lm_head_bias).to(torch.float32)
@@ -424,6 +437,12 @@ class DecoderModel:
         if block.scales is None:
             return x.add_(out, alpha=self.residual_multiplier) if in_place else x.add(out, alpha=self.residual_multiplier)
         residual, update = block.scales[sublayer]
+        if block.biases is not None:
+            residual_bias, update_bias = block.biases[sublayer]
+            out = out if update_bias is None else out + update_bias
+            if residual_bias is not None:
+                x = x.add_(residual_bias) if in_place else x + residual_bias
+                in_place = True  # (x is this call's own tensor now, or the caller's to change)
         return x.mul_(residual).add_(out * update) if in_place else x * residual + out * update
 
     @staticmethod

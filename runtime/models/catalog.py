@@ -94,6 +94,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "qwen3_next": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
     "sarvam_moe": ("GQA, QK norm, fused QKV", "sigmoid + bias, group-limited top-k, shared experts"),
     "solar_open": ("GQA", "sigmoid + bias, group-limited top-k, shared experts"),
+    "zaya": ("compressed convolutional attention (q/k through short causal convolutions, values half from the "
+             "token before), full and sliding-window layers, partial rope, residual scales with biases",
+             "a router MLP with a state passed layer to layer, top-1 + balancing bias, a skip expert")
 }
 
 # where a family does not run on both the CPU and the GPU (none now: Gemma 4's GELU-gated experts

@@ -161,6 +161,19 @@ def _gqa(c: dict[str, Any], b: int) -> KVLayout:
                     formula=f"GQA: 2 x {layers} layers x {kv_heads} KV heads x {head_dim} x {b} B")
 
 
+def _zaya(c: dict[str, Any], b: int) -> KVLayout:
+    """GQA's keys and values and, beside them, each token's q/k projections (its convolutions'
+    inputs) and delayed values (ZAYA's CCA: runtime/layers/cca_attention.CCACache)."""
+    gqa = _gqa(c, b)
+    layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    rows = (heads + kv_heads) * head_dim + kv_heads * head_dim // 2
+    return KVLayout("gqa", gqa.bytes_per_token + layers * rows * b,
+                    formula=f"{gqa.formula} + {layers} layers x ({heads} + {kv_heads}) x {head_dim} q/k inputs "
+                            f"+ {kv_heads} x {head_dim} / 2 delayed values x {b} B")
+
+
 def _doge(c: dict[str, Any], b: int) -> KVLayout:
     """GQA's keys and values and one bias a key head beside each key (Doge's dynamic mask)."""
     gqa = _gqa(c, b)
@@ -353,7 +366,7 @@ KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2":
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa, "solar_open": _gqa, "sarvam_moe": _gqa, "minicpm5_moe": _gqa, "hy_v3": _gqa, "mellum": _gqa, "flint": _gqa, "kolibri1": _gqa,
-              "beam": _gqa, "ergo": _gqa, "doge": _doge,
+              "beam": _gqa, "ergo": _gqa, "doge": _doge, "zaya": _zaya,
               "cohere2_moe": _gqa, "afmoe": _gqa, "laguna": _gqa, "lfm2_moe": _short_conv, "minimax": _lightning,
               "kimi_linear": _kimi_linear, "bailing_hybrid": _bailing_hybrid,
               "gemma4_text": _per_layer_gqa("gemma4_text"),  # (wider full layers; sliding ones keep every token)
