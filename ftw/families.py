@@ -251,7 +251,7 @@ FAMILIES: dict[str, Family] = {
             "jamba", ("jamba",), ("num_experts", "num_local_experts"), readers.jamba_moe_layers,
             intermediate_key="intermediate_size"),
         Family("jetmoe", ("jetmoe",), ("num_local_experts", "num_experts"), readers.all_layers,
-               intermediate_key="intermediate_size", head_dim_key="kv_channels"),
+               intermediate_key="intermediate_size", head_dim_key="kv_channels", config_view=readers.jetmoe_view),
         Family(  # (Kimi K2 is this model under its own model_type; K2.5 and K2.6 its text model: readers.KIMI_K25_NAMES)
             "deepseek_v3", ("deepseek_v3", "kimi_k2", "kimi_k25"), ("n_routed_experts", "num_local_experts"),
             readers.first_k_dense_layers, text_config_key="text_config", drop_layers_from_num_layers=True,

@@ -34,6 +34,18 @@ def all_layers(c: dict[str, Any]) -> list[int]:
     return list(range(c["num_hidden_layers"]))
 
 
+def jetmoe_view(c: dict[str, Any]) -> dict[str, Any]:
+    """JetMoE's query heads where config.json leaves them out: JetMoeConfig derives them, one per
+    key head and routed attention expert (num_key_value_heads x num_experts_per_tok)."""
+    if c.get("num_attention_heads") is not None:
+        return {}
+    kv_heads, top_k = c.get("num_key_value_heads", 16), c.get("num_experts_per_tok", 2)
+    if not (isinstance(kv_heads, int) and isinstance(top_k, int)):
+        raise SourceError(f"config.json of this jetmoe model: num_key_value_heads {kv_heads!r} and "
+                          f"num_experts_per_tok {top_k!r} must be integers")
+    return {"num_attention_heads": kv_heads * top_k}
+
+
 def dbrx_view(c: dict[str, Any]) -> dict[str, Any]:
     """DBRX's config under the usual names: d_model, n_heads, n_layers and max_seq_len at the top,
     kv_n_heads and rope_theta in attn_config, the MoE sizes in ffn_config (those left out take

@@ -8,6 +8,7 @@ a full recompute.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -388,6 +389,16 @@ def test_jetmoe_with_nonzero_biases_matches_transformers(tmp_path: Path) -> None
     model.save_pretrained(tmp_path / "hf")
     ours = convert_and_load(tmp_path / "hf", tmp_path / "store")
     assert_parity(ours, model.eval(), PROMPT, STEPS)
+
+
+def test_jetmoe_without_num_attention_heads_in_its_config_derives_them_as_transformers(tmp_path: Path) -> None:
+    """JetMoeConfig derives the query heads (num_key_value_heads x num_experts_per_tok); a config.json
+    that leaves them out, as older ones do, converts and runs as one that writes them."""
+    src = save_checkpoint("jetmoe", tmp_path / "hf", seed=3)
+    config = json.loads((src / "config.json").read_text())
+    assert config.pop("num_attention_heads") == config["num_key_value_heads"] * config["num_experts_per_tok"]
+    (src / "config.json").write_text(json.dumps(config))
+    assert_parity(convert_and_load(src, tmp_path / "store"), hf_model(src), PROMPT, STEPS)
 
 
 def test_llama4_with_its_released_config_layout_and_two_experts_per_token_matches_transformers(tmp_path: Path) -> None:
