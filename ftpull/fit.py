@@ -88,6 +88,26 @@ def _offline_or_remote(target: PullTarget) -> tuple[ModelFootprint, str | None]:
                     "`ft pull`) gives them")
 
 
+GGUF_ESTIMATE_TOLERANCE = 0.15  # how far a recipe's layout estimate may miss the file's real size and be used
+
+
+def _gguf_layout(target: PullTarget, total: int) -> ModelFootprint | None:
+    """A shipped recipe's GGUF file planned with a layout (cache slots, KV, the experts' records)
+    before its header is read: the stored config's estimate for the file type
+    (recipe_footprint.GGUF_FILE_TYPES), where it is within GGUF_ESTIMATE_TOLERANCE of the file's
+    real size on the Hub; None otherwise (only the size is planned from)."""
+    if not _shipped(target):
+        return None
+    try:
+        fp = recipe_footprint(target.recipe, name=target.name.display)
+    except NoStoredFootprintError:
+        return None
+    estimate = fp.dense_bytes + fp.expert_pool_bytes
+    if not fp.layout_known or not total or abs(estimate - total) > GGUF_ESTIMATE_TOLERANCE * total:
+        return None
+    return fp
+
+
 def _shipped(target: PullTarget) -> bool:
     name = target.name
     return name.host == DEFAULT_HOST and name.namespace == DEFAULT_NAMESPACE and name.model in builtin_modelfiles()
@@ -120,7 +140,8 @@ def _remote_footprint(target: PullTarget) -> ModelFootprint:
         _, sizes = hub.fetch_file_sizes(source.repo_id, source.revision)
         parts = [str(p) for p in gguf_parts(Path(source.path))]
         total = sum(sizes.get(p, 0) for p in parts)
-        return ModelFootprint.from_sizes(expert_bytes=total, name=name, context_length=ctx or 0)
+        return _gguf_layout(target, total) or ModelFootprint.from_sizes(expert_bytes=total, name=name,
+                                                                        context_length=ctx or 0)
     remote = hub.fetch_checkpoint_info(source.repo_id, source.revision)
     check_family(recipe, remote.config)
     if _shipped(target):  # the footprint an offline `ft fit` uses, checked while the real config is here

@@ -105,8 +105,12 @@ def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
     dense = _dense_numel(family.name, c, text)
     embedding = 0 if c["tie_word_embeddings"] else c["vocab_size"] * c["hidden_size"] * compute
     context = recipe.context_length or c["context_length"]
-    if recipe.source.scheme == "gguf":  # only the file's size is planned from, as online (ft fit reads no header)
-        bits = GGUF_BITS_PER_WEIGHT.get(_gguf_quant(recipe.source.path or ""), 8.5)
+    if recipe.source.scheme == "gguf":
+        quant = _gguf_quant(recipe.source.path or "")
+        if quant in GGUF_FILE_TYPES and gated:
+            return _gguf_footprint(quant, family.name, c, text, dense, name=name, context=context)
+        # (a type not tabled: only the file's size, every byte as host RAM; ft fit reads no header)
+        bits = GGUF_BITS_PER_WEIGHT.get(quant, 8.5)
         numel = dense + experts * c["num_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
         return ModelFootprint.from_sizes(expert_bytes=math.ceil(numel * bits / 8), name=name, context_length=context,
                                          family=family.name, dtype=dtype)
@@ -117,6 +121,66 @@ def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
         kv=kv_layout(family.name, text, kv_dtype_bytes(dtype)), context_length=context,
         activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding,
         ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, {"f8_e4m3" if weight == "fp8" else weight}))
+
+
+# The tensor types llama.cpp's llama-quantize gives a MoE model's weights for a file type
+# (src/llama-quant.cpp at 0c1e570, llama_tensor_get_type): the experts' gate and up, their down,
+# their down in the layers that get more bits (Q4_K_M and Q5_K_M: use_more_bits, about 3 in 8;
+# Q4_K_S: the first eighth), and the other 2-D weights (the attention's value and output
+# projections get more bits in some files: not counted). Unsloth's dynamic quants (UD-Q4_K_XL)
+# read as their base type.
+GGUF_FILE_TYPES = {
+    "q4_k_m": ("q4_k", "q4_k", "q6_k", "q4_k"), "q4_k_s": ("q4_k", "q4_k", "q5_k", "q4_k"),
+    "q5_k_m": ("q5_k", "q5_k", "q6_k", "q5_k"), "q5_k_s": ("q5_k", "q5_k", "q5_k", "q5_k"),
+    "q6_k": ("q6_k", "q6_k", "q6_k", "q6_k"), "q8_0": ("q8_0", "q8_0", "q8_0", "q8_0"),
+}
+# bytes a block, values a block (ggml's block_q4_K ...)
+GGML_BLOCKS = {"q4_k": (144, 256), "q5_k": (176, 256), "q6_k": (210, 256), "q8_0": (34, 32)}
+
+
+def _ggml_row_bytes(kind: str, values: int) -> int:
+    block_bytes, block_values = GGML_BLOCKS[kind]
+    return math.ceil(values / block_values) * block_bytes
+
+
+def gguf_expert_stride(hidden: int, inter: int, gate_up: str, down: str) -> int:
+    """One expert record of a GGUF model as FTW keeps it: the blocks as stored, gate and up as one
+    w13 part [2I rows of H] (two parts where their types differ), down [H rows of I]."""
+    rows = [2 * inter] if gate_up else []
+    parts = [r * _ggml_row_bytes(gate_up, hidden) for r in rows] + [hidden * _ggml_row_bytes(down, inter)]
+    return align_up(sum(align_up(p, PART_ALIGNMENT) for p in parts))
+
+
+def _more_bits(layer: int, layers: int, quant: str) -> bool:
+    """llama.cpp's choice of the layers whose ffn_down gets more bits (use_more_bits, or Q4_K_S's
+    first eighth)."""
+    if quant == "q4_k_s":
+        return layer < layers // 8
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def _gguf_footprint(quant: str, family: str, c: dict[str, Any], text: dict[str, Any], dense_numel: int, *,
+                    name: str, context: int) -> ModelFootprint:
+    """A GGUF file type's footprint from the stored config: the experts' records as FTW keeps the
+    blocks (GGUF_FILE_TYPES), the dense projections and head at the file type's bits (kept as
+    blocks), the token embeddings dequantized to the 16-bit compute dtype (in host RAM on the GPU
+    path), KV in that dtype; its dtype the embeddings' as stored, as FTW's index gives it."""
+    gate_up, down, down_more, dense_kind = GGUF_FILE_TYPES[quant]
+    hidden, inter, num_experts = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"]
+    layers = c["num_layers"]
+    strides = [gguf_expert_stride(hidden, inter, gate_up, down_more if _more_bits(i, layers, quant) else down)
+               for i in c["moe_layers"]]
+    block_bytes, block_values = GGML_BLOCKS[dense_kind]
+    table = c["vocab_size"] * hidden  # the token embeddings' elements (also the head, where tied)
+    embedding = 0 if c["tie_word_embeddings"] else table * 2
+    dense = math.ceil((dense_numel - table) * block_bytes / block_values) + table * 2
+    return ModelFootprint(
+        name=name, source=SOURCE, family=family, dtype=dense_kind, dense_bytes=dense,
+        expert_pool_bytes=sum(strides) * num_experts, expert_stride_bytes=max(strides, default=0),
+        num_moe_layers=len(strides), num_experts=num_experts, num_experts_per_tok=c["num_experts_per_tok"],
+        kv=kv_layout(family, text, kv_dtype_bytes("bf16")), context_length=context,
+        activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding,
+        ffn_bytes_per_token=_ffn_bytes_per_token(c, "bf16", {gate_up, down, down_more}))
 
 
 def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from ftpull import hub
 from ftpull.modelfile import builtin_modelfiles, load_builtin_modelfile
-from ftpull.recipe_footprint import SOURCE, recipe_footprint, stored_config
+from ftpull.recipe_footprint import GGUF_FILE_TYPES, SOURCE, _gguf_quant, recipe_footprint, stored_config
 from ftpull.resolve import ResolveError, resolve
 from runtime.planner.plan import ModelFootprint, PlanOverrides, plan
 from runtime.planner.resources import Machine
@@ -55,8 +55,8 @@ def test_every_shipped_recipe_has_a_plannable_offline_footprint(ref: str) -> Non
     fp = recipe_footprint(target.recipe, name=ref)
     fitted = plan(fp, WORKSTATION_5090, PlanOverrides(force=True))
     assert fitted.context_length > 0 and fp.expert_pool_bytes > 0
-    if target.recipe.source.scheme == "gguf":  # planned from the file's size, as with the network
-        assert fp.source == "sizes"
+    if target.recipe.source.scheme == "gguf" and fp.source == "sizes":  # a file type GGUF_FILE_TYPES lacks
+        assert _gguf_quant(target.recipe.source.path or "") not in GGUF_FILE_TYPES
         return
     assert fp.source == SOURCE and fp.layout_known and fp.dense_bytes > 0
     assert fp.kv.bytes_per_token > 0 and fp.activation_bytes_per_token > 0
@@ -103,7 +103,7 @@ def test_ft_fit_offline_says_the_figures_are_the_recipes_estimate(offline, capsy
     assert "48 MoE layers x 128 experts, top-8" in text
     code, out, _ = ft(capsys, "fit", "qwen3-30b-a3b:q4_k_m", "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["footprint"]["source"] == "sizes" and "could not be reached" in doc["estimate_note"]
+    assert code == 0 and doc["footprint"]["source"] == SOURCE and "could not be reached" in doc["estimate_note"]
 
 
 def test_ft_fit_offline_of_a_model_no_recipe_ships_says_the_hub_is_unreachable(offline, capsys) -> None:
@@ -170,3 +170,34 @@ def test_a_recipe_of_experts_without_a_gate_counts_their_two_matrices() -> None:
     hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
     assert fp.expert_stride_bytes == align_up(2 * align_up(hidden * inter * 2, PART_ALIGNMENT))
     assert fp.expert_pool_bytes < 56 << 30
+
+
+@pytest.mark.parametrize("gate_up, down", [("q4_k", "q6_k"), ("q4_k", "q4_k"), ("q8_0", "q8_0"), ("q5_k", "q6_k")])
+def test_a_gguf_file_types_expert_record_is_the_one_ftw_keeps(gate_up: str, down: str) -> None:
+    """The offline estimate's record (blocks as stored, gate and up one part) against a bank laid
+    out as FTW keeps a GGUF model's experts (runtime/experts/synthetic.random_bank)."""
+    from ftpull.recipe_footprint import gguf_expert_stride
+    from runtime.experts.synthetic import random_bank
+
+    bank = random_bank(gate_up, 2, 512, 768, down_dtype=down, num_distinct=1)
+    assert gguf_expert_stride(512, 768, gate_up, down) == bank.layout.expert_stride
+
+
+def test_a_gguf_tag_is_planned_with_its_layout_where_the_estimate_meets_the_files_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`ft fit qwen3-30b-a3b:q4_k_m`: offline, and online where the Hub's file size is within 15% of
+    the estimate, the plan has the layout (cache slots, KV a token) from the stored config and
+    llama.cpp's Q4_K_M tensor types; online with a size far from it, only the size is planned from."""
+    monkeypatch.setenv("FT_HOME", str(tmp_path / "ft_home"))
+    monkeypatch.setattr(Machine, "probe", staticmethod(lambda: DESKTOP_5090))
+    monkeypatch.setattr(hub, "fetch_checkpoint_info", _offline)
+    fp = recipe_footprint(resolve("qwen3-30b-a3b:q4_k_m").recipe, name="qwen3-30b-a3b:q4_k_m")
+    assert fp.layout_known and fp.kv.bytes_per_token == 96 * 1024 and fp.dtype == "q4_k"
+    estimate = fp.dense_bytes + fp.expert_pool_bytes
+    assert 16 << 30 < estimate < 19 << 30  # (the released file: 18.6 GB)
+    for size, source in ((int(estimate * 1.1), SOURCE), (int(estimate * 1.5), "sizes")):
+        monkeypatch.setattr(hub, "fetch_file_sizes",
+                            lambda *_a, size=size: (None, {"Qwen3-30B-A3B-Q4_K_M.gguf": size}))
+        code, out, err = ft(capsys, "fit", "qwen3-30b-a3b:q4_k_m", "--json")
+        assert code == 0, err
+        assert json.loads(out)["footprint"]["source"] == source
