@@ -192,6 +192,7 @@ case $CALL in
     # 0.11 of it beside the PCIe fills, where bench_cpu_experts streams 71.7 at 8 threads): the
     # machine's CPU facts (affinity, cgroup quota), the profile's raw points at 4, 8 and 12
     # threads, the kernel alone at the same threads, the hand-off with one CPU expert a layer
+    (lscpu; numactl -H; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpuset.cpus.effective) > "$OUT/cpu_facts.log" 2>&1
     timeout 240 python3 benchmarks/bench_profile.py --threads 4,8,12 --torch-threads 8,1 --dtypes q4_k/q6_k --slots 9 \
       > "$OUT/profile_points.log" 2>&1
     echo "rc $?" >> "$OUT/profile_points.log"
