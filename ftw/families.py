@@ -34,6 +34,7 @@ from .family_readers import (  # noqa: F401 - re-exported: the runtime's familie
     kimi_linear_layer_types,
     kimi_linear_sizes,
     kimi_linear_view,
+    lara_mini_layer_types,
     longcat_flash_view,
     nemotron_h_layer_types,
     nemotron_h_view,
@@ -422,6 +423,12 @@ FAMILIES: dict[str, Family] = {
         Family(  # (SwiGLU experts fused [E, 2I, H] as transformers saves them; the router's skip expert is no bank's)
             "zaya", ("zaya",), ("num_experts",), readers.all_layers,
             expert_activation=readers.one_activation("zaya", "hidden_act", "silu", "swiglu"),
+        ),
+        Family(  # (SwiGLU experts fused [E, 2I, H] either way, one ungated shared expert a layer; the release's fused
+            # DeltaNet in_proj stays fused (the runtime splits its output), its out_norm renamed as conversion_mapping does)
+            "lara_mini", ("lara_mini",), ("num_experts",), readers.all_layers, num_shared_experts=lambda c: 1,
+            expert_activation=readers.one_activation("lara_mini", "hidden_act", "silu", "swiglu"),
+            renames=((re.compile(r"\.linear_attn\.out_norm\."), ".linear_attn.norm."),),
         ),
         Family(  # (relu2 experts, not gated, fused [E, in, out] either way; the release's names renamed, its router
             # and shared expert transposed, as transformers' conversion_mapping does)

@@ -181,6 +181,20 @@ def kimi_linear_layer_types(c: dict[str, Any]) -> list[str]:
     return list(types)
 
 
+# LaraMiniConfig's layer schedule where config.json names none (the release's, period 5)
+LARA_MINI_PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
+
+
+def lara_mini_layer_types(c: dict[str, Any]) -> list[str]:
+    """`layer_types`, else LaraMiniConfig's: LARA_MINI_PATTERN repeated. ValueError for a schedule
+    of other kinds or another length."""
+    n = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or [LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)] for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or set(types) - set(LARA_MINI_PATTERN):
+        raise ValueError(f"unsupported lara_mini layer_types {str(types)[:80]} for {n} layers")
+    return list(types)
+
+
 # KimiLinearConfig's and BailingHybridConfig's attribute_map: the usual key -> the name their
 # config.json (the releases', and transformers' saves) writes
 LING_NAMES = {"max_position_embeddings": "model_max_length", "norm_topk_prob": "moe_renormalize",

@@ -279,6 +279,17 @@ FAMILY_CONFIGS: dict[str, dict] = {
         rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5},
                          "hybrid_sliding": {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.25}},
     ),
+    # Qwen3.5's Gated DeltaNet (2 key heads of 8, each serving 2 value heads of 12: the release's fused in_proj is
+    # q, k 16 rows, v, z 48, b, a 4; a 3-tap conv) on layers 0 and 2, sliding attention rotating (base 1000) within a 5-token
+    # window on 1 and 4, full NoPE attention on 3 (LaraMiniConfig's period-5 schedule); softmax routing (8 experts,
+    # top 2, renormalized) in float32 beside an ungated shared expert 48 wide; plain norms random, dt_bias random
+    "lara_mini": dict(
+        SMALL, num_hidden_layers=5, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_key_value_heads=2,
+        head_dim=16, num_experts=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_conv_kernel_dim=3, sliding_window=5, initializer_range=0.1, eos_token_id=2,
+        layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    ),
     # the same model under Param2's model_type, its head tied to the embeddings (Param2MoeConfig's default)
     "param2moe": dict(
         SMALL, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
@@ -499,6 +510,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "zaya": ("layernorm.", "model.norm.", "router_mlp.norm.", "qk_norm.temp", "residual_scale.", "input_hidden_states_",
              "balancing_biases", "router_states_scale", "lm_head.bias"),
+    "lara_mini": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "linear_attn.norm.", "dt_bias"),
     "beam": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "gate_bias", "e_score_correction_bias"),
     "ergo": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "residual_gate.", "post_expert_norm.",
              "shared_experts.norm.", "e_score_correction_bias"),
@@ -514,7 +526,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
             "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo",
-            "doge", "hy_v4", "zaya")
+            "doge", "hy_v4", "zaya", "lara_mini")
 
 
 def build_model(family: str, seed: int = 0):

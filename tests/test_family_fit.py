@@ -34,7 +34,8 @@ FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sa
             pytest.param("beam", True, id="beam-fused"), pytest.param("ergo", False, id="ergo"),
             pytest.param("ergo", True, id="ergo-fused"), pytest.param("doge", False, id="doge"),
             pytest.param("hy_v4", False, id="hy_v4"), pytest.param("hy_v4", True, id="hy_v4-fused"),
-            pytest.param("zaya", False, id="zaya")]
+            pytest.param("zaya", False, id="zaya"), pytest.param("lara_mini", False, id="lara_mini"),
+            pytest.param("lara_mini", True, id="lara_mini-fused")]
 MAX_TOKENS = 40
 
 

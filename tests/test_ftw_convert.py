@@ -65,6 +65,7 @@ RENAMED = {"mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks
            "gemma4_text": {"model.language_model.": "model."},  # (a gemma4 checkpoint's text model)
            "axk1": {".post_mlp_layernorm.": ".mlp.post_mlp_layernorm."},  # (the release's place, beside the layer's norms)
            "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},  # (the release's name of the sinks)
+           "lara_mini": {".linear_attn.out_norm.": ".linear_attn.norm."},  # (the release's name of the gated norm)
            "kolibri1": {".moe.router.expert_bias": ".mlp.gate.e_score_correction_bias",
                         ".post_attn_norm.": ".post_self_attn_layernorm.", ".post_ffn_norm.": ".post_mlp_layernorm."},
            # (the release's query-and-gate projection and gated norms' MLP)
@@ -174,7 +175,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
                                     "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam",
-                                    "ergo", "hy_v4", "zaya"])
+                                    "ergo", "hy_v4", "zaya", "lara_mini"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:
     if family == "ergo":  # (not gated; transformers' own names, its router and shared expert [out, in])
         src = save_checkpoint(family, tmp_path / "hf", fused=True)

@@ -112,6 +112,10 @@ FAMILIES = [
     # (CCA: convolved q/k and delayed values cached beside the keys; a router state passed layer to layer, the skip
     # expert; residual scales with biases; transformers writes its experts fused either way)
     pytest.param("zaya", False, id="zaya"),
+    # (Gated DeltaNet, sliding rope and full NoPE layers; the release's fused in_proj and out_norm, and transformers'
+    # own split in_proj_qkv/z/b/a and norm; experts fused either way)
+    pytest.param("lara_mini", False, id="lara_mini"),
+    pytest.param("lara_mini", True, id="lara_mini-fused"),
 ]
 
 
@@ -1031,3 +1035,25 @@ def test_hy_v4_refuses_what_it_cannot_match(tmp_path: Path) -> None:
         error = UnsupportedArchitectureError if "swiglu_limit" in change else UnsupportedFamilyError
         with pytest.raises(error, match=match):
             convert_and_load(src, tmp_path / f"store-{n}")
+
+
+def test_lara_mini_with_laraminiconfigs_schedule_and_what_it_refuses(tmp_path: Path) -> None:
+    """A config.json without layer_types takes LaraMiniConfig's period-5 schedule (the test
+    checkpoint's own), as transformers fills it in; a partial_rotary_factor (transformers' default
+    rope rotates whole heads whatever it says) and sliding layers without a sliding_window are
+    refused by name at build, another hidden_act at pull."""
+    from ftw.errors import UnsupportedArchitectureError
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("lara_mini", tmp_path / "hf", seed=2)
+    saved = json.loads((src / "config.json").read_text())
+    del saved["layer_types"]
+    (src / "config.json").write_text(json.dumps(saved))
+    assert_parity(convert_and_load(src, tmp_path / "store"), hf_model(src), PROMPT, STEPS)
+
+    for i, (edit, message) in enumerate([
+            ({"rope_parameters": {**saved["rope_parameters"], "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+            ({"sliding_window": None}, "no sliding_window"), ({"hidden_act": "gelu"}, "hidden_act 'gelu'")]):
+        (src / "config.json").write_text(json.dumps({**saved, **edit}))
+        with pytest.raises(UnsupportedArchitectureError if "hidden_act" in edit else UnsupportedFamilyError, match=message):
+            convert_and_load(src, tmp_path / f"store-{i}")

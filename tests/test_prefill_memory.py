@@ -222,11 +222,12 @@ def families(tmp_path_factory):
 # between gated norms; Beam's depth-scaled residual (the stream scaled and added to in place chunk by chunk), and
 # Ergo's residual gates ([H] scales) around experts each route of which is normed; Doge's dynamic mask (a bias a
 # cached key, each query's keys of largest bias kept) and product-key routing; Hy4's DSA with sinks (whole prompts)
-# between hyper-connections (its streams joined in place chunk by chunk)
+# between hyper-connections (its streams joined in place chunk by chunk); Lara Mini's Gated DeltaNet (its fused
+# in_proj) beside sliding rope and full NoPE layers
 CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
                     "jetmoe", "cohere2_moe", "minimax", "lfm2_moe", "kimi_linear", "mimo_v2_flash", "granitemoe_swa",
                     "granitemoehybrid", "jamba", "mellum", "gemma4_text", "longcat_flash", "flint", "kolibri1", "axk2",
-                    "beam", "ergo", "doge", "hy_v4", "zaya")
+                    "beam", "ergo", "doge", "hy_v4", "zaya", "lara_mini")
 
 
 @pytest.mark.parametrize("family", CHUNKED_FAMILIES)

@@ -62,6 +62,7 @@ FAMILY_MODULES = {
     "flint": "flint",
     "doge": "doge",
     "zaya": "zaya",
+    "lara_mini": "lara_mini",
     "kolibri1": "kolibri1",
     "axk2": "axk2",
     "beam": "beam",

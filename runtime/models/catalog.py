@@ -72,6 +72,8 @@ KINDS: dict[str, tuple[str, str]] = {
                  "sigmoid of the top-k logits chosen with a bias, shared experts"),
     "laguna": ("sliding-window and full GQA layers, QK norm, partial rope, softplus output gate, heads per layer",
                "sigmoid + bias (soft-capped logits), renormalized, shared experts"),
+    "lara_mini": ("Gated DeltaNet layers, sliding-window rope and global NoPE attention layers, QK norm",
+                  "softmax top-k renormalized, an ungated shared expert"),
     "lfm2_moe": ("gated short-convolution layers and GQA layers, QK norm", "sigmoid + bias, renormalized"),
     "longcat_flash": ("two MLA sublayers a layer (scaled latents), two dense MLPs",
                       "softmax + bias over real and identity (zero) experts, scaled, a shortcut MoE"),

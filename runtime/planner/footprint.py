@@ -19,6 +19,7 @@ from ftw.families import (
     hy_v4_indexer_types,
     kimi_linear_layer_types,
     kimi_linear_sizes,
+    lara_mini_layer_types,
     nemotron_h_layer_types,
     nemotron_h_view,
     normalized_config,
@@ -224,6 +225,15 @@ def _hybrid(c: dict[str, Any], b: int) -> KVLayout:
                     f"{size(recurrent + conv)} state")
 
 
+def _lara_mini(c: dict[str, Any], b: int) -> KVLayout:
+    """Qwen3.5's hybrid (`_hybrid`) with its attention layers sliding or full: both keep every
+    token's keys and values (the runtime's KV cache keeps the window's past too)."""
+    types = lara_mini_layer_types(c)
+    kv = _hybrid({**c, "layer_types": ["linear_attention" if t == "linear_attention" else "full_attention"
+                                       for t in types]}, b)
+    return KVLayout(kv.kind, kv.bytes_per_token, kv.state_bytes, kv.formula.replace("full-attention", "attention"))
+
+
 def _short_conv(c: dict[str, Any], b: int) -> KVLayout:
     """LFM2-MoE: only its full-attention layers keep a KV cache; each "conv" layer keeps the last
     conv_L_cache - 1 inputs of its short convolution (hidden_size wide)."""
@@ -366,7 +376,7 @@ KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2":
               "jetmoe": lambda c, b: _gqa({**c, "head_dim": c.get("kv_channels")}, b),  # (its head size)
               "llama4": _gqa,  # (its chunked layers keep every token, as the runtime's KV cache does)
               "dots1": _gqa, "solar_open": _gqa, "sarvam_moe": _gqa, "minicpm5_moe": _gqa, "hy_v3": _gqa, "mellum": _gqa, "flint": _gqa, "kolibri1": _gqa,
-              "beam": _gqa, "ergo": _gqa, "doge": _doge, "zaya": _zaya,
+              "beam": _gqa, "ergo": _gqa, "doge": _doge, "zaya": _zaya, "lara_mini": _lara_mini,
               "cohere2_moe": _gqa, "afmoe": _gqa, "laguna": _gqa, "lfm2_moe": _short_conv, "minimax": _lightning,
               "kimi_linear": _kimi_linear, "bailing_hybrid": _bailing_hybrid,
               "gemma4_text": _per_layer_gqa("gemma4_text"),  # (wider full layers; sliding ones keep every token)
