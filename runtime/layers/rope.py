@@ -209,6 +209,16 @@ def partial_rotary(config: ModelConfig, default_factor: float) -> RotaryEmbeddin
     return RotaryEmbedding(int(config.head_dim * float(factor)), params, config.context_length)
 
 
+def whole_head_rope(config: ModelConfig, family: str) -> RotaryEmbedding:
+    """The config's RoPE over whole heads, for a family whose transformers code rotates every
+    channel whatever `partial_rotary_factor` says (Flint, Kolibri 1, Doge, Lara-4-Mini): a factor
+    below 1 is refused by name rather than run as a rotation transformers does not make."""
+    params = config.rope_parameters
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedFamilyError(f"{family} with a partial_rotary_factor below 1 is not supported")
+    return RotaryEmbedding(config.head_dim, params, config.context_length)
+
+
 def ropes_by_layer_type(config: ModelConfig, types: list[str], defaults: dict[str, dict[str, Any]],
                         family: str, head_dims: dict[str, int] | None = None) -> dict[str, RotaryEmbedding]:
     """Each layer type's RoPE, as transformers' per-type rotary embeddings (Laguna's, Mellum's,

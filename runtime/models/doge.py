@@ -34,7 +34,7 @@ from ..layers.attention import Start
 from ..layers.key_bias_attention import KeyBiasCache, key_bias_causal_attention
 from ..layers.linear import linear
 from ..layers.norm import rms_norm
-from ..layers.rope import RotaryEmbedding
+from ..layers.rope import RotaryEmbedding, whole_head_rope
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
 from .qwen3_moe import GQAAttention, dense_mlp
@@ -100,10 +100,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     if config.get("mlp_bias"):
         raise UnsupportedFamilyError("doge with mlp_bias is not supported (its experts' embeddings have no biases "
                                      "to hold them)")
-    params = config.rope_parameters
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:  # (transformers' Doge rotates whole heads)
-        raise UnsupportedFamilyError("doge with a partial_rotary_factor below 1 is not supported")
-    rope = RotaryEmbedding(config.head_dim, params, config.context_length)
+    rope = whole_head_rope(config, "doge")
     window = config.get("sliding_window") or None
     keep = int(config.get("keep_window_size", DEFAULTS["keep_window_size"]))
     normalize = bool(config.get("norm_topk_prob", DEFAULTS["norm_topk_prob"]))

@@ -22,7 +22,7 @@ from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..layers.mlp import sigmoid_group_topk
 from ..layers.norm import Float32RMSNorm
-from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.rope import apply_rotary, whole_head_rope
 from ..loading.read_ftw import ModelWeights
 from .base import FFN, Block, DecoderModel
 from .layer_schedule import layer_types as checked_layer_types
@@ -68,10 +68,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     window = config.source.get("sliding_window", DEFAULTS["sliding_window"])
     if "sliding_attention" in types and not window:  # (transformers then rotates nothing and masks nothing)
         raise UnsupportedFamilyError("flint with sliding_attention layers but no sliding_window is not supported")
-    params = config.rope_parameters
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:  # (transformers' Flint rotates whole heads)
-        raise UnsupportedFamilyError("flint with a partial_rotary_factor below 1 is not supported")
-    rope = RotaryEmbedding(config.head_dim, params, config.context_length)
+    rope = whole_head_rope(config, "flint")
     normalize = bool(config.get("norm_topk_prob", DEFAULTS["norm_topk_prob"]))
 
     def norm(name: str) -> Float32RMSNorm:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig, UnsupportedFamilyError
 from ..experts import ExpertExecutor
 from ..layers.mlp import logit_biased_sigmoid_topk
-from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.rope import apply_rotary, whole_head_rope
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel
 from .flex_olmo import PostNormedMixer, post_normed
@@ -63,10 +63,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     if not window:  # (transformers' attention would rotate every layer then, but its mask maker raises on it)
         raise UnsupportedFamilyError("kolibri1 without a positive sliding_window is not supported (transformers 5.25 "
                                      "cannot run one either)")
-    params = config.rope_parameters
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:  # (transformers' Kolibri 1 rotates whole heads)
-        raise UnsupportedFamilyError("kolibri1 with a partial_rotary_factor below 1 is not supported")
-    rope = RotaryEmbedding(config.head_dim, params, config.context_length)
+    rope = whole_head_rope(config, "kolibri1")
     normalize, eps = bool(config.get("norm_topk_prob", DEFAULTS["norm_topk_prob"])), config.rms_norm_eps
     blocks = []
     for i, kind in enumerate(types):

@@ -28,7 +28,7 @@ from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.linear import linear
 from ..layers.mlp import softmax_topk
 from ..layers.norm import Float32RMSNorm
-from ..layers.rope import RotaryEmbedding, apply_rotary
+from ..layers.rope import apply_rotary, whole_head_rope
 from ..loading.read_ftw import ModelWeights
 from .base import Block, DecoderModel, Mixer
 from .qwen3_moe import GQAAttention, dense_mlp
@@ -77,10 +77,7 @@ def build(config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, 
     window = config.source.get("sliding_window", 512)  # (LaraMiniConfig's default where absent)
     if "sliding_attention" in types and not window:  # (transformers then rotates but masks nothing)
         raise UnsupportedFamilyError("lara_mini with sliding_attention layers but no sliding_window is not supported")
-    params = config.rope_parameters
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:  # (transformers' default rope rotates whole heads)
-        raise UnsupportedFamilyError("lara_mini with a partial_rotary_factor below 1 is not supported")
-    rope = RotaryEmbedding(config.head_dim, params, config.context_length)
+    rope = whole_head_rope(config, "lara_mini")
     normalize = bool(config.get("norm_topk_prob", True))
 
     def norm(name: str) -> Float32RMSNorm:
