@@ -29,6 +29,7 @@ from .errors import FTWError, SourceError
 from .families import (
     _EMBEDDINGS,
     _FINAL_NORMS,
+    _FINAL_STREAM_MIXERS,
     FAMILIES,
     LIMITS,
     AttentionSizes,
@@ -129,7 +130,8 @@ def check_dense(config: Mapping[str, Any], dense: Mapping[str, Shape],
                                 f"(0 to {layers - 1})", tensor=name)
     if not any(name in dense for name in _EMBEDDINGS if "lm_head" not in name):
         raise TensorProblem("the embedding table (model.embed_tokens.weight or its family's name) is missing")
-    if not any(name in dense for name in _FINAL_NORMS):
+    # (Qwen4-Exp's residual streams end in a gated mixer whose per-stream norm, [streams x hidden], is its final norm)
+    if not any(name in dense for name in _FINAL_NORMS + _FINAL_STREAM_MIXERS):
         raise TensorProblem(f"the final norm ({_FINAL_NORMS[0]} or its family's name) is missing")
     present = {layer for name in dense if (layer := _layer_of(name)) is not None}
     if missing := sorted(set(range(layers)) - present):

@@ -125,6 +125,8 @@ _NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".norm_
           ".pre_ff_layernorm.weight")
 _FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
                 "transformer.norm_f.weight", "model.embedding_norm.weight", "model.final_layernorm.weight")
+# (Qwen4-Exp's streams' last mixer, in place of a final norm: beside a vision tower, and its text model alone)
+_FINAL_STREAM_MIXERS = ("model.language_model.hyper_connection_mixer.hc_norm.weight", "model.hyper_connection_mixer.hc_norm.weight")
 _ROUTERS = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".block_sparse_moe.router.layer.weight",
             ".block_sparse_moe.router.weight", ".mlp.router.layer.weight", ".self_attention.experts.router.layer.weight",
             ".mlp.router.weight", ".mlp.gate.wg.weight",

@@ -16,6 +16,7 @@ from . import family_readers as readers
 from .config_checks import (  # noqa: F401 - re-exported: callers check configs from here
     _EMBEDDINGS,
     _FINAL_NORMS,
+    _FINAL_STREAM_MIXERS,
     LIMITS,
     check_dense_shape,
     config_int,
@@ -225,6 +226,11 @@ FAMILIES: dict[str, Family] = {
         Family(
             "qwen3_next", ("qwen3_next",), ("num_experts", "num_local_experts"), readers.qwen3_moe_layers,
             drop_prefixes=("mtp.",), num_shared_experts=lambda c: 1 if c.get("shared_expert_intermediate_size") else 0,
+        ),
+        Family(  # (Qwen3.5's text model beside a vision tower, its experts fused either way; one gated shared expert)
+            "qwen4_exp", ("qwen4_exp", "qwen4_exp_text"), ("num_experts",), readers.all_layers,
+            text_config_key="text_config", drop_prefixes=("model.visual.", "mtp."), num_shared_experts=lambda c: 1,
+            expert_activation=readers.one_activation("qwen4_exp", "hidden_act", "silu", "swiglu"),
         ),
         Family("olmoe", ("olmoe",), ("num_experts", "num_local_experts"), readers.all_layers, intermediate_key="intermediate_size"),
         Family("minimax_m2", ("minimax_m2",), ("num_local_experts", "num_experts"), readers.all_layers,

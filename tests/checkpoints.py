@@ -422,6 +422,20 @@ QWEN3_NEXT = dict(
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
 )
 QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+# Qwen4-Exp's text model beside a vision tower: Qwen3.5's hybrid (DeltaNet layers 0 and 2, attention layers 1 and 3,
+# the MoE with a gated shared expert on each) with 3 residual streams joined by gated hyper-connections (a rank-24
+# mixer); each attention layer's QSA indexer (4 heads, one key a token) keeps 4 blocks of 2 tokens beside the
+# incomplete one, so from position 9 on (the 12-token prompt and the 32 decoded tokens) queries drop tokens;
+# a sigmoid DeltaNet output gate (not hidden_act's silu); RoPE on half of each head (not Qwen3.5's quarter);
+# weights wide enough (0.1) that the stream gates are far from 1/2, the norms random (RANDOMIZED)
+QWEN4_EXP_TEXT = dict(
+    SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+    shared_expert_intermediate_size=32, num_experts=4, hc_count=3, hc_lowrank=24, output_gate_type="sigmoid",
+    indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=2,
+    initializer_range=0.1, rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5},
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+)
 # Llama 4's text model: RoPE layers 0-2 attend within chunks of 8 positions (the 12-token prompt and
 # 32 decoded tokens cross five boundaries), layer 3 is NoPE with a query temperature that moves every 4
 # positions; MoE on layers 1 and 3 (interleaved with dense ones), top-1 as released; Llama 3 rope
@@ -507,6 +521,7 @@ RANDOMIZED: dict[str, tuple[str, ...]] = {
     "hy_v4": ("layernorm.", "model.norm.", "indexer.k_norm.", "e_score_correction_bias", "sinks", "_hc.scale", "_hc.base",
               "hc_head.hc_scale", "hc_head.hc_base"),
     "doge": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "self_attn.A", "_residual"),
+    "qwen4_exp": ("hc_norm.", "q_norm.", "k_norm.", "q_layernorm.", "k_layernorm.", "linear_attn.norm."),
     "kolibri1": ("layernorm.", "model.norm.", "q_norm.", "k_norm.", "e_score_correction_bias"),
     "zaya": ("layernorm.", "model.norm.", "router_mlp.norm.", "qk_norm.temp", "residual_scale.", "input_hidden_states_",
              "balancing_biases", "router_states_scale", "lm_head.bias"),
@@ -526,7 +541,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "olmoe", "minimax_m2", "qwen3_5_moe", "qwe
             "gpt_oss", "solar_open", "deepseek_v32", "cohere2_moe", "afmoe", "lfm2_moe", "mimo_v2_flash", "laguna", "minimax", "kimi_linear", "bailing_hybrid",
             "sarvam_moe", "granitemoe_swa", "minicpm5_moe", "granitemoehybrid", "axk1", "jamba", "hy_v3", "mellum", "mistral4", "gemma4_text",
             "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam", "ergo",
-            "doge", "hy_v4", "zaya", "lara_mini")
+            "doge", "hy_v4", "zaya", "qwen4_exp", "lara_mini")
 
 
 def build_model(family: str, seed: int = 0):
@@ -537,7 +552,12 @@ def build_model(family: str, seed: int = 0):
         from transformers.models.qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
         return Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION))
-    if family == "llama4":  # (the released checkpoints' class: the text model beside a vision tower)
+    if family == "qwen4_exp":  # (the text model beside a vision tower, as Qwen3.5's)
+        from transformers.models.qwen4_exp import Qwen4ExpConfig, Qwen4ExpForConditionalGeneration
+
+        model = Qwen4ExpForConditionalGeneration(Qwen4ExpConfig(text_config=QWEN4_EXP_TEXT,
+                                                                vision_config=QWEN3_5_VISION))
+    elif family == "llama4":  # (the released checkpoints' class: the text model beside a vision tower)
         from transformers import Llama4Config, Llama4ForConditionalGeneration
 
         model = Llama4ForConditionalGeneration(Llama4Config(text_config=LLAMA4_TEXT, vision_config=LLAMA4_VISION))

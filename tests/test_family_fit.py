@@ -20,6 +20,7 @@ from tests.parity import convert_and_load
 pytest.importorskip("transformers")
 
 FAMILIES = [pytest.param("sarvam_moe", False, id="sarvam_moe"), pytest.param("sarvam_moe", True, id="sarvam_moe-fused"),
+            pytest.param("qwen4_exp", False, id="qwen4_exp"),
             pytest.param("granitemoe_swa", False, id="granitemoe_swa"), pytest.param("minicpm5_moe", True, id="minicpm5_moe-fused"),
             pytest.param("granitemoehybrid", False, id="granitemoehybrid"), pytest.param("jamba", False, id="jamba"),
             pytest.param("jamba", True, id="jamba-fused"), pytest.param("axk1", False, id="axk1"),

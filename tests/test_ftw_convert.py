@@ -173,7 +173,7 @@ def test_round_trip_per_expert_layout(family: str, tmp_path: Path) -> None:
     reader.verify()
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "qwen4_exp", "deepseek_v3", "granitemoe", "phimoe", "lfm2_moe", "jamba",
                                     "mistral4", "nemotron_h", "longcat_flash", "flint", "kolibri1", "axk2", "beam",
                                     "ergo", "hy_v4", "zaya", "lara_mini"])
 def test_round_trip_fused_layout(family: str, tmp_path: Path) -> None:

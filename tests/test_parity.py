@@ -112,6 +112,9 @@ FAMILIES = [
     # (CCA: convolved q/k and delayed values cached beside the keys; a router state passed layer to layer, the skip
     # expert; residual scales with biases; transformers writes its experts fused either way)
     pytest.param("zaya", False, id="zaya"),
+    # (a qwen4_exp checkpoint: its text model under model.language_model.; gated hyper-connections, QSA indexers
+    # dropping tokens from position 9 on, a sigmoid DeltaNet gate; transformers writes its experts fused either way)
+    pytest.param("qwen4_exp", False, id="qwen4_exp"),
     # (Gated DeltaNet, sliding rope and full NoPE layers; the release's fused in_proj and out_norm, and transformers'
     # own split in_proj_qkv/z/b/a and norm; experts fused either way)
     pytest.param("lara_mini", False, id="lara_mini"),
@@ -122,8 +125,9 @@ FAMILIES = [
 def hf_model(src: Path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    # (transformers maps mistral3, Mistral Small 4's released type, to no causal-LM class; gemma4 to its text model)
-    wrapped = AutoConfig.from_pretrained(src).model_type in ("mistral3", "gemma4")
+    # (transformers maps mistral3, Mistral Small 4's released type, to no causal-LM class; gemma4 and qwen4_exp to
+    # their text models)
+    wrapped = AutoConfig.from_pretrained(src).model_type in ("mistral3", "gemma4", "qwen4_exp")
     auto = AutoModelForImageTextToText if wrapped else AutoModelForCausalLM
     model = auto.from_pretrained(src, dtype=torch.float32)
     return model.eval()
@@ -208,6 +212,36 @@ def test_qwen3_next_drops_its_mtp_weights_and_matches_transformers(tmp_path: Pat
     save_file(tensors, str(shard), metadata={"format": "pt"})
     ours = convert_and_load(src, tmp_path / "store")
     assert_parity(ours, hf_model(src), PROMPT, STEPS)
+
+
+def test_qwen4_exp_with_the_releases_layer_names_and_what_it_refuses(tmp_path: Path) -> None:
+    """The release's config.json names its indexed layers "full_attention" (Qwen4ExpTextConfig reads them as
+    indexed_attention): the same model, also as its text model saved alone (qwen4_exp_text). Refused by name at build: Per-Layer Embeddings (ple_layer_ids),
+    attention layers without a QSA indexer, another output_gate_type; another hidden_act at pull."""
+    from ftw.errors import UnsupportedArchitectureError
+    from runtime.models import UnsupportedFamilyError
+
+    src = save_checkpoint("qwen4_exp", tmp_path / "hf", seed=2)
+    saved = json.loads((src / "config.json").read_text())
+    text = saved["text_config"]
+    assert text["layer_types"] == ["linear_attention", "indexed_attention"] * 2
+    release = {**text, "layer_types": ["linear_attention", "full_attention"] * 2}
+    (src / "config.json").write_text(json.dumps({**saved, "text_config": release}))
+    assert_parity(convert_and_load(src, tmp_path / "store"), hf_model(src), PROMPT, STEPS)
+    # (the text model saved alone, qwen4_exp_text: its weights under model.)
+    from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    text_only = Qwen4ExpForCausalLM.from_pretrained(src, config=Qwen4ExpTextConfig(**release), dtype=torch.float32)
+    text_only.save_pretrained(tmp_path / "text")
+    assert json.loads((tmp_path / "text" / "config.json").read_text())["model_type"] == "qwen4_exp_text"
+    assert_parity(convert_and_load(tmp_path / "text", tmp_path / "store-text"), hf_model(tmp_path / "text"), PROMPT, STEPS)
+
+    for i, (edit, message) in enumerate([
+            ({"ple_layer_ids": [1], "eos_token_id": 2}, "ple_layer_ids"), ({"indexer_n_heads": None}, "indexer_n_heads"),
+            ({"output_gate_type": "gelu"}, "output_gate_type 'gelu'"), ({"hidden_act": "gelu"}, "hidden_act 'gelu'")]):
+        (src / "config.json").write_text(json.dumps({**saved, "text_config": {**text, **edit}}))
+        with pytest.raises(UnsupportedArchitectureError if "hidden_act" in edit else UnsupportedFamilyError, match=message):
+            convert_and_load(src, tmp_path / f"store-{i}")
 
 
 def test_deepseek_v2_with_group_limited_routing_matches_transformers(tmp_path: Path) -> None:

@@ -223,8 +223,9 @@ def families(tmp_path_factory):
 # Ergo's residual gates ([H] scales) around experts each route of which is normed; Doge's dynamic mask (a bias a
 # cached key, each query's keys of largest bias kept) and product-key routing; Hy4's DSA with sinks (whole prompts)
 # between hyper-connections (its streams joined in place chunk by chunk); Lara Mini's Gated DeltaNet (its fused
-# in_proj) beside sliding rope and full NoPE layers
-CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
+# in_proj) beside sliding rope and full NoPE layers; Qwen4-Exp's QSA indexers (blocks scored over the chunks' cached
+# indexer keys) between gated hyper-connections
+CHUNKED_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "qwen3_5_moe", "qwen4_exp", "deepseek_v3", "glm_moe_dsa", "granitemoeshared",
                     "jetmoe", "cohere2_moe", "minimax", "lfm2_moe", "kimi_linear", "mimo_v2_flash", "granitemoe_swa",
                     "granitemoehybrid", "jamba", "mellum", "gemma4_text", "longcat_flash", "flint", "kolibri1", "axk2",
                     "beam", "ergo", "doge", "hy_v4", "zaya", "lara_mini")

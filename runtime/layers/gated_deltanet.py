@@ -14,6 +14,7 @@ decode runs the rule one token at a time. Both follow transformers' torch fallba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -130,10 +131,12 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return out.transpose(0, 1).to(dtype), state
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * normalize(x) * silu(gate): a plain (not zero-centred) weight; like transformers, the product
-    with the float32 gate is taken before casting back."""
-    return (rms_norm(x, weight, eps) * F.silu(gate.to(torch.float32))).to(x.dtype)
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   activation: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
+    """weight * normalize(x) * activation(gate) (silu; Qwen4-Exp's `output_gate_type` may be sigmoid): a
+    plain (not zero-centred) weight; like transformers, the product with the float32 gate is taken before
+    casting back."""
+    return (rms_norm(x, weight, eps) * activation(gate.to(torch.float32))).to(x.dtype)
 
 
 class GatedDeltaNet:
@@ -162,6 +165,7 @@ class GatedDeltaNet:
         self.a_log, self.dt_bias = weights.get(prefix + "A_log"), weights.get(prefix + "dt_bias")
         self.norm, self.out = weights.get(prefix + "norm.weight"), weights.get(prefix + "out_proj.weight")
         self.eps, self.dtype = config.rms_norm_eps, dtype
+        self.gate_activation: Callable[[torch.Tensor], torch.Tensor] = F.silu  # (of the output norm's gate)
         order = config.get("linear_value_head_order", "grouped")
         if order not in ("grouped", "tiled"):
             raise UnsupportedFamilyError(f"linear_value_head_order {order!r}: ft reads \"grouped\" or \"tiled\"")
@@ -200,5 +204,6 @@ class GatedDeltaNet:
                                   in_place=True, tiled=self.tiled)
         if not isinstance(start, DevicePosition):
             cache.length = start + t
-        out = gated_rms_norm(out, z.reshape(t, self.v_heads, self.v_head_dim), self.norm, self.eps)
+        out = gated_rms_norm(out, z.reshape(t, self.v_heads, self.v_head_dim), self.norm, self.eps,
+                             self.gate_activation)
         return linear(out.reshape(t, self.value_size), self.out)

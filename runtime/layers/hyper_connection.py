@@ -12,9 +12,16 @@ Tencent Hy4's independent hyper-connections (iHC, transformers' HYV4HyperConnect
 without `comb`: two mixes, `post` scaled by a magnitude of the config's, and the streams carried
 over as they are, x' = post * out + x (`IndependentHyperConnection`); its head is `HyperHead`.
 
-`HyperConnection` and `IndependentHyperConnection` are base.Residual (enter, leave) and
-`HyperHead` a base.Streams (expand, collapse): DecoderModel runs them where a block and the model
-have them.
+Qwen4-Exp's gated residual (transformers' Qwen4ExpTextGatedResidual) reads the streams through
+a zero-centred RMSNorm of each stream (`GatedHyperConnection`): the sublayer's input is the mean
+over the streams of the normed streams times sigmoid(up(silu(down(normed) / n))), a gate for
+every channel of every stream through a low-rank bottleneck; its output joins each stream times
+2 sigmoid(inject(normed) / n), x' = x + inject * out. Its head (`GatedHyperHead`) is the same
+mix without the injection, in the model's dtype throughout.
+
+`HyperConnection`, `IndependentHyperConnection` and `GatedHyperConnection` are base.Residual
+(enter, leave) and `HyperHead` and `GatedHyperHead` base.Streams (expand, collapse): DecoderModel
+runs them where a block and the model have them.
 """
 
 from __future__ import annotations
@@ -118,3 +125,52 @@ class HyperHead:
         flat = unweighted_rms_norm(x.reshape(x.shape[0], -1).float(), self.norm_eps)
         pre = torch.sigmoid(F.linear(flat, self.fn.float()) * self.scale.float() + self.base.float()) + self.eps
         return (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class GatedHyperConnection:
+    """One sublayer's gated residual (Qwen4-Exp): `norm` [n H] (hc_norm, zero-centred, each stream
+    normed alone), `down` [r, n H] and `up` [n H, r] (input_mix_weight_down/up), `inject` [n, n H]
+    (block_inject_weight; None in the head's mixer)."""
+
+    norm: torch.Tensor
+    down: torch.Tensor
+    up: torch.Tensor
+    inject: torch.Tensor | None
+    streams: int
+    norm_eps: float
+
+    def mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, n, H] -> (the mixed input [T, H], the normed streams flattened [T, n H])."""
+        n, size = self.streams, x.shape[-1]
+        h = x.float()  # (each stream alone; a [n, H] weight, which the device's norm kernel does not take)
+        h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.norm_eps) * (1.0 + self.norm.float().view(n, size))
+        normed = h.to(x.dtype).reshape(x.shape[0], n * size)
+        gates = torch.sigmoid(F.linear(F.silu(F.linear(normed, self.down) / n), self.up))  # [T, n H]
+        return (gates * normed).view(x.shape).mean(dim=-2), normed
+
+    def enter(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, n, H] -> (the sublayer's input [T, H], the injection weights [T, n])."""
+        assert self.inject is not None, "the head's mixer joins no sublayer"
+        mixed, normed = self.mix(x)
+        return mixed, 2 * torch.sigmoid(F.linear(normed, self.inject) / self.streams)
+
+    def leave(self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+        """The streams after the sublayer: x + inject * out -> [T, n, H]."""
+        return x + out.unsqueeze(-2) * inject.unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class GatedHyperHead:
+    """The streams of a model with gated residuals: the embeddings copied into `mixer.streams` of
+    them, and the last layer's mixed by `mixer` (hyper_connection_mixer, no injection)."""
+
+    mixer: GatedHyperConnection
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T, n, H]."""
+        return x.unsqueeze(1).expand(-1, self.mixer.streams, -1).contiguous()
+
+    def collapse(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, n, H] -> [T, H]."""
+        return self.mixer.mix(x)[0]

@@ -29,6 +29,7 @@ FAMILY_MODULES = {
     "solar_open": "solar_open",
     "qwen3_5_moe": "qwen3_5_moe",
     "qwen3_next": "qwen3_next",
+    "qwen4_exp": "qwen4_exp",
     "qwen2_moe": "qwen2_moe",
     "olmoe": "olmoe",
     "minimax_m2": "minimax_m2",

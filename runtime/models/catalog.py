@@ -94,6 +94,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "qwen3_5_moe": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
     "qwen3_moe": ("GQA, QK norm", "softmax top-k renormalized"),
     "qwen3_next": ("Gated DeltaNet and gated attention layers", "softmax top-k, a gated shared expert"),
+    "qwen4_exp": ("Gated DeltaNet and gated attention layers with block-selecting indexers (QSA), gated "
+                  "hyper-connections", "softmax top-k, a gated shared expert"),
     "sarvam_moe": ("GQA, QK norm, fused QKV", "sigmoid + bias, group-limited top-k, shared experts"),
     "solar_open": ("GQA", "sigmoid + bias, group-limited top-k, shared experts"),
     "zaya": ("compressed convolutional attention (q/k through short causal convolutions, values half from the "

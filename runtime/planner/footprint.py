@@ -234,6 +234,20 @@ def _lara_mini(c: dict[str, Any], b: int) -> KVLayout:
     return KVLayout(kv.kind, kv.bytes_per_token, kv.state_bytes, kv.formula.replace("full-attention", "attention"))
 
 
+def _qwen4_exp(c: dict[str, Any], b: int) -> KVLayout:
+    """Qwen3.5's hybrid (`_hybrid`) whose attention layers ("indexed_attention", the release's
+    "full_attention") also keep each token's raw QSA indexer key (indexer_head_dim wide)."""
+    layers = int(c["num_hidden_layers"])
+    types = c.get("layer_types") or [
+        "linear_attention" if (i + 1) % int(c.get("full_attention_interval") or 4) else "full_attention"
+        for i in range(layers)]
+    types = ["linear_attention" if t == "linear_attention" else "full_attention" for t in types]
+    kv = _hybrid({**c, "layer_types": types}, b)
+    indexed, index_dim = sum(t == "full_attention" for t in types), int(c.get("indexer_head_dim") or 0)
+    return KVLayout(kv.kind, kv.bytes_per_token + indexed * index_dim * b, kv.state_bytes,
+                    f"{kv.formula}; + {indexed} layers x {index_dim} indexer key x {b} B")
+
+
 def _short_conv(c: dict[str, Any], b: int) -> KVLayout:
     """LFM2-MoE: only its full-attention layers keep a KV cache; each "conv" layer keeps the last
     conv_L_cache - 1 inputs of its short convolution (hidden_size wide)."""
@@ -367,7 +381,7 @@ def _compressed(c: dict[str, Any], b: int) -> KVLayout:
                     f"x {b} B; + {layers} windows of {window - 1} keys and the open compressor windows")
 
 
-KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "nemotron_h": _nemotron_h, "jamba": _mamba_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "deepseek_v3": _mla,
+KV_LAYOUTS = {"qwen3_moe": _gqa, "qwen2_moe": _gqa, "olmoe": _gqa, "minimax_m2": _gqa, "mixtral": _gqa, "ernie4_5_moe": _gqa, "hunyuan_v1_moe": _gqa, "exaone_moe": _gqa, "granitemoe": _gqa, "granitemoeshared": _gqa, "granitemoe_swa": _gqa, "granitemoehybrid": _mamba2_hybrid, "nemotron_h": _nemotron_h, "jamba": _mamba_hybrid, "qwen3_5_moe": _hybrid, "qwen3_next": _hybrid, "qwen4_exp": _qwen4_exp, "deepseek_v3": _mla,
               "deepseek_v2": _mla, "axk1": _mla, "mistral4": _mla, "longcat_flash": _longcat_flash, "glm_moe_dsa": _mla, "deepseek_v4": _compressed,
               "deepseek_v32": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
               "axk2": lambda c, b: _mla({**c, "indexer_types": ["full"] * int(c["num_hidden_layers"])}, b),
