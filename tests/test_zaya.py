@@ -2,11 +2,11 @@
 transformers, and what its build refuses by name.
 
 The skip expert: a token whose router picks the class after the real experts computes no expert
-(weight 0 on expert 0, as transformers masks it). The family's parity
-test (tests/test_parity.py -k zaya) never routes there: transformers sets the skip class's
-balancing bias to -1 on every load, which the random router's near-uniform probabilities never
-overcome. Here every real expert's balancing bias is -1 too, so the choice is the probabilities'
-own, and the skip class's row of the router's output is scaled up so that it wins some tokens."""
+(weight 0 on expert 0, as transformers masks it). The parity test never routes there: transformers
+sets the skip class's balancing bias to -1 on every load, which the random router's near-uniform
+probabilities never overcome. Here every real expert's balancing bias is -1 too, so the choice is
+the probabilities' own, and the skip class's row of the router's output is scaled up so that it
+wins some tokens."""
 
 from __future__ import annotations
 
