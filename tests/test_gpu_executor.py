@@ -1622,3 +1622,27 @@ def test_an_emulated_slower_link_copies_every_fill_again_and_changes_nothing_els
         hybrid(banks, "offload", slots=4 * K, pcie_repeat=0)
     assert machine_key("cpu", cpu_threads=2, dtype="bf16", expert_bytes=9 << 20, pcie_repeat=2).endswith("-pcie1of2")
     assert "pcie1of" not in machine_key("cpu", cpu_threads=2, dtype="bf16", expert_bytes=9 << 20)
+
+
+def test_a_profile_measured_with_the_cpu_held_elsewhere_is_used_not_kept(tmp_path, monkeypatch, caplog) -> None:
+    """A GPU measurement in which both sides kept under CONTENDED_FACTOR of their alone rates (0.11
+    on an H100 race host, 0.92-1.0 on the others) is used for this load but not kept, with a
+    warning: kept, it would set auto's split (every miss over PCIe) for every later load."""
+    from runtime.gpu import measure_bandwidth
+    from runtime.gpu.bandwidth_profile import PROFILE_VERSION, BandwidthProfile
+
+    monkeypatch.setenv("FT_HOME", str(tmp_path))
+    monkeypatch.setattr(measure_bandwidth, "machine_key", lambda *a, **k: "h100-8t-q4_k")
+    bank = random_bank("f32", 8, 256, 128, layer=0)
+    executor = CPUExpertExecutor({0: bank}, torch.float32, threads=1)
+    contended = BandwidthProfile(pcie_gbps=5.4, cpu_gbps=2.6, cpu_fixed_ms=0.01, pcie_fixed_ms=0.04,
+                                 pcie_alone_gbps=48.5, cpu_alone_gbps=22.9, version=PROFILE_VERSION)
+    monkeypatch.setattr(measure_bandwidth, "measure", lambda *a, **k: contended)
+    with caplog.at_level(logging.WARNING, logger="runtime.gpu.measure_bandwidth"):
+        assert load_or_measure(bank, executor, "cuda", cpu_threads=8) == contended
+    assert "kept 0.11 of its rate alone" in caplog.text and "Not kept" in caplog.text
+    assert not list((tmp_path / "profiles").glob("*.json"))
+    shared = replace(contended, pcie_gbps=45.0, cpu_gbps=21.2)  # (0.93: DRAM shared, nothing else)
+    monkeypatch.setattr(measure_bandwidth, "measure", lambda *a, **k: shared)
+    assert load_or_measure(bank, executor, "cuda", cpu_threads=8) == shared
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1

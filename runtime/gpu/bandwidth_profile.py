@@ -44,6 +44,12 @@ class BandwidthProfile:
     measured_at: str = ""
     version: int = 0
 
+    @property
+    def beside_factor(self) -> float:
+        """The share of its alone rate each side kept while both ran (measure_bandwidth's one factor
+        on both; 1 where the alone rates were not measured)."""
+        return self.pcie_gbps / self.pcie_alone_gbps if self.pcie_alone_gbps else 1.0
+
     def save(self, path: Path) -> None:
         """Crash-safe: temp file, fsync, rename."""
         path.parent.mkdir(parents=True, exist_ok=True)

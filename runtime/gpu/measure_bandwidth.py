@@ -172,6 +172,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# A measurement in which both sides kept less than this share of their alone rates is not kept
+# (an H100 race host of 2026-12-07: 0.11, so auto sent every miss over PCIe at -ncmoe 16, its CPU
+# alone at 22.9 GB/s; 0.92-1.0 on every host before it, the CPU alone at 49-75): DRAM shared by the
+# fills and the CPU kernel costs each side far less than that.
+CONTENDED_FACTOR = 0.3
+
+
 def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: torch.device | str, *,
                     cpu_threads: int | None = None, remeasure: bool = False, pcie_repeat: int = 1,
                     **kwargs) -> BandwidthProfile:
@@ -191,6 +198,14 @@ def load_or_measure(bank: HostExpertBank, cpu_executor: ExpertExecutor, device: 
             log.info("bandwidth profile %s is of version %d, not %d; measuring again", path, kept.version,
                      PROFILE_VERSION)
     profile = measure(bank, cpu_executor, device, cpu_threads=threads, pcie_repeat=pcie_repeat, **kwargs)
+    if torch.device(device).type == "cuda" and profile.beside_factor < CONTENDED_FACTOR:
+        # (kept, one measurement taken while other work held the cores would set auto's split for good)
+        log.warning("bandwidth profile %s: with both sides running, each kept %.2f of its rate alone (PCIe %.1f of "
+                    "%.1f GB/s, CPU %.1f of %.1f): auto sends misses over PCIe; other work may have held the CPU's "
+                    "cores while it was measured (fewer --threads can help). Not kept: the next load measures again",
+                    key, profile.beside_factor, profile.pcie_gbps, profile.pcie_alone_gbps, profile.cpu_gbps,
+                    profile.cpu_alone_gbps)
+        return profile
     profile.save(path)
     return profile
 
