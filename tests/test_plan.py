@@ -705,6 +705,12 @@ def test_a_halved_chunk_leaves_the_experts_the_whole_chunk_where_their_launches_
     assert f32.ffn_bytes_per_token == 0
     roomy = plan(qwen3_16, H200, PlanOverrides(vram_budget_bytes=budget + 8 * stride, num_ctx=4096))
     assert (roomy.prefill_chunk_tokens, roomy.ffn_chunk_tokens) == (512, 512)
+    # a residual of several streams (hyper-connections) holds more per FFN token than either estimate counts
+    from runtime.planner.footprint import MULTI_STREAM_FAMILIES, _ffn_bytes_per_token
+
+    sizes = {"hidden_size": 2048, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
+    assert _ffn_bytes_per_token(sizes, "bf16", {"bf16"}, "qwen3_moe") == QWEN3_30B_FFN
+    assert all(_ffn_bytes_per_token(sizes, "bf16", {"bf16"}, f) == 0 for f in MULTI_STREAM_FAMILIES)
 
 
 @pytest.mark.parametrize("dtype", sorted(GROUPED_EXPERT_DTYPES | {"f32"}))

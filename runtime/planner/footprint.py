@@ -472,7 +472,7 @@ class ModelFootprint:
             activation_bytes_per_token=_activation_bytes_per_token(c),
             embedding_bytes=_held_embedding_bytes(held, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))),
             ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, {p.dtype for b in index.banks for p in b.parts
-                                                                if p.name in EXPERT_WEIGHT_PARTS}))
+                                                                if p.name in EXPERT_WEIGHT_PARTS}, index.family))
 
     @staticmethod
     def from_checkpoint(config: dict[str, Any], tensors: dict[str, tuple[str, int]], *, target_dtype: str = "auto",
@@ -516,7 +516,7 @@ class ModelFootprint:
             kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),
             context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c),
             embedding_bytes=_held_embedding_bytes(sized, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))),
-            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, expert_dtypes))
+            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, expert_dtypes, family.name))
 
     @staticmethod
     def from_sizes(*, expert_bytes: int, dense_bytes: int = 0, name: str = "model", context_length: int = 0,
@@ -567,17 +567,23 @@ def _activation_bytes_per_token(c: dict[str, Any]) -> int:
 # MXFP4. Others (float32 records) go through padded runs of experts.
 GROUPED_EXPERT_DTYPES = frozenset({"bf16", "f16", "q4_k", "q5_k", "q6_k", "q8_0", "f8_e4m3", "f8_e5m2", "mxfp4"})
 EXPERT_WEIGHT_PARTS = ("w13", "w1", "w3", "w2")
+# Families whose residual is several streams (hyper-connections: DeepSeek-V4's hc_mult, Hy4's,
+# Qwen4-Exp's hc_count): an FFN call reads and writes [T, streams, H], which neither estimate
+# counts, so their FFN keeps the chunk
+MULTI_STREAM_FAMILIES = ("deepseek_v4", "hy_v4", "qwen4_exp")
 
 
-def _ffn_bytes_per_token(c: dict[str, Any], dtype: str, expert_dtypes: set[str]) -> int:
+def _ffn_bytes_per_token(c: dict[str, Any], dtype: str, expert_dtypes: set[str], family: str = "") -> int:
     """What one token of a prompt holds in a MoE layer's FFN on the GPU path where its experts
     compute in grouped launches (16-bit compute, every expert weight of a GROUPED_EXPERT_DTYPES
     type; else 0: `_activation_bytes_per_token`'s MoE term, with its padded rows, holds). Counted
     at 4 bytes an element as there: the normed input, the float32 sum of the experts and its cast
     (3 x hidden), router logits and their softmax (2 x experts), the routing, its pair plan and
     weights (16 x top-k), shared experts as there; and the grouped kernels' activation row of
-    each routed pair, in the compute dtype (top-k x moe_intermediate x 2 bytes)."""
-    if compute_bytes(dtype) != 2 or not expert_dtypes or not expert_dtypes <= GROUPED_EXPERT_DTYPES:
+    each routed pair, in the compute dtype (top-k x moe_intermediate x 2 bytes). 0 for the
+    MULTI_STREAM_FAMILIES too."""
+    if compute_bytes(dtype) != 2 or not expert_dtypes or not expert_dtypes <= GROUPED_EXPERT_DTYPES \
+            or family in MULTI_STREAM_FAMILIES:
         return 0
     hidden, experts = int(c.get("hidden_size") or 0), int(c.get("num_experts") or 0)
     top_k, inter = int(c.get("num_experts_per_tok") or 0), int(c.get("moe_intermediate_size") or 0)
