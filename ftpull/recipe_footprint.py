@@ -24,6 +24,7 @@ from runtime.planner.footprint import (
     ModelFootprint,
     _activation_bytes_per_token,
     _ffn_bytes_per_token,
+    grouped_records,
     kv_dtype_bytes,
     kv_layout,
 )
@@ -120,7 +121,8 @@ def recipe_footprint(recipe: Recipe, *, name: str) -> ModelFootprint:
         num_experts=c["num_experts"], num_experts_per_tok=c["num_experts_per_tok"],
         kv=kv_layout(family.name, text, kv_dtype_bytes(dtype)), context_length=context,
         activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding,
-        ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, {"f8_e4m3" if weight == "fp8" else weight}, family.name))
+        ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, grouped_records(
+            {"f8_e4m3" if weight == "fp8" else weight}, {family.expert_activation(text)}, False), family.name))
 
 
 # The tensor types llama.cpp's llama-quantize gives a MoE model's weights for a file type
@@ -180,7 +182,8 @@ def _gguf_footprint(quant: str, family: str, c: dict[str, Any], text: dict[str, 
         num_moe_layers=len(strides), num_experts=num_experts, num_experts_per_tok=c["num_experts_per_tok"],
         kv=kv_layout(family, text, kv_dtype_bytes("bf16")), context_length=context,
         activation_bytes_per_token=_activation_bytes_per_token(c), embedding_bytes=embedding,
-        ffn_bytes_per_token=_ffn_bytes_per_token(c, "bf16", {gate_up, down, down_more}, family))
+        ffn_bytes_per_token=_ffn_bytes_per_token(c, "bf16", grouped_records(
+            {gate_up, down, down_more}, {FAMILIES[family].expert_activation(text)}, False), family))
 
 
 def _weight_kind(recipe: Recipe, config: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from ftw.safetensors_source import SafetensorsCheckpoint
 from registry import Store
 from runtime.loading.registered import open_model
 from runtime.planner import resources
-from runtime.planner.footprint import GROUPED_EXPERT_DTYPES, held_dense_bytes
+from runtime.planner.footprint import GROUPED_EXPERT_DTYPES, grouped_records, held_dense_bytes
 from runtime.planner.plan import (
     DEFAULT_NUM_CTX,
     GPU_RESERVE_BYTES,
@@ -709,20 +709,27 @@ def test_a_halved_chunk_leaves_the_experts_the_whole_chunk_where_their_launches_
     from runtime.planner.footprint import MULTI_STREAM_FAMILIES, _ffn_bytes_per_token
 
     sizes = {"hidden_size": 2048, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
-    assert _ffn_bytes_per_token(sizes, "bf16", {"bf16"}, "qwen3_moe") == QWEN3_30B_FFN
-    assert all(_ffn_bytes_per_token(sizes, "bf16", {"bf16"}, f) == 0 for f in MULTI_STREAM_FAMILIES)
+    assert _ffn_bytes_per_token(sizes, "bf16", True, "qwen3_moe") == QWEN3_30B_FFN
+    assert all(_ffn_bytes_per_token(sizes, "bf16", True, f) == 0 for f in MULTI_STREAM_FAMILIES)
 
 
-@pytest.mark.parametrize("dtype", sorted(GROUPED_EXPERT_DTYPES | {"f32"}))
-def test_the_grouped_expert_types_are_those_the_gpu_computes_in_grouped_launches(dtype: str) -> None:
-    """footprint.GROUPED_EXPERT_DTYPES (the planner's) against records.grouped_kind (the runtime's):
-    a bank of each type, viewed from cache slots, in its compute dtype (f16 records in f16, the rest
-    in bf16) has a grouped kernel; float32 records have none."""
+@pytest.mark.parametrize("dtype, activation, bias", [
+    *[(d, "swiglu", None) for d in sorted(GROUPED_EXPERT_DTYPES | {"f32"})],
+    ("mxfp4", "swiglu_limited", "bf16"), ("bf16", "swiglu_limited", None), ("bf16", "geglu_tanh", None),
+    ("bf16", "relu2", None), ("bf16", "swiglu", "bf16"), ("q8_0", "relu2", None)])
+def test_the_planners_grouped_records_are_those_the_gpu_computes_in_grouped_launches(
+        dtype: str, activation: str, bias: str | None) -> None:
+    """footprint.grouped_records (the planner's rule) against records.grouped_kind (the runtime's):
+    a bank of each weight type, activation and bias, viewed from cache slots in its compute dtype
+    (f16 records in f16, the rest in bf16), has a grouped kernel exactly where the planner says."""
+    from ftw.format import ExpertActivation
     from runtime.experts.synthetic import random_bank
     from runtime.gpu.expert_cache import ExpertCache
     from runtime.gpu.records import grouped_kind
 
-    bank = random_bank(dtype, 4, 256, 256, num_distinct=1)
+    act = ExpertActivation(activation, alpha=1.702, limit=7.0) if "limited" in activation else ExpertActivation(activation)
+    bank = random_bank(dtype, 4, 256, 256, num_distinct=1, activation=act, bias_dtype=bias)
     views = ExpertCache(2, bank.layout.expert_stride, "cpu", num_layers=1, num_experts=4).views(bank.layout)
     compute = torch.float16 if dtype == "f16" else torch.bfloat16
-    assert (grouped_kind(views, compute) is not None) == (dtype in GROUPED_EXPERT_DTYPES)
+    planned = grouped_records({dtype}, {bank.layout.activation}, bias is not None)
+    assert (grouped_kind(views, compute) is not None) == planned

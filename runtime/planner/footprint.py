@@ -25,7 +25,7 @@ from ftw.families import (
     normalized_config,
     parse_expert_name,
 )
-from ftw.format import BLOCK_DTYPES, PART_ALIGNMENT, Index, align_up
+from ftw.format import BLOCK_DTYPES, PART_ALIGNMENT, SWIGLU, ExpertActivation, Index, align_up
 
 CAST_BYTES = {"auto": None, "bf16": 2, "f16": 2, "f32": 4, "fp8": None}  # Modelfile DTYPE -> bytes
 FLOAT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -471,8 +471,10 @@ class ModelFootprint:
             context_length=context_length or int(c.get("context_length") or 0),
             activation_bytes_per_token=_activation_bytes_per_token(c),
             embedding_bytes=_held_embedding_bytes(held, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))),
-            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, {p.dtype for b in index.banks for p in b.parts
-                                                                if p.name in EXPERT_WEIGHT_PARTS}, index.family))
+            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, grouped_records(
+                {p.dtype for b in index.banks for p in b.parts if p.name in EXPERT_WEIGHT_PARTS},
+                {b.activation for b in index.banks}, any(p.name.endswith("_bias") for b in index.banks
+                                                         for p in b.parts)), index.family))
 
     @staticmethod
     def from_checkpoint(config: dict[str, Any], tensors: dict[str, tuple[str, int]], *, target_dtype: str = "auto",
@@ -484,7 +486,7 @@ class ModelFootprint:
         family = family_for_config(config)
         c = normalized_config(family, config)
         dense: dict[str, tuple[str, int]] = {}
-        by_dtype, embed, expert_dtypes = Counter(), None, set()
+        by_dtype, embed, expert_dtypes, biased = Counter(), None, set(), False
         parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # layer -> part -> bytes of one expert
         for source_name, (dtype, nbytes) in tensors.items():
             tensor_name = family.tensor_name(source_name)  # (DeepSeek-V4's release names its own way)
@@ -497,6 +499,7 @@ class ModelFootprint:
             by_dtype[dtype] += nbytes
             if expert is not None and expert.what in ("weight", "blocks"):
                 expert_dtypes.add(dtype)
+            biased |= expert is not None and expert.what == "bias"
             embed = dtype if tensor_name.endswith(EMBEDDINGS) else embed
             if expert is None:
                 dense[tensor_name] = (dtype, nbytes)
@@ -516,7 +519,8 @@ class ModelFootprint:
             kv=kv_layout(family.name, family.text_config(config), kv_dtype_bytes(dtype)),
             context_length=context_length or c["context_length"], activation_bytes_per_token=_activation_bytes_per_token(c),
             embedding_bytes=_held_embedding_bytes(sized, compute_bytes(dtype), tied=bool(c.get("tie_word_embeddings"))),
-            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, expert_dtypes, family.name))
+            ffn_bytes_per_token=_ffn_bytes_per_token(c, dtype, grouped_records(
+                expert_dtypes, {family.expert_activation(family.text_config(config))}, biased), family.name))
 
     @staticmethod
     def from_sizes(*, expert_bytes: int, dense_bytes: int = 0, name: str = "model", context_length: int = 0,
@@ -564,26 +568,39 @@ def _activation_bytes_per_token(c: dict[str, Any]) -> int:
 # Expert weight types whose prompt experts the GPU computes in two grouped launches, one
 # activation row a routed pair (runtime/gpu/records.grouped_kind; tests/test_plan.py holds the
 # two together): 16-bit records in the compute dtype, GGUF K-quants and Q8_0, block-scaled FP8,
-# MXFP4. Others (float32 records) go through padded runs of experts.
+# with plain SwiGLU experts and no biases; MXFP4 with its gated activations and biases. Others
+# (float32 records, GeGLU, relu2, biases beside the others) go through padded runs of experts.
 GROUPED_EXPERT_DTYPES = frozenset({"bf16", "f16", "q4_k", "q5_k", "q6_k", "q8_0", "f8_e4m3", "f8_e5m2", "mxfp4"})
+MXFP4_GROUPED_ACTIVATIONS = frozenset({"swiglu", "swiglu_limited", "swiglu_clamped"})
 EXPERT_WEIGHT_PARTS = ("w13", "w1", "w3", "w2")
+
+
+def grouped_records(dtypes: set[str], activations: set[ExpertActivation], biased: bool) -> bool:
+    """Whether experts of these weight types, activations and biases compute a prompt in grouped
+    launches on the GPU (records.grouped_kind's rule, seen from the sizes the planner has)."""
+    if not dtypes or not dtypes <= GROUPED_EXPERT_DTYPES:
+        return False
+    if dtypes == {"mxfp4"}:
+        return {a.kind for a in activations} <= MXFP4_GROUPED_ACTIVATIONS
+    return not biased and activations <= {SWIGLU}
+
+
 # Families whose residual is several streams (hyper-connections: DeepSeek-V4's hc_mult, Hy4's,
 # Qwen4-Exp's hc_count): an FFN call reads and writes [T, streams, H], which neither estimate
 # counts, so their FFN keeps the chunk
 MULTI_STREAM_FAMILIES = ("deepseek_v4", "hy_v4", "qwen4_exp")
 
 
-def _ffn_bytes_per_token(c: dict[str, Any], dtype: str, expert_dtypes: set[str], family: str = "") -> int:
+def _ffn_bytes_per_token(c: dict[str, Any], dtype: str, grouped: bool, family: str = "") -> int:
     """What one token of a prompt holds in a MoE layer's FFN on the GPU path where its experts
-    compute in grouped launches (16-bit compute, every expert weight of a GROUPED_EXPERT_DTYPES
-    type; else 0: `_activation_bytes_per_token`'s MoE term, with its padded rows, holds). Counted
+    compute in grouped launches (16-bit compute and `grouped`: grouped_records; else 0:
+    `_activation_bytes_per_token`'s MoE term, with its padded rows, holds). Counted
     at 4 bytes an element as there: the normed input, the float32 sum of the experts and its cast
     (3 x hidden), router logits and their softmax (2 x experts), the routing, its pair plan and
     weights (16 x top-k), shared experts as there; and the grouped kernels' activation row of
     each routed pair, in the compute dtype (top-k x moe_intermediate x 2 bytes). 0 for the
     MULTI_STREAM_FAMILIES too."""
-    if compute_bytes(dtype) != 2 or not expert_dtypes or not expert_dtypes <= GROUPED_EXPERT_DTYPES \
-            or family in MULTI_STREAM_FAMILIES:
+    if compute_bytes(dtype) != 2 or not grouped or family in MULTI_STREAM_FAMILIES:
         return 0
     hidden, experts = int(c.get("hidden_size") or 0), int(c.get("num_experts") or 0)
     top_k, inter = int(c.get("num_experts_per_tok") or 0), int(c.get("moe_intermediate_size") or 0)
