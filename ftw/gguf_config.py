@@ -173,12 +173,17 @@ def deepseek2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     (1, or no key: the files before it, which llama.cpp reads as softmax) V2's (deepseek_v2: greedy
     top-k, or group-limited where expert_group_count says so). As llama.cpp's loader does, a file
     without the key that is GLM-4.7-Flash (47 or 48 blocks, 154880 tokens: Glm4MoeLiteModel writes
-    deepseek2 files) is sigmoid-routed."""
+    deepseek2 files) is sigmoid-routed.
+
+    A sigmoid-routed file that is GLM-4.7-Flash by that shape or by its vocabulary (Glm4MoeLiteModel's
+    _set_vocab_glm: pre-tokenizer "glm4", which no DeepSeek converter writes) is read as glm4_moe_lite:
+    llama.cpp runs it with the same deepseek2 graph, and ft's glm4_moe_lite is DeepSeek-V3's model
+    (runtime/models/glm4_moe_lite.py), its MoE layers said by mlp_layer_types (the leading dense ones)."""
     gating = meta.get("expert_gating_func")  # gguf-py ExpertGatingFuncType: SOFTMAX 1, SIGMOID 2
+    embed = meta.model.tensors.get("token_embd.weight")
+    vocab = len(meta.values.get("tokenizer.ggml.tokens") or []) or (embed.shape[0] if embed is not None else 0)
+    glm_lite = meta.get("block_count") in (47, 48) and vocab == GLM4_7_LITE_VOCAB
     if gating is None:
-        embed = meta.model.tensors.get("token_embd.weight")
-        vocab = len(meta.values.get("tokenizer.ggml.tokens") or []) or (embed.shape[0] if embed is not None else 0)
-        glm_lite = meta.get("block_count") in (47, 48) and vocab == GLM4_7_LITE_VOCAB
         gating = 2 if glm_lite else 1
     if gating not in (1, 2):
         raise UnsupportedArchitectureError(f"{meta.model.path}: a deepseek2 GGUF with expert_gating_func {gating!r}; "
@@ -218,6 +223,11 @@ def deepseek2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         grouped = config["n_group"] > 1
         config.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], scoring_func="softmax",
                       topk_method="group_limited_greedy" if grouped else "greedy")
+    elif meta.arch == "deepseek2" and (glm_lite or meta.values.get("tokenizer.ggml.pre") == "glm4"):  # (not glm-dsa's)
+        layers, dense = config["num_hidden_layers"], min(config["first_k_dense_replace"], config["num_hidden_layers"])
+        config.update(model_type="glm4_moe_lite", architectures=["Glm4MoeLiteForCausalLM"],
+                      mlp_layer_types=["dense"] * dense + ["sparse"] * (layers - dense))
+        config.pop("head_dim")  # (Glm4MoeLiteConfig saves none: the HF path's config.json has no head_dim)
     return config
 
 

@@ -141,7 +141,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(QWEN3, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_config),
         GGUFArchitecture(LLAMA, "mixtral", "MixtralForCausalLM", mixtral_config, permute_qk=True),
         GGUFArchitecture(DEEPSEEK2, "deepseek_v3", "DeepseekV3ForCausalLM", deepseek2_or_mistral_config,
-                         other_model_types=("deepseek_v2", "mistral4")),
+                         other_model_types=("deepseek_v2", "mistral4", "glm4_moe_lite")),
         GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config),
         GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", olmoe_config),
         GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", glm4_moe_config),

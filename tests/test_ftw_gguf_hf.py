@@ -475,11 +475,12 @@ def test_deepseek2_without_a_gating_key_is_deepseek_v2(tmp_path: Path) -> None:
     assert (index.source_config["scoring_func"], index.source_config["topk_method"]) == ("softmax", "greedy")
 
 
-@pytest.mark.parametrize("blocks, vocab, model_type", [(48, 154880, "deepseek_v3"), (47, 154880, "deepseek_v3"),
+@pytest.mark.parametrize("blocks, vocab, model_type", [(48, 154880, "glm4_moe_lite"), (47, 154880, "glm4_moe_lite"),
                                                        (27, 154880, "deepseek_v2"), (48, 102400, "deepseek_v2")])
 def test_deepseek2_without_a_gating_key_is_told_as_llama_cpp_tells_it(blocks: int, vocab: int, model_type: str) -> None:
     """llama.cpp's loader reads a deepseek2 file without expert_gating_func as softmax (DeepSeek-V2), except
-    GLM-4.7-Flash's (47 or 48 blocks, 154880 tokens), which routes by sigmoid."""
+    GLM-4.7-Flash's (47 or 48 blocks, 154880 tokens), which routes by sigmoid (ft's glm4_moe_lite: DeepSeek-V3's
+    model)."""
     from types import SimpleNamespace
 
     from ftw.gguf_source import ARCHITECTURES
