@@ -324,3 +324,40 @@ def nemotron_h_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         n_group=groups, topk_group=meta.int("expert_group_used_count", 1),
     )
     return config
+
+
+def mellum_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """MellumModel.set_gguf_parameters (conversion/mellum.py, with the base's): key_length from head_dim,
+    rope.freq_base the full layers' base and rope.freq_base_swa the sliding ones' (rope_parameters keyed by
+    layer type), expert_feed_forward_length, attention.sliding_window and sliding_window_pattern (one bool a
+    layer from layer_types) where the config has a window. llama.cpp's graph (src/models/mellum.cpp) runs it
+    as transformers' Mellum: q/k RMSNorms before NeoX RoPE over the whole head, each kind at its base (the
+    sliding base the full one's where the file has none), sliding layers within the window (every layer full
+    without one), a softmax top-k always renormalized. RoPE scaling is refused: llama.cpp applies it to the
+    full layers only, which ft has not checked against transformers."""
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    layers, theta = config["num_hidden_layers"], config.pop("rope_theta")
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    if meta.int("rope.dimension_count", head_dim) != head_dim:
+        raise SourceError(f"{meta.model.path}: a mellum GGUF rotating part of each head; llama.cpp asserts the whole")
+    window = meta.get("attention.sliding_window")
+    sliding = _sliding_layers(meta, layers, 4) if window else [False] * layers  # (llama.cpp: no window, no SWA)
+    moe = set(_expert_layers(meta.model))
+    config.update(
+        head_dim=head_dim,
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        norm_topk_prob=True,  # (llama.cpp's graph renormalizes whatever the file says)
+        sliding_window=meta.int("attention.sliding_window") if window else None,
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        mlp_layer_types=["sparse" if i in moe else "dense" for i in range(layers)],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": theta},
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": meta.float("rope.freq_base_swa", theta)}},
+        attention_bias=False,
+    )
+    if meta.get("feed_forward_length") is not None:
+        config["intermediate_size"] = meta.int("feed_forward_length")
+    return config

@@ -161,6 +161,8 @@ PRE_TOKENIZERS |= {
     # tokenizer.json: Digits(individual_digits) then ByteLevel(use_regex)); llama-vocab.cpp's REFACT/STARCODER
     "refact": PreTokenizer((r"\p{N}", _GPT2_SPLIT)),
     "starcoder": PreTokenizer((r"\p{N}", _GPT2_SPLIT)),
+    # Mellum 2 (mellum): llama-vocab.cpp's MELLUM2 runs STARCODER's regexes
+    "mellum2": PreTokenizer((r"\p{N}", _GPT2_SPLIT)),
     # DeepSeek-V2 / V2-Lite (deepseek2) and DeepSeek LLM
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS),
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS),

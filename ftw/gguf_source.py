@@ -35,6 +35,7 @@ from .gguf_config_layered import (
     granitehybrid_config,
     jamba_config,
     lfm2moe_config,
+    mellum_config,
     nemotron_h_moe_config,
 )
 from .gguf_config_more import (
@@ -72,6 +73,7 @@ from .gguf_names import (
     LFM2MOE,
     LLAMA,
     LLAMA4,
+    MELLUM,
     MIMO2,
     MINIMAX_M2,
     MISTRAL4,
@@ -175,6 +177,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(KIMI_LINEAR, "kimi_linear", "KimiLinearForCausalLM", kimi_linear_config,
                          rows=(GLOBAL_ROWS, KIMI_LINEAR_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
+        GGUFArchitecture(MELLUM, "mellum", "MellumForCausalLM", mellum_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
