@@ -361,3 +361,43 @@ def mellum_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     if meta.get("feed_forward_length") is not None:
         config["intermediate_size"] = meta.int("feed_forward_length")
     return config
+
+
+def hy_v3_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """HYV3Model.set_gguf_parameters (conversion/hunyuan.py, with the base's): key_length from head_dim,
+    feed_forward_length (the dense layers' width), expert_feed_forward_length, expert_shared_feed_forward_length
+    (num_shared_experts experts' width), expert_weights_norm (route_norm, True where absent) and _scale
+    (router_scaling_factor), expert_gating_func sigmoid, nextn_predict_layers (MTP blocks, counted in
+    block_count). llama.cpp's graph (src/models/hy-v3.cpp) runs it as transformers' Hy3: q/k RMSNorms before
+    NeoX RoPE over the whole head, a dense MLP on layers without a router, elsewhere sigmoid scores chosen by
+    score + expert_bias, renormalized where expert_weights_norm, times the scale, plus the shared MLP."""
+    where = f"{meta.model.path}: a hy_v3 GGUF"
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
+                                           "Hy3 routes by sigmoid")
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    layers = config["num_hidden_layers"]
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    if meta.int("rope.dimension_count", head_dim) != head_dim:
+        raise SourceError(f"{where} rotating part of each head; llama.cpp asserts the whole")
+    width = meta.int("expert_feed_forward_length", _expert_size(meta.model))
+    shared_width = meta.int("expert_shared_feed_forward_length", width) if _has(meta.model, "ffn_up_shexp.weight") else 0
+    if shared_width % width:
+        raise SourceError(f"{where} whose shared MLP ({shared_width}) is no whole number of experts ({width}) wide")
+    moe = set(_expert_layers(meta.model))
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=width,
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        num_shared_experts=shared_width // width,
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),  # (llama.cpp's default where absent)
+        router_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        mlp_layer_types=["sparse" if i in moe else "dense" for i in range(layers)],
+        num_nextn_predict_layers=meta.int("nextn_predict_layers", 0),
+        rope_parameters={"rope_type": "default", "rope_theta": config.pop("rope_theta")},
+        attention_bias=False,
+    )
+    return config

@@ -33,6 +33,7 @@ from .gguf_config_layered import (
     afmoe_config,
     exaone_moe_config,
     granitehybrid_config,
+    hy_v3_config,
     jamba_config,
     lfm2moe_config,
     mellum_config,
@@ -66,6 +67,7 @@ from .gguf_names import (
     GRANITE,
     GRANITE_HYBRID,
     HUNYUAN,
+    HY_V3,
     JAMBA,
     KIMI_LINEAR,
     LAYER_PREFIX_GGUF,
@@ -178,6 +180,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          rows=(GLOBAL_ROWS, KIMI_LINEAR_BLOCK_ROWS)),
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(MELLUM, "mellum", "MellumForCausalLM", mellum_config),
+        GGUFArchitecture(HY_V3, "hy_v3", "HYV3ForCausalLM", hy_v3_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
