@@ -30,14 +30,15 @@ GLM_DSA = "glm-dsa"  # GLM-5's: DeepSeek-V3's model with DeepSeek Sparse Attenti
 KIMI_LINEAR = "kimi-linear"  # Moonshot's Kimi Linear: Kimi Delta Attention and NoPE MLA layers, DeepSeek-V3's MoE
 MELLUM = "mellum"  # JetBrains Mellum 2: Qwen3-MoE's block in sliding and full layers, a RoPE base a kind
 HY_V3 = "hy_v3"  # Tencent Hy3: Qwen3's attention, DeepSeek-V3's sigmoid MoE without groups, one shared MLP
+COHERE2MOE = "cohere2moe"  # Cohere's North / Command A MoE: Cohere 2's parallel block, sliding and NoPE full layers
 MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET, MELLUM, HY_V3)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, *MLA, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET, MIMO2, MELLUM, HY_V3)  # router at mlp.gate (Mixtral's elsewhere)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, *MLA, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET, MIMO2, MELLUM, HY_V3, COHERE2MOE)  # router at mlp.gate (Mixtral's elsewhere)
 QWEN_SHARED_EXPERT = (QWEN2, *DELTANET)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
-WITH_DENSE_LAYERS = (QWEN3, QWEN2, *MLA, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE, MIMO2, MELLUM, HY_V3)  # dense MLPs beside MoE layers
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, *MLA, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE, MIMO2, MELLUM, HY_V3, COHERE2MOE)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1, GLM_DSA)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
-SHARED_EXPERTS = (*DEEPSEEK_MOE, MISTRAL4, ERNIE, EXAONE_MOE, HY_V3)  # one dense SwiGLU under mlp.shared_experts
+SHARED_EXPERTS = (*DEEPSEEK_MOE, MISTRAL4, ERNIE, EXAONE_MOE, HY_V3, COHERE2MOE)  # one dense SwiGLU under mlp.shared_experts
 
 
 

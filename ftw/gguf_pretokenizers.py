@@ -163,6 +163,9 @@ PRE_TOKENIZERS |= {
     "starcoder": PreTokenizer((r"\p{N}", _GPT2_SPLIT)),
     # Mellum 2 (mellum): llama-vocab.cpp's MELLUM2 runs STARCODER's regexes
     "mellum2": PreTokenizer((r"\p{N}", _GPT2_SPLIT)),
+    # Cohere's North Mini Code (cohere2moe) and Tiny Aya: llama-vocab.cpp's TINY_AYA, its tokenizer.json's
+    # digits in threes from the right, then o200k's regex (GPT4O's original)
+    "cohere2moe": PreTokenizer((r"\d{1,3}(?=(?:\d{3})*\b)", _GPT4O_SPLIT)),
     # DeepSeek-V2 / V2-Lite (deepseek2) and DeepSeek LLM
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS),
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS),

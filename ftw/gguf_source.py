@@ -39,6 +39,7 @@ from .gguf_config_layered import (
     mellum_config,
     nemotron_h_moe_config,
 )
+from .gguf_config_layered_more import cohere2moe_config
 from .gguf_config_more import (
     bailingmoe2_config,
     deepseek2_or_mistral_config,
@@ -54,6 +55,7 @@ from .gguf_names import (
     AFMOE,
     BAILINGMOE2,
     BLOCK_ROWS,
+    COHERE2MOE,
     DBRX,
     DEEPSEEK2,
     DOTS1,
@@ -181,6 +183,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(QWEN3NEXT, "qwen3_next", "Qwen3NextForCausalLM", qwen3next_config),
         GGUFArchitecture(MELLUM, "mellum", "MellumForCausalLM", mellum_config),
         GGUFArchitecture(HY_V3, "hy_v3", "HYV3ForCausalLM", hy_v3_config),
+        GGUFArchitecture(COHERE2MOE, "cohere2_moe", "Cohere2MoeForCausalLM", cohere2moe_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
