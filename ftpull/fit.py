@@ -71,6 +71,18 @@ def _footprint(text: str, store: Store) -> tuple[str, bool, ModelFootprint, int 
     return name, True, fp, _int((model.config.get("parameters") or {}).get("num_ctx")), None
 
 
+class SizeUnknownOffline(hub.HubUnreachable):
+    """`ft fit` of a shipped recipe that stores no footprint on purpose (Modelfiles/footprints.json's
+    "unsized": its release's sizes could not be verified), while the Hub cannot be reached: its size
+    is unknown, said so plainly, never guessed."""
+
+    def __init__(self, name: str, reason: str, unreachable: hub.HubUnreachable) -> None:
+        super().__init__(f"{name}: its size is unknown until the Hugging Face Hub answers: ft ships no offline "
+                         f"footprint for this recipe ({reason}), and the Hub could not be reached ({unreachable}). "
+                         f"Run `ft fit {name}` again with the network (or after `ft pull {name}`) to size it from "
+                         "the checkpoint's config.json and headers")
+
+
 def _offline_or_remote(target: PullTarget) -> tuple[ModelFootprint, str | None]:
     """The footprint from the Hub's metadata; where the Hub cannot be reached and `target` is a
     shipped recipe, the one stored with it, and a note that says so."""
@@ -81,8 +93,10 @@ def _offline_or_remote(target: PullTarget) -> tuple[ModelFootprint, str | None]:
             raise
         try:
             fp = recipe_footprint(target.recipe, name=target.name.display)
-        except NoStoredFootprintError:
-            raise e from None
+        except NoStoredFootprintError as none:
+            if none.reason is None:
+                raise e from None
+            raise SizeUnknownOffline(target.name.display, none.reason, e) from None
         return fp, (f"the Hub could not be reached ({e}), so these figures are the recipe's stored footprint, an "
                     "estimate, not sizes read from the model's files; `ft fit` with the network (or after "
                     "`ft pull`) gives them")

@@ -41,17 +41,36 @@ SOURCE = "recipe"  # ModelFootprint.source of these
 
 
 class NoStoredFootprintError(LookupError):
-    """A recipe with no stored footprint (ft fit needs the Hub for it)."""
+    """A recipe with no stored footprint (ft fit needs the Hub for it); `reason` says why where the
+    recipe stores none on purpose (listed under "unsized"), else is None."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _footprints() -> dict[str, Any]:
+    doc = json.loads(resources.files("Modelfiles").joinpath(FOOTPRINTS_FILE).read_text(encoding="utf-8"))
+    return doc if isinstance(doc, dict) else {}
+
+
+def unsized_recipes() -> dict[str, str]:
+    """The shipped recipes that store no footprint on purpose, each with why: no public source for
+    their release's config.json sizes, so `ft fit` offline says the size is unknown, not a guess."""
+    unsized = _footprints().get("unsized", {})
+    return {str(k): str(v) for k, v in unsized.items()} if isinstance(unsized, dict) else {}
 
 
 def stored_config(model: str, tag: str | None = None) -> dict[str, Any]:
     """The config.json subset stored for the shipped recipe `model`, with the keys stored for
     "model:tag" over it where a tag's checkpoint differs (DeepSeek-V4-Flash-Base's FP8 experts);
-    NoStoredFootprintError if none."""
-    models = json.loads(resources.files("Modelfiles").joinpath(FOOTPRINTS_FILE).read_text(encoding="utf-8")).get("models", {})
+    NoStoredFootprintError if none (with the reason where the recipe is listed as unsized)."""
+    models = _footprints().get("models", {})
     config = models.get(model)
     if not isinstance(config, dict):
-        raise NoStoredFootprintError(f"the recipe {model!r} stores no footprint in Modelfiles/{FOOTPRINTS_FILE}")
+        reason = unsized_recipes().get(model)
+        raise NoStoredFootprintError(f"the recipe {model!r} stores no footprint in Modelfiles/{FOOTPRINTS_FILE}"
+                                     + (f": {reason}" if reason else ""), reason)
     overlay = models.get(f"{model}:{tag}") if tag else None
     return {**config, **overlay} if isinstance(overlay, dict) else config
 
@@ -244,6 +263,9 @@ def _attention_numel(family: str, c: dict[str, Any], text: dict[str, Any], layer
         conv = (2 * k_heads * k_dim + v_heads * v_dim) * int(text.get("linear_conv_kernel_dim") or 4)
         return hidden * (2 * k_heads * k_dim + 2 * v_heads * v_dim + 2 * v_heads) + conv + 2 * v_heads + v_dim \
             + v_heads * v_dim * hidden
+    if family == "minimax" and _minimax_layer_type(text, layer) == "linear_attention":
+        inner = heads * head_dim  # lightning attention: qkv_proj, output_gate and out_proj all heads wide, a norm
+        return 5 * hidden * inner + inner
     sizes = FAMILIES[family].attention_sizes
     if sizes is not None:  # (attention sized layer by layer: MiMo-V2-Flash's, Laguna's)
         heads, kv_heads, head_dim, v_dim = sizes(text)[layer]
@@ -285,6 +307,15 @@ def _compressed_layer_numel(c: dict[str, Any], text: dict[str, Any], layer: int)
     if kinds[layer:layer + 1] == ["hash_moe"]:
         numel += c["vocab_size"] * c["num_experts_per_tok"]
     return numel
+
+
+def _minimax_layer_type(text: dict[str, Any], layer: int) -> str:
+    """A MiniMax layer's kind as runtime/models/minimax.py reads it: `layer_types`, else alternating
+    full and lightning ("linear_attention") layers, MiniMaxConfig's default."""
+    types = text.get("layer_types")
+    if isinstance(types, list) and layer < len(types):
+        return str(types[layer])
+    return "full_attention" if (layer + 1) % 2 else "linear_attention"
 
 
 def _is_linear_layer(text: dict[str, Any], layer: int) -> bool:
