@@ -109,3 +109,93 @@ def cohere2moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         attention_bias=False,
     )
     return config
+
+
+def laguna_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """LagunaModel.set_gguf_parameters (conversion/laguna.py, with the base's): head_count one a layer
+    (num_attention_heads_per_layer, else num_attention_heads on each), attention.sliding_window (none where
+    the config has none), expert_feed_forward_length, expert_shared_feed_forward_length (the one shared MLP's
+    width), expert_weights_norm true, expert_weights_scale (moe_routed_scaling_factor), expert_gating_func
+    sigmoid, leading_dense_block_count (the dense lead of mlp_layer_types), rope.freq_base and rope.dimension_count
+    of the full layers (head_dim x partial_rotary_factor), rope.freq_base_swa and rope.dimension_count_swa of the
+    sliding ones; g_proj as attn_gate, the experts stacked, nothing permuted (NeoX RoPE, as transformers).
+
+    llama.cpp's loader and graph (src/models/laguna.cpp) run it as transformers' Laguna with three readings of
+    their own, which ft follows: the layer kinds are not in the file (no sliding_window_pattern is written), so
+    with a window they are load_swa_pattern's period 4, full first; the router's logits are not soft-capped
+    (moe_router_logit_softcapping is not written); the gate is per head or per channel as attn_gate's rows say.
+    YaRN (the base's keys) applies to the full layers only, the sliding ones at plain RoPE. Refused by name:
+    another gating function, routed weights not renormalized (transformers' Laguna always renormalizes), layers
+    whose gates differ in kind."""
+    where = f"{meta.model.path}: a laguna GGUF"
+    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
+                                           "Laguna routes by sigmoid")
+    if not meta.get("expert_weights_norm", False):
+        raise UnsupportedArchitectureError(f"{where} without expert_weights_norm: transformers' Laguna always "
+                                           "renormalizes the chosen experts' weights")
+    heads = meta.get("attention.head_count")
+    blocks = meta.int("block_count")
+    heads = heads if isinstance(heads, list) else [meta.int("attention.head_count")] * blocks
+    if len(heads) < blocks or not all(isinstance(h, int) and h > 0 for h in heads):
+        raise SourceError(f"{where} whose attention.head_count is not one count a layer ({heads!r})")
+    uniform = Meta(meta.model, meta.arch)
+    uniform.values = {**meta.values, f"{meta.arch}.attention.head_count": heads[0]}
+    config = _common_config(uniform, arch)
+    scaling = config.pop("rope_scaling", None)
+    if "rope_freqs.weight" in meta.model.tensors:
+        raise UnsupportedArchitectureError(f"{where} with a rope_freqs tensor; Laguna's RoPE is plain or YaRN")
+    layers = config["num_hidden_layers"]
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // heads[0])
+    gates = {_gate_kind(meta, i, heads[i], head_dim) for i in range(layers)}
+    if len(gates) != 1:
+        raise UnsupportedArchitectureError(f"{where} with per-head and per-channel output gates on different "
+                                           "layers; transformers' Laguna has one `gating` for all")
+    dense = meta.int("leading_dense_block_count", 0)
+    if {i for i in _expert_layers(meta.model) if i < layers} != set(range(dense, layers)):
+        raise SourceError(f"{where} whose experts are not on the layers after leading_dense_block_count ({dense})")
+    window = meta.int("attention.sliding_window", 0)
+    sliding = [window > 0 and i % 4 != 0 for i in range(layers)]  # (load_swa_pattern(ml, 4, dense_first))
+    theta, rot = config.pop("rope_theta"), meta.int("rope.dimension_count", head_dim)
+    full = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": rot / head_dim}
+    if scaling is not None:
+        if scaling["rope_type"] != "yarn":
+            raise UnsupportedArchitectureError(f"{where} with {scaling['rope_type']} RoPE scaling; Laguna's is YaRN")
+        full |= {k: v for k, v in scaling.items() if k not in ("type", "mscale", "mscale_all_dim")}
+    rope = {"full_attention": full}
+    if window:
+        rot_swa = meta.int("rope.dimension_count_swa", rot)
+        rope["sliding_attention"] = {"rope_type": "default", "rope_theta": meta.float("rope.freq_base_swa", theta),
+                                     "partial_rotary_factor": rot_swa / head_dim}
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int("feed_forward_length"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        shared_expert_intermediate_size=meta.int("expert_shared_feed_forward_length"),
+        num_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        moe_routed_scaling_factor=meta.float("expert_weights_scale", 0.0) or 1.0,  # (llama.cpp: 0 is none)
+        moe_router_logit_softcapping=0.0,
+        mlp_layer_types=["dense" if i < dense else "sparse" for i in range(layers)],
+        sliding_window=window,  # (0: none, LagunaConfig wanting an int)
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rope_parameters=rope,
+        gating=gates.pop(),
+        attention_bias=False,
+    )
+    if len(set(heads[:layers])) > 1:
+        config["num_attention_heads_per_layer"] = list(heads[:layers])
+    return config
+
+
+def _gate_kind(meta: Meta, layer: int, heads: int, head_dim: int) -> bool | str:
+    """Layer `layer`'s attention gate as laguna.cpp's loader tells it: one row a head (per head: `gating`
+    True) or one a channel ("per-element"), from blk.N.attn_gate.weight's rows."""
+    gate = meta.model.tensors.get(f"blk.{layer}.attn_gate.weight")
+    rows = gate.shape[0] if gate is not None and len(gate.shape) == 2 else None
+    if rows == heads:
+        return True
+    if rows == heads * head_dim:
+        return "per-element"
+    raise SourceError(f"{meta.model.path}: a laguna GGUF whose blk.{layer}.attn_gate.weight has {rows} rows; "
+                      f"llama.cpp expects {heads} (per head) or {heads * head_dim} (per channel)")

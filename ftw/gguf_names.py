@@ -30,15 +30,16 @@ GLM_DSA = "glm-dsa"  # GLM-5's: DeepSeek-V3's model with DeepSeek Sparse Attenti
 KIMI_LINEAR = "kimi-linear"  # Moonshot's Kimi Linear: Kimi Delta Attention and NoPE MLA layers, DeepSeek-V3's MoE
 MELLUM = "mellum"  # JetBrains Mellum 2: Qwen3-MoE's block in sliding and full layers, a RoPE base a kind
 HY_V3 = "hy_v3"  # Tencent Hy3: Qwen3's attention, DeepSeek-V3's sigmoid MoE without groups, one shared MLP
+LAGUNA = "laguna"  # Poolside Laguna: gated GQA (query heads by layer), sliding and full layers, DeepSeek-V3's routing
 COHERE2MOE = "cohere2moe"  # Cohere's North / Command A MoE: Cohere 2's parallel block, sliding and NoPE full layers
 MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
-QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET, MELLUM, HY_V3)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
-GATE_ROUTED = (QWEN3, QWEN2, OLMOE, *MLA, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET, MIMO2, MELLUM, HY_V3, COHERE2MOE)  # router at mlp.gate (Mixtral's elsewhere)
+QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET, MELLUM, HY_V3, LAGUNA)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
+GATE_ROUTED = (QWEN3, QWEN2, OLMOE, *MLA, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET, MIMO2, MELLUM, HY_V3, COHERE2MOE, LAGUNA)  # router at mlp.gate (Mixtral's elsewhere)
 QWEN_SHARED_EXPERT = (QWEN2, *DELTANET)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
-WITH_DENSE_LAYERS = (QWEN3, QWEN2, *MLA, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE, MIMO2, MELLUM, HY_V3, COHERE2MOE)  # dense MLPs beside MoE layers
+WITH_DENSE_LAYERS = (QWEN3, QWEN2, *MLA, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE, MIMO2, MELLUM, HY_V3, COHERE2MOE, LAGUNA)  # dense MLPs beside MoE layers
 DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1, GLM_DSA)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
-SHARED_EXPERTS = (*DEEPSEEK_MOE, MISTRAL4, ERNIE, EXAONE_MOE, HY_V3, COHERE2MOE)  # one dense SwiGLU under mlp.shared_experts
+SHARED_EXPERTS = (*DEEPSEEK_MOE, MISTRAL4, ERNIE, EXAONE_MOE, HY_V3, COHERE2MOE, LAGUNA)  # one dense SwiGLU under mlp.shared_experts
 
 
 
@@ -86,6 +87,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
     Row("ffn_norm.bias", "post_attention_layernorm.bias", (PHIMOE,)),
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, *DELTANET)),  # their name for it
+    Row("attn_gate.weight", "self_attn.g_proj.weight", (LAGUNA,)),  # Laguna's softplus output gate [heads or heads x D, H]
     Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS, MIMO2)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE)),  # Mixtral's router
@@ -98,7 +100,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_up_shexp.weight", "mlp.shared_mlp.up_proj.weight", (HUNYUAN,)),
     Row("ffn_down_shexp.weight", "mlp.shared_mlp.down_proj.weight", (HUNYUAN,)),
     Row("ffn_gate_inp.bias", "mlp.router.bias", (GPT_OSS,)),
-    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (*DEEPSEEK_MOE, MIMO2)),  # noaux_tc routing bias [E]
+    Row("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (*DEEPSEEK_MOE, MIMO2, LAGUNA)),  # noaux_tc routing bias [E]
     Row("exp_probs_b.bias", "mlp.moe_statics.e_score_correction_bias", (ERNIE,)),  # ERNIE's [1, E]: ROW_VECTORS
     Row("exp_probs_b.bias", "block_sparse_moe.e_score_correction_bias", (MINIMAX_M2,)),  # MiniMax-M2's [E]
     Row("exp_probs_b.bias", "mlp.e_score_correction_bias", (EXAONE_MOE,)),  # K-EXAONE's, beside the router [E]

@@ -166,6 +166,10 @@ PRE_TOKENIZERS |= {
     # Cohere's North Mini Code (cohere2moe) and Tiny Aya: llama-vocab.cpp's TINY_AYA, its tokenizer.json's
     # digits in threes from the right, then o200k's regex (GPT4O's original)
     "cohere2moe": PreTokenizer((r"\d{1,3}(?=(?:\d{3})*\b)", _GPT4O_SPLIT)),
+    # Poolside Laguna (laguna): llama-vocab.cpp's LAGUNA, lines and runs of newlines apart, then words,
+    # every digit alone
+    "laguna": PreTokenizer((r"[^\n]+|[\n]+", r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+                            r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")),
     # DeepSeek-V2 / V2-Lite (deepseek2) and DeepSeek LLM
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS),
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS),

@@ -39,7 +39,7 @@ from .gguf_config_layered import (
     mellum_config,
     nemotron_h_moe_config,
 )
-from .gguf_config_layered_more import cohere2moe_config
+from .gguf_config_layered_more import cohere2moe_config, laguna_config
 from .gguf_config_more import (
     bailingmoe2_config,
     deepseek2_or_mistral_config,
@@ -72,6 +72,7 @@ from .gguf_names import (
     HY_V3,
     JAMBA,
     KIMI_LINEAR,
+    LAGUNA,
     LAYER_PREFIX_GGUF,
     LAYER_PREFIX_HF,
     LFM2MOE,
@@ -184,6 +185,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(MELLUM, "mellum", "MellumForCausalLM", mellum_config),
         GGUFArchitecture(HY_V3, "hy_v3", "HYV3ForCausalLM", hy_v3_config),
         GGUFArchitecture(COHERE2MOE, "cohere2_moe", "Cohere2MoeForCausalLM", cohere2moe_config),
+        GGUFArchitecture(LAGUNA, "laguna", "LagunaForCausalLM", laguna_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
