@@ -15,6 +15,7 @@ import torch
 
 from .models import ContextOverflowError, DecoderModel
 from .models.base import StateCheckpoint
+from .models.prefix_blocks import BlockStore, Found
 from .models.state_copy import ParkedState
 from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
 from .text.sampling import Sampler, SamplingParams
@@ -88,12 +89,6 @@ class ParkedConversation:
     prompt_length: int
     state: ParkedState
 
-    def reusable(self, prompt: list[int]) -> int:
-        """How many of `prompt`'s first tokens it would keep back in a session: the common prefix
-        (a recurrent model's: all of it, or nothing)."""
-        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
-        return keep if self.state.saved is None or keep == len(self.tokens) else 0
-
 
 class Session:
     """One sequence of a loaded model; not thread-safe (the server queues requests per session)."""
@@ -112,15 +107,10 @@ class Session:
         self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
         self.anchored: StateCheckpoint | None = None  # ... and where the first message ends
         self.prompt_length = 0  # of `tokens`, those of the last prompt (the rest: its reply)
-        # the host copy this state was last parked as or brought back from: parking again shares the
-        # rows of the tokens it has in common with `tokens` (the whole history of a conversation
-        # that went on), copying only the others
-        self.parked_copy: ParkedConversation | None = None
 
     def reset(self) -> None:
         self.state = self.model.reset_state(self.state)  # emptied in place where it can be (CUDA graphs keep its buffers)
         self.tokens, self.saved, self.prompt_length, self.anchored = [], [], 0, None
-        self.parked_copy = None
 
     @property
     def checkpoints(self) -> list[StateCheckpoint]:
@@ -210,22 +200,17 @@ class Session:
     def park(self) -> ParkedConversation | None:
         """This session's conversation copied to host memory (DecoderModel.park), for `unpark` to
         bring back after another conversation has used the state: its tokens, or a recurrent
-        model's up to its latest saved state. None where the model's state cannot be copied so.
-        The rows of the tokens it shares with `parked_copy` are that copy's, not copied again."""
+        model's up to its latest saved state. None where the model's state cannot be copied so."""
         park = getattr(self.model, "park", None)
         saved = None
         length = len(self.tokens)
         if not getattr(self.model, "rewinds", False):
             saved = max(self.checkpoints, key=lambda s: s.length, default=None)
             length = saved.length if saved is not None else 0
-        copy, base = self.parked_copy, None
-        if copy is not None:
-            base = copy.state.prefix(common_prefix(copy.tokens, self.tokens[:length]))
-        parked = park(self.state, length, saved, base) if park is not None and length > 0 else None
+        parked = park(self.state, length, saved) if park is not None and length > 0 else None
         if parked is None:
             return None
-        self.parked_copy = ParkedConversation(self.tokens[:length], min(self.prompt_length, length), parked)
-        return self.parked_copy
+        return ParkedConversation(self.tokens[:length], min(self.prompt_length, length), parked)
 
     def unpark(self, conversation: ParkedConversation) -> bool:
         """This session holding a parked conversation again (its state copied back in place)."""
@@ -234,7 +219,31 @@ class Session:
             return False
         self.tokens, self.prompt_length = list(conversation.tokens), conversation.prompt_length
         self.saved, self.anchored = [], conversation.state.saved
-        self.parked_copy = conversation
+        return True
+
+    def park_into(self, store: BlockStore) -> bool:
+        """This session's conversation stored in `store` (prefix_blocks.py): the blocks of its
+        tokens, those stored already shared and the others' rows copied from the state; a recurrent
+        model's up to each of its saved states, each on the block where it ends. False where
+        nothing could be stored."""
+        park = getattr(self.model, "park_parts", None)
+        if park is None or not self.tokens:
+            return False
+        if getattr(self.model, "rewinds", False):
+            return store.insert(self.tokens, lambda spans: park(self.state, spans))
+        stored = False
+        for saved in self.checkpoints:
+            stored |= store.insert(self.tokens[: saved.length], lambda spans, s=saved: park(self.state, spans, s), saved)
+        return stored
+
+    def unpark_blocks(self, found: Found) -> bool:
+        """This session holding a prefix `store.lookup` found (its blocks' rows copied back in place,
+        a recurrent model's state put back from the one saved where it ends)."""
+        unpark = getattr(self.model, "unpark", None)
+        if unpark is None or not unpark(found.state(), self.state):
+            return False
+        self.tokens, self.prompt_length = found.tokens(), found.length
+        self.saved, self.anchored = [], found.saved
         return True
 
     def _keep_prefix_of(self, prompt: list[int]) -> None:

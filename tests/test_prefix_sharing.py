@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine import ParkedConversation, Session
+from runtime.engine import Session
 from runtime.loading.registered import open_model
 from runtime.loading.runnable import load
 from runtime.models.base import DecodeState
 from runtime.text.sampling import SamplingParams
 from runtime.text.tokenizer import Tokenizer
+from tests.test_prefix_blocks import _stored
 from tests.test_server_util import LiveServer, pulled_home
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
@@ -112,17 +113,18 @@ def test_a_parked_conversation_comes_back_with_its_state(tiny) -> None:
     session, first = _generation(pool, main)
     held = list(session.tokens)
     _generation(pool, side)
-    assert [c.tokens for c in pool.parked] == [held] and pool.parked_bytes > 0
+    assert _stored(pool.parked) == [held] and pool.parked_bytes > 0
     turn = held + [7, 8, 9]
     again_session, again = _generation(pool, turn)
     assert again_session is session and again.stats.cached_tokens == len(held)
     assert again.tokens == Session(model, tokenizer, 256).generate(turn, GREEDY).tokens
-    assert [c.tokens[:2] for c in pool.parked] == [[200, 201]]  # the side request's, parked in turn
+    assert [c[:2] for c in _stored(pool.parked)] == [[5, 6], [200, 201]]  # the side request's, parked in turn
+    assert (pool.parked.hits, pool.parked.hit_tokens) == (1, len(held))
 
     unparked = SessionPool(lambda context: Session(model, tokenizer, context), 256, size=1)
     _generation(unparked, main)
     _generation(unparked, side)
-    assert _generation(unparked, turn)[1].stats.cached_tokens == 0 and not unparked.parked
+    assert _generation(unparked, turn)[1].stats.cached_tokens == 0 and not len(unparked.parked)
 
 
 def test_a_subagent_starting_from_a_parked_conversation_leaves_it_parked(tiny) -> None:
@@ -144,12 +146,11 @@ def test_a_subagent_starting_from_a_parked_conversation_leaves_it_parked(tiny) -
     _generation(pool, side)
     _, sub = _generation(pool, subagent)
     assert sub.stats.cached_tokens == len(system)
-    assert held in [c.tokens for c in pool.parked]  # still parked, whole
+    assert held in _stored(pool.parked)  # still parked, whole
     turn = held + [7, 8, 9]
     _, again = _generation(pool, turn)
     assert again.stats.cached_tokens == len(held)
     assert again.tokens == Session(model, tokenizer, 256).generate(turn, GREEDY).tokens
-    assert held not in [c.tokens for c in pool.parked]  # continued whole: the session holds it now
 
 
 def test_the_oldest_parked_conversation_goes_first_when_the_budget_is_full(tiny) -> None:
@@ -160,11 +161,11 @@ def test_the_oldest_parked_conversation_goes_first_when_the_budget_is_full(tiny)
     conversations = [[300 + i] + list(range(5, 100)) for i in range(3)]
     for prompt in conversations:
         _generation(pool, prompt)
-    one = pool.parked[0].state.nbytes
-    assert len(pool.parked) == 2
+    one = pool.parked.nbytes // 2
+    assert len(_stored(pool.parked)) == 2
     pool.park_bytes = one + one // 2  # room for one
     _generation(pool, [400] + list(range(5, 100)))
-    assert [c.tokens[0] for c in pool.parked] == [302]
+    assert [c[0] for c in _stored(pool.parked)] == [302]
 
 
 def test_a_server_with_one_session_parks_the_main_conversation_for_a_side_request(store, monkeypatch) -> None:
@@ -188,60 +189,25 @@ def test_a_server_with_one_session_parks_the_main_conversation_for_a_side_reques
         client.chat.completions.create(model="tiny", messages=side, max_tokens=4, temperature=0)
         shown = httpx.get(server.url + "/api/ps", timeout=30).json()["models"][0]["ft"]
         assert shown["sessions"] == shown["max_sessions"] == 1
-        assert shown["parked_sessions"] == 1 and 0 < shown["parked_bytes"] <= shown["park_budget_bytes"]
+        assert shown["parked_blocks"] == 1 and 0 < shown["parked_bytes"] <= shown["park_budget_bytes"]
         turn = [*main, {"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": "Now run the tests."}]
         second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
 
 
-def test_parking_a_conversation_again_copies_only_what_it_added(tiny) -> None:
-    """A conversation parked, brought back and gone on, then parked again: the second parking shares
-    the first one's rows (the same host memory) and copies only the tokens added since; a prefix of
-    it (a subagent's shared system prompt) shares them too. Brought back, either answers as one
-    computed whole."""
-    from runtime.models.state_copy import host_bytes
-
-    model, tokenizer = tiny
-    first_turn = list(range(5, 105))
-    session = Session(model, tokenizer, 256)
-    session.generate(first_turn, GREEDY)
-    parked = session.park()
-    assert parked is not None and len(parked.state.parts) == 1 and session.parked_copy is parked
-    held = list(session.tokens)
-    other = Session(model, tokenizer, 256)
-    assert other.unpark(parked) and other.parked_copy is parked
-    other.generate(held + [7, 8, 9], GREEDY)
-    again = other.park()
-    assert again is not None and again.state.parts[0] is parked.state.parts[0]  # shared, not copied
-    assert [(p.start, p.end) for p in again.state.parts] == [(0, len(held)), (len(held), len(other.tokens))]
-    assert host_bytes([parked.state, again.state]) == again.state.nbytes < parked.state.nbytes + again.state.nbytes
-
-    turn = list(again.tokens) + [11, 12]
-    back = Session(model, tokenizer, 256)
-    assert back.unpark(again)
-    reply = back.generate(turn, GREEDY)
-    assert reply.stats.cached_tokens == len(again.tokens)
-    assert reply.tokens == Session(model, tokenizer, 256).generate(turn, GREEDY).tokens
-
-    shared = again.state.prefix(50)  # the first 50 positions, views of the same rows
-    assert shared is not None and shared.length == 50 and host_bytes([again.state, shared]) == again.state.nbytes
-    sub = Session(model, tokenizer, 256)
-    assert sub.unpark(ParkedConversation(again.tokens[:50], 50, shared))
-    sub_turn = again.tokens[:50] + [13, 14, 15]
-    assert sub.generate(sub_turn, GREEDY).tokens == Session(model, tokenizer, 256).generate(sub_turn, GREEDY).tokens
-
-
 def test_a_pool_parks_the_main_conversation_incrementally_at_each_switch(tiny) -> None:
     """One session, a side request between every main turn: each time the main conversation is
-    parked again it shares its earlier rows, so the parked memory grows by the turns added, not by
-    the whole history; every main turn finds its whole history and answers as computed whole."""
+    parked again its blocks stored before are shared (the same objects) and only the blocks after
+    them copied, so the parked memory grows by the turns added, not by the whole history; every
+    main turn finds its whole history and answers as computed whole."""
+    from runtime.models.prefix_blocks import BlockStore
     from runtime.server.session_pool import SessionPool
 
     model, tokenizer = tiny
     pool = SessionPool(lambda context: Session(model, tokenizer, context), 512, size=1, park_bytes=1 << 30)
-    main, held = list(range(5, 105)), []
-    parkings = []
+    pool.parked = BlockStore(block_tokens=16)
+    main, held, before = list(range(5, 105)), [], {}
     for turn in range(3):
         session = pool.choose(main, 512)
         try:
@@ -253,12 +219,15 @@ def test_a_pool_parks_the_main_conversation_incrementally_at_each_switch(tiny) -
         held = list(session.tokens)
         assert reply.tokens == Session(model, tokenizer, 512).generate(main, GREEDY).tokens
         _generation_at(pool, [200 + turn, 201] + list(range(120, 190)), 512)  # a side request parks it
-        parkings.append(next(c for c in pool.parked if c.tokens == held))
+        assert held in _stored(pool.parked)
+        found = pool.parked.lookup(held + [0], rewinds=True)
+        assert found is not None and found.length == len(held)
+        now = {b.start: b for b in found.blocks}
+        kept = [s for s, b in before.items() if len(b.tokens) == 16]  # the whole blocks of the last parking
+        assert not turn or (kept and all(now[s] is before[s] for s in kept))  # shared, not copied again
+        before = now
         main = held + [7 + turn, 8, 9]
-    last = parkings[-1].state
-    assert [p.start for p in last.parts] == [0] + [len(c.tokens) for c in parkings[:-1]]  # one part a parking
-    assert all(last.parts[i] is c.state.parts[i] for i, c in enumerate(parkings))  # the earlier ones' own rows
-    assert not any(c.tokens == parkings[0].tokens for c in pool.parked)  # superseded by the later parkings
+    assert len([s for s in _stored(pool.parked) if s[0] == 5]) == 1  # the main one's latest, its older leaves replaced
 
 
 def _generation_at(pool, prompt: list[int], context: int):

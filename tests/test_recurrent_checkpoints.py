@@ -151,3 +151,28 @@ def test_a_parked_conversation_is_its_latest_saved_state(hybrid) -> None:
     reply = other.generate(turn, GREEDY)
     assert reply.stats.cached_tokens == len(prompt) - 1
     assert reply.tokens == Session(hybrid, _Turns(), 256).generate(turn, GREEDY).tokens  # type: ignore[arg-type]
+
+
+def test_a_stored_conversation_resumes_only_where_a_state_was_saved(hybrid) -> None:
+    """Session.park_into a block store (prefix_blocks.py) for a recurrent model: each saved state
+    (where the first message ends, where the last prompt's last token begins) is stored on the
+    block that ends there; another conversation with the same first message resumes from its end,
+    the conversation itself from its latest, both as if computed whole."""
+    from runtime.models.prefix_blocks import BlockStore
+
+    system = list(range(10, 80)) + [3]
+    prompt = system + list(range(90, 100))
+    session = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
+    session.generate(prompt, GREEDY)
+    blocks = BlockStore(block_tokens=32)
+    assert session.park_into(blocks)
+    assert sorted(b.end for b in blocks.blocks.values() if b.saved is not None) == [len(system), len(prompt) - 1]
+    for turn, resumed in ((system + [110, 111, 112], len(system)), (prompt + [5, 6, 7], len(prompt) - 1)):
+        found = blocks.lookup(turn, rewinds=False)
+        assert found is not None and found.length == resumed and found.saved.length == resumed
+        other = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
+        assert other.unpark_blocks(found)
+        reply = other.generate(turn, GREEDY)
+        assert reply.stats.cached_tokens == resumed
+        assert reply.tokens == Session(hybrid, _Turns(), 256).generate(turn, GREEDY).tokens  # type: ignore[arg-type]
+    assert blocks.lookup(system[:40] + [1, 2], rewinds=False) is None  # no state saved within 40

@@ -8,10 +8,9 @@ tokens. A recurrent layer's state is one summary of every token so far; it is ta
 `StateCheckpoint` saved at exactly `length` tokens (DecoderModel.checkpoint). Any other cache (a
 state of a step's own, a tensor of another shape) makes the state not copyable: nothing is copied.
 
-A parked state is kept as parts, each a run of positions: parking a conversation again after it
-went on (a coding agent's main conversation, displaced by a side request at every turn) shares the
-parts of its earlier parking and copies only the tokens added since (`park_state`'s `base`), so a
-switch moves the new tokens' rows off the device, not the whole history.
+A parked state is kept as parts, each a run of positions: a block store's blocks
+(prefix_blocks.py) are parts, and a prefix found there goes back into a state as one parked state
+of them, so a switch between conversations moves only the rows not stored yet off the device.
 """
 
 from __future__ import annotations
@@ -53,40 +52,12 @@ class ParkedState:
 
     @property
     def nbytes(self) -> int:
-        """Its rows' and saved caches' bytes (rows it shares with another parking counted here too:
-        `host_bytes` counts a set of them)."""
+        """Its rows' and saved caches' bytes."""
         return sum(p.nbytes for p in self.parts) + self.saved_bytes
 
     @property
     def saved_bytes(self) -> int:
         return 0 if self.saved is None else sum(_bytes(c) for c in self.saved.caches.values())
-
-    def prefix(self, length: int) -> ParkedState | None:
-        """Its first `length` positions, sharing its memory (parts cut to them are views); None for
-        a recurrent model's parking (its saved caches are of one length) or for no position."""
-        if self.saved is not None or length <= 0:
-            return None
-        if length >= self.length:
-            return self
-        parts = []
-        for part in self.parts:
-            if part.start >= length:
-                break
-            parts.append(part if part.end <= length else
-                         ParkedPart(part.start, tuple(r[: length - part.start] for r in part.rows)))
-        return ParkedState(length, tuple(parts), None)
-
-
-def host_bytes(states: list[ParkedState]) -> int:
-    """The host memory `states` hold together: rows shared between them (one parked on top of
-    another, or on a prefix of it) counted once."""
-    storages: dict[int, int] = {}
-    for state in states:
-        for part in state.parts:
-            for row in part.rows:
-                storage = row.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values()) + sum(state.saved_bytes for state in states)
 
 
 def positional_rows(state: DecodeState, skip: set[int] | dict) -> list[torch.Tensor] | None:
@@ -127,24 +98,30 @@ def copy_state_prefix(rewinds: bool, source: DecodeState, target: DecodeState, l
     return True
 
 
-def park_state(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None,
-               base: ParkedState | None = None) -> ParkedState | None:
-    """`state`'s first `length` tokens copied to host memory; None where they cannot be. `base`: an
-    earlier parking of the same tokens' first `base.length` (the caller knows they are a prefix of
-    these): its parts are shared, and only the rows after them are copied. A recurrent model's
-    parking is whole (its saved caches are of one length)."""
+def park_state(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> ParkedState | None:
+    """`state`'s first `length` tokens copied to host memory, in one part; None where they cannot
+    be. A recurrent model's parking is whole (its saved caches are of one length)."""
     recurrent = saved.caches if saved is not None else {}
     rows = positional_rows(state, recurrent) if copyable(rewinds, state, length, saved) and length > 0 else None
     if rows is None:
         return None
-    kept: tuple[ParkedPart, ...] = ()
-    if base is not None and saved is None and base.saved is None and 0 < base.length <= length \
-            and _fits(base, rows):
-        kept = base.parts
-    start = kept[-1].end if kept else 0
     _settle(rows)
-    new = (ParkedPart(start, tuple(r[start:length].to("cpu", copy=True) for r in rows)),) if start < length else ()
-    return ParkedState(length, kept + new, saved)
+    return ParkedState(length, (ParkedPart(0, tuple(r[:length].to("cpu", copy=True) for r in rows)),), saved)
+
+
+def park_parts(rewinds: bool, state: DecodeState, spans: list[tuple[int, int]],
+               saved: StateCheckpoint | None) -> list[ParkedPart] | None:
+    """The rows of each span [start, end) of `state`'s positions copied to host memory, a part a
+    span, each its own memory (prefix_blocks.py evicts them one by one); None where they cannot be
+    copied. A recurrent model's (`rewinds` False) needs `saved`, a state of it saved at any
+    length, to tell its recurrent caches (not copied here) from its positional ones."""
+    if not rewinds and saved is None:
+        return None
+    rows = positional_rows(state, saved.caches if saved is not None else {})
+    if rows is None or state.extra or any(not 0 <= start < end <= state.length for start, end in spans):
+        return None
+    _settle(rows)
+    return [ParkedPart(start, tuple(r[start:end].to("cpu", copy=True) for r in rows)) for start, end in spans]
 
 
 def _fits(parked: ParkedState, rows: list[torch.Tensor]) -> bool:

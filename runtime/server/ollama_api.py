@@ -181,8 +181,9 @@ def make_router(backend: Any, *, pull: PullFn | None = None, create: CreateFn | 
                        "kv_bytes": s.kv_bytes, "device": s.device, "processor": s.processor,
                        "num_threads": s.num_threads, "active_requests": s.active_requests,
                        "sessions": s.sessions, "max_sessions": s.max_sessions,
-                       "parked_sessions": s.parked_sessions, "parked_bytes": s.parked_bytes,
-                       "park_budget_bytes": s.park_budget_bytes},
+                       "parked_blocks": s.parked_blocks, "parked_bytes": s.parked_bytes,
+                       "park_budget_bytes": s.park_budget_bytes, "park_hits": s.park_hits,
+                       "park_hit_tokens": s.park_hit_tokens},
             })
         return {"models": models}
 

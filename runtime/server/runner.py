@@ -77,9 +77,11 @@ class LoadedStatus:
     active_requests: int
     sessions: int = 1  # conversations' states held now (session_pool.py)
     max_sessions: int = 1  # ... and the most the model keeps
-    parked_sessions: int = 0  # conversations' states parked in host memory (a GPU model's second tier)
+    parked_blocks: int = 0  # blocks of conversations' states in host memory (a GPU model's second tier)
     parked_bytes: int = 0
     park_budget_bytes: int = 0
+    park_hits: int = 0  # requests that took a prefix back from them
+    park_hit_tokens: int = 0  # ... and the tokens they took back
 
 
 MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM holds their KV
@@ -168,7 +170,7 @@ class Runner:
         self.loaded = self.model = self.session = self.sessions = None  # type: ignore[assignment]
 
     def status(self, now: float) -> LoadedStatus:
-        p, c = self.plan, self.registered.config
+        p, c, parked = self.plan, self.registered.config, self.sessions.parked
         kv = sum(tensor_bytes(s.state, 5) for s in self.sessions.sessions) or p.kv_bytes
         expires = None
         if self.keep_alive_s >= 0:
@@ -187,8 +189,8 @@ class Runner:
             vram_bytes=vram, expert_cache_bytes=cache_bytes, kv_bytes=kv, device=p.device,
             processor="100% CPU" if not vram else f"{100 - share}%/{share}% CPU/GPU", num_threads=p.num_threads,
             expires_at=expires, active_requests=self.active, sessions=len(self.sessions.sessions),
-            max_sessions=self.sessions.size, parked_sessions=len(self.sessions.parked),
-            parked_bytes=self.sessions.parked_bytes, park_budget_bytes=self.sessions.park_bytes)
+            max_sessions=self.sessions.size, parked_blocks=len(parked), parked_bytes=parked.nbytes,
+            park_budget_bytes=self.sessions.park_bytes, park_hits=parked.hits, park_hit_tokens=parked.hit_tokens)
 
     def run(self, job: Job) -> None:
         """On a worker thread: one generation in a session of its own, ending in Done, an error, or

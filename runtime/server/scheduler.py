@@ -209,12 +209,19 @@ class CancellableModel:
         with self.turnstile.turn():
             return copy(source, target, length, saved)
 
-    def park(self, state: Any, length: int, saved: Any = None, base: Any = None) -> Any:  # (Session.park: to host memory)
+    def park(self, state: Any, length: int, saved: Any = None) -> Any:  # (Session.park: to host memory)
         park = getattr(self.model, "park", None)
         if park is None:
             return None
         with self.turnstile.turn():
-            return park(state, length, saved, base)
+            return park(state, length, saved)
+
+    def park_parts(self, state: Any, spans: list[tuple[int, int]], saved: Any = None) -> Any:  # (Session.park_into)
+        park = getattr(self.model, "park_parts", None)
+        if park is None:
+            return None
+        with self.turnstile.turn():
+            return park(state, spans, saved)
 
     def unpark(self, parked: Any, state: Any) -> bool:  # (Session.unpark)
         unpark = getattr(self.model, "unpark", None)

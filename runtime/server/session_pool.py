@@ -13,12 +13,14 @@ throws away at most half of what it holds, else an empty one, else the one used 
 Sessions are made on first use, each with the whole context's state.
 
 Where the pool has a parking budget (a model on the GPU keeps one session, in VRAM), a
-conversation about to lose its state to another is first copied to host memory (Session.park),
-and a request that keeps more of a parked conversation than any session does gets it copied back
-(Session.unpark): host RAM is the second tier of the conversations' states, the oldest parked
-going first when the budget is full. A parked conversation leaves the host only for a request that
-continues all of it; one that shares a prefix of it (a subagent with the main conversation's
-system prompt) starts from a copy and leaves it parked.
+conversation about to lose its state to another is first stored in host memory, in blocks of
+tokens found by prefix (models/prefix_blocks.py: only the blocks not stored yet are copied off the
+device, so a system prompt many conversations share is stored once), and a request that finds a
+longer prefix of its prompt there than any session keeps gets those blocks copied back
+(Session.unpark_blocks), whichever conversation stored them: host RAM is the second tier of the
+conversations' states, its least recently used blocks going first when the budget is full. Blocks
+stay stored when copied back: a subagent starting from the main conversation's system prompt
+takes a copy, and the main conversation's next turn still finds its whole history.
 
 Generations run concurrently, one a session: a session is taken (`choose`) until its generation
 gives it back (`give_back`), and only free ones are chosen. The pool is shared by the model's
@@ -31,8 +33,8 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from ..engine import ParkedConversation, Session
-from ..models.state_copy import host_bytes
+from ..engine import Session
+from ..models.prefix_blocks import BlockStore
 
 MIN_SHARED_TOKENS = 64  # a shared prefix shorter than this is computed again, not copied
 
@@ -44,8 +46,8 @@ class SessionPool:
         if size < 1:
             raise ValueError(f"a session pool holds at least one session, not {size}")
         self.make, self.size, self.context_length = make, size, context_length
-        self.park_bytes = park_bytes  # host memory for parked conversations (0: none parked)
-        self.parked: list[ParkedConversation] = []  # oldest first
+        self.park_bytes = park_bytes  # host memory for parked conversations' blocks (0: none parked)
+        self.parked = BlockStore()
         self.sessions: list[Session] = [make(context_length)]
         self._used: dict[int, int] = {id(self.sessions[0]): 0}
         self._taken: set[int] = set()  # ids of the sessions generations run in now
@@ -60,7 +62,8 @@ class SessionPool:
         with self._lock:
             if context_length != self.context_length:
                 self.sessions = [s for s in self.sessions if id(s) in self._taken]  # (gone when given back)
-                self.context_length, self.parked = context_length, []
+                self.context_length = context_length
+                self.parked.clear()
             session = self._pick(prompt)
             self._used[id(session)] = next(self._clock)
             self._taken.add(id(session))
@@ -101,40 +104,27 @@ class SessionPool:
 
     def _with_parked(self, target: Session, prompt: list[int]) -> Session:
         """`target`, its conversation parked first if it is about to lose tokens, holding the
-        parked conversation that keeps more of `prompt` than it does, if one does."""
+        longest stored prefix of `prompt` if that keeps more of it than `target` does."""
         keep = target.reusable(prompt)
         if keep < len(target.tokens):
             self._park(target)
-        back = max(self.parked, key=lambda c: c.reusable(prompt), default=None)
-        reused = back.reusable(prompt) if back is not None else 0
-        if reused > max(keep, MIN_SHARED_TOKENS - 1) and target.unpark(back) and reused == len(back.tokens):
-            self.parked.remove(back)  # the prompt continues all of it: the session holds it now
-        # (a prompt that keeps only a prefix of it, a subagent sharing the main conversation's system
-        # prompt, leaves it parked: the session is about to drop the rest, which its own next turn needs)
+        if self.park_bytes <= 0:
+            return target
+        found = self.parked.lookup(prompt, getattr(target.model, "rewinds", False))
+        if found is not None and found.length > max(keep, MIN_SHARED_TOKENS - 1) and target.unpark_blocks(found):
+            self.parked.hit(found)
         return target
 
     def _park(self, session: Session) -> None:
         if self.park_bytes <= 0 or len(session.tokens) < MIN_SHARED_TOKENS:
             return
-        conversation = session.park()  # (sharing the rows of its earlier parking, or of the one it came from)
-        if conversation is None or conversation.state.nbytes > self.park_bytes:
-            session.parked_copy = None
-            return
-        tokens = conversation.tokens  # (an older parking of the same conversation is superseded)
-        self.parked = [c for c in self.parked if c.tokens != tokens[: len(c.tokens)]] + [conversation]
-        while self.parked_bytes > self.park_bytes and self.parked:
-            self.parked.pop(0)
-        for other in self.sessions:  # then the host copies sessions keep of what they hold
-            if self.parked_bytes <= self.park_bytes:
-                break
-            other.parked_copy = None
+        session.park_into(self.parked)
+        self.parked.evict(self.park_bytes)
 
     @property
     def parked_bytes(self) -> int:
-        """Host memory of the parked conversations and of the sessions' copies of theirs, rows
-        shared between them counted once."""
-        copies = [s.parked_copy.state for s in self.sessions if getattr(s, "parked_copy", None) is not None]
-        return host_bytes([c.state for c in self.parked] + copies)
+        """Host memory of the parked blocks."""
+        return self.parked.nbytes
 
     def _new(self) -> Session:
         session = self.make(self.context_length)
