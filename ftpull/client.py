@@ -141,8 +141,9 @@ def format_ps(models: list[dict[str, Any]], now: float | None = None) -> str:
         kv = human_bytes(ft.get("kv_bytes", 0))
         if ft.get("max_sessions", 1) > 1:  # a few conversations' states kept at once
             kv += f" ({ft.get('sessions', 1)}/{ft['max_sessions']} sessions)"
-        if ft.get("parked_sessions"):  # more in host memory (a GPU model's second tier)
-            kv += f" (+{ft['parked_sessions']} parked, {human_bytes(ft.get('parked_bytes', 0))})"
+        if ft.get("park_budget_bytes"):  # prefix blocks in host memory (a GPU model's second tier)
+            kv += (f" (+{ft.get('parked_blocks', 0)} blocks parked, {human_bytes(ft.get('parked_bytes', 0))}"
+                   f" of {human_bytes(ft['park_budget_bytes'])}, {ft.get('park_hits', 0)} hits)")
         rows.append((m["name"], m.get("digest", "")[:12], human_bytes(m.get("size", 0)),
                      ft.get("processor", "100% CPU"), str(m.get("context_length", "")), kv, until))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

@@ -195,3 +195,6 @@ def test_format_ps() -> None:
     assert lines[2].endswith("Forever")
     pooled = format_ps([{**row, "ft": {**row["ft"], "sessions": 2, "max_sessions": 4}}], now=946684800.0)
     assert "(2/4 sessions)" in pooled.splitlines()[1]
+    parked = format_ps([{**row, "ft": {**row["ft"], "parked_blocks": 3, "parked_bytes": 3_000_000,
+                                       "park_budget_bytes": 2_000_000_000, "park_hits": 2}}], now=946684800.0)
+    assert "(+3 blocks parked, 3.0 MB of 2.0 GB, 2 hits)" in parked.splitlines()[1]
