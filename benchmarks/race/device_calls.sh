@@ -35,7 +35,8 @@
 #   prompts  a cold machine's profiles of a 512-token Q4_K_M prompt at -ncmoe 16's budget (also at
 #            .clean/ftold.tar.gz's commit where carried; this commit's timeline too, p_q4_trace.json.gz)
 #            and at 1 GiB, LAYERS=4 (~4 min; no llama-bench)
-#   quick    a cold machine's one race: the build beside the bf16 pull (no GPU tests), then the
+#   quick    a cold machine's one race: the build beside the bf16 pull (written only where QUANT is set; no GPU
+#            tests; the host's CPU facts to cpu_facts.log), then the
 #            8-thread race at $SETTINGS (default 8), of the $QUANT file where set (~7 min)
 # Environment: FT_COMMIT (the commit the tarball is; recorded in the rows), FILL_PRICING (worth),
 # SHAPE (qwen3-30b-a3b, or qwen3.6-35b-a3b: synth_gguf.py's shapes; trace routing for the first only),
@@ -58,10 +59,10 @@ if [ "$SHAPE" = qwen3-30b-a3b ]; then TRACE=(--trace "$PWD/.traces/qwen3-30b-a3b
 RACE=(python3 benchmarks/vs_llamacpp.py race --shape "$SHAPE" --work /tmp/race --layers 16 "${TRACE[@]}")
 PRICING=()
 if [ -n "${FILL_PRICING:-}" ]; then PRICING=(--fill-pricing "$FILL_PRICING"); fi
-start_build_and_pull() {  # llama.cpp's build and the bf16 race file's pull, side by side: $build, $pulled
+start_build_and_pull() {  # llama.cpp's build and the bf16 race file's pull (${1:-pull}; gguf: written only), side by side: $build, $pulled
   (JOBS=14 bash .lcpp/build.sh /tmp/lcpp > "$OUT/lcpp.log" 2>&1; echo "build rc $?" >> "$OUT/lcpp.log") &
   build=$!
-  (python3 benchmarks/vs_llamacpp.py pull --shape "$SHAPE" --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
+  (python3 benchmarks/vs_llamacpp.py "${1:-pull}" --shape "$SHAPE" --work /tmp/race --layers 16 > "$OUT/pull.log" 2>&1
    echo "pull rc $?" >> "$OUT/pull.log") &
   pulled=$!
 }
@@ -110,7 +111,8 @@ case $CALL in
       --out "$OUT/vslong.json" > "$OUT/racelong.log" 2>&1
     echo "rc $?"; tail -n 12 "$OUT/racelong.log" ;;
   quick)
-    start_build_and_pull
+    (lscpu; numactl -H; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpuset.cpus.effective) > "$OUT/cpu_facts.log" 2>&1
+    if [ -n "${QUANT:-}" ]; then start_build_and_pull gguf; else start_build_and_pull; fi  # (a quantized race needs no bf16 pull)
     tests=
     if [ -n "${GPU_TESTS:-}" ]; then  # these test files, whole, on CUDA, beside the build and the pull
       # shellcheck disable=SC2086
