@@ -199,3 +199,71 @@ def _gate_kind(meta: Meta, layer: int, heads: int, head_dim: int) -> bool | str:
         return "per-element"
     raise SourceError(f"{meta.model.path}: a laguna GGUF whose blk.{layer}.attn_gate.weight has {rows} rows; "
                       f"llama.cpp expects {heads} (per head) or {heads * head_dim} (per channel)")
+
+
+def _minimax01_recurrent(meta: Meta, num_layers: int) -> list[bool]:
+    """Which layers are lightning attention, as minimax-01.cpp's loader reads them: attention.recurrent_layers
+    (one bool a layer, or one for all), else full_attention_interval n (8 where absent): linear attention
+    where (i + 1) % n != 0. The converter writes neither, so released files take the interval 8."""
+    where = f"{meta.model.path}: GGUF metadata {meta.arch}"
+    recurrent = meta.get("attention.recurrent_layers")
+    if isinstance(recurrent, bool):
+        return [recurrent] * num_layers
+    if recurrent is not None:
+        if not isinstance(recurrent, list) or len(recurrent) < num_layers or not all(isinstance(v, bool) for v in recurrent):
+            raise SourceError(f"{where}.attention.recurrent_layers is not one bool for each of the {num_layers} "
+                              f"layers ({recurrent!r})")
+        return list(recurrent[:num_layers])
+    interval = meta.int("full_attention_interval", 8)
+    if interval < 1:
+        raise SourceError(f"{where}.full_attention_interval is {interval}; a full layer needs a period of 1 or more")
+    return [(i + 1) % interval != 0 for i in range(num_layers)]
+
+
+def minimax01_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """MiniMaxText01Model.set_gguf_parameters (conversion/minimax.py, with the base's): feed_forward_length the
+    experts' width (intermediate_size), key_length from head_dim, expert_count (num_local_experts),
+    residual_scale (the release's layernorm_*_alpha, which the converter asserts equal, its betas all 1),
+    rope.dimension_count (rotary_dim), tokenizer.ggml.suppress_tokens; the experts stacked, nothing permuted.
+    No layer kinds are written: minimax-01.cpp's loader takes full_attention_interval's default 8.
+
+    llama.cpp's graph (src/models/minimax-01.cpp) runs it as transformers' MiniMax: the residual is each
+    sublayer's normed input, times residual_scale, plus the sublayer's output; lightning layers (attn_qkv
+    SiLU'd and split per head, decays 2^(-8/heads) per head times 1 - il/(n - 1) + 1e-5, attn_norm_2 over
+    all heads, times sigmoid(attn_gate), attn_output) and GQA layers with NeoX RoPE on rope.dimension_count
+    channels; the softmax top-k always renormalized, whatever expert_gating_func or expert_weights_norm say,
+    and no expert_weights_scale (the loader reads none). Where llama.cpp and transformers differ by a rounding
+    (its slope factor lacks transformers' 1e-5 in the denominator; attn_norm_2 takes the model's rms epsilon,
+    transformers' that norm's default 1e-6) ft runs transformers'. The suppressed tokens (added tokens whose
+    embeddings are zero) are a sampling rule of llama.cpp's common sampler, not of the model: ft, as
+    transformers on the release, does not apply it. RoPE scaling and rotation over part of each head
+    (transformers' MiniMax rotates the whole head) are refused by name."""
+    where = f"{meta.model.path}: a minimax-01 GGUF"
+    config = _common_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    if meta.get("attention.layer_norm_rms_epsilon") is None:
+        raise SourceError(f"{where} without attention.layer_norm_rms_epsilon; llama.cpp's loader requires it")
+    if (scale := meta.float("residual_scale")) is None:
+        raise SourceError(f"{where} without residual_scale; llama.cpp's loader requires it")
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // heads)
+    if meta.int("attention.value_length", head_dim) != head_dim:
+        raise SourceError(f"{where} whose value heads are not as wide as its key heads; llama.cpp asserts them equal")
+    if (rot := meta.int("rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedArchitectureError(f"{where} rotating {rot} of each head's {head_dim} channels; transformers' "
+                                           "MiniMax (ft's minimax) rotates the whole head")
+    if set(_expert_layers(meta.model)) != set(range(layers)):
+        raise SourceError(f"{where} without routed experts on every layer; minimax-01.cpp requires them")
+    recurrent = _minimax01_recurrent(meta, layers)
+    config.update(
+        head_dim=head_dim,
+        intermediate_size=meta.int("feed_forward_length", _expert_size(meta.model)),
+        num_local_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        layer_types=["linear_attention" if r else "full_attention" for r in recurrent],
+        rope_parameters={"rope_type": "default", "rope_theta": config.pop("rope_theta")},
+        full_attn_alpha_factor=scale, linear_attn_alpha_factor=scale, mlp_alpha_factor=scale,
+        full_attn_beta_factor=1.0, linear_attn_beta_factor=1.0, mlp_beta_factor=1.0,
+        sliding_window=None,
+    )
+    return config

@@ -120,7 +120,7 @@ class _GGUFConverter:
     def classify(self) -> tuple[dict[int, list[_Dense]], dict[int, dict[str, GGUFTensor | _StackedExperts]], int]:
         """Dense tensors by layer (-1 before the layers, num_layers after), expert tensors by layer."""
         num_layers = self.config["num_layers"]
-        names = self.arch.tensor_names(num_layers)
+        names = self.arch.tensor_names(num_layers, self.source_config.get("layer_types"))
         dense: dict[int, list[_Dense]] = defaultdict(list)
         experts: dict[int, dict[str, GGUFTensor | _StackedExperts]] = defaultdict(dict)
         per_expert: dict[int, dict[str, dict[int, GGUFTensor]]] = defaultdict(lambda: defaultdict(dict))

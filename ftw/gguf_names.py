@@ -32,6 +32,7 @@ MELLUM = "mellum"  # JetBrains Mellum 2: Qwen3-MoE's block in sliding and full l
 HY_V3 = "hy_v3"  # Tencent Hy3: Qwen3's attention, DeepSeek-V3's sigmoid MoE without groups, one shared MLP
 LAGUNA = "laguna"  # Poolside Laguna: gated GQA (query heads by layer), sliding and full layers, DeepSeek-V3's routing
 COHERE2MOE = "cohere2moe"  # Cohere's North / Command A MoE: Cohere 2's parallel block, sliding and NoPE full layers
+MINIMAX01 = "minimax-01"  # MiniMax-Text-01: lightning-attention and GQA layers, Mixtral's MoE
 MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET, MELLUM, HY_V3, LAGUNA)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
@@ -50,6 +51,7 @@ class Row:
     gguf: str  # after "blk.N." for block rows; the whole name for global rows
     hf: str  # after "model.layers.N." for block rows; the whole name for global rows
     archs: tuple[str, ...] = ()  # GGUF architectures the row applies to; () = all
+    kind: str = ""  # the layer kind (the config's layer_types entry) it applies to, in place of the kindless row; "" = all
 
 
 GLOBAL_ROWS: tuple[Row, ...] = (
@@ -90,7 +92,7 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_gate.weight", "self_attn.g_proj.weight", (LAGUNA,)),  # Laguna's softplus output gate [heads or heads x D, H]
     Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS, MIMO2)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
-    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE)),  # Mixtral's router
+    Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE, MINIMAX01)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", GRANITES),  # Granite's
     Row("ffn_gate_inp.weight", "mlp.router.weight", (GPT_OSS,)),  # gpt-oss's router, with a bias
     Row("ffn_gate_inp.weight", "mlp.gate.wg.weight", (HUNYUAN,)),  # Hunyuan's router
@@ -128,6 +130,11 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ssm_norm.weight", "linear_attn.norm.weight", DELTANET),
     Row("ssm_out.weight", "linear_attn.out_proj.weight", DELTANET),
     Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", GRANITES),  # granitemoeshared's shared MLP
+    # MiniMax-Text-01's lightning-attention layers (their full layers take the plain attn_q/k/v/output rows)
+    Row("attn_qkv.weight", "self_attn.qkv_proj.weight", (MINIMAX01,)),  # q | k | v within each head [3 x heads x D, H]
+    Row("attn_gate.weight", "self_attn.output_gate.weight", (MINIMAX01,)),  # the sigmoid output gate
+    Row("attn_norm_2.weight", "self_attn.norm.weight", (MINIMAX01,)),  # the RMSNorm over all heads' output
+    Row("attn_output.weight", "self_attn.out_proj.weight", (MINIMAX01,), kind="linear_attention"),
     # Granite 4.0 hybrid's Mamba2 layers (Mamba2Model.modify_tensors: value and shape changes UNDONE)
     Row("ssm_in.weight", "mamba.in_proj.weight", (GRANITE_HYBRID,)),  # z | xBC | dt [2I + 2GN + heads, H]
     Row("ssm_conv1d.weight", "mamba.conv1d.weight", (GRANITE_HYBRID,)),  # stored [C, K]: UNDONE

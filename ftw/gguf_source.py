@@ -39,7 +39,7 @@ from .gguf_config_layered import (
     mellum_config,
     nemotron_h_moe_config,
 )
-from .gguf_config_layered_more import cohere2moe_config, laguna_config
+from .gguf_config_layered_more import cohere2moe_config, laguna_config, minimax01_config
 from .gguf_config_more import (
     bailingmoe2_config,
     deepseek2_or_mistral_config,
@@ -80,6 +80,7 @@ from .gguf_names import (
     LLAMA4,
     MELLUM,
     MIMO2,
+    MINIMAX01,
     MINIMAX_M2,
     MISTRAL4,
     NEMOTRON_H_MOE,
@@ -127,14 +128,17 @@ class GGUFArchitecture:
     def hf_config(self, model: GGUFModel) -> dict[str, Any]:
         return self.build_config(Meta(model, self.name), self)
 
-    def tensor_names(self, num_layers: int) -> dict[str, str]:
-        """GGUF name -> Hugging Face name for every plain (non-expert) tensor of this architecture."""
+    def tensor_names(self, num_layers: int, layer_types: list[str] | None = None) -> dict[str, str]:
+        """GGUF name -> Hugging Face name for every plain (non-expert) tensor of this architecture; a row
+        for one layer kind (`layer_types`, the config's) takes the kindless row's place on those layers."""
         global_rows, block_rows = self.rows
         names = {r.gguf: r.hf for r in global_rows if not r.archs or self.name in r.archs}
         rows = [r for r in block_rows if not r.archs or self.name in r.archs]
         for layer in range(num_layers):
             g, h = LAYER_PREFIX_GGUF.format(layer=layer), self.hf_layer_prefix.format(layer=layer)
-            names.update({g + r.gguf: h + r.hf for r in rows})
+            kind = layer_types[layer] if layer_types and layer < len(layer_types) else None
+            names.update({g + r.gguf: h + r.hf for r in rows if not r.kind})
+            names.update({g + r.gguf: h + r.hf for r in rows if r.kind and r.kind == kind})
         return names
 
     def concat_parts(self) -> dict[str, tuple[str, int]]:
@@ -186,6 +190,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(HY_V3, "hy_v3", "HYV3ForCausalLM", hy_v3_config),
         GGUFArchitecture(COHERE2MOE, "cohere2_moe", "Cohere2MoeForCausalLM", cohere2moe_config),
         GGUFArchitecture(LAGUNA, "laguna", "LagunaForCausalLM", laguna_config),
+        GGUFArchitecture(MINIMAX01, "minimax", "MiniMaxForCausalLM", minimax01_config),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
