@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_layers, _expert_size, _has
+from .gguf_config import Meta, _common_config, _expert_layers, _expert_size, _has, granite_moe_config
 from .gguf_config_layered import SIGMOID, _no_rope_scaling
 
 if TYPE_CHECKING:
@@ -265,5 +265,66 @@ def minimax01_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
         full_attn_alpha_factor=scale, linear_attn_alpha_factor=scale, mlp_alpha_factor=scale,
         full_attn_beta_factor=1.0, linear_attn_beta_factor=1.0, mlp_beta_factor=1.0,
         sliding_window=None,
+    )
+    return config
+
+
+def _one_a_layer(meta: Meta, key: str, num_layers: int, default: bool | None) -> list[bool]:
+    """An array key read as llama.cpp's get_arr reads one into a per-layer array: bools or integers
+    (nonzero: true), layers past its end keeping the loader's default (None: the key is required)."""
+    where = f"{meta.model.path}: GGUF metadata {meta.arch}.{key}"
+    values = meta.get(key)
+    if values is None and default is not None:
+        return [default] * num_layers
+    if not isinstance(values, list) or not all(isinstance(v, (bool, int)) for v in values):
+        raise SourceError(f"{where} is not one bool a layer ({values!r}); llama.cpp's loader requires the array")
+    if len(values) < num_layers and default is None:
+        raise SourceError(f"{where} has {len(values)} entries for {num_layers} layers")
+    return [bool(v) for v in values[:num_layers]] + [bool(default)] * (num_layers - len(values))
+
+
+def granite_swa_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """GraniteMoeSWAModel.set_gguf_parameters (conversion/granite.py, over GraniteSWAModel's, GraniteModel's and
+    LlamaModel's): Granite's multipliers and MoE keys as granitemoe's (granite_moe_config), head_dim dropped
+    (hidden_size / heads), attention.sliding_window (128 where the config has none) and sliding_window_pattern
+    (one bool a layer from layer_types), attention.rope_pattern (one a layer from the release's no_rope_layers,
+    1 for RoPE, 0 for NoPE; none without it), expert_shared_feed_forward_length; q/k permuted (LlamaModel's),
+    sinks as attn_sinks.weight, the experts' gate_up_proj kept fused (ffn_gate_up_exps) and the shared MLP's
+    input_linear too (ffn_up_shexp, gate rows then up).
+
+    llama.cpp's loader and graph (src/models/granite-swa.cpp) run it as transformers' GraniteMoeSWA: a sink
+    logit a head on every layer, the sliding layers within attention.sliding_window positions, RoPE at the one
+    rope.freq_base on the layers rope_pattern marks (every layer without one) and none on the others, the
+    softmax top-k renormalized, the shared MLP (SwiGLU) added. transformers' per-layer bases (layer_rope_theta)
+    are thus the one base or 0. Refused by name: a file without experts (GraniteSWA's dense model, which ft
+    does not run), a deepstack_mapping (Granite 4 Vision's language model, fed by its projectors), RoPE scaling."""
+    where = f"{meta.model.path}: a granite_swa GGUF"
+    if not meta.get("expert_count"):
+        raise UnsupportedArchitectureError(f"{where} without experts is GraniteSWA's dense model; ft runs "
+                                           "granite_swa files of GraniteMoeSWA (granitemoe_swa)")
+    if meta.get("deepstack_mapping") is not None:
+        raise UnsupportedArchitectureError(f"{where} with a deepstack_mapping (Granite 4 Vision's language model, "
+                                           "whose layers take its projectors' features); ft runs text models")
+    for key in ("attention.layer_norm_rms_epsilon", "logit_scale"):
+        if meta.get(key) is None:
+            raise SourceError(f"{where} without {key}; llama.cpp's loader requires it")
+    config = granite_moe_config(meta, arch)
+    _no_rope_scaling(meta, config)
+    layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+    if meta.int("rope.dimension_count", head_dim) != head_dim:
+        raise SourceError(f"{where} rotating part of each head; granite-swa.cpp asserts the whole")
+    shared = meta.int("expert_shared_feed_forward_length", 0)
+    if not shared and _has(meta.model, "ffn_up_shexp.weight"):
+        raise SourceError(f"{where} with a shared MLP (ffn_up_shexp) but no expert_shared_feed_forward_length")
+    sliding = _one_a_layer(meta, "attention.sliding_window_pattern", layers, None)
+    rope = _one_a_layer(meta, "attention.rope_pattern", layers, True)
+    theta = config.pop("rope_theta")
+    config.update(
+        model_type=arch.model_type, architectures=[arch.hf_architecture],
+        shared_intermediate_size=shared,
+        sliding_window=meta.int("attention.sliding_window"),
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        layer_rope_theta=[theta if r else 0 for r in rope],
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
     )
     return config

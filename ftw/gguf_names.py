@@ -32,6 +32,7 @@ MELLUM = "mellum"  # JetBrains Mellum 2: Qwen3-MoE's block in sliding and full l
 HY_V3 = "hy_v3"  # Tencent Hy3: Qwen3's attention, DeepSeek-V3's sigmoid MoE without groups, one shared MLP
 LAGUNA = "laguna"  # Poolside Laguna: gated GQA (query heads by layer), sliding and full layers, DeepSeek-V3's routing
 COHERE2MOE = "cohere2moe"  # Cohere's North / Command A MoE: Cohere 2's parallel block, sliding and NoPE full layers
+GRANITE_SWA = "granite_swa"  # IBM Granite MoE SWA: granitemoeshared's block, sliding and full layers with sinks, NoPE by layer
 MINIMAX01 = "minimax-01"  # MiniMax-Text-01: lightning-attention and GQA layers, Mixtral's MoE
 MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
@@ -90,10 +91,11 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ffn_norm.bias", "post_attention_layernorm.bias", (PHIMOE,)),
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, *DELTANET)),  # their name for it
     Row("attn_gate.weight", "self_attn.g_proj.weight", (LAGUNA,)),  # Laguna's softplus output gate [heads or heads x D, H]
-    Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS, MIMO2)),  # a learned sink logit per head [Hq]
+    Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS, MIMO2, GRANITE_SWA)),  # a learned sink logit per head [Hq]
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE, MINIMAX01)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", GRANITES),  # Granite's
+    Row("ffn_gate_inp.weight", "block_sparse_moe.router.weight", (GRANITE_SWA,)),  # transformers' GraniteMoeSWA's
     Row("ffn_gate_inp.weight", "mlp.router.weight", (GPT_OSS,)),  # gpt-oss's router, with a bias
     Row("ffn_gate_inp.weight", "mlp.gate.wg.weight", (HUNYUAN,)),  # Hunyuan's router
     Row("attn_q_norm.weight", "self_attn.query_layernorm.weight", (HUNYUAN,)),  # Hunyuan's q/k norms (after RoPE)
@@ -129,7 +131,8 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("ssm_conv1d.weight", "linear_attn.conv1d.weight", DELTANET),  # stored [C, K]: UNDONE
     Row("ssm_norm.weight", "linear_attn.norm.weight", DELTANET),
     Row("ssm_out.weight", "linear_attn.out_proj.weight", DELTANET),
-    Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", GRANITES),  # granitemoeshared's shared MLP
+    Row("ffn_down_shexp.weight", "shared_mlp.output_linear.weight", (*GRANITES, GRANITE_SWA)),  # granitemoeshared's shared MLP
+    Row("ffn_up_shexp.weight", "shared_mlp.input_linear.weight", (GRANITE_SWA,)),  # gate | up, kept fused (granite-swa.cpp)
     # MiniMax-Text-01's lightning-attention layers (their full layers take the plain attn_q/k/v/output rows)
     Row("attn_qkv.weight", "self_attn.qkv_proj.weight", (MINIMAX01,)),  # q | k | v within each head [3 x heads x D, H]
     Row("attn_gate.weight", "self_attn.output_gate.weight", (MINIMAX01,)),  # the sigmoid output gate

@@ -39,7 +39,7 @@ from .gguf_config_layered import (
     mellum_config,
     nemotron_h_moe_config,
 )
-from .gguf_config_layered_more import cohere2moe_config, laguna_config, minimax01_config
+from .gguf_config_layered_more import cohere2moe_config, granite_swa_config, laguna_config, minimax01_config
 from .gguf_config_more import (
     bailingmoe2_config,
     deepseek2_or_mistral_config,
@@ -68,6 +68,7 @@ from .gguf_names import (
     GPT_OSS,
     GRANITE,
     GRANITE_HYBRID,
+    GRANITE_SWA,
     HUNYUAN,
     HY_V3,
     JAMBA,
@@ -191,6 +192,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(COHERE2MOE, "cohere2_moe", "Cohere2MoeForCausalLM", cohere2moe_config),
         GGUFArchitecture(LAGUNA, "laguna", "LagunaForCausalLM", laguna_config),
         GGUFArchitecture(MINIMAX01, "minimax", "MiniMaxForCausalLM", minimax01_config),
+        GGUFArchitecture(GRANITE_SWA, "granitemoe_swa", "GraniteMoeSWAForCausalLM", granite_swa_config, permute_qk=True),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )
