@@ -20,6 +20,10 @@ Steps (each can be run alone; what exists is reused, so a warm machine resumes):
   at the first thread count, against llama-bench at `-b 16384 -ub 4096`;
 - `report`: the table, the targets checked, and the Markdown table for BENCHMARKS.md.
 
+`--device cpu` races without a GPU (a machine that has none, a user who runs none): llama-bench at
+`-ngl 0` against `ft run --device cpu`, each at the same threads, the rows' setting 0; keep them in
+their own `--out` file.
+
 Results go to `--out` (a JSON list, one object per measurement; race/report.py), merged with
 what is there, so runs over several calls build one file.
 """
@@ -180,7 +184,8 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
     binary = llama.build(Path(args.llama_build))
     shape, layers = args.shape, file_layers(gguf)
     base = {"shape": shape, "dtype": file_dtype(gguf), "layers": layers, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
-    context = cuda_context_mib() if args.device == "gpu" else 0
+    gpu = args.device == "gpu"  # else the CPU-only race: llama-bench -ngl 0 against ft --device cpu (setting 0)
+    context = cuda_context_mib() if gpu else 0
     print(f"ft's CUDA context: {context} MiB", flush=True)
     rows: list[Row] = []
 
@@ -188,7 +193,8 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
         rows.extend(new)
         report.save(args.out, report.merge(report.load(args.out), new))
 
-    def ft_rows(measured: list[dict], info: dict, peak: int | None, threads: int, setting: int, budget: int) -> list[Row]:
+    def ft_rows(measured: list[dict], info: dict, peak: int | None, threads: int, setting: int,
+                budget: int | None) -> list[Row]:
         return [Row(**base, threads=threads, setting=setting, vram_mib=peak, engine="ft", kind=m["kind"],
                     input=m["input"], tokens=m["tokens"], tok_s=m["tok_s"], samples=m["samples"],
                     detail={"budget_mib": budget, **info, "hit_rate": m["stats"].get("hit_rate"),
@@ -205,22 +211,22 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
             if {(setting, threads, "ft"), (setting, threads, "llama.cpp")} <= done:  # a resumed race
                 print(f"-ncmoe {setting}, {threads} threads: measured already ({args.out})", flush=True)
                 continue
-            results, peak = llama.bench(binary, gguf, ncmoe=setting, threads=threads, prompt=[512],
+            results, peak = llama.bench(binary, gguf, ncmoe=setting if gpu else None, threads=threads, prompt=[512],
                                         decode=args.decode, reps=args.reps)
             keep([Row(**base, threads=threads, setting=setting, vram_mib=peak, engine="llama.cpp", kind=r.kind,
                       input="random", tokens=r.tokens, tok_s=r.tok_s, samples=list(r.samples)) for r in results])
-            budget = (peak or 0) - context
+            budget = (peak or 0) - context if gpu else None
             measured, info, ft_peak = run_ft(args, name, vram_mib=budget, threads=threads, num_ctx=1024,
                                              prompts=[512], decode=args.decode, trace=args.trace)
             keep(ft_rows(measured, info, ft_peak, threads, setting, budget))
             print(report.table(rows), flush=True)
             if i == 0 and long_prompts:
-                results, peak = llama.bench(binary, gguf, ncmoe=setting, threads=threads, prompt=long_prompts,
+                results, peak = llama.bench(binary, gguf, ncmoe=setting if gpu else None, threads=threads, prompt=long_prompts,
                                             decode=0, reps=1, batch=max(long_prompts), ubatch=4096)
                 keep([Row(**base, threads=threads, setting=setting, vram_mib=peak, engine="llama.cpp",
                           kind=r.kind, input="random", tokens=r.tokens, tok_s=r.tok_s, samples=list(r.samples))
                       for r in results])
-                budget = (peak or 0) - context
+                budget = (peak or 0) - context if gpu else None
                 measured, info, ft_peak = run_ft(args, name, vram_mib=budget, threads=threads,
                                                  num_ctx=max(long_prompts) + 64, prompts=long_prompts, decode=0,
                                                  trace=None)
@@ -242,7 +248,8 @@ def main() -> None:
     parser.add_argument("--prompts", default="512,4096,16384")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--mode", default="auto")
-    parser.add_argument("--device", default="gpu")
+    parser.add_argument("--device", default="gpu", choices=("gpu", "cpu"),
+                        help="cpu: the CPU-only race (llama-bench -ngl 0, ft --device cpu; --settings 0)")
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tracebacks-every", type=float, default=0,

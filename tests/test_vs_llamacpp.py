@@ -205,3 +205,19 @@ def test_quantize_leaves_no_file_that_looks_finished(tmp_path: Path) -> None:
     tool.write_text('#!/bin/sh\necho "$@" > "$2"\n')
     assert llama.quantize(bench, source, dest, "Q4_K_M", threads=2) == dest
     assert dest.read_text().split()[2:] == ["Q4_K_M", "2"] and not dest.with_name(f".{dest.name}.part").exists()
+
+
+def test_llama_bench_runs_on_the_cpu_alone_without_a_setting(tmp_path: Path) -> None:
+    """The CPU-only race gives llama-bench no GPU layers (-ngl 0, no -ncmoe); a GPU race its -ncmoe."""
+    bench = tmp_path / "llama-bench"
+    said = tmp_path / "args"
+    line = ('{"n_prompt": 0, "n_gen": 8, "avg_ts": 10.0, "stddev_ts": 0.5, "samples_ts": [10.0]}')
+    bench.write_text(f"#!/bin/sh\necho \"$@\" > {said}\necho '{line}'\n")
+    bench.chmod(0o755)
+    results, _ = llama.bench(bench, tmp_path / "m.gguf", ncmoe=None, threads=2, prompt=[], decode=8, reps=1)
+    assert [(r.kind, r.tokens, r.tok_s) for r in results] == [("decode", 8, 10.0)]
+    args = said.read_text().split()
+    assert args[args.index("-ngl") + 1] == "0" and "-ncmoe" not in args
+    llama.bench(bench, tmp_path / "m.gguf", ncmoe=16, threads=2, prompt=[512], decode=8, reps=1)
+    args = said.read_text().split()
+    assert (args[args.index("-ngl") + 1], args[args.index("-ncmoe") + 1]) == ("99", "16")

@@ -77,10 +77,12 @@ def parse_jsonl(text: str) -> list[LlamaResult]:
     return out
 
 
-def bench(binary: Path, model: Path, *, ncmoe: int, threads: int, prompt: list[int], decode: int, reps: int,
+def bench(binary: Path, model: Path, *, ncmoe: int | None, threads: int, prompt: list[int], decode: int, reps: int,
           batch: int | None = None, ubatch: int | None = None, timeout_s: int = 600) -> tuple[list[LlamaResult], int | None]:
-    """One llama-bench run (all its tests) under a VRAM sampler: (results, whole-process peak MiB)."""
-    cmd = [str(binary), "-m", str(model), "-ngl", "99", "-ncmoe", str(ncmoe), "-t", str(threads),
+    """One llama-bench run (all its tests) under a VRAM sampler: (results, whole-process peak MiB).
+    `ncmoe` None: no GPU at all (-ngl 0), the CPU-only race."""
+    place = ["-ngl", "0"] if ncmoe is None else ["-ngl", "99", "-ncmoe", str(ncmoe)]
+    cmd = [str(binary), "-m", str(model), *place, "-t", str(threads),
            "-p", ",".join(map(str, prompt)) if prompt else "0", "-n", str(decode), "-r", str(reps), "-o", "jsonl"]
     if batch:
         cmd += ["-b", str(batch)]
