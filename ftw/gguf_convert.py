@@ -34,7 +34,16 @@ from .gguf_file import GGUFModel, GGUFTensor
 from .gguf_names import DROPPED_BLOCK, DROPPED_GLOBAL, EXPERT_BIAS_ROWS, EXPERT_ROWS
 from .gguf_source import GGUFArchitecture, architecture_for
 from .gguf_tokenizer import gguf_tokenizer_config, gguf_tokenizer_json
-from .gguf_undo import CONCAT_ROWS, KV_B_HF, KV_B_SPLIT, ROW_VECTORS, Undo, hf_rows_of_llama_qk, undo_for
+from .gguf_undo import (
+    CONCAT_ROWS,
+    KV_B_HF,
+    KV_B_SPLIT,
+    ROW_VECTORS,
+    WIDENED,
+    Undo,
+    hf_rows_of_llama_qk,
+    undo_for,
+)
 from .rangeio import readahead
 from .reader import TORCH_DTYPES
 from .writer import DEFAULT_MAX_SHARD_BYTES, FTWWriter
@@ -45,6 +54,7 @@ PER_EXPERT_NAME = re.compile(r"^ffn_(gate|up|down)\.(\d+)\.weight$")
 READAHEAD_BYTES = 256 << 20
 READ_THREADS = 4
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+INT_DTYPES = {"i8": np.dtype("<i1"), "i16": np.dtype("<i2"), "i32": np.dtype("<i4"), "i64": np.dtype("<i8")}
 Progress = Callable[[int], None]
 Chunks = Callable[[], Iterable[np.ndarray]]
 
@@ -194,6 +204,9 @@ class _GGUFConverter:
                 return [np.ascontiguousarray(data.reshape(t.shape[0], -1)[order]).reshape(-1)]
 
             return _Dense(hf_name, t.dtype, t.shape, unpermuted)
+        widened = WIDENED.get(gguf_name)
+        if widened is not None and self.arch.name in widened[0]:
+            return self._widened(hf_name, t, widened[1])
         undo = undo_for(gguf_name, self.arch.name)
         if undo is not None:
             return self._undone(hf_name, t, undo)
@@ -217,6 +230,19 @@ class _GGUFConverter:
             return [np.ascontiguousarray(out, dtype=np.float32).reshape(-1).view(np.uint8)]
 
         return _Dense(hf_name, "f32", undo.hf_shape(tuple(t.shape)), values)
+
+    def _widened(self, hf_name: str, t: GGUFTensor, dtype: str) -> _Dense:
+        """An integer tensor the converter narrowed (gguf_undo.WIDENED), back in the HF checkpoint's `dtype`."""
+        if t.dtype not in INT_DTYPES:
+            raise SourceError(f"{self.model.path}: {t.name} is {t.dtype}; llama.cpp writes it as integers")
+
+        def values() -> list[np.ndarray]:
+            data = self.model.read_bytes(t)
+            self.progress(data.nbytes)
+            ints = data.view(INT_DTYPES[t.dtype])
+            return [ints.astype(INT_DTYPES[dtype]).view(np.uint8).reshape(-1)]
+
+        return _Dense(hf_name, dtype, t.shape, values)
 
     def _chunks(self, t: GGUFTensor) -> Iterator[np.ndarray]:
         for chunk in self.model.iter_chunks(t):

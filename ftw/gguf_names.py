@@ -19,6 +19,7 @@ DBRX, MINIMAX_M2, GPT_OSS, QWEN35, QWEN3NEXT = "dbrx", "minimax-m2", "gpt-oss", 
 HUNYUAN, EXAONE_MOE, LFM2MOE, AFMOE = "hunyuan-moe", "exaone-moe", "lfm2moe", "afmoe"
 GRANITE_HYBRID = "granitehybrid"  # Granite 4.0 hybrid: Mamba2 + attention layers, granitemoeshared's MoE
 NEMOTRON_H_MOE = "nemotron_h_moe"  # NVIDIA Nemotron-H MoE: Mamba2, NoPE attention or relu2 MoE layers
+DEEPSEEK4 = "deepseek4"  # DeepSeek-V4: compressed attention, hyper-connections, hash and scored routing (own table)
 MAMBA2_HYBRIDS = (GRANITE_HYBRID, NEMOTRON_H_MOE)  # Mamba2Model's tensor changes (gguf_undo.UNDONE)
 GRANITES = (GRANITE, GRANITE_HYBRID)  # Granite's MoE names (router.layer, input_linear, shared_mlp)
 BAILINGMOE2, PHIMOE, LLAMA4 = "bailingmoe2", "phimoe", "llama4"
@@ -168,4 +169,5 @@ EXPERT_BIAS_ROWS: dict[str, str] = {
 # Tensors llama.cpp adds that a Hugging Face model computes instead: dropped and counted.
 # RoPE frequency factors, derived from rope_scaling; Phi-3.5-MoE's LongRoPE factors, read into it
 DROPPED_GLOBAL = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-DROPPED_BLOCK = ("attn_rot_embd.weight",)  # old files' rotary tables
+# old files' rotary tables; DeepSeek-V4's routing bias for image tokens (exp_probs_b_vl, a vision release's)
+DROPPED_BLOCK = ("attn_rot_embd.weight", "exp_probs_b_vl.bias")

@@ -7,6 +7,7 @@ from .gguf_names import (
     AFMOE,
     BAILINGMOE2,
     DBRX,
+    DEEPSEEK4,
     GEMMA4,
     JAMBA,
     KIMI_LINEAR,
@@ -262,6 +263,54 @@ KIMI_LINEAR_BLOCK_ROWS: tuple[Row, ...] = tuple(Row(g, h, (KIMI_LINEAR,)) for g,
     ("ffn_down.weight", "mlp.down_proj.weight"),
     ("ffn_gate_inp.weight", "mlp.gate.weight"),  # router [E, H]
     ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),  # [E]
+    ("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"),
+    ("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+    ("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"),
+))
+
+
+# DeepSeek-V4's whole table (DeepseekV4Model._map_dsv4_tensor_name, conversion/deepseek.py, with llama-arch.cpp's
+# names), under the names ft's deepseek_v4 family keeps (transformers' conversion_mapping renames:
+# family_readers.DEEPSEEK_V4_NAMES). The routed experts are the usual ffn_*_exps (MXFP4 as the release's FP4);
+# the hash layers' tid2eid is stored int32 (widened back: gguf_undo.WIDENED); the indexer lives in the compressor.
+DEEPSEEK4_GLOBAL_ROWS: tuple[Row, ...] = tuple(Row(g, h, (DEEPSEEK4,)) for g, h in (
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("output_hc_fn.weight", "model.hc_head.hc_fn"),  # the head's hyper-connection [streams, streams x H]
+    ("output_hc_base.weight", "model.hc_head.hc_base"),
+    ("output_hc_scale.weight", "model.hc_head.hc_scale"),
+))
+DEEPSEEK4_BLOCK_ROWS: tuple[Row, ...] = tuple(Row(g, h, (DEEPSEEK4,)) for g, h in (
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("hc_attn_fn.weight", "attn_hc.fn"),  # the hyper-connections around attention and the MoE
+    ("hc_attn_base.weight", "attn_hc.base"),
+    ("hc_attn_scale.weight", "attn_hc.scale"),
+    ("hc_ffn_fn.weight", "ffn_hc.fn"),
+    ("hc_ffn_base.weight", "ffn_hc.base"),
+    ("hc_ffn_scale.weight", "ffn_hc.scale"),
+    ("attn_sinks.weight", "self_attn.sinks"),  # attn_sink [heads]
+    ("attn_q_a.weight", "self_attn.q_a_proj.weight"),  # wq_a: the low-rank query
+    ("attn_q_a_norm.weight", "self_attn.q_a_norm.weight"),
+    ("attn_q_b.weight", "self_attn.q_b_proj.weight"),
+    ("attn_kv.weight", "self_attn.kv_proj.weight"),  # wkv: one shared key-value head
+    ("attn_kv_a_norm.weight", "self_attn.kv_norm.weight"),
+    ("attn_output_a.weight", "self_attn.o_a_proj.weight"),  # wo_a: the grouped low-rank output, 2-D as released
+    ("attn_output_b.weight", "self_attn.o_b_proj.weight"),
+    ("attn_compressor_kv.weight", "self_attn.compressor.kv_proj.weight"),  # CSA and HCA layers' compressor
+    ("attn_compressor_gate.weight", "self_attn.compressor.gate_proj.weight"),
+    ("attn_compressor_ape.weight", "self_attn.compressor.position_bias"),
+    ("attn_compressor_norm.weight", "self_attn.compressor.kv_norm.weight"),
+    ("indexer.attn_q_b.weight", "self_attn.compressor.indexer.q_b_proj.weight"),  # CSA layers' lightning indexer
+    ("indexer.proj.weight", "self_attn.compressor.indexer.scorer.weights_proj.weight"),
+    ("indexer_compressor_kv.weight", "self_attn.compressor.indexer.kv_proj.weight"),
+    ("indexer_compressor_gate.weight", "self_attn.compressor.indexer.gate_proj.weight"),
+    ("indexer_compressor_ape.weight", "self_attn.compressor.indexer.position_bias"),
+    ("indexer_compressor_norm.weight", "self_attn.compressor.indexer.kv_norm.weight"),
+    ("ffn_gate_inp.weight", "mlp.gate.weight"),  # router [E, H]
+    ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),  # the scored layers' bias [E]
+    ("ffn_gate_tid2eid.weight", "mlp.gate.tid2eid"),  # the hash layers' table [vocab, k], int32: WIDENED
     ("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"),
     ("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
     ("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"),

@@ -28,6 +28,7 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
+from .gguf_config_deepseek import deepseek4_config
 from .gguf_config_gemma4 import gemma4_config
 from .gguf_config_layered import (
     afmoe_config,
@@ -58,6 +59,7 @@ from .gguf_names import (
     COHERE2MOE,
     DBRX,
     DEEPSEEK2,
+    DEEPSEEK4,
     DOTS1,
     ERNIE,
     EXAONE_MOE,
@@ -98,6 +100,8 @@ from .gguf_names_own import (
     BAILINGMOE2_BLOCK_ROWS,
     DBRX_BLOCK_ROWS,
     DBRX_GLOBAL_ROWS,
+    DEEPSEEK4_BLOCK_ROWS,
+    DEEPSEEK4_GLOBAL_ROWS,
     GEMMA4_BLOCK_ROWS,
     JAMBA_BLOCK_ROWS,
     JAMBA_GLOBAL_ROWS,
@@ -193,6 +197,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(LAGUNA, "laguna", "LagunaForCausalLM", laguna_config),
         GGUFArchitecture(MINIMAX01, "minimax", "MiniMaxForCausalLM", minimax01_config),
         GGUFArchitecture(GRANITE_SWA, "granitemoe_swa", "GraniteMoeSWAForCausalLM", granite_swa_config, permute_qk=True),
+        GGUFArchitecture(DEEPSEEK4, "deepseek_v4", "DeepseekV4ForCausalLM", deepseek4_config,
+                         rows=(DEEPSEEK4_GLOBAL_ROWS, DEEPSEEK4_BLOCK_ROWS)),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
                          hf_layer_prefix="model.language_model.layers.{layer}.", rows=(QWEN35_GLOBAL_ROWS, BLOCK_ROWS)),
     )

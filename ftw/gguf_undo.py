@@ -95,6 +95,11 @@ changes, architecture by architecture, and how gguf_convert undoes them from the
   rounding, as jamba's), dt_bias renamed dt_proj.bias; the MLA layers' kv_b split as deepseek2's (rebuilt);
   the experts stacked per layer; nothing permuted (MLA is NoPE, KDA has no rope). head_count_kv one a layer,
   0 on the KDA layers, 1 on the MLA ones (the converter's MQA view): gguf_config_more.py reads layer_types.
+- deepseek4 (DeepSeek-V4, as DeepseekV4Model writes it): nothing permuted (llama.cpp's deepseek4 rotates adjacent
+  pairs, as the release does); the hash layers' tid2eid stored int32 (WIDENED back to the release's int64), their
+  unused gate.bias dropped by the converter, the FP4 experts repacked into GGML MXFP4 blocks byte for byte (as
+  ft's own FP4 conversion does: ftw/fp4.py), FP8 weights dequantized and requantized Q8_0 (kept so), the MTP
+  blocks not written.
 - HF [1, N] tensors that llama.cpp sizes [N] may be stored either way; they are read [1, N]
   (ROW_VECTORS).
 """
@@ -109,6 +114,7 @@ import numpy as np
 
 from .errors import SourceError
 from .gguf_names import (
+    DEEPSEEK4,
     DELTANET,
     ERNIE,
     GRANITES,
@@ -185,6 +191,11 @@ def undo_for(gguf_name: str, arch: str) -> Undo | None:
     """How to change back the tensor `gguf_name` (after "blk.N.") of architecture `arch`, if it was changed."""
     return next((u for u in UNDONE.get(gguf_name, ()) if arch in u.archs), None)
 
+
+# integer tensors a converter narrowed, by GGUF name (after "blk.N."): the architectures, the HF dtype
+WIDENED: dict[str, tuple[tuple[str, ...], str]] = {
+    "ffn_gate_tid2eid.weight": ((DEEPSEEK4,), "i64"),  # DeepseekV4Model._write_hash_routing_tensors: int64 -> I32
+}
 
 # HF [1, N] matrices that llama.cpp sizes {N}: a converter may store them 1-D; read as [1, N]
 ROW_VECTORS: dict[str, tuple[str, ...]] = {

@@ -1,0 +1,108 @@
+"""The Hugging Face config of DeepSeek's newer GGUF architectures (deepseek4), each builder following what
+llama.cpp's converter (named in its docstring, at llama.cpp 0c1e570) writes and how its loader and graph
+read it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import SourceError, UnsupportedArchitectureError
+from .gguf_config import Meta, _common_config, _expert_size
+
+if TYPE_CHECKING:
+    from .gguf_source import GGUFArchitecture
+
+SQRT_SOFTPLUS = 4  # llama-hparams.h LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
+DSV4_COMPRESS_RATIOS = (0, 4, 128)  # what llama.cpp's deepseek4 loader builds: sliding, CSA, HCA
+
+
+def _uniform(meta: Meta, key: str, layers: int) -> float | None:
+    """A per-layer float key (or one float) that must be one value on every layer: that value."""
+    value = meta.get(key)
+    values = value[:layers] if isinstance(value, list) else [value]
+    if value is None:
+        return None
+    if len(set(values)) != 1:
+        raise UnsupportedArchitectureError(f"{meta.model.path}: a deepseek4 GGUF with {meta.arch}.{key} {value!r}, "
+                                           "differing by layer; DeepSeek-V4 has one swiglu_limit")
+    return meta.float(key) if not isinstance(value, list) else float(values[0])
+
+
+def deepseek4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """DeepseekV4Model.set_gguf_parameters (conversion/deepseek.py:525, with TextModel's base keys), read back
+    into the release's config (the keys DeepseekV4Config reads from it): key_length head_dim,
+    rope.dimension_count qk_rope_head_dim, attention.q_lora_rank, output_lora_rank and output_group_count,
+    sliding_window, compress_ratios (one a layer: 0 sliding, 4 CSA, 128 HCA) and compress_rope_freq_base,
+    the indexer's head_count, key_length and top_k, hyper_connection.count, sinkhorn_iterations and epsilon,
+    hash_layer_count, expert_feed_forward_length, expert_shared_count, expert_weights_scale
+    (routed_scaling_factor), expert_weights_norm, expert_gating_func (sqrtsoftplus, from scoring_func),
+    swiglu_clamp_exp and _shexp (swiglu_limit a layer), the base's rope.freq_base and YaRN keys (the release's
+    flat rope_scaling, which llama.cpp's graph applies on the compressed layers only, its cos/sin unscaled:
+    dsv4_rope_attn_factor, transformers' attention_factor 1). The main file holds no MTP block (the converter
+    skips them without --mtp); an --mtp draft file (its blocks and the head only) is refused by name.
+
+    What llama.cpp runs and DeepSeek-V4 cannot is refused by name: another gating function (the loader
+    refuses it too), unrenormalized weights (transformers always renormalizes), a clamp that differs by layer
+    or between routed and shared experts, more than one shared expert (transformers builds one), and
+    compress ratios the loader does not build."""
+    where = f"{meta.model.path}: a deepseek4 GGUF"
+    if meta.int("nextn_predict_layers", 0) and "blk.0.attn_norm.weight" not in meta.model.tensors:
+        raise UnsupportedArchitectureError(f"{where} holding only its MTP draft blocks (convert_hf_to_gguf --mtp); "
+                                           "pull the model's main file")
+    config = _common_config(meta, arch)
+    layers = config["num_hidden_layers"]
+    if (gating := meta.get("expert_gating_func")) != SQRT_SOFTPLUS:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; DeepSeek-V4 scores its "
+                                           "experts by sqrtsoftplus (4), as llama.cpp's loader requires")
+    if not meta.get("expert_weights_norm", False):
+        raise UnsupportedArchitectureError(f"{where} without expert_weights_norm: llama.cpp would weigh the chosen "
+                                           "experts unrenormalized, which DeepSeek-V4 (always renormalized) cannot")
+    if (shared := meta.int("expert_shared_count")) != 1:
+        raise UnsupportedArchitectureError(f"{where} with expert_shared_count {shared}; DeepSeek-V4 has one "
+                                           "shared expert")
+    limit = _uniform(meta, "swiglu_clamp_exp", layers)
+    shared_limit = _uniform(meta, "swiglu_clamp_shexp", layers)
+    if limit is None or limit <= 0 or shared_limit not in (None, limit):
+        raise UnsupportedArchitectureError(f"{where} with swiglu_clamp_exp {meta.get('swiglu_clamp_exp')!r} and "
+                                           f"swiglu_clamp_shexp {meta.get('swiglu_clamp_shexp')!r}; DeepSeek-V4 clamps "
+                                           "routed and shared experts at one positive swiglu_limit")
+    ratios = meta.get("attention.compress_ratios")
+    if not isinstance(ratios, list) or len(ratios) < layers or not all(isinstance(r, int) for r in ratios):
+        raise SourceError(f"{where} without attention.compress_ratios for each of its {layers} layers ({ratios!r})")
+    if unknown := sorted({r for r in ratios[:layers] if r not in DSV4_COMPRESS_RATIOS}):
+        raise UnsupportedArchitectureError(f"{where} with compress ratios {unknown}; llama.cpp's loader builds "
+                                           f"{', '.join(map(str, DSV4_COMPRESS_RATIOS))} only")
+    rope = config.pop("rope_scaling", None)
+    if rope is not None and rope["type"] != "yarn":
+        raise UnsupportedArchitectureError(f"{where} with {rope['type']} RoPE scaling; DeepSeek-V4 takes YaRN on "
+                                           "its compressed layers only")
+    head_dim = meta.int("attention.key_length")
+    config.update(
+        head_dim=head_dim,
+        qk_rope_head_dim=meta.int("rope.dimension_count", head_dim),
+        q_lora_rank=meta.int("attention.q_lora_rank"),
+        o_lora_rank=meta.int("attention.output_lora_rank"),
+        o_groups=meta.int("attention.output_group_count"),
+        sliding_window=meta.int("attention.sliding_window"),
+        compress_ratios=list(ratios[:layers]),
+        compress_rope_theta=meta.float("attention.compress_rope_freq_base"),
+        index_n_heads=meta.int("attention.indexer.head_count"),
+        index_head_dim=meta.int("attention.indexer.key_length"),
+        index_topk=meta.int("attention.indexer.top_k"),
+        hc_mult=meta.int("hyper_connection.count"),
+        hc_sinkhorn_iters=meta.int("hyper_connection.sinkhorn_iterations"),
+        hc_eps=meta.float("hyper_connection.epsilon"),
+        num_hash_layers=meta.int("hash_layer_count"),
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        n_shared_experts=shared,
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        norm_topk_prob=True,
+        scoring_func="sqrtsoftplus",
+        swiglu_limit=limit,
+    )
+    if rope is not None:  # (the release's flat form: DeepseekV4Config makes it the compressed layers' YaRN)
+        config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_type"}
+    return {k: v for k, v in config.items() if v is not None}
