@@ -1,4 +1,4 @@
-"""The Hugging Face config of DeepSeek's newer GGUF architectures (deepseek4), each builder following what
+"""The Hugging Face config of DeepSeek's newer GGUF architectures (deepseek32, deepseek4), each builder following what
 llama.cpp's converter (named in its docstring, at llama.cpp 0c1e570) writes and how its loader and graph
 read it.
 """
@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size
+from .gguf_config import Meta, _common_config, _expert_size, deepseek2_config
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
 
+SIGMOID = 2  # gguf-py ExpertGatingFuncType.SIGMOID
 SQRT_SOFTPLUS = 4  # llama-hparams.h LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
 DSV4_COMPRESS_RATIOS = (0, 4, 128)  # what llama.cpp's deepseek4 loader builds: sliding, CSA, HCA
 
@@ -27,6 +28,32 @@ def _uniform(meta: Meta, key: str, layers: int) -> float | None:
         raise UnsupportedArchitectureError(f"{meta.model.path}: a deepseek4 GGUF with {meta.arch}.{key} {value!r}, "
                                            "differing by layer; DeepSeek-V4 has one swiglu_limit")
     return meta.float(key) if not isinstance(value, list) else float(values[0])
+
+
+def deepseek32_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """DeepseekV32Model over DeepseekV2Model (conversion/deepseek.py:464): deepseek2's keys (deepseek2_config:
+    MLA, the kv_b split, the dense lead, the experts, group-limited routing, the correction bias, the shared
+    experts, the YaRN with its yarn_log_multiplier), nextn_predict_layers with the MTP blocks written after
+    the last layer (dropped), and the DSA indexer's attention.indexer.head_count, key_length and top_k: an
+    indexer on every layer. llama.cpp's deepseek32 graph runs MLA with interleaved RoPE, the indexer's rotated
+    channels (its heads' first) as halves (LLAMA_ROPE_TYPE_NEOX) and its key LayerNorm at 1e-6, as
+    transformers' DeepseekV32 does. Its loader requires expert_gating_func, which the converter writes from the
+    release's scoring_func: anything but sigmoid is refused (DeepSeek-V3.2 routes by sigmoid)."""
+    where = f"{meta.model.path}: a deepseek32 GGUF"
+    if (gating := meta.get("expert_gating_func")) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; DeepSeek-V3.2 routes by "
+                                           "sigmoid (2), and llama.cpp's loader requires the key")
+    config = deepseek2_config(meta, arch)
+    for key in ("scoring_func", "topk_method", "rope_interleave", "moe_layer_freq"):
+        config.pop(key)
+    index_dim = meta.int("attention.indexer.key_length")
+    if index_dim < config["qk_rope_head_dim"]:
+        raise SourceError(f"{where} whose indexer heads ({index_dim}) are narrower than the rope "
+                          f"({config['qk_rope_head_dim']}); llama.cpp asserts them wider")
+    config.update(model_type=arch.model_type, architectures=[arch.hf_architecture],
+                  index_n_heads=meta.int("attention.indexer.head_count"), index_head_dim=index_dim,
+                  index_topk=meta.int("attention.indexer.top_k"))
+    return config
 
 
 def deepseek4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:

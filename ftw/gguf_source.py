@@ -28,7 +28,7 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
-from .gguf_config_deepseek import deepseek4_config
+from .gguf_config_deepseek import deepseek4_config, deepseek32_config
 from .gguf_config_gemma4 import gemma4_config
 from .gguf_config_layered import (
     afmoe_config,
@@ -60,6 +60,7 @@ from .gguf_names import (
     DBRX,
     DEEPSEEK2,
     DEEPSEEK4,
+    DEEPSEEK32,
     DOTS1,
     ERNIE,
     EXAONE_MOE,
@@ -197,6 +198,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(LAGUNA, "laguna", "LagunaForCausalLM", laguna_config),
         GGUFArchitecture(MINIMAX01, "minimax", "MiniMaxForCausalLM", minimax01_config),
         GGUFArchitecture(GRANITE_SWA, "granitemoe_swa", "GraniteMoeSWAForCausalLM", granite_swa_config, permute_qk=True),
+        GGUFArchitecture(DEEPSEEK32, "deepseek_v32", "DeepseekV32ForCausalLM", deepseek32_config),
         GGUFArchitecture(DEEPSEEK4, "deepseek_v4", "DeepseekV4ForCausalLM", deepseek4_config,
                          rows=(DEEPSEEK4_GLOBAL_ROWS, DEEPSEEK4_BLOCK_ROWS)),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
