@@ -326,7 +326,10 @@ def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
 
 def glm4_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """Glm4MoeModel.set_gguf_parameters: _sigmoid_moe's keys, rope.dimension_count (head_dim times
-    partial_rotary_factor) and nextn_predict_layers (the MTP layers, counted in block_count)."""
+    partial_rotary_factor) and nextn_predict_layers (the MTP layers, counted in block_count). A file
+    whose vocabulary is Solar Open's is read as solar_open (solar_open_config)."""
+    if meta.values.get("tokenizer.ggml.pre") == SOLAR_OPEN_PRE:
+        return solar_open_config(meta, arch)
     config = _sigmoid_moe(meta, _common_config(meta, arch))
     rotary = meta.int("rope.dimension_count", config["head_dim"] // 2)
     config.update(
@@ -336,6 +339,63 @@ def glm4_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     )
     return config
 
+
+
+SOLAR_OPEN_PRE = "solar-open"  # SolarOpenModel.set_vocab's pre-tokenizer (llama-vocab.cpp's SOLAR_OPEN); no other converter writes it
+
+
+def solar_open_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """SolarOpenModel (conversion/glm.py: Glm4MoeModel's keys and tensors under glm4moe, its own vocabulary)
+    read back into transformers' SolarOpenConfig: the base keys, key_length (head_dim), expert_count
+    (n_routed_experts), expert_feed_forward_length, expert_shared_count, the group keys (n_group, topk_group),
+    expert_weights_scale and _norm, sigmoid gating; feed_forward_length (the release's unused
+    intermediate_size) ignored, as SolarOpenConfig has none.
+
+    llama.cpp's glm4moe loader and graph run it as transformers' Solar Open does: Llama's attention with
+    the q/k/v biases the file has and NeoX RoPE over rope.dimension_count channels, the post-attention
+    norm, then sigmoid + bias group-limited routing plus the shared MLP on every layer. What they would run
+    otherwise is refused by name: a rotation over part of each head (the converter's default where
+    config.json names no partial_rotary_factor: half; Solar rotates the whole, its release says 1.0),
+    dense leading layers and q/k norms (SolarOpenConfig builds neither), another gating function, and
+    YaRN attention or extrapolation factors (the release has neither)."""
+    where = f"{meta.model.path}: a Solar Open GGUF (glm4moe with the solar-open pre-tokenizer)"
+    if meta.get("expert_gating_func", 2) != 2:
+        raise UnsupportedArchitectureError(f"{where} with softmax routing; Solar Open routes by sigmoid")
+    config = _common_config(meta, arch)
+    layers = config["num_hidden_layers"]
+    head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
+    if (rotary := meta.int("rope.dimension_count", head_dim // 2)) != head_dim:
+        raise UnsupportedArchitectureError(
+            f"{where} rotating {rotary} of each head's {head_dim} channels; transformers' Solar Open rotates the "
+            "whole head (SolarOpenModel writes half where config.json names no partial_rotary_factor: reconvert "
+            "with the release's partial_rotary_factor 1.0)")
+    if meta.int("leading_dense_block_count", 0) or {i for i in _expert_layers(meta.model) if i < layers} != set(range(layers)):
+        raise UnsupportedArchitectureError(f"{where} with dense layers; Solar Open has experts on every layer")
+    if _has(meta.model, "attn_q_norm.weight") or _has(meta.model, "attn_k_norm.weight"):
+        raise UnsupportedArchitectureError(f"{where} with q/k norms; Solar Open's attention has none")
+    for key in ("rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor"):
+        if meta.get(key) is not None:
+            raise UnsupportedArchitectureError(f"{where} with {meta.arch}.{key}; ft reads Solar Open's YaRN by its "
+                                               "factor, original context and betas only")
+    rope = {"rope_type": "default", "rope_theta": config.pop("rope_theta"), "partial_rotary_factor": 1.0}
+    if (scaling := config.pop("rope_scaling", None)) is not None:  # (linear or YaRN: the base converter's)
+        rope |= {k: v for k, v in scaling.items() if k not in ("type", "mscale", "mscale_all_dim")}
+    config.update(
+        model_type="solar_open",
+        architectures=["SolarOpenForCausalLM"],
+        head_dim=head_dim,
+        moe_intermediate_size=meta.int("expert_feed_forward_length", _expert_size(meta.model)),
+        n_routed_experts=meta.int("expert_count"),
+        num_experts_per_tok=meta.int("expert_used_count"),
+        n_shared_experts=meta.int("expert_shared_count"),  # (the loader requires it)
+        routed_scaling_factor=meta.float("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
+        n_group=meta.int("expert_group_count", 1),
+        topk_group=meta.int("expert_group_used_count", 1),
+        rope_parameters=rope,
+        attention_bias=_has(meta.model, "attn_q.bias"),
+    )
+    return config
 
 def dots1_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     """Dots1Model.set_gguf_parameters (Qwen2MoeModel's keys and _sigmoid_moe's); llama.cpp's dots1

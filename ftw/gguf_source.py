@@ -161,7 +161,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          other_model_types=("deepseek_v2", "mistral4", "glm4_moe_lite")),
         GGUFArchitecture(QWEN2, "qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_config),
         GGUFArchitecture(OLMOE, "olmoe", "OlmoeForCausalLM", olmoe_config),
-        GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", glm4_moe_config),
+        GGUFArchitecture(GLM4, "glm4_moe", "Glm4MoeForCausalLM", glm4_moe_config, other_model_types=("solar_open",)),
         GGUFArchitecture(DOTS1, "dots1", "Dots1ForCausalLM", dots1_config),
         GGUFArchitecture(ERNIE, "ernie4_5_moe", "Ernie4_5_MoeForCausalLM", ernie4_5_moe_config),
         GGUFArchitecture(MINIMAX_M2, "minimax_m2", "MiniMaxM2ForCausalLM", minimax_m2_config),
