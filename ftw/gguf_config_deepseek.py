@@ -1,4 +1,5 @@
-"""The Hugging Face config of DeepSeek's newer GGUF architectures (deepseek32, deepseek4), each builder following what
+"""The Hugging Face config of DeepSeek's newer GGUF architectures (deepseek32, deepseek4) and of Tencent Hy4's
+(hy_v4, DeepseekV2Model's MLA and MoE), each builder following what
 llama.cpp's converter (named in its docstring, at llama.cpp 0c1e570) writes and how its loader and graph
 read it.
 """
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
 from .gguf_config import Meta, _common_config, _expert_size, deepseek2_config
+from .gguf_config_more import _no_yarn_factors
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
@@ -133,3 +135,74 @@ def deepseek4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     if rope is not None:  # (the release's flat form: DeepseekV4Config makes it the compressed layers' YaRN)
         config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_type"}
     return {k: v for k, v in config.items() if v is not None}
+
+
+def hy_v4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
+    """HYV4Model over DeepseekV2Model (conversion/hy_v4.py:24): deepseek2's keys (deepseek2_config: MLA, the kv_b
+    split, leading_dense_block_count from mlp_layer_types' leading dense run, read back into mlp_layer_types,
+    the experts, group-limited routing where n_group and topk_group are not both 1, the correction bias, the
+    shared experts), expert_gating_func always sigmoid, swiglu_clamp_exp one a layer (the routed experts'
+    swiglu_limit; written only when positive), hyper_connection.count, epsilon and magnitude (hc_mult, hc_eps,
+    hc_magnitude) and the DSA indexer's attention.indexer.head_count, key_length, top_k and types (one bool a
+    layer, "full" where true: indexer_types). The MTP layers are not written. llama.cpp's hy-v4.cpp rotates
+    adjacent pairs (MLA's and the indexer's last qk_rope_head_dim channels), norms the indexer's key at
+    rms_norm_eps and scales the softmax by 1/sqrt(key length) alone, as transformers' HYV4 does without YaRN's
+    mscale_all_dim.
+
+    What llama.cpp runs and Hy4 cannot is refused by name: another gating function, no DSA indexer (llama.cpp's
+    full attention; HYV4Attention always indexes), routed experts unclamped or clamped differently by layer, a
+    clamp on the shared experts, and YaRN with a yarn_log_multiplier (which the loader ignores while
+    transformers folds mscale_all_dim into the softmax) or with ext/attn factors."""
+    where = f"{meta.model.path}: a hy_v4 GGUF"
+    if (gating := meta.get("expert_gating_func")) != SIGMOID:
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; Hy4 routes by sigmoid (2), "
+                                           "which its converter always writes")
+    config = deepseek2_config(meta, arch)
+    for key in ("scoring_func", "topk_method", "rope_interleave", "moe_layer_freq", "num_nextn_predict_layers"):
+        config.pop(key)
+    layers = config["num_hidden_layers"]
+    dense = min(config.pop("first_k_dense_replace"), layers)
+    if not meta.int("attention.indexer.top_k", 0):
+        raise UnsupportedArchitectureError(f"{where} without a DSA indexer (attention.indexer.top_k): llama.cpp "
+                                           "attends to every token there, while transformers' Hy4 always indexes")
+    types = meta.get("attention.indexer.types")
+    if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, (bool, int)) for t in types):
+        raise SourceError(f"{where} whose attention.indexer.types is not one flag for each of its {layers} layers "
+                          f"({types!r})")
+    if not types[0]:
+        raise UnsupportedArchitectureError(f"{where} whose first layer shares an indexer selection no layer made; "
+                                           "llama.cpp's loader refuses it too")
+    rope_dim, index_dim = config["qk_rope_head_dim"], meta.int("attention.indexer.key_length")
+    if index_dim <= rope_dim:
+        raise SourceError(f"{where} whose indexer heads ({index_dim}) are no wider than the rope ({rope_dim})")
+    clamp = meta.get("swiglu_clamp_exp")
+    limits = {float(v) for v in (clamp[:layers] if isinstance(clamp, list) else [clamp]) if v is not None}
+    if len(limits) != 1 or min(limits) <= 0:
+        raise UnsupportedArchitectureError(f"{where} with swiglu_clamp_exp {clamp!r}: Hy4 clamps every routed expert "
+                                           "at one positive swiglu_limit (HYV4Experts clamps even at 0 or below)")
+    shared = meta.get("swiglu_clamp_shexp")
+    if any(float(v) > 0 for v in (shared if isinstance(shared, list) else [shared or 0.0])):
+        raise UnsupportedArchitectureError(f"{where} with swiglu_clamp_shexp {shared!r}; Hy4 clamps its routed "
+                                           "experts only")
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    if (scaling := config.pop("rope_scaling", None)) is not None:
+        if scaling["rope_type"] != "yarn" or "mscale_all_dim" in scaling:
+            raise UnsupportedArchitectureError(
+                f"{where} with rope.scaling.type {scaling['rope_type']!r} and yarn_log_multiplier "
+                f"{meta.get('rope.scaling.yarn_log_multiplier')!r}: llama.cpp's hy_v4 reads no yarn_log_multiplier "
+                "and scales its softmax by 1/sqrt(key length) alone, as transformers does only for YaRN without "
+                "mscale_all_dim")
+        _no_yarn_factors(meta, where)
+        rope.update({k: v for k, v in scaling.items() if k != "type"})
+    config.update(
+        model_type=arch.model_type, architectures=[arch.hf_architecture],
+        mlp_layer_types=["dense"] * dense + ["sparse"] * (layers - dense),
+        index_n_heads=meta.int("attention.indexer.head_count"), index_head_dim=index_dim,
+        index_topk=meta.int("attention.indexer.top_k"),
+        indexer_types=["full" if t else "shared" for t in types],
+        hc_mult=meta.int("hyper_connection.count"), hc_eps=meta.float("hyper_connection.epsilon"),
+        hc_magnitude=meta.float("hyper_connection.magnitude"),
+        swiglu_limit=limits.pop(),
+        rope_parameters=rope,
+    )
+    return config

@@ -29,6 +29,7 @@ GEMMA4 = "gemma4"  # Gemma 4's text model (the 26B-A4B's MoE): sliding and full 
 MIMO2 = "mimo2"  # Xiaomi MiMo-V2-Flash: full and sliding GQA layers (sinks on the sliding ones), values narrower
 GLM_DSA = "glm-dsa"  # GLM-5's: DeepSeek-V3's model with DeepSeek Sparse Attention's indexer on MLA
 DEEPSEEK32 = "deepseek32"  # DeepSeek-V3.2: DeepSeek-V3's model with DSA's indexer on every layer
+HY_V4 = "hy_v4"  # Tencent Hy4: DSA's MLA with sinks and a gated output, hyper-connections, DeepSeek-V3's MoE
 KIMI_LINEAR = "kimi-linear"  # Moonshot's Kimi Linear: Kimi Delta Attention and NoPE MLA layers, DeepSeek-V3's MoE
 MELLUM = "mellum"  # JetBrains Mellum 2: Qwen3-MoE's block in sliding and full layers, a RoPE base a kind
 HY_V3 = "hy_v3"  # Tencent Hy3: Qwen3's attention, DeepSeek-V3's sigmoid MoE without groups, one shared MLP
@@ -36,13 +37,14 @@ LAGUNA = "laguna"  # Poolside Laguna: gated GQA (query heads by layer), sliding 
 COHERE2MOE = "cohere2moe"  # Cohere's North / Command A MoE: Cohere 2's parallel block, sliding and NoPE full layers
 GRANITE_SWA = "granite_swa"  # IBM Granite MoE SWA: granitemoeshared's block, sliding and full layers with sinks, NoPE by layer
 MINIMAX01 = "minimax-01"  # MiniMax-Text-01: lightning-attention and GQA layers, Mixtral's MoE
-MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA, DEEPSEEK32)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
+MLA = (DEEPSEEK2, MISTRAL4, GLM_DSA, DEEPSEEK32, HY_V4)  # DeepSeek's multi-head latent attention (the kv_b split: gguf_undo.KV_B_SPLIT)
 DELTANET = (QWEN35, QWEN3NEXT)  # Gated DeltaNet hybrids (Qwen3.5/3.6, Qwen3-Next)
 QK_NORMED = (QWEN3, OLMOE, GLM4, DOTS1, MINIMAX_M2, EXAONE_MOE, *DELTANET, MELLUM, HY_V3, LAGUNA)  # per head (Qwen3, GLM, dots) or whole projection (OLMoE, MiniMax)
 GATE_ROUTED = (QWEN3, QWEN2, OLMOE, *MLA, GLM4, DOTS1, ERNIE, EXAONE_MOE, *DELTANET, MIMO2, MELLUM, HY_V3, COHERE2MOE, LAGUNA)  # router at mlp.gate (Mixtral's elsewhere)
 QWEN_SHARED_EXPERT = (QWEN2, *DELTANET)  # one shared expert under mlp.shared_expert, its sigmoid gate beside it
 WITH_DENSE_LAYERS = (QWEN3, QWEN2, *MLA, GLM4, DOTS1, ERNIE, QWEN3NEXT, EXAONE_MOE, MIMO2, MELLUM, HY_V3, COHERE2MOE, LAGUNA)  # dense MLPs beside MoE layers
-DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1, GLM_DSA, DEEPSEEK32)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
+DEEPSEEK_MOE = (DEEPSEEK2, GLM4, DOTS1, GLM_DSA, DEEPSEEK32, HY_V4)  # DeepSeek-V3's sigmoid MoE: correction bias, shared_experts
+DSA_INDEXED = (GLM_DSA, DEEPSEEK32, HY_V4)  # DeepSeek Sparse Attention's indexer beside MLA
 SHARED_EXPERTS = (*DEEPSEEK_MOE, MISTRAL4, ERNIE, EXAONE_MOE, HY_V3, COHERE2MOE, LAGUNA)  # one dense SwiGLU under mlp.shared_experts
 
 
@@ -63,6 +65,9 @@ GLOBAL_ROWS: tuple[Row, ...] = (
     Row("output.weight", "lm_head.weight"),  # LM head; absent when tied to the embeddings
     Row("output_norm.bias", "model.norm.bias", (PHIMOE,)),  # Phi-3.5-MoE's LayerNorms and head have biases
     Row("output.bias", "lm_head.bias", (PHIMOE,)),  # (lm_head_bias)
+    Row("output_hc_fn.weight", "model.hc_head.hc_fn", (HY_V4,)),  # Hy4's head over the streams [streams, streams x H]
+    Row("output_hc_base.weight", "model.hc_head.hc_base", (HY_V4,)),
+    Row("output_hc_scale.weight", "model.hc_head.hc_scale", (HY_V4,)),  # [1]
 )
 
 BLOCK_ROWS: tuple[Row, ...] = (
@@ -84,16 +89,24 @@ BLOCK_ROWS: tuple[Row, ...] = (
     Row("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight", MLA),  # latent KV + RoPE key
     Row("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", MLA),
     Row("attn_kv_b.weight", "self_attn.kv_b_proj.weight", MLA),  # older files; newer: KV_B_SPLIT
-    Row("indexer.attn_q_b.weight", "self_attn.indexer.wq_b.weight", (GLM_DSA, DEEPSEEK32)),  # DSA's indexer: its queries
-    Row("indexer.attn_k.weight", "self_attn.indexer.wk.weight", (GLM_DSA, DEEPSEEK32)),  # its one key head
-    Row("indexer.k_norm.weight", "self_attn.indexer.k_norm.weight", (GLM_DSA, DEEPSEEK32)),  # the key's LayerNorm
-    Row("indexer.k_norm.bias", "self_attn.indexer.k_norm.bias", (GLM_DSA, DEEPSEEK32)),
-    Row("indexer.proj.weight", "self_attn.indexer.weights_proj.weight", (GLM_DSA, DEEPSEEK32)),  # per-head score weights
+    Row("indexer.attn_q_b.weight", "self_attn.indexer.wq_b.weight", DSA_INDEXED),  # DSA's indexer: its queries
+    Row("indexer.attn_k.weight", "self_attn.indexer.wk.weight", DSA_INDEXED),  # its one key head
+    Row("indexer.k_norm.weight", "self_attn.indexer.k_norm.weight", DSA_INDEXED),  # the key's LayerNorm
+    Row("indexer.k_norm.bias", "self_attn.indexer.k_norm.bias", DSA_INDEXED),
+    Row("indexer.proj.weight", "self_attn.indexer.weights_proj.weight", DSA_INDEXED),  # per-head score weights
     Row("ffn_norm.weight", "post_attention_layernorm.weight"),  # RMSNorm before the MLP / MoE
     Row("ffn_norm.bias", "post_attention_layernorm.bias", (PHIMOE,)),
     Row("post_attention_norm.weight", "post_attention_layernorm.weight", (GLM4, GPT_OSS, *DELTANET)),  # their name for it
     Row("attn_gate.weight", "self_attn.g_proj.weight", (LAGUNA,)),  # Laguna's softplus output gate [heads or heads x D, H]
-    Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS, MIMO2, GRANITE_SWA)),  # a learned sink logit per head [Hq]
+    Row("attn_sinks.weight", "self_attn.sinks", (GPT_OSS, MIMO2, GRANITE_SWA, HY_V4)),  # a learned sink logit per head [Hq]
+    Row("attn_gate.weight", "self_attn.gate_proj.weight", (HY_V4,)),  # Hy4's sigmoid gate on the values [heads x v, H]
+    # Hy4's hyper-connections around attention and the MLP: fn [2 x streams, streams x H], base [2 x streams], scale [2]
+    Row("hc_attn_fn.weight", "attn_hc.fn", (HY_V4,)),
+    Row("hc_attn_base.weight", "attn_hc.base", (HY_V4,)),
+    Row("hc_attn_scale.weight", "attn_hc.scale", (HY_V4,)),
+    Row("hc_ffn_fn.weight", "ffn_hc.fn", (HY_V4,)),
+    Row("hc_ffn_base.weight", "ffn_hc.base", (HY_V4,)),
+    Row("hc_ffn_scale.weight", "ffn_hc.scale", (HY_V4,)),
     Row("ffn_gate_inp.weight", "mlp.gate.weight", GATE_ROUTED),  # router [E, H]
     Row("ffn_gate_inp.weight", "block_sparse_moe.gate.weight", (LLAMA, MINIMAX_M2, PHIMOE, MINIMAX01)),  # Mixtral's router
     Row("ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", GRANITES),  # Granite's

@@ -128,6 +128,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "qwen2": PreTokenizer((_QWEN2_SPLIT,), "NFC"),  # Qwen2, Qwen2.5, Qwen3 (their tokenizer.json normalizes NFC)
     "llama-bpe": PreTokenizer((_LLAMA3_SPLIT,), ignore_merges=True),  # Llama 3 (its tokenizer.json ignores merges too)
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # DeepSeek-V3 / R1
+    "hy_v4": PreTokenizer(_DEEPSEEK_V3_SPLITS),  # Tencent Hy4 (llama-vocab.cpp's HY_V4: DeepSeek-V3's regexes)
     "gpt-2": PreTokenizer(()),  # GPT-2's ByteLevel regex
     "gpt-4o": PreTokenizer((_GPT4O_SPLIT,)),  # gpt-oss (o200k_harmony), Llama 4
     "tekken": PreTokenizer((_TEKKEN_SPLIT,), ignore_merges=True),  # Mistral's tekken (Mistral Small 4)

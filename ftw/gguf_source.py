@@ -28,7 +28,7 @@ from .gguf_config import (
     qwen3next_config,
     qwen35moe_config,
 )
-from .gguf_config_deepseek import deepseek4_config, deepseek32_config
+from .gguf_config_deepseek import deepseek4_config, deepseek32_config, hy_v4_config
 from .gguf_config_gemma4 import gemma4_config
 from .gguf_config_layered import (
     afmoe_config,
@@ -74,6 +74,7 @@ from .gguf_names import (
     GRANITE_SWA,
     HUNYUAN,
     HY_V3,
+    HY_V4,
     JAMBA,
     KIMI_LINEAR,
     LAGUNA,
@@ -199,6 +200,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture(MINIMAX01, "minimax", "MiniMaxForCausalLM", minimax01_config),
         GGUFArchitecture(GRANITE_SWA, "granitemoe_swa", "GraniteMoeSWAForCausalLM", granite_swa_config, permute_qk=True),
         GGUFArchitecture(DEEPSEEK32, "deepseek_v32", "DeepseekV32ForCausalLM", deepseek32_config),
+        GGUFArchitecture(HY_V4, "hy_v4", "HYV4ForCausalLM", hy_v4_config),
         GGUFArchitecture(DEEPSEEK4, "deepseek_v4", "DeepseekV4ForCausalLM", deepseek4_config,
                          rows=(DEEPSEEK4_GLOBAL_ROWS, DEEPSEEK4_BLOCK_ROWS)),
         GGUFArchitecture(QWEN35, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", qwen35moe_config,
