@@ -16,6 +16,7 @@ import torch
 from .models import ContextOverflowError, DecoderModel
 from .models.base import StateCheckpoint
 from .models.prefix_blocks import BlockStore, Found
+from .models.state import DecodeState
 from .models.state_copy import ParkedState
 from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
 from .text.sampling import Sampler, SamplingParams
@@ -94,15 +95,16 @@ class Session:
     """One sequence of a loaded model; not thread-safe (the server queues requests per session)."""
 
     def __init__(self, model: DecoderModel, tokenizer: Tokenizer, context_length: int,
-                 prefill_slice: int | None = None) -> None:
+                 prefill_slice: int | None = None, state: DecodeState | None = None) -> None:
         """`prefill_slice`: a prompt's new tokens go to the model in forward passes of at most this
         many (None: all at once), so that concurrent generations of one model (the server's
-        sessions) take turns between them and a long prompt does not hold up the others' tokens."""
+        sessions) take turns between them and a long prompt does not hold up the others' tokens.
+        `state`: another session's, taken over (`sharing`) instead of a new one."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.prefill_slice = prefill_slice
-        self.state = model.new_state(context_length)
+        self.state = model.new_state(context_length) if state is None else state
         self.tokens: list[int] = []  # what `state` holds
         self.saved: list[StateCheckpoint] = []  # a recurrent model's: the state at some of `tokens`' prefixes
         self.anchored: StateCheckpoint | None = None  # ... and where the first message ends
@@ -246,6 +248,49 @@ class Session:
         self.saved, self.anchored = [], found.saved
         return True
 
+    def sharing(self, context_length: int | None = None) -> Session:
+        """A session over this one's state (no new one allocated), holding what the state holds now:
+        another generation's turn at a device's only state (server/time_share.py), this session's
+        conversation stored first (`park_held`). `context_length`: the new one's, at most the state's."""
+        length = self.state.length
+        other = Session(self.model, self.tokenizer, min(context_length or self.context_length, self.state.max_tokens),
+                        self.prefill_slice, state=self.state)
+        other.tokens, other.prompt_length = self.tokens[:length], min(self.prompt_length, length)
+        other.saved = [s for s in self.saved if s.length <= length]
+        other.anchored = self.anchored if self.anchored is not None and self.anchored.length <= length else None
+        return other
+
+    def park_held(self, store: BlockStore) -> int | None:
+        """At a turn boundary of this session's generation (between forward passes), what its state
+        holds (`state.length` tokens: a decode step's token is in `tokens` before its pass) stored in
+        `store` (only blocks not stored yet copied; a recurrent model's state saved there, at that
+        length), so another conversation may use the state until `restore_held`. The length, or
+        None, nothing stored, where it cannot be (no park_parts; a recurrent state that cannot be
+        saved; a hash collision)."""
+        park, length = getattr(self.model, "park_parts", None), self.state.length
+        if park is None or not getattr(self.model, "can_park", True):
+            return None
+        if length == 0:
+            return 0
+        tokens = self.tokens[:length]
+        if getattr(self.model, "rewinds", False):
+            stored = store.insert(tokens, lambda spans: park(self.state, spans))
+        else:
+            saved = self.model.checkpoint(self.state)
+            stored = saved is not None and store.insert(tokens, lambda spans: park(self.state, spans, saved), saved)
+        return length if stored else None
+
+    def restore_held(self, store: BlockStore, length: int) -> None:
+        """The state holding this session's first `length` tokens again (`park_held` stored them;
+        another conversation used the state since): the longest prefix of them still stored copied
+        back, the rest (evicted since) computed again; `tokens`, `saved` and the rest unchanged."""
+        kept = self.tokens, self.saved, self.anchored, self.prompt_length
+        found = store.lookup(self.tokens[:length] + [-1], getattr(self.model, "rewinds", False)) if length else None
+        if found is None or not self.unpark_blocks(found):
+            self.reset()
+        self._feed(kept[0][:length])
+        self.tokens, self.saved, self.anchored, self.prompt_length = kept
+
     def _keep_prefix_of(self, prompt: list[int]) -> None:
         """The state holding `reusable(prompt)` tokens: taken back, or started over."""
         keep = self.reusable(prompt)
@@ -319,8 +364,11 @@ class Session:
                     continue
                 step, pending = pending or self.model.queue_decode(self.state), None
                 step.start(token, sampler.candidates_needed(self.tokens))  # the best logits only, where they decide
-                if (limit is None or len(out_tokens) < limit) and len(self.tokens) + 1 < self.context_length:
-                    pending = self.model.queue_decode(self.state)  # may follow: queued while `step` runs
+                # the next step queued while `step` runs, unless another generation waits for the
+                # state (time_share.py): it may take it before the next step, which must not be queued
+                if (limit is None or len(out_tokens) < limit) and len(self.tokens) + 1 < self.context_length \
+                        and not getattr(self.model, "contended", False):
+                    pending = self.model.queue_decode(self.state)
                 logits = step.logits()
         finally:
             if pending is not None:  # queued for a token that did not come (its replay must run all the same)

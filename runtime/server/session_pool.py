@@ -25,6 +25,15 @@ takes a copy, and the main conversation's next turn still finds its whole histor
 Generations run concurrently, one a session: a session is taken (`choose`) until its generation
 gives it back (`give_back`), and only free ones are chosen. The pool is shared by the model's
 worker threads, so its bookkeeping takes a lock.
+
+A pool of one session with a parking budget is time-shared (`time_shared`; server/time_share.py
+decides when to switch): its generations take turns at the one state, each holding it for its run
+but where it hands it over at a turn boundary. Then the one session is the conversation the state
+holds now; one handing the state over is stored in the block store (`suspend`) and copied back
+when its turn comes (`resume`); a request that comes while the session's generation is suspended
+takes the state over (Session.sharing: what it holds is its to keep, and the longest stored prefix
+of its prompt as any request's). Every call of a time-shared pool comes from the generation
+holding the state.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ class SessionPool:
         self._used: dict[int, int] = {id(self.sessions[0]): 0}
         self._taken: set[int] = set()  # ids of the sessions generations run in now
         self._copies: bool | None = None  # whether the model's states take a prefix copied (known after a try)
+        self._suspended: dict[int, int] = {}  # a time-shared pool's: id of a session whose state is stored -> its length
         self._clock = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -60,11 +70,14 @@ class SessionPool:
         free sessions are dropped and the pool starts over). The caller runs at most `size`
         generations at once, so one is free."""
         with self._lock:
-            if context_length != self.context_length:
+            if context_length != self.context_length and not (self.time_shared and self._taken):
                 self.sessions = [s for s in self.sessions if id(s) in self._taken]  # (gone when given back)
                 self.context_length = context_length
                 self.parked.clear()
-            session = self._pick(prompt)
+            if self.time_shared and self.sessions and id(self.sessions[0]) in self._taken:
+                session = self._take_over(prompt, context_length)  # its generation handed the state over
+            else:
+                session = self._pick(prompt)
             self._used[id(session)] = next(self._clock)
             self._taken.add(id(session))
             return session
@@ -74,9 +87,55 @@ class SessionPool:
         leaves the pool)."""
         with self._lock:
             self._taken.discard(id(session))
-            if session.context_length != self.context_length and session in self.sessions:
+            self._suspended.pop(id(session), None)  # (cancelled while suspended: its blocks stay stored)
+            if session not in self.sessions:  # a time-shared pool's, whose state another took over
+                self._used.pop(id(session), None)
+            elif session.context_length != self.context_length:
                 self.sessions.remove(session)
                 self._used.pop(id(session), None)
+
+    @property
+    def time_shared(self) -> bool:
+        """Whether generations take turns at one session's state (one session, a parking budget: a
+        model on the GPU), rather than running one after another."""
+        return self.size == 1 and self.park_bytes > 0
+
+    def suspend(self, session: Session) -> bool:
+        """At a turn boundary of `session`'s generation (it holds the state): what its state holds
+        stored (only the blocks not stored yet copied off the device), so another generation may
+        take the state over. False, nothing changed, where it cannot be (the model's state cannot
+        be parked, or a recurrent one saved, at this point): it keeps the state to its end."""
+        with self._lock:
+            length = session.park_held(self.parked)
+            if length is None:
+                return False
+            self._suspended[id(session)] = length
+            self.parked.evict(self.park_bytes)  # (its own blocks, the latest used, go last)
+            return True
+
+    def resume(self, session: Session) -> None:
+        """`session`'s turn is back: the state holding what it held when suspended (its stored
+        blocks copied back; any evicted since computed again), the conversation there before stored
+        first where it had finished (for its next turn; a suspended one stored itself)."""
+        with self._lock:
+            length = self._suspended.pop(id(session))
+            held = self.sessions[0]
+            if held is session and session.state.length == length:
+                return  # nobody used the state meanwhile (the waiter's client had gone)
+            if held is not session and id(held) not in self._suspended:
+                self._park(held)
+            session.state = held.state
+            self.sessions = [session]
+            session.restore_held(self.parked, length)
+
+    def _take_over(self, prompt: list[int], context_length: int) -> Session:
+        """A time-shared pool's session for a request that comes while the state's generation is
+        suspended (stored): a new session over the state (no new one allocated), keeping what the
+        state holds that `prompt` shares, or the longest prefix stored, as `_with_parked` does.
+        A context other than the pool's runs within the state's."""
+        session = self.sessions[0].sharing(context_length)
+        self.sessions = [session]
+        return self._with_parked(session, prompt)
 
     def _pick(self, prompt: list[int]) -> Session:
         free = [s for s in self.sessions if id(s) not in self._taken and s.context_length == self.context_length]
