@@ -2,7 +2,9 @@
 chat turn that extends the previous one only prefills the new tokens) and a worker thread per
 session: on the CPU, where RAM holds several sessions, as many generations run at once, their
 forward passes taking turns (scheduler.Turnstile) a decode step or a prompt slice each; on the
-GPU one session, one generation at a time.
+GPU one session whose state the generations take turns at (time_share.py: the one holding it
+parks its conversation in host memory at a turn boundary while another waits), or, where the
+model's state cannot be parked, one generation at a time.
 
 Raw generated text goes through the family's incremental parser (`runtime.server.parsers`) into
 text, reasoning and tool-call events.
@@ -15,6 +17,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -32,6 +35,7 @@ from .parsers import make_parser, opens_reasoning, syntax_for
 from .protocol import BadRequest, Done, Event, ServerError, ToolCallEvent
 from .scheduler import DEFAULT_KEEP_ALIVE_S, CancellableModel, GenerationCancelled, Job
 from .session_pool import SessionPool
+from .time_share import TimeShare
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,14 @@ MAX_SESSIONS = 4  # conversations a model on the CPU keeps at once, where RAM ho
 # slices, each one turn, so another request's tokens come between them (on a CPU model of 3B
 # active parameters, a slice is about a second)
 PREFILL_SLICE_TOKENS = 512
+# ... and where they take turns at one state (time_share.py: a GPU model's). Each forward pass of a
+# prompt streams a MoE layer's experts once (models/base.py), so slices are larger there: a waiting
+# request is paused behind at most one (about a second at the GPU's few thousand prompt tokens a
+# second), and the banks are streamed once every 4k tokens (ft's prefill measured 1.40x
+# llama.cpp's at 4k, BENCHMARKS.md), not once a prompt.
+SHARED_PREFILL_SLICE_TOKENS = 4096
+# generations that take turns at a time-shared state (more wait for a worker, as queued requests)
+MAX_SHARED_GENERATIONS = 4
 
 
 def park_bytes_for(plan: Plan) -> int:
@@ -124,16 +136,21 @@ class Runner:
         self.plan = fitted
         self.asked_ctx = fitted.context_length  # the num_ctx its load planned for (set by the manager)
         self.load_seconds = load_seconds
-        size = sessions_for(fitted)
-        # one session (the GPU's): one generation at a time, whose decode steps queue ahead as ft run's do
-        self.model = CancellableModel(loaded.model, queue_ahead=size == 1)
-        slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else None
+        size, park_bytes = sessions_for(fitted), park_bytes_for(fitted)
+        # one session (the GPU's): its decode steps queue ahead as ft run's do, and where it may park
+        # conversations in host memory the generations take turns at its state (time_share.py)
+        self.share = TimeShare() if size == 1 and park_bytes > 0 else None
+        self.model = CancellableModel(loaded.model, queue_ahead=size == 1, share=self.share)
+        slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else SHARED_PREFILL_SLICE_TOKENS if self.share else None
         self.sessions = SessionPool(
             lambda context: Session(cast(DecoderModel, self.model), tokenizer, context, prefill_slice=slice_tokens),
-            fitted.context_length, size, park_bytes_for(fitted))
+            fitted.context_length, size, park_bytes)
+        if self.share is not None:
+            self.share.parking = self.sessions
         self.session: Session | None = None  # the session the latest generation started in (a diagnostic)
-        # a generation a session at once (SessionPool hands each its own)
-        self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"ft-{registered.name.model}")
+        # a generation a session at once (SessionPool hands each its own), or a few taking turns at one
+        workers = MAX_SHARED_GENERATIONS if self.share is not None else size
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ft-{registered.name.model}")
         self.weight_bytes = tensor_bytes(loaded.weights.dense, 2) + sum(
             b.data.numel() * b.data.element_size() for b in loaded.weights.banks.values())
         self.active = 0  # jobs submitted and not finished (loop thread only)
@@ -198,24 +215,32 @@ class Runner:
         job.ticket.release()  # running now, no longer queued
         if job.cancelled.is_set():
             return
-        session = self.session = self.sessions.choose(job.inputs["prompt"], job.inputs["num_ctx"])
-        self.model.running(job)
+        self.model.running(job)  # (close(cancel=True) reaches a job waiting for a time-shared state too)
         try:
-            done = self._generation(job, session)
-        except GenerationCancelled:
-            session.tokens = session.tokens[: session.state.length]
-            return
-        except ContextOverflowError as e:
-            job.emit(BadRequest(str(e)))
-            return
-        except Exception as e:  # a bug or a broken model: report it, keep the server up
-            log.exception("generation on %s failed", self.registered.name.display)
-            session.reset()
-            job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
-            return
+            # a time-shared state is held for the whole generation, but where it is handed over
+            with self.share.holding(job) if self.share is not None else nullcontext():
+                if job.cancelled.is_set():  # (gone while it waited for the state)
+                    return
+                session = self.session = self.sessions.choose(job.inputs["prompt"], job.inputs["num_ctx"])
+                if self.share is not None:
+                    self.share.attach(session)
+                try:
+                    done = self._generation(job, session)
+                except GenerationCancelled:
+                    session.tokens = session.tokens[: session.state.length]
+                    return
+                except ContextOverflowError as e:
+                    job.emit(BadRequest(str(e)))
+                    return
+                except Exception as e:  # a bug or a broken model: report it, keep the server up
+                    log.exception("generation on %s failed", self.registered.name.display)
+                    session.reset()
+                    job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+                    return
+                finally:
+                    self.sessions.give_back(session)
         finally:
             self.model.running(None)
-            self.sessions.give_back(session)
         job.emit(done)
 
     def _generation(self, job: Job, session: Session) -> Done:

@@ -8,7 +8,8 @@ Cancelling a job (client gone) sets an event the model checks before every forwa
 worker stops at the next token and the model's slot frees. A model that keeps several sessions
 runs as many generations at once, each on its own worker thread and session, their forward
 passes taking turns first come, first served (`Turnstile`): one decode step, or one slice of a
-prompt, each.
+prompt, each. A model that keeps one session whose state can be parked (a GPU model's) has its
+generations take turns at that state (time_share.py: `CancellableModel.share`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import math
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 from .protocol import Busy
+
+if TYPE_CHECKING:
+    from .time_share import TimeShare
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +147,29 @@ class Turnstile:
 
     @contextmanager
     def turn(self) -> Iterator[None]:
-        with self._cond:
-            ticket, self._next = self._next, self._next + 1
-            self._cond.wait_for(lambda: self._serving == ticket)
+        self.acquire()
         try:
             yield
         finally:
-            with self._cond:
-                self._serving += 1
-                self._cond.notify_all()
+            self.release()
+
+    def acquire(self) -> None:
+        """Wait for the calling thread's turn, behind every thread that asked before it."""
+        with self._cond:
+            ticket, self._next = self._next, self._next + 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+
+    def release(self) -> None:
+        """The turn goes to the thread that asked next."""
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Threads waiting for their turn (not the one holding it)."""
+        with self._cond:
+            return max(0, self._next - self._serving - 1)
 
 
 class CancellableModel:
@@ -162,12 +180,16 @@ class CancellableModel:
     the caller trims `session.tokens` to `session.state.length` (what the state really holds).
     """
 
-    def __init__(self, model: Any, queue_ahead: bool = False) -> None:
+    def __init__(self, model: Any, queue_ahead: bool = False, share: TimeShare | None = None) -> None:
         """`queue_ahead`: one generation runs at a time (one session), so its decode steps may be
-        queued ahead where the model can (`can_queue`)."""
+        queued ahead where the model can (`can_queue`). `share`: the generations take turns at one
+        session's state (time_share.py): each holds it for its run, handing it over at a turn
+        boundary, so a pass takes no turn of its own (the turnstile is unused)."""
         self.model = model
         self.queue_ahead = queue_ahead
+        self.share = share
         self.turnstile = Turnstile()
+        self._unread = 0  # a time-shared state's holder: steps queued whose logits are not read yet
         self._jobs: dict[int, Job] = {}  # worker thread -> the job it runs
 
     def running(self, job: Job | None) -> None:
@@ -206,32 +228,37 @@ class CancellableModel:
         copy = getattr(self.model, "copy_prefix", None)
         if copy is None:
             return False
-        with self.turnstile.turn():
+        with self._exclusive():
             return copy(source, target, length, saved)
 
     def park(self, state: Any, length: int, saved: Any = None) -> Any:  # (Session.park: to host memory)
         park = getattr(self.model, "park", None)
         if park is None:
             return None
-        with self.turnstile.turn():
+        with self._exclusive():
             return park(state, length, saved)
 
     def park_parts(self, state: Any, spans: list[tuple[int, int]], saved: Any = None) -> Any:  # (Session.park_into)
         park = getattr(self.model, "park_parts", None)
         if park is None:
             return None
-        with self.turnstile.turn():
+        with self._exclusive():
             return park(state, spans, saved)
+
+    @property
+    def can_park(self) -> bool:
+        """Whether the model's states can go to host memory and back at all (Session.park_held)."""
+        return all(getattr(self.model, name, None) is not None for name in ("park_parts", "unpark"))
 
     def unpark(self, parked: Any, state: Any) -> bool:  # (Session.unpark)
         unpark = getattr(self.model, "unpark", None)
         if unpark is None:
             return False
-        with self.turnstile.turn():
+        with self._exclusive():
             return unpark(parked, state)
 
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
-        with self._turn():
+        with self._turn(int(input_ids.numel())):
             return self.model.forward(input_ids, state, last_only)
 
     @property
@@ -245,16 +272,67 @@ class CancellableModel:
 
     def queue_decode(self, state: Any) -> Any:
         """The model's queued step (`can_queue`); a cancelled job stops here, as at `forward`
-        (the step before it was started: the state counts its token, as Session's tokens do)."""
-        with self._turn():
-            return self.model.queue_decode(state)
+        (the step before it was started: the state counts its token, as Session's tokens do).
+        A time-shared state is handed over here only where no step queued before is unread (its
+        logits come back in buffers the next holder's steps would write)."""
+        with self._turn(1, may_switch=self._unread == 0):
+            step = self.model.queue_decode(state)
+        if self.share is None:
+            return step
+        self._unread += 1
+        return _Tracked(step, self)
+
+    @property
+    def contended(self) -> bool:
+        """Whether another generation waits for the state this one holds (time-shared): its next
+        decode step is not queued ahead, so that it may hand the state over before it."""
+        return self.share is not None and self.share.contended
+
+    def _exclusive(self) -> Any:
+        """A turn for a copy between states and host memory: the caller's own where the state is
+        time-shared (it holds it)."""
+        return nullcontext() if self.share is not None else self.turnstile.turn()
 
     @contextmanager
-    def _turn(self) -> Iterator[None]:
-        """The calling generation's turn at the model; GenerationCancelled where its job was
-        cancelled (while it waited for the turn too)."""
+    def _turn(self, num_tokens: int, may_switch: bool = True) -> Iterator[None]:
+        """The calling generation's turn at the model for a pass of `num_tokens` tokens;
+        GenerationCancelled where its job was cancelled (while it waited for the turn too)."""
         job = self._jobs.get(threading.get_ident())
+        if self.share is not None:  # it holds the state: a boundary where it may hand it over
+            if job is not None and job.cancelled.is_set():
+                raise GenerationCancelled
+            self.share.boundary(num_tokens, may_switch)
+            yield
+            return
         with self.turnstile.turn():
             if job is not None and job.cancelled.is_set():
                 raise GenerationCancelled
             yield
+
+
+class _Tracked:
+    """A queued decode step of a time-shared state's holder, counted unread until its logits are
+    read or it is cancelled (CancellableModel.queue_decode)."""
+
+    def __init__(self, step: Any, owner: CancellableModel) -> None:
+        self._step, self._owner, self._unread = step, owner, True
+
+    def start(self, token: int, needed: int | None = None) -> None:
+        self._step.start(token, needed)
+
+    def logits(self) -> Any:
+        try:
+            return self._step.logits()
+        finally:
+            self._read()
+
+    def cancel(self) -> None:
+        try:
+            self._step.cancel()
+        finally:
+            self._read()
+
+    def _read(self) -> None:
+        if self._unread:
+            self._unread = False
+            self._owner._unread -= 1
