@@ -21,12 +21,9 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .protocol import Busy
-
-if TYPE_CHECKING:
-    from .time_share import TimeShare
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +169,16 @@ class Turnstile:
             return max(0, self._next - self._serving - 1)
 
 
+class SharedState(Protocol):
+    """What a model wrapper asks of the turns at one session's state (time_share.TimeShare), so
+    that this module, which time_share builds on, does not import it."""
+
+    @property
+    def contended(self) -> bool: ...  # another generation waits for the state
+
+    def boundary(self, num_tokens: int, may_switch: bool = True) -> None: ...  # before the holder's pass
+
+
 class CancellableModel:
     """A model wrapper that refuses the next forward pass once the job its thread runs is
     cancelled, and makes concurrent generations' forward passes take turns (`Turnstile`).
@@ -180,7 +187,7 @@ class CancellableModel:
     the caller trims `session.tokens` to `session.state.length` (what the state really holds).
     """
 
-    def __init__(self, model: Any, queue_ahead: bool = False, share: TimeShare | None = None) -> None:
+    def __init__(self, model: Any, queue_ahead: bool = False, share: SharedState | None = None) -> None:
         """`queue_ahead`: one generation runs at a time (one session), so its decode steps may be
         queued ahead where the model can (`can_queue`). `share`: the generations take turns at one
         session's state (time_share.py): each holds it for its run, handing it over at a turn
