@@ -135,6 +135,20 @@ def test_products_are_the_q8_k_model(kernels, variant: str, dtype: str) -> None:
         assert np.all(np.abs(got - xq @ w.T) <= 1e-6 * (np.abs(xq) @ np.abs(w).T))
 
 
+@pytest.mark.parametrize("dtype", KQUANT_DTYPES)
+def test_products_split_over_threads_cover_every_row(kernels, dtype: str) -> None:
+    """A matrix large enough for several threads, whose shares have odd and even row counts (each
+    thread walks its share's two halves side by side): every row's product is the Q8_K model's."""
+    rng = np.random.default_rng(6)
+    raw = quantize_kquant(rng.standard_normal((1001, 512)).astype(np.float32), dtype)
+    w = gguf.quants.dequantize(raw, Q[dtype.upper()]).astype(np.float64)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    for threads in (2, 3, 7):
+        got = kernels["native"].dense_blocks(torch.from_numpy(x), torch.from_numpy(raw), dtype, threads=threads).numpy()
+        xq = q8k(x)
+        assert np.all(np.abs(got - xq @ w.T) <= 1e-6 * (np.abs(xq) @ np.abs(w).T)), threads
+
+
 def rounding_sigma(bank: HostExpertBank, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """[T, H]: the standard deviation of each output's error from rounding the activations of the
     bank's K-quant matrices to Q8_K (first order, errors uniform in +-step/2, independent).

@@ -854,14 +854,18 @@ int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols
     xa.k[t] = xq.data() + t * x_blocks;
     xa.m[t] = xm.data() + t * xm_bytes;
   }
-  const int64_t items = (rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
   const int threads = int(std::clamp<int64_t>((rows * m.row_bytes) >> 16, 1, std::max<int64_t>(1, num_threads)));
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t r0 = item * ROWS_PER_ITEM, r1 = std::min(r0 + ROWS_PER_ITEM, rows);
+  // Each thread takes a contiguous share of the rows and walks its two halves side by side: the
+  // two rows of a pass come from two streams far apart, which the core's prefetchers keep ahead
+  // together (as the expert kernel's gate and up rows are); adjacent rows were one stream, at
+  // ~2/3 of the rate a thread reached with two.
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t n = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t lo = rows * id / n, hi = rows * (id + 1) / n, half = (hi - lo + 1) / 2;
     float ra[MAX_NT], rb[MAX_NT];
-    for (int64_t r = r0; r < r1; r += 2) {
-      const int64_t r2 = std::min(r + 1, r1 - 1);  // an odd last row is paired with itself
+    for (int64_t r = lo; r < lo + half; ++r) {
+      const int64_t r2 = r + half < hi ? r + half : r;  // an odd share's middle row is paired with itself
       dots(int(num_tokens), w + r * m.row_bytes, w + r2 * m.row_bytes, nullptr, nullptr, m, xa, ra, rb);
       for (int t = 0; t < num_tokens; ++t) {
         out[t * rows + r] = ra[t];
