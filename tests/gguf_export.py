@@ -70,6 +70,22 @@ def add_deepseek2_keys(w: gguf.GGUFWriter, c: dict) -> None:
     w.add_rope_dimension_count(c["qk_rope_head_dim"])
 
 
+def add_arch_keys(w: gguf.GGUFWriter, arch: str, keys: dict) -> None:
+    """`arch`.key = value for each key, typed as llama.cpp's converters write them: a list as an array,
+    a bool, a float as float32, anything else as uint32; a None value is not written."""
+    for key, value in keys.items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            w.add_array(f"{arch}.{key}", value)
+        elif isinstance(value, bool):
+            w.add_bool(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{arch}.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.{key}", value)
+
+
 def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: int = 16, bos: int | None = None,
                      eos: int | None = None, unk: int | None = None, pad: int | None = None) -> None:
     """A byte-level BPE vocabulary `num_pad` tokens shorter than the embedding, padded as

@@ -33,7 +33,7 @@ from ftw import FTWReader
 from ftw.errors import UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
 from tests.checkpoints import load_all
-from tests.gguf_export import add_padded_vocab, config_differences
+from tests.gguf_export import add_arch_keys, add_padded_vocab, config_differences
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_gguf_hf import write_gguf
 from tests.test_parity_deepseek_v4 import (
@@ -162,15 +162,7 @@ def export_deepseek4_gguf(release: Path, out: Path, *, keys: dict | None = None)
         "hyper_connection.epsilon": float(c["hc_eps"]), "hash_layer_count": c["num_hash_layers"],
         "embedding_length_out": c["hidden_size"] * c["hc_mult"],
     }
-    for key, value in {**own, **keys}.items():
-        if isinstance(value, list):
-            w.add_array(f"deepseek4.{key}", value)
-        elif isinstance(value, bool):
-            w.add_bool(f"deepseek4.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"deepseek4.{key}", value)
-        else:
-            w.add_uint32(f"deepseek4.{key}", value)
+    add_arch_keys(w, "deepseek4", {**own, **keys})
     add_padded_vocab(w, c["vocab_size"], "deepseek-v3", bos=c["bos_token_id"], eos=c["eos_token_id"])
     tensors = load_all(release)
     experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}

@@ -38,7 +38,7 @@ from ftw.gguf_convert import convert_gguf
 from ftw.gguf_file import GGUFModel
 from ftw.gguf_source import architecture_for
 from tests.checkpoints import load_all, save_checkpoint
-from tests.gguf_export import config_differences
+from tests.gguf_export import add_arch_keys, config_differences
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_convert import assert_round_trip
 from tests.test_ftw_gguf_hf import _gguf_name, write_gguf
@@ -146,15 +146,7 @@ def export_gemma4_gguf(src: Path, out: Path, *, keys: dict | None = None, rope_f
         **(keys or {}),
     }
     w = gguf.GGUFWriter(out, "gemma4")
-    for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, list):
-            w.add_array(f"gemma4.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"gemma4.{key}", value)
-        else:
-            w.add_uint32(f"gemma4.{key}", value)
+    add_arch_keys(w, "gemma4", values)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     real_vocab = _add_vocab(w, src)
     if rope_freqs is None:  # (generate_extra_tensors)

@@ -34,6 +34,7 @@ from ftw.errors import UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
 from tests.checkpoints import FAMILY_CONFIGS, load_all, save_checkpoint
 from tests.gguf_export import (
+    add_arch_keys,
     add_base_keys,
     add_deepseek2_keys,
     add_padded_vocab,
@@ -107,17 +108,7 @@ def export_hy_v4_gguf(release: Path, out: Path, *, keys: dict | None = None) -> 
                  "attention.indexer.head_count": c["index_n_heads"], "attention.indexer.key_length": c["index_head_dim"],
                  "attention.indexer.top_k": c["index_topk"],
                  "attention.indexer.types": [t == "full" for t in c["indexer_types"]]}
-    for key, value in {**own, **(keys or {})}.items():
-        if value is None:
-            continue
-        if isinstance(value, list):
-            w.add_array(f"hy_v4.{key}", value)
-        elif isinstance(value, bool):
-            w.add_bool(f"hy_v4.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"hy_v4.{key}", value)
-        else:
-            w.add_uint32(f"hy_v4.{key}", value)
+    add_arch_keys(w, "hy_v4", {**own, **(keys or {})})
     add_padded_vocab(w, c["vocab_size"], "hy_v4", bos=c["bos_token_id"], eos=c["eos_token_id"])
     maps = [gguf.get_tensor_name_map(MODEL_ARCH.GLM_DSA, layers)]
     for name, t in load_all(release).items():
