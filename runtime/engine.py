@@ -17,7 +17,6 @@ from .models import ContextOverflowError, DecoderModel
 from .models.base import StateCheckpoint
 from .models.prefix_blocks import BlockStore, Found
 from .models.state import DecodeState
-from .models.state_copy import ParkedState
 from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
@@ -81,14 +80,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
     return lo
 
-
-@dataclass(frozen=True)
-class ParkedConversation:
-    """A session's conversation in host memory (Session.park): its tokens and their state."""
-
-    tokens: list[int]
-    prompt_length: int
-    state: ParkedState
 
 
 class Session:
@@ -197,30 +188,6 @@ class Session:
         if copy is None or length > len(other.tokens) or not copy(other.state, self.state, length, saved):
             return False
         self.tokens, self.saved, self.prompt_length, self.anchored = other.tokens[:length], [], length, saved
-        return True
-
-    def park(self) -> ParkedConversation | None:
-        """This session's conversation copied to host memory (DecoderModel.park), for `unpark` to
-        bring back after another conversation has used the state: its tokens, or a recurrent
-        model's up to its latest saved state. None where the model's state cannot be copied so."""
-        park = getattr(self.model, "park", None)
-        saved = None
-        length = len(self.tokens)
-        if not getattr(self.model, "rewinds", False):
-            saved = max(self.checkpoints, key=lambda s: s.length, default=None)
-            length = saved.length if saved is not None else 0
-        parked = park(self.state, length, saved) if park is not None and length > 0 else None
-        if parked is None:
-            return None
-        return ParkedConversation(self.tokens[:length], min(self.prompt_length, length), parked)
-
-    def unpark(self, conversation: ParkedConversation) -> bool:
-        """This session holding a parked conversation again (its state copied back in place)."""
-        unpark = getattr(self.model, "unpark", None)
-        if unpark is None or not unpark(conversation.state, self.state):
-            return False
-        self.tokens, self.prompt_length = list(conversation.tokens), conversation.prompt_length
-        self.saved, self.anchored = [], conversation.state.saved
         return True
 
     def park_into(self, store: BlockStore) -> bool:

@@ -136,23 +136,6 @@ def test_another_conversation_starts_from_the_saved_end_of_the_shared_system_pro
     assert main.tokens == held and main.generate(held + [4], GREEDY).stats.cached_tokens == len(held)
 
 
-def test_a_parked_conversation_is_its_latest_saved_state(hybrid) -> None:
-    """Session.park of a recurrent model: host copies of the positional caches and of the recurrent
-    ones saved where the last prompt's last token begins; unparked into another session, the
-    conversation goes on from there as if computed whole."""
-    prompt = list(range(10, 80)) + [3] + list(range(90, 100))
-    session = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
-    session.generate(prompt, GREEDY)
-    parked = session.park()
-    assert parked is not None and parked.tokens == prompt[:-1] and parked.state.nbytes > 0
-    other = Session(hybrid, _Turns(), 256)  # type: ignore[arg-type]
-    assert other.unpark(parked)
-    turn = prompt + [5, 6, 7]
-    reply = other.generate(turn, GREEDY)
-    assert reply.stats.cached_tokens == len(prompt) - 1
-    assert reply.tokens == Session(hybrid, _Turns(), 256).generate(turn, GREEDY).tokens  # type: ignore[arg-type]
-
-
 def test_a_stored_conversation_resumes_only_where_a_state_was_saved(hybrid) -> None:
     """Session.park_into a block store (prefix_blocks.py) for a recurrent model: each saved state
     (where the first message ends, where the last prompt's last token begins) is stored on the

@@ -36,7 +36,7 @@ from ..layers.norm import rms_norm
 from ..layers.rope import forward_begins
 from ..loading.read_ftw import ModelWeights
 from .state import DecodeState, StateCheckpoint
-from .state_copy import ParkedPart, ParkedState, copy_state_prefix, park_parts, park_state, unpark_state
+from .state_copy import ParkedPart, ParkedState, copy_state_prefix, park_parts, unpark_state
 
 
 class Mixer(Protocol):
@@ -292,12 +292,6 @@ class DecoderModel:
         return True
 
     @torch.inference_mode()
-    def park(self, state: DecodeState, length: int, saved: StateCheckpoint | None = None) -> ParkedState | None:
-        """`state`'s first `length` tokens in host memory (`unpark` puts them back into a state of
-        this model); None where they cannot be copied (state_copy.py)."""
-        return park_state(self.rewinds, state, length, saved)
-
-    @torch.inference_mode()
     def park_parts(self, state: DecodeState, spans: list[tuple[int, int]],
                    saved: StateCheckpoint | None = None) -> list[ParkedPart] | None:
         """The rows of `state`'s positions in each span [start, end) in host memory, a part each
@@ -307,7 +301,7 @@ class DecoderModel:
 
     @torch.inference_mode()
     def unpark(self, parked: ParkedState, state: DecodeState) -> bool:
-        """`state` holding the tokens `park` copied to host memory."""
+        """`state` holding the tokens `parked` (`park_parts`' blocks, prefix_blocks.Found.state) holds."""
         if not unpark_state(parked, state):
             return False
         self.set_length(state, parked.length)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .state import StateCheckpoint
-from .state_copy import ParkedPart, ParkedState, _bytes
+from .state_copy import ParkedPart, ParkedState, checkpoint_bytes
 
 # Tokens a block: large enough that a block's rows are one sizeable copy a tensor (Qwen3-30B-A3B's
 # KV: 24 MiB a block) and a long context a few hundred Python objects (a 64k context: 256 blocks),
@@ -68,7 +68,7 @@ class Block:
 
     @property
     def nbytes(self) -> int:
-        return self.part.nbytes + (0 if self.saved is None else sum(_bytes(c) for c in self.saved.caches.values()))
+        return self.part.nbytes + checkpoint_bytes(self.saved)
 
 
 @dataclass(frozen=True)

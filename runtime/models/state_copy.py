@@ -50,14 +50,10 @@ class ParkedState:
     parts: tuple[ParkedPart, ...]
     saved: StateCheckpoint | None
 
-    @property
-    def nbytes(self) -> int:
-        """Its rows' and saved caches' bytes."""
-        return sum(p.nbytes for p in self.parts) + self.saved_bytes
 
-    @property
-    def saved_bytes(self) -> int:
-        return 0 if self.saved is None else sum(_bytes(c) for c in self.saved.caches.values())
+def checkpoint_bytes(saved: StateCheckpoint | None) -> int:
+    """Host bytes of a recurrent model's saved caches (0: none saved)."""
+    return 0 if saved is None else sum(_bytes(c) for c in saved.caches.values())
 
 
 def positional_rows(state: DecodeState, skip: set[int] | dict) -> list[torch.Tensor] | None:
@@ -96,17 +92,6 @@ def copy_state_prefix(rewinds: bool, source: DecodeState, target: DecodeState, l
     for index, copy in recurrent.items():
         target.caches[index].restore(copy)
     return True
-
-
-def park_state(rewinds: bool, state: DecodeState, length: int, saved: StateCheckpoint | None) -> ParkedState | None:
-    """`state`'s first `length` tokens copied to host memory, in one part; None where they cannot
-    be. A recurrent model's parking is whole (its saved caches are of one length)."""
-    recurrent = saved.caches if saved is not None else {}
-    rows = positional_rows(state, recurrent) if copyable(rewinds, state, length, saved) and length > 0 else None
-    if rows is None:
-        return None
-    _settle(rows)
-    return ParkedState(length, (ParkedPart(0, tuple(r[:length].to("cpu", copy=True) for r in rows)),), saved)
 
 
 def park_parts(rewinds: bool, state: DecodeState, spans: list[tuple[int, int]],

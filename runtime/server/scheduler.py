@@ -238,13 +238,6 @@ class CancellableModel:
         with self._exclusive():
             return copy(source, target, length, saved)
 
-    def park(self, state: Any, length: int, saved: Any = None) -> Any:  # (Session.park: to host memory)
-        park = getattr(self.model, "park", None)
-        if park is None:
-            return None
-        with self._exclusive():
-            return park(state, length, saved)
-
     def park_parts(self, state: Any, spans: list[tuple[int, int]], saved: Any = None) -> Any:  # (Session.park_into)
         park = getattr(self.model, "park_parts", None)
         if park is None:
@@ -257,7 +250,7 @@ class CancellableModel:
         """Whether the model's states can go to host memory and back at all (Session.park_held)."""
         return all(getattr(self.model, name, None) is not None for name in ("park_parts", "unpark"))
 
-    def unpark(self, parked: Any, state: Any) -> bool:  # (Session.unpark)
+    def unpark(self, parked: Any, state: Any) -> bool:  # (Session.unpark_blocks)
         unpark = getattr(self.model, "unpark", None)
         if unpark is None:
             return False
