@@ -8,7 +8,13 @@ own tensor tables.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
+import numpy as np
+import torch
+
+from ftw import FTWReader
 
 # gguf-py TokenType
 NORMAL, CONTROL, UNUSED = 1, 3, 5
@@ -118,3 +124,16 @@ def add_padded_vocab(w: gguf.GGUFWriter, vocab_size: int, pre: str, *, num_pad: 
 def config_differences(gguf_config: dict, hf_config: dict) -> dict[str, tuple]:
     """The keys both configs have whose values differ: (the GGUF's, the checkpoint's)."""
     return {k: (v, hf_config[k]) for k, v in gguf_config.items() if k in hf_config and hf_config[k] != v}
+
+
+def assert_same_ftw(ours_dir: Path, theirs_dir: Path) -> None:
+    """Two FTW directories hold the same tensors (name, dtype, shape and values) and the same expert
+    banks (layout and bytes): a GGUF's conversion against the HF path's of the same checkpoint."""
+    ours, theirs = FTWReader.open(ours_dir), FTWReader.open(theirs_dir)
+    mine, hf = ours.index, theirs.index
+    assert {(t.name, t.dtype, t.shape) for t in mine.tensors} == {(t.name, t.dtype, t.shape) for t in hf.tensors}
+    for t in hf.tensors:
+        assert torch.equal(ours.tensor(t.name), theirs.tensor(t.name)), t.name
+    assert [(b.layer, b.parts, b.activation) for b in mine.banks] == [(b.layer, b.parts, b.activation) for b in hf.banks]
+    for b in hf.banks:
+        assert np.array_equal(np.asarray(ours.bank_bytes(b.layer)), np.asarray(theirs.bank_bytes(b.layer))), b.layer

@@ -29,11 +29,10 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ftw import FTWReader
 from ftw.errors import UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
 from tests.checkpoints import load_all
-from tests.gguf_export import add_arch_keys, add_padded_vocab, config_differences
+from tests.gguf_export import add_arch_keys, add_padded_vocab, assert_same_ftw, config_differences
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_gguf_hf import write_gguf
 from tests.test_parity_deepseek_v4 import (
@@ -231,13 +230,7 @@ def test_deepseek_v4_gguf_config_and_tensors_are_the_releases(tmp_path: Path) ->
     # (but "dtype": the GGUF path names the type of most parameters, mxfp4, the HF path the source's float)
     assert {k: v for k, v in index.config.items() if k != "dtype"} == {k: v for k, v in direct.config.items() if k != "dtype"}
     assert config_differences(index.source_config, json.loads((release / "config.json").read_text())) == {}
-    ours, theirs = FTWReader.open(tmp_path / "ftw"), FTWReader.open(tmp_path / "ftw-hf")
-    assert {(t.name, t.dtype, t.shape) for t in index.tensors} == {(t.name, t.dtype, t.shape) for t in direct.tensors}
-    for t in direct.tensors:
-        assert torch.equal(ours.tensor(t.name), theirs.tensor(t.name)), t.name
-    assert [(b.layer, b.parts, b.activation) for b in index.banks] == [(b.layer, b.parts, b.activation) for b in direct.banks]
-    for b in direct.banks:
-        assert np.array_equal(np.asarray(ours.bank_bytes(b.layer)), np.asarray(theirs.bank_bytes(b.layer))), b.layer
+    assert_same_ftw(tmp_path / "ftw", tmp_path / "ftw-hf")
 
 
 def test_deepseek_v4_gguf_refusals(tmp_path: Path) -> None:

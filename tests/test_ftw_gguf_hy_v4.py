@@ -24,12 +24,10 @@ import re
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
-import torch
 from gguf.constants import MODEL_ARCH
 
-from ftw import FTWReader, convert_checkpoint
+from ftw import convert_checkpoint
 from ftw.errors import UnsupportedArchitectureError
 from ftw.gguf_convert import convert_gguf
 from tests.checkpoints import FAMILY_CONFIGS, load_all, save_checkpoint
@@ -39,6 +37,7 @@ from tests.gguf_export import (
     add_deepseek2_keys,
     add_padded_vocab,
     add_yarn_keys,
+    assert_same_ftw,
     config_differences,
 )
 from tests.parity import assert_parity, convert_and_load
@@ -157,13 +156,7 @@ def test_hy_v4_gguf_config_and_tensors_are_the_releases(tmp_path: Path, monkeypa
     assert index.family == direct.family == "hy_v4"
     assert index.config == direct.config
     assert config_differences(index.source_config, json.loads((release / "config.json").read_text())) == {}
-    ours, theirs = FTWReader.open(tmp_path / "ftw"), FTWReader.open(tmp_path / "ftw-hf")
-    assert {(t.name, t.dtype, t.shape) for t in index.tensors} == {(t.name, t.dtype, t.shape) for t in direct.tensors}
-    for t in direct.tensors:
-        assert torch.equal(ours.tensor(t.name), theirs.tensor(t.name)), t.name
-    assert [(b.layer, b.parts, b.activation) for b in index.banks] == [(b.layer, b.parts, b.activation) for b in direct.banks]
-    for b in direct.banks:
-        assert np.array_equal(np.asarray(ours.bank_bytes(b.layer)), np.asarray(theirs.bank_bytes(b.layer))), b.layer
+    assert_same_ftw(tmp_path / "ftw", tmp_path / "ftw-hf")
 
 
 def test_hy_v4_gguf_refusals(tmp_path: Path, monkeypatch) -> None:
