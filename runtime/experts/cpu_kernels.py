@@ -1,5 +1,6 @@
-"""The compiled CPU expert kernel (csrc/moe_cpu.cpp, csrc/kquants.cpp for the GGML K-quants and
-csrc/mxfp4.cpp for MXFP4's int8 products): built at first use, cached, called with ctypes.
+"""The compiled CPU expert kernel (csrc/moe_cpu.cpp, csrc/kquants.cpp for the GGML K-quants,
+csrc/mxfp4.cpp for MXFP4's int8 products and csrc/rows.cpp for a decode step's RMSNorm): built at
+first use, cached, called with ctypes.
 
 Why not torch: its bf16 CPU matmul streams expert weights at a fraction of DRAM bandwidth, and
 fp8 / GGML weights would need a dequantized copy per use. Why not a torch extension: the kernel
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "moe_cpu.cpp"
-SOURCES = (SOURCE, CSRC / "kquants.cpp", CSRC / "mxfp4.cpp")  # compiled together into one library
+SOURCES = (SOURCE, CSRC / "kquants.cpp", CSRC / "mxfp4.cpp", CSRC / "rows.cpp")  # compiled together into one library
 # -ffp-contract=off: every product and sum rounded as written, never fused, so the dequantizers
 # give the reference's values bit for bit (gguf-py's numpy rounds each operation).
 NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off")
@@ -57,6 +58,7 @@ BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequa
 ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4, "silu": 5}
 BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+NORM_DTYPE_CODES = {torch.float32: DTYPE_CODES["f32"], torch.bfloat16: DTYPE_CODES["bf16"]}  # what ft_rms_norm takes
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 
@@ -174,6 +176,10 @@ class Kernel:
         self._dense.restype = ctypes.c_int
         self._dense.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._rms_norm = lib.ft_rms_norm
+        self._rms_norm.restype = ctypes.c_int
+        self._rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
         self._dequant_rows = lib.ft_dequant_rows
         self._dequant_rows.restype = ctypes.c_int
         self._dequant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -243,6 +249,20 @@ class Kernel:
         if rc != 0:
             raise ValueError(f"dense_blocks takes {', '.join(BLOCK_ROW_DTYPES)} rows and 1-{DENSE_MAX_TOKENS} tokens, "
                              f"not {dtype} and {x.shape[0]}")
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+                 threads: int) -> torch.Tensor:
+        """runtime/layers/norm.py's RMSNorm of x [..., C] in one call: times `weight` [C] (None: no
+        weight), or times (offset + weight) in float32 where `offset` is not 0. x and weight
+        contiguous, of one dtype, f32 or bf16: the caller checks (norm.py's `_cpu_kernel_takes`; a
+        decode row's checks cost more than the norm). -> x's shape and dtype."""
+        cols = x.shape[-1]
+        out = torch.empty_like(x)
+        rc = self._rms_norm(x.data_ptr(), NORM_DTYPE_CODES[x.dtype], x.numel() // cols if cols else 0, cols,
+                            None if weight is None else weight.data_ptr(), eps, offset, out.data_ptr(), threads)
+        if rc != 0:
+            raise ValueError(f"the kernel's RMSNorm takes f32/bf16 rows, not {x.dtype}")
         return out
 
     def dequant_rows(self, rows: torch.Tensor, dtype: str) -> torch.Tensor:

@@ -1,4 +1,4 @@
-// fp16 -> fp32, shared by moe_cpu.cpp and kquants.cpp: exact for every fp16 (subnormals too).
+// fp16 -> fp32 (exact for every fp16, subnormals too) and fp32 <-> bf16, shared by the kernel's files.
 
 #pragma once
 
@@ -21,4 +21,15 @@ inline float half_to_float(uint16_t h) {
   }
   if (exp == 31) return bits_to_float(sign | 0x7f800000u | (man << 13));
   return bits_to_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+
+// fp32 -> bf16, rounding to nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
 }

@@ -441,15 +441,6 @@ inline const float* scale_row(const uint8_t* record, const Mat& m, int64_t row) 
   return reinterpret_cast<const float*>(record + m.scale_offset) + (row / m.block_rows) * m.scale_stride;
 }
 
-// fp32 -> bf16, rounding to nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 // Rows [r0, r1) of matrix m of one expert record as bf16, out[r, c] at out + r * m.cols: each
 // weight x its block scale in fp32, then rounded once (the reference's dequantize, then .to).
 template <int D> void dequant_rows(const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
