@@ -8,12 +8,13 @@ llama-bench feeds) in interleaved rounds, each round every way once:
 - "no kernel time": the kernel's big calls (dense GEMV, routed experts, decode attention) made
   to return at once, their outputs left as allocated, so what remains is the glue a token
   (garbage values: only the time means anything);
-- with --torch-norm, each of the two again with RMSNorm in torch's ops instead of the kernel's
-  (runtime/layers/norm.py), to see what a glue change is worth on both.
+- with --torch-row-ops, each of the two again with RMSNorm and the rotary embedding in torch's ops
+  instead of the kernel's (runtime/layers/norm.py, rope.py: csrc/rows.cpp), to see what a glue
+  change is worth on both.
 Prints the median ms a token of each way, and the glue's share of a whole token.
 
     python benchmarks/bench_cpu_glue.py --store /tmp/race/ft --model local/qwen3-30b-a3b-8l-q4_k_m \\
-        --threads 2 --torch-norm
+        --threads 2 --torch-row-ops
 """
 
 from __future__ import annotations
@@ -49,17 +50,18 @@ def no_kernel_time(kernel):
 
 
 @contextmanager
-def torch_norm(on: bool):
-    """RMSNorm in torch's ops (the kernel's declined) while inside, where `on`."""
-    from runtime.layers import norm
+def torch_row_ops(on: bool):
+    """RMSNorm and the rotation in torch's ops (the kernel's declined) while inside, where `on`."""
+    from runtime.layers import norm, rope
 
-    saved = norm._cpu_kernel_takes
+    saved = norm._cpu_kernel_takes, rope._cpu_kernel_takes
     if on:
         norm._cpu_kernel_takes = lambda x, weight: False
+        rope._cpu_kernel_takes = lambda x, cos, sin: False
     try:
         yield
     finally:
-        norm._cpu_kernel_takes = saved
+        norm._cpu_kernel_takes, rope._cpu_kernel_takes = saved
 
 
 def main() -> None:
@@ -69,7 +71,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32, help="decoded a way a round")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--torch-norm", action="store_true", help="also each way with torch's RMSNorm")
+    ap.add_argument("--torch-row-ops", action="store_true", help="also each way with torch's RMSNorm and rotation")
     args = ap.parse_args()
 
     from ftpull.run import load_for_chat
@@ -79,7 +81,7 @@ def main() -> None:
     kernel = native_kernel()
     if kernel is None:
         raise SystemExit("no CPU kernel here (a C++ compiler is needed): nothing to tell apart")
-    ways = [(name, stub, norm) for norm in ((False, True) if args.torch_norm else (False,))
+    ways = [(name, stub, torch_ops) for torch_ops in ((False, True) if args.torch_row_ops else (False,))
             for name, stub in (("kernels", False), ("no kernel time", True))]
     times: dict[str, list[float]] = {}
     with torch.inference_mode():
@@ -88,17 +90,17 @@ def main() -> None:
         session, gen = chat.session, torch.Generator().manual_seed(0)
         vocab = loaded.config.vocab_size
         for _ in range(args.rounds):
-            for name, stub, norm in ways:
-                label = name + (", torch norm" if norm else "")
+            for name, stub, torch_ops in ways:
+                label = name + (", torch row ops" if torch_ops else "")
                 session.reset()
                 session.model.forward(torch.tensor(_random_ids(16, vocab, gen)), session.state, last_only=True)
-                with torch_norm(norm), (no_kernel_time(kernel) if stub else _nothing()):
+                with torch_row_ops(torch_ops), (no_kernel_time(kernel) if stub else _nothing()):
                     seconds = _decode(session.model, session.state, _random_ids(args.tokens, vocab, gen))
                 times.setdefault(label, []).append(seconds / args.tokens * 1e3)
     print(f"{args.model}, {args.threads} threads, {args.rounds} rounds of {args.tokens} tokens a way")
     for label, ms in times.items():
         print(f"  {label:32s} {statistics.median(ms):7.3f} ms/token (min {min(ms):.3f})")
-    for suffix in (", torch norm", "") if args.torch_norm else ("",):
+    for suffix in (", torch row ops", "") if args.torch_row_ops else ("",):
         whole, glue = (statistics.median(times[w + suffix]) for w in ("kernels", "no kernel time"))
         print(f"  glue share{suffix or ''}: {glue / whole:.1%} of a token")
 

@@ -1,6 +1,6 @@
 """The compiled CPU expert kernel (csrc/moe_cpu.cpp, csrc/kquants.cpp for the GGML K-quants,
-csrc/mxfp4.cpp for MXFP4's int8 products and csrc/rows.cpp for a decode step's RMSNorm): built at
-first use, cached, called with ctypes.
+csrc/mxfp4.cpp for MXFP4's int8 products and csrc/rows.cpp for a decode step's RMSNorm and
+rotation): built at first use, cached, called with ctypes.
 
 Why not torch: its bf16 CPU matmul streams expert weights at a fraction of DRAM bandwidth, and
 fp8 / GGML weights would need a dequantized copy per use. Why not a torch extension: the kernel
@@ -58,7 +58,7 @@ BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequa
 ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4, "silu": 5}
 BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-NORM_DTYPE_CODES = {torch.float32: DTYPE_CODES["f32"], torch.bfloat16: DTYPE_CODES["bf16"]}  # what ft_rms_norm takes
+NORM_DTYPE_CODES = {torch.float32: DTYPE_CODES["f32"], torch.bfloat16: DTYPE_CODES["bf16"]}  # what ft_rms_norm and ft_rotary take
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 
@@ -180,6 +180,10 @@ class Kernel:
         self._rms_norm.restype = ctypes.c_int
         self._rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                    ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+        self._rotary = lib.ft_rotary
+        self._rotary.restype = ctypes.c_int
+        self._rotary.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         self._dequant_rows = lib.ft_dequant_rows
         self._dequant_rows.restype = ctypes.c_int
         self._dequant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -263,6 +267,18 @@ class Kernel:
                             None if weight is None else weight.data_ptr(), eps, offset, out.data_ptr(), threads)
         if rc != 0:
             raise ValueError(f"the kernel's RMSNorm takes f32/bf16 rows, not {x.dtype}")
+        return out
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int) -> torch.Tensor:
+        """runtime/layers/rope.apply_rotary of x [T, heads, D] by cos/sin [T, R] (R <= D, even) in one
+        call, bit for bit. x, cos and sin contiguous, of one dtype, f32 or bf16: the caller checks
+        (rope.py's `_cpu_kernel_takes`). -> x's shape and dtype."""
+        out = torch.empty_like(x)
+        tokens, heads, dim = x.shape
+        rc = self._rotary(x.data_ptr(), NORM_DTYPE_CODES[x.dtype], tokens, heads, dim, cos.data_ptr(), sin.data_ptr(),
+                          cos.shape[-1], out.data_ptr(), threads)
+        if rc != 0:
+            raise ValueError(f"the kernel's rotation takes f32/bf16 heads, not {x.dtype}")
         return out
 
     def dequant_rows(self, rows: torch.Tensor, dtype: str) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
+from ..experts.cpu_kernels import NORM_DTYPE_CODES, native_kernel
 
 _pass = threading.local()  # `number`: the forward pass under way on this thread (forward_begins)
 
@@ -257,12 +258,25 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x [T, heads, D]; cos/sin [T, R] with R <= D: the first R channels rotate, the rest pass."""
     if _device_kernel is not None and _device_kernel[0](x, cos, sin):
         return _device_kernel[1](x, cos, sin)
+    if _cpu_kernel_takes(x, cos, sin):
+        kernel = native_kernel()
+        if kernel is not None:
+            return kernel.rotary(x, cos, sin, torch.get_num_threads())
     rot = cos.shape[-1]
     cos, sin = cos[:, None, :], sin[:, None, :]
     if rot == x.shape[-1]:
         return x * cos + rotate_half(x) * sin
     head, tail = x[..., :rot], x[..., rot:]
     return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)
+
+
+def _cpu_kernel_takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether the CPU kernel rotates x [T, heads, D] by cos/sin [T, R]: contiguous, one dtype it
+    takes, R even and at most D (csrc/rows.cpp's ft_rotary: one call where torch's form makes ~7)."""
+    return (x.is_cpu and x.dtype in NORM_DTYPE_CODES and x.dim() == 3 and x.is_contiguous()
+            and cos.dtype == x.dtype and sin.dtype == x.dtype and cos.dim() == 2 and cos.shape == sin.shape
+            and cos.shape[0] == x.shape[0] and cos.shape[1] % 2 == 0 and cos.shape[1] <= x.shape[2]
+            and cos.is_contiguous() and sin.is_contiguous())
 
 
 def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""The CPU kernel's RMSNorm (runtime/experts/csrc/rows.cpp) against the torch form it replaces on
-the CPU (runtime/layers/norm.torch_rms_norm): the same float32 steps, the sum of squares in
-another order, so a bf16 result equals torch's but where a value sits on a rounding boundary, and
-a float32 one is within the root's last bit. Native and scalar builds."""
+"""The CPU kernel's row ops (runtime/experts/csrc/rows.cpp) against the torch forms they replace on
+the CPU. RMSNorm (runtime/layers/norm.torch_rms_norm): the same float32 steps, the sum of squares
+in another order, so a bf16 result equals torch's but where a value sits on a rounding boundary,
+and a float32 one is within the root's last bit. The rotation (layers/rope.apply_rotary's torch
+form): bit for bit. Native and scalar builds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from runtime.experts import cpu_kernels
 from runtime.experts.cpu_kernels import NATIVE_FLAGS, SCALAR_FLAGS, Kernel, KernelBuildError
-from runtime.layers import norm
+from runtime.layers import norm, rope
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,50 @@ def test_rms_norm_takes_the_kernel_only_where_it_can() -> None:
         assert torch.equal(norm.rms_norm(other, weight, 1e-6), norm.torch_rms_norm(other, weight, 1e-6))
     torch.testing.assert_close(norm.rms_norm(x, w, 1e-6), norm.torch_rms_norm(x, w, 1e-6), rtol=2 ** -6, atol=0)
     torch.testing.assert_close(norm.l2_norm(x, 1e-6), norm.torch_rms_norm(x, None, 1e-6), rtol=2 ** -6, atol=0)
+
+
+def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary's torch form (rope.py), written out: the first R channels rotated, the rest kept."""
+    rot = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    head, tail = x[..., :rot], x[..., rot:]
+    return torch.cat((head * cos + rope.rotate_half(head) * sin, tail), dim=-1)
+
+
+def tables(tokens: int, rot: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.rand(tokens, rot // 2, generator=gen) * 50  # (each angle twice, as RotaryEmbedding's)
+    both = torch.cat((angles, angles), dim=-1)
+    return both.cos().to(dtype), both.sin().to(dtype)
+
+
+ROTATIONS = [  # (tokens, heads, dim, rotated): a decode step's q heads, a partial rotation, a prompt over threads
+    (1, 32, 128, 128), (3, 4, 128, 64), (300, 8, 64, 64), (2, 2, 96, 32)]
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("shape", ROTATIONS, ids=[str(list(r)) for r in ROTATIONS])
+def test_kernel_rotation_is_torch_bit_for_bit(kernels, variant: str, dtype: torch.dtype,
+                                              shape: tuple[int, int, int, int]) -> None:
+    tokens, heads, dim, rot = shape
+    gen = torch.Generator().manual_seed(dim + rot)
+    x = (torch.randn(tokens, heads, dim, generator=gen) * 4).to(dtype)
+    cos, sin = tables(tokens, rot, dtype, gen)
+    got = kernels[variant].rotary(x, cos, sin, 2)
+    assert got.dtype == dtype and torch.equal(got, torch_rotary(x, cos, sin))
+
+
+def test_apply_rotary_takes_the_kernel_only_where_it_can() -> None:
+    """apply_rotary runs contiguous f32/bf16 heads with tables of their dtype on the kernel; f16,
+    a strided view and tables of another dtype stay on torch's form (and give it)."""
+    if cpu_kernels.native_kernel() is None:
+        pytest.skip("no CPU kernel here")
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 4, 64, generator=gen).to(torch.bfloat16)
+    cos, sin = tables(2, 64, torch.bfloat16, gen)
+    assert rope._cpu_kernel_takes(x, cos, sin)
+    assert torch.equal(rope.apply_rotary(x, cos, sin), torch_rotary(x, cos, sin))
+    for other, c, s in ((x.half(), cos.half(), sin.half()), (x.transpose(0, 1).contiguous().transpose(0, 1), cos, sin),
+                        (x, cos.float(), sin.float())):
+        assert not rope._cpu_kernel_takes(other, c, s)
+        assert torch.equal(rope.apply_rotary(other, c, s), torch_rotary(other, c, s))
