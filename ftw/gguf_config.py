@@ -20,6 +20,23 @@ from .gguf_names import EXPERT_ROWS
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
 
+# How a file's router scores its experts (expert_gating_func): gguf-py's ExpertGatingFuncType, and
+# llama-hparams.h's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, which gguf-py does not name
+SOFTMAX, SIGMOID, SQRT_SOFTPLUS = 1, 2, 4
+GATING_NAMES = {SOFTMAX: "softmax", SIGMOID: "sigmoid", SQRT_SOFTPLUS: "sqrtsoftplus"}
+
+
+def require_gating(meta: Meta, where: str, family: str, wanted: int = SIGMOID, *, required: bool = False,
+                   why: str = "") -> None:
+    """Refuse, naming both, a file whose expert_gating_func is not `wanted`, the one routing `family`
+    has. A file without the key reads as `wanted` (its converter writes none for it), unless
+    `required` (llama.cpp's loader loads no file without it). `why`: said after, where there is more."""
+    gating = meta.get("expert_gating_func", None if required else wanted)
+    if gating != wanted:
+        said = "no key" if gating is None else GATING_NAMES.get(gating, "unknown to llama.cpp")
+        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r} ({said}); {family} routes by "
+                                           f"{GATING_NAMES[wanted]} ({wanted}){why}")
+
 
 def _f32(value: Any) -> float:
     """A float32 metadata value as the decimal it was written from (1e-06, not 9.99999997e-07)."""
@@ -179,13 +196,13 @@ def deepseek2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     _set_vocab_glm: pre-tokenizer "glm4", which no DeepSeek converter writes) is read as glm4_moe_lite:
     llama.cpp runs it with the same deepseek2 graph, and ft's glm4_moe_lite is DeepSeek-V3's model
     (runtime/models/glm4_moe_lite.py), its MoE layers said by mlp_layer_types (the leading dense ones)."""
-    gating = meta.get("expert_gating_func")  # gguf-py ExpertGatingFuncType: SOFTMAX 1, SIGMOID 2
+    gating = meta.get("expert_gating_func")
     embed = meta.model.tensors.get("token_embd.weight")
     vocab = len(meta.values.get("tokenizer.ggml.tokens") or []) or (embed.shape[0] if embed is not None else 0)
     glm_lite = meta.get("block_count") in (47, 48) and vocab == GLM4_7_LITE_VOCAB
     if gating is None:
-        gating = 2 if glm_lite else 1
-    if gating not in (1, 2):
+        gating = SIGMOID if glm_lite else SOFTMAX
+    if gating not in (SOFTMAX, SIGMOID):
         raise UnsupportedArchitectureError(f"{meta.model.path}: a deepseek2 GGUF with expert_gating_func {gating!r}; "
                                            "ft converts softmax (DeepSeek-V2) and sigmoid (DeepSeek-V3) routing")
     config = _common_config(meta, arch)
@@ -309,11 +326,9 @@ def _sigmoid_moe(meta: Meta, config: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek-V3-style MoE keys (glm4moe, dots1) as llama.cpp writes them: expert_count (the routed
     ones), expert_shared_count, leading_dense_block_count, expert_weights_scale/_norm, and the
     group keys the base converter writes from n_group/topk_group (1 where absent: one group)."""
-    # gguf-py ExpertGatingFuncType.SIGMOID; no key where the converter leaves it to the base class,
-    # which writes it only for scoring_func "sigmoid" (dots1's release says "noaux_tc")
-    if meta.get("expert_gating_func", 2) != 2:
-        raise UnsupportedArchitectureError(f"{meta.model.path}: a {meta.arch} GGUF with softmax routing; "
-                                           "its Hugging Face family routes by sigmoid")
+    # no key where the converter leaves it to the base class, which writes it only for
+    # scoring_func "sigmoid" (dots1's release says "noaux_tc")
+    require_gating(meta, f"{meta.model.path}: a {meta.arch} GGUF", "its Hugging Face family")
     shared = meta.int("expert_shared_count", 1 if _has(meta.model, "ffn_up_shexp.weight") else 0)
     width = meta.int("expert_feed_forward_length", _expert_size(meta.model))
     config.update(
@@ -359,8 +374,7 @@ def solar_open_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     dense leading layers and q/k norms (SolarOpenConfig builds neither), another gating function, and
     YaRN attention or extrapolation factors (the release has neither)."""
     where = f"{meta.model.path}: a Solar Open GGUF (glm4moe with the solar-open pre-tokenizer)"
-    if meta.get("expert_gating_func", 2) != 2:
-        raise UnsupportedArchitectureError(f"{where} with softmax routing; Solar Open routes by sigmoid")
+    require_gating(meta, where, "Solar Open")
     config = _common_config(meta, arch)
     layers = config["num_hidden_layers"]
     head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
@@ -463,9 +477,7 @@ def minimax_m2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     intermediate_size, the experts' width) and rope.dimension_count (rotary_dim). Routing is
     sigmoid with the correction bias, the top-k weights always renormalized (llama.cpp's graph and
     transformers' alike)."""
-    if meta.get("expert_gating_func", 2) != 2:  # gguf-py ExpertGatingFuncType.SIGMOID
-        raise UnsupportedArchitectureError(f"{meta.model.path}: a minimax-m2 GGUF with softmax routing; "
-                                           "MiniMax-M2 routes by sigmoid")
+    require_gating(meta, f"{meta.model.path}: a minimax-m2 GGUF", "MiniMax-M2")
     config = _common_config(meta, arch)
     head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
     width_key = next((k for k in ("expert_feed_forward_length", "feed_forward_length") if meta.get(k) is not None), None)

@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_size, deepseek2_config
+from .gguf_config import SQRT_SOFTPLUS, Meta, _common_config, _expert_size, deepseek2_config, require_gating
 from .gguf_config_more import _no_yarn_factors
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
 
-SIGMOID = 2  # gguf-py ExpertGatingFuncType.SIGMOID
-SQRT_SOFTPLUS = 4  # llama-hparams.h LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
 DSV4_COMPRESS_RATIOS = (0, 4, 128)  # what llama.cpp's deepseek4 loader builds: sliding, CSA, HCA
 
 
@@ -42,9 +40,7 @@ def deepseek32_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     transformers' DeepseekV32 does. Its loader requires expert_gating_func, which the converter writes from the
     release's scoring_func: anything but sigmoid is refused (DeepSeek-V3.2 routes by sigmoid)."""
     where = f"{meta.model.path}: a deepseek32 GGUF"
-    if (gating := meta.get("expert_gating_func")) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; DeepSeek-V3.2 routes by "
-                                           "sigmoid (2), and llama.cpp's loader requires the key")
+    require_gating(meta, where, "DeepSeek-V3.2", required=True, why=", and llama.cpp's loader requires the key")
     config = deepseek2_config(meta, arch)
     for key in ("scoring_func", "topk_method", "rope_interleave", "moe_layer_freq"):
         config.pop(key)
@@ -81,9 +77,7 @@ def deepseek4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
                                            "pull the model's main file")
     config = _common_config(meta, arch)
     layers = config["num_hidden_layers"]
-    if (gating := meta.get("expert_gating_func")) != SQRT_SOFTPLUS:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; DeepSeek-V4 scores its "
-                                           "experts by sqrtsoftplus (4), as llama.cpp's loader requires")
+    require_gating(meta, where, "DeepSeek-V4", SQRT_SOFTPLUS, required=True, why=", as llama.cpp's loader requires")
     if not meta.get("expert_weights_norm", False):
         raise UnsupportedArchitectureError(f"{where} without expert_weights_norm: llama.cpp would weigh the chosen "
                                            "experts unrenormalized, which DeepSeek-V4 (always renormalized) cannot")
@@ -154,9 +148,7 @@ def hy_v4_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     clamp on the shared experts, and YaRN with a yarn_log_multiplier (which the loader ignores while
     transformers folds mscale_all_dim into the softmax) or with ext/attn factors."""
     where = f"{meta.model.path}: a hy_v4 GGUF"
-    if (gating := meta.get("expert_gating_func")) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; Hy4 routes by sigmoid (2), "
-                                           "which its converter always writes")
+    require_gating(meta, where, "Hy4", required=True, why=", which its converter always writes")
     config = deepseek2_config(meta, arch)
     for key in ("scoring_func", "topk_method", "rope_interleave", "moe_layer_freq", "num_nextn_predict_layers"):
         config.pop(key)

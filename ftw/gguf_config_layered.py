@@ -10,12 +10,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_layers, _expert_size, _has, granite_moe_config
+from .gguf_config import (
+    Meta,
+    _common_config,
+    _expert_layers,
+    _expert_size,
+    _has,
+    granite_moe_config,
+    require_gating,
+)
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
-
-SIGMOID = 2  # gguf-py ExpertGatingFuncType.SIGMOID
 
 
 def _sliding_layers(meta: Meta, num_layers: int, every: int) -> list[bool]:
@@ -58,9 +64,7 @@ def exaone_moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     layer full), nextn_predict_layers (MTP blocks, counted in block_count). llama.cpp's graph, as
     transformers, rotates only the sliding layers (the global ones are NoPE), at rope.freq_base_swa
     where the file has one. Routing is sigmoid with the correction bias (exp_probs_b)."""
-    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{meta.model.path}: an exaone-moe GGUF with expert_gating_func "
-                                           f"{meta.get('expert_gating_func')!r}; K-EXAONE routes by sigmoid")
+    require_gating(meta, f"{meta.model.path}: an exaone-moe GGUF", "K-EXAONE")
     config = _common_config(meta, arch)
     _no_rope_scaling(meta, config)
     layers = config["num_hidden_layers"]
@@ -97,9 +101,7 @@ def lfm2moe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     always renormalizes the top-k weights and scales them by nothing (it reads no
     expert_weights_scale, and the converter writes none): Lfm2MoeConfig's defaults, norm_topk_prob
     true and routed_scaling_factor 1, which a file cannot say otherwise."""
-    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{meta.model.path}: an lfm2moe GGUF with expert_gating_func "
-                                           f"{meta.get('expert_gating_func')!r}; LFM2-MoE routes by sigmoid")
+    require_gating(meta, f"{meta.model.path}: an lfm2moe GGUF", "LFM2-MoE")
     config = _common_config(meta, arch)
     _no_rope_scaling(meta, config)
     attending = _attention_layers(meta, config["num_hidden_layers"], "LFM2MoeModel writes 0 for each convolution layer")
@@ -139,9 +141,7 @@ def afmoe_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     global_attn_every_n_layers 4 (full layers are its NoPE ones), mup_enabled and the top-k weights
     renormalized, which is what released Trinity files say; other files are refused."""
     where = f"{meta.model.path}: an afmoe GGUF"
-    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
-                                           "Trinity routes by sigmoid")
+    require_gating(meta, where, "Trinity")
     if not meta.get("expert_weights_norm", False):
         raise UnsupportedArchitectureError(f"{where} without expert_weights_norm: llama.cpp would not renormalize "
                                            "the top-k weights, which transformers' AFMoE (and ft's) always does")
@@ -372,9 +372,7 @@ def hy_v3_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     NeoX RoPE over the whole head, a dense MLP on layers without a router, elsewhere sigmoid scores chosen by
     score + expert_bias, renormalized where expert_weights_norm, times the scale, plus the shared MLP."""
     where = f"{meta.model.path}: a hy_v3 GGUF"
-    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
-                                           "Hy3 routes by sigmoid")
+    require_gating(meta, where, "Hy3")
     config = _common_config(meta, arch)
     _no_rope_scaling(meta, config)
     layers = config["num_hidden_layers"]

@@ -10,13 +10,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import SourceError, UnsupportedArchitectureError
-from .gguf_config import Meta, _common_config, _expert_layers, _expert_size, _has, granite_moe_config
-from .gguf_config_layered import SIGMOID, _no_rope_scaling
+from .gguf_config import (
+    SIGMOID,
+    SOFTMAX,
+    Meta,
+    _common_config,
+    _expert_layers,
+    _expert_size,
+    _has,
+    granite_moe_config,
+    require_gating,
+)
+from .gguf_config_layered import _no_rope_scaling
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
-
-SOFTMAX = 1  # gguf-py ExpertGatingFuncType.SOFTMAX
 
 
 def _sliding_dense_first(meta: Meta, num_layers: int) -> list[bool]:
@@ -128,9 +136,7 @@ def laguna_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     another gating function, routed weights not renormalized (transformers' Laguna always renormalizes), layers
     whose gates differ in kind."""
     where = f"{meta.model.path}: a laguna GGUF"
-    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
-                                           "Laguna routes by sigmoid")
+    require_gating(meta, where, "Laguna")
     if not meta.get("expert_weights_norm", False):
         raise UnsupportedArchitectureError(f"{where} without expert_weights_norm: transformers' Laguna always "
                                            "renormalizes the chosen experts' weights")

@@ -21,9 +21,10 @@ from .gguf_config import (
     _f32,
     _has,
     deepseek2_config,
+    require_gating,
     sigmoid_moe_keys,
 )
-from .gguf_config_layered import SIGMOID, _no_rope_scaling
+from .gguf_config_layered import _no_rope_scaling
 
 if TYPE_CHECKING:
     from .gguf_source import GGUFArchitecture
@@ -39,9 +40,7 @@ def bailingmoe2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     llama.cpp's graph is GLM-4.5's with RoPE over the whole head, which is how transformers runs
     sarvam_moe; a file rotating part of each head is Ling 2.0, which no ft family runs."""
     where = f"{meta.model.path}: a bailingmoe2 GGUF"
-    if meta.get("expert_gating_func") != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
-                                           "Sarvam routes by sigmoid (and llama.cpp loads no file without the key)")
+    require_gating(meta, where, "Sarvam", required=True, why=" (and llama.cpp loads no file without the key)")
     config = _common_config(meta, arch)
     _no_rope_scaling(meta, config)
     head_dim = meta.int("attention.key_length", config["hidden_size"] // config["num_attention_heads"])
@@ -351,9 +350,7 @@ def glm_dsa_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     The indexer's key LayerNorm: llama.cpp's graph normalizes with hparams.f_norm_eps, which glm-dsa's
     loader never sets (0), transformers with 1e-6; the file says neither, and ft keeps transformers'."""
     where = f"{meta.model.path}: a {meta.arch} GGUF of GLM-5"
-    gating = meta.get("expert_gating_func", SIGMOID)
-    if gating != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; GLM-5 routes by sigmoid")
+    require_gating(meta, where, "GLM-5")
     config = deepseek2_config(meta, arch)
     for key in ("scoring_func", "topk_method", "rope_interleave"):
         config.pop(key)
@@ -421,9 +418,7 @@ def mimo2_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     - no attention.value_scale: unscaled, as llama.cpp runs it (transformers' default would be 0.707).
     Sinks only on sliding layers (transformers has none on full ones), no RoPE scaling."""
     where = f"{meta.model.path}: a {meta.arch} GGUF of MiMo-V2-Flash"
-    if meta.get("expert_gating_func", SIGMOID) != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {meta.get('expert_gating_func')!r}; "
-                                           "llama.cpp's mimo2 routes by sigmoid whatever the file says")
+    require_gating(meta, where, "llama.cpp's mimo2", why=" whatever the file says")
     if meta.float("expert_weights_scale", 1.0) != 1.0:
         raise UnsupportedArchitectureError(f"{where} with expert_weights_scale {meta.get('expert_weights_scale')}; "
                                            "llama.cpp's mimo2 does not scale the routed weights")
@@ -495,10 +490,7 @@ def kimi_linear_config(meta: Meta, arch: GGUFArchitecture) -> dict[str, Any]:
     The converter writes expert_group_used_count from topk_group but no group count (the release names it
     num_expert_group): one group, as llama.cpp runs it and the release has it."""
     where = f"{meta.model.path}: a {meta.arch} GGUF of Kimi Linear"
-    gating = meta.get("expert_gating_func")
-    if gating != SIGMOID:
-        raise UnsupportedArchitectureError(f"{where} with expert_gating_func {gating!r}; Kimi Linear routes by sigmoid "
-                                           "(llama.cpp's loader requires the key)")
+    require_gating(meta, where, "Kimi Linear", required=True, why=" (llama.cpp's loader requires the key)")
     if meta.get("expert_weights_scale") is None:
         raise SourceError(f"{where} without expert_weights_scale; llama.cpp would scale the routed experts by 0")
     config = _common_config(meta, arch)
