@@ -50,7 +50,8 @@ def test_prefill_logits_of_the_last_token_only(tmp_path) -> None:
 @pytest.mark.skipif(__import__("runtime.experts.cpu_kernels", fromlist=["native_kernel"]).native_kernel() is None,
                     reason="no C++ compiler here")
 @pytest.mark.parametrize(("length", "kv_heads", "group", "dim", "v_dim", "dtype"),
-                         [(64, 2, 4, 80, 80, torch.float32), (300, 4, 8, 128, 128, torch.bfloat16),
+                         [(1, 4, 8, 128, 128, torch.bfloat16), (7, 2, 4, 80, 80, torch.float32),
+                          (64, 2, 4, 80, 80, torch.float32), (300, 4, 8, 128, 128, torch.bfloat16),
                           (257, 1, 16, 192, 128, torch.bfloat16), (513, 4, 2, 64, 64, torch.float16)])
 def test_cpu_decode_attention_on_the_kernel_matches_the_formula(length, kv_heads, group, dim, v_dim, dtype) -> None:
     """From DECODE_KERNEL_MIN_LENGTH cached positions: one pass over a cache slice (strided, as

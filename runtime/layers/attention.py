@@ -52,9 +52,12 @@ class KVCache:
         return store(self.k, start, k), store(self.v, start, v)
 
 
-# Cached positions from which CPU decode attention runs on the compiled kernel: torch's small-M
-# bf16 matmuls read a long cache at 1-5 GB/s (docs/benchmark-history.md, decode attention).
-DECODE_KERNEL_MIN_LENGTH = 64
+# Cached positions from which CPU decode attention runs on the compiled kernel: all. torch's small-M
+# bf16 matmuls read a long cache at 1-5 GB/s (docs/benchmark-history.md, decode attention), and a
+# short one costs their ~6 ops' dispatch: 32 query heads over 1, 8, 32 and 63 positions took 58,
+# 113, 112 and 170 us there, 22, 27, 37 and 56 on the kernel (2-core VM, 2026-12-07; a tg128 from a
+# one-token prompt spent half its steps below the 64 positions this was).
+DECODE_KERNEL_MIN_LENGTH = 1
 
 # Scores a masked attention call may hold at once (heads x queries x keys): the query chunk is
 # sized to it, so a long prompt over a cached prefix stays within ~512 MiB of float32 scores.
