@@ -22,7 +22,9 @@ Steps (each can be run alone; what exists is reused, so a warm machine resumes):
 
 `--device cpu` races without a GPU (a machine that has none, a user who runs none): llama-bench at
 `-ngl 0` against `ft run --device cpu`, each at the same threads, the rows' setting 0; keep them in
-their own `--out` file.
+their own `--out` file. On a machine whose speed drifts from minute to minute (the 2-core dev VM:
+one engine's tg128 moved 15% between races a minute apart), `--rounds 5` alternates the engines
+five times and pools each one's repetitions, so a drift reaches both.
 
 Results go to `--out` (a JSON list, one object per measurement; race/report.py), merged with
 what is there, so runs over several calls build one file.
@@ -211,14 +213,17 @@ def step_race(args: argparse.Namespace, gguf: Path, name: str) -> None:
             if {(setting, threads, "ft"), (setting, threads, "llama.cpp")} <= done:  # a resumed race
                 print(f"-ncmoe {setting}, {threads} threads: measured already ({args.out})", flush=True)
                 continue
-            results, peak = llama.bench(binary, gguf, ncmoe=setting if gpu else None, threads=threads, prompt=[512],
-                                        decode=args.decode, reps=args.reps)
-            keep([Row(**base, threads=threads, setting=setting, vram_mib=peak, engine="llama.cpp", kind=r.kind,
-                      input="random", tokens=r.tokens, tok_s=r.tok_s, samples=list(r.samples)) for r in results])
-            budget = (peak or 0) - context if gpu else None
-            measured, info, ft_peak = run_ft(args, name, vram_mib=budget, threads=threads, num_ctx=1024,
-                                             prompts=[512], decode=args.decode, trace=args.trace)
-            keep(ft_rows(measured, info, ft_peak, threads, setting, budget))
+            rounds: list[list[Row]] = []
+            for _ in range(args.rounds):  # each round both engines, one after the other: a drift reaches both
+                results, peak = llama.bench(binary, gguf, ncmoe=setting if gpu else None, threads=threads,
+                                            prompt=[512], decode=args.decode, reps=args.reps)
+                budget = (peak or 0) - context if gpu else None
+                measured, info, ft_peak = run_ft(args, name, vram_mib=budget, threads=threads, num_ctx=1024,
+                                                 prompts=[512], decode=args.decode, trace=args.trace)
+                rounds.append([Row(**base, threads=threads, setting=setting, vram_mib=peak, engine="llama.cpp",
+                                   kind=r.kind, input="random", tokens=r.tokens, tok_s=r.tok_s, samples=list(r.samples))
+                               for r in results] + ft_rows(measured, info, ft_peak, threads, setting, budget))
+            keep(report.pool(rounds))
             print(report.table(rows), flush=True)
             if i == 0 and long_prompts:
                 results, peak = llama.bench(binary, gguf, ncmoe=setting if gpu else None, threads=threads, prompt=long_prompts,
@@ -247,6 +252,9 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=256)
     parser.add_argument("--prompts", default="512,4096,16384")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="decode and 512-token prompt: this many rounds of llama.cpp then ft, their repetitions "
+                             "pooled (each figure the median of all): on a machine whose speed drifts (a shared VM)")
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--device", default="gpu", choices=("gpu", "cpu"),
                         help="cpu: the CPU-only race (llama-bench -ngl 0, ft --device cpu; --settings 0)")

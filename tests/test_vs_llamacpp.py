@@ -156,6 +156,17 @@ def test_merge_replaces_a_measurement_of_the_same_key() -> None:
     assert [r.tok_s for r in merged if r.engine == "ft"] == [120.0] and len(merged) == 2
 
 
+def test_rounds_pool_each_measurements_repetitions() -> None:
+    """--rounds: a measurement's repetitions from every round in one row, its figure their median,
+    the highest VRAM peak kept; one round is left as it was."""
+    first = [_row("llama.cpp", 16, 40.0, samples=[39.0, 41.0]), _row("ft", 16, 50.0, samples=[48.0, 52.0])]
+    second = [_row("llama.cpp", 16, 44.0, samples=[43.0, 45.0]), _row("ft", 16, 30.0, vram=99999, samples=[29.0, 31.0])]
+    pooled = {r.engine: r for r in report.pool([first, second])}
+    assert pooled["llama.cpp"].samples == [39.0, 41.0, 43.0, 45.0] and pooled["llama.cpp"].tok_s == 42.0
+    assert pooled["ft"].tok_s == 39.5 and pooled["ft"].vram_mib == 99999 and pooled["ft"].detail["rounds"] == 2
+    assert report.pool([first]) == first
+
+
 def test_the_synthetic_weights_route_random_ids_like_a_real_model(tmp_path: Path) -> None:
     """Plain Gaussian weights send every random id to nearly the same experts (the attention output
     swamps the embedding), which flatters a cache; the race's file is scaled to route as the real

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,24 @@ def merge(old: Iterable[Row], new: Iterable[Row]) -> list[Row]:
     rows.update({r.key(): r for r in new})
     return sorted(rows.values(), key=lambda r: (r.shape, r.layers, r.threads, -r.setting, r.kind, r.tokens,
                                                 r.engine != "llama.cpp", r.input))
+
+
+def pool(rounds: list[list[Row]]) -> list[Row]:
+    """One row a measurement from several rounds of it: every round's repetitions in `samples`, tok_s
+    their median (a round's own figure where there was one round), the VRAM peak the highest, the
+    detail the last round's with the rounds counted."""
+    if len(rounds) == 1:
+        return rounds[0]
+    by_key: dict[tuple, list[Row]] = {}
+    for row in (r for measured in rounds for r in measured):
+        by_key.setdefault(row.key(), []).append(row)
+    pooled = []
+    for same in by_key.values():
+        samples = [s for r in same for s in (r.samples or [r.tok_s])]
+        peaks = [r.vram_mib for r in same if r.vram_mib is not None]
+        pooled.append(replace(same[-1], tok_s=statistics.median(samples), samples=samples,
+                              vram_mib=max(peaks) if peaks else None, detail={**same[-1].detail, "rounds": len(same)}))
+    return pooled
 
 
 def save(path: Path, rows: list[Row]) -> None:
