@@ -341,6 +341,36 @@ class DecoderModel:
         return self._logits(x)
 
     @torch.inference_mode()
+    def decode_batch(self, input_ids: torch.Tensor, states: list[DecodeState]) -> torch.Tensor:
+        """Logits [B, V] (float32) of one token for each of B sequences, input_ids[b] following
+        states[b]'s tokens: what B one-token `forward` calls give, in one pass whose norms, FFNs
+        (the routed experts: each expert read once for the rows that chose it) and LM head take
+        the B rows together, each mixer still run a row at a time on its own cache and position.
+        Concurrent generations' decode steps (server/batching.py). ContextOverflowError, no state
+        changed, where a sequence's context is full."""
+        if len(states) != input_ids.shape[0] or len({id(s) for s in states}) != len(states):
+            raise ValueError(f"decode_batch takes one token for each of {len(states)} distinct states, "
+                             f"not {input_ids.shape[0]} tokens")
+        starts = [s.length for s in states]
+        for state, start in zip(states, starts, strict=True):
+            if start + 1 > state.max_tokens:
+                raise ContextOverflowError(f"{start + 1} tokens do not fit the context of {state.max_tokens}; "
+                                           "shorten the prompt, clear the conversation, or raise num_ctx")
+        rows = [torch.tensor([start]) for start in starts]  # (each row's positions, one tensor a row for the pass)
+
+        def mix(layer: int, h: torch.Tensor) -> torch.Tensor:
+            mixer = self.blocks[layer].mixer
+            return torch.cat([mixer(h[b:b + 1], rows[b], state.caches[layer], starts[b])
+                              for b, state in enumerate(states)])
+
+        x = self._embed(input_ids, None)
+        forward_begins()
+        x = self._blocks(x, mix, input_ids)
+        for state, start in zip(states, starts, strict=True):
+            state.length = start + 1
+        return self._logits(x)
+
+    @torch.inference_mode()
     def decode_at(self, input_ids: torch.Tensor, position: DevicePosition, state: DecodeState,
                   embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [1, V] (float32) of one token at `position`, held on the device: the same work
@@ -373,20 +403,27 @@ class DecoderModel:
             ffn_chunk = max(chunk, self.prefill_ffn_chunk_tokens or chunk)
             return self._layers_in_chunks(x, positions, state, start, chunk_bounds(x.shape[0], chunk), tokens,
                                           chunk_bounds(x.shape[0], ffn_chunk))
+        return self._blocks(x, lambda layer, h: self.blocks[layer].mixer(h, positions, state.caches[layer], start),
+                            tokens)
+
+    def _blocks(self, x: torch.Tensor, mix: Callable[[int, torch.Tensor], torch.Tensor],
+                tokens: torch.Tensor) -> torch.Tensor:
+        """x through every block, `mix(layer, h)` the layer's mixer of its normed input h (at the
+        pass's positions and cache: `_layers`; each row at its own: `decode_batch`)."""
         if self.streams is not None:
             x = self.streams.expand(x)
         r = self.residual_multiplier  # (alpha 1 adds exactly as `+` does)
-        for block, cache in zip(self.blocks, state.caches, strict=True):
+        for layer, block in enumerate(self.blocks):
             if block.residuals is not None:
-                x = self._mixed_streams(block, x, positions, cache, start)
+                x = self._mixed_streams(block, x, lambda h, layer=layer: mix(layer, h))
                 x = self._fed_streams(block, x, tokens)
                 continue
             if block.parallel:  # (x + mixer + ffn, in that order, as transformers' Cohere adds them)
                 h = self.norm(x, block.input_norm)
-                x = x.add(block.mixer(h, positions, cache, start), alpha=r).add(self._ffn(block, h, tokens), alpha=r)
+                x = x.add(mix(layer, h), alpha=r).add(self._ffn(block, h, tokens), alpha=r)
                 continue
             if block.mixer is not NO_MIXER:
-                x = self._join(x, block.mixer(self.norm(x, block.input_norm), positions, cache, start), block, 0)
+                x = self._join(x, mix(layer, self.norm(x, block.input_norm)), block, 0)
             if block.ffn is not None:
                 x = self._join(x, self._ffn(block, self.norm(x, block.post_norm), tokens), block, 1)
             if block.output_scale is not None:
@@ -413,7 +450,9 @@ class DecoderModel:
                 # (the whole prompt's positions as they are: the layers' rope tables are reused by identity)
                 at = positions if end - first == x.shape[0] else positions[first:end]
                 if block.residuals is not None:
-                    h.copy_(self._mixed_streams(block, h, at, cache, start + first))
+                    mixer, at_start = block.mixer, start + first
+                    h.copy_(self._mixed_streams(block, h, lambda normed, mixer=mixer, at=at, cache=cache,
+                                                at_start=at_start: mixer(normed, at, cache, at_start)))
                 else:
                     mixed = self.norm(h, block.input_norm) if normed is None else normed[first:end]
                     self._join(h, block.mixer(mixed, at, cache, start + first), block, 0, in_place=True)
@@ -450,13 +489,13 @@ class DecoderModel:
         assert block.ffn is not None
         return block.ffn(h, tokens) if getattr(block.ffn, "takes_tokens", False) else block.ffn(h)  # type: ignore[call-arg]
 
-    def _mixed_streams(self, block: Block, x: torch.Tensor, positions: torch.Tensor, cache: Any,
-                       start: Start) -> torch.Tensor:
-        """The streams x [T, n, H] after the block's mixer, joined by its residual."""
+    def _mixed_streams(self, block: Block, x: torch.Tensor, mixed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The streams x [T, n, H] after the block's mixer (`mixed(h)`: its output for its normed
+        input h), joined by its residual."""
         assert block.residuals is not None
         residual = block.residuals[0]
         h, mixes = residual.enter(x)
-        return residual.leave(x, block.mixer(self.norm(h, block.input_norm), positions, cache, start), mixes)
+        return residual.leave(x, mixed(self.norm(h, block.input_norm)), mixes)
 
     def _fed_streams(self, block: Block, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The streams x [T, n, H] after the block's FFN, joined by its residual."""

@@ -19,8 +19,8 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
 from .protocol import Busy
@@ -179,22 +179,34 @@ class SharedState(Protocol):
     def boundary(self, num_tokens: int, may_switch: bool = True) -> None: ...  # before the holder's pass
 
 
+class StepBatcher(Protocol):
+    """What a model wrapper asks of the batching of concurrent generations' decode steps
+    (batching.DecodeBatcher), so that this module, which batching builds on, does not import it."""
+
+    def step(self, model: Any, input_ids: Any, state: Any, job: Job | None,
+             turn: Callable[[], AbstractContextManager[None]]) -> Any: ...
+
+
 class CancellableModel:
     """A model wrapper that refuses the next forward pass once the job its thread runs is
-    cancelled, and makes concurrent generations' forward passes take turns (`Turnstile`).
+    cancelled, and makes concurrent generations' forward passes take turns (`Turnstile`); their
+    one-token passes run in batches where a `batcher` is given (batching.py).
 
     The session keeps `tokens` in step with the state only between passes, so after a refusal
     the caller trims `session.tokens` to `session.state.length` (what the state really holds).
     """
 
-    def __init__(self, model: Any, queue_ahead: bool = False, share: SharedState | None = None) -> None:
+    def __init__(self, model: Any, queue_ahead: bool = False, share: SharedState | None = None,
+                 batcher: StepBatcher | None = None) -> None:
         """`queue_ahead`: one generation runs at a time (one session), so its decode steps may be
         queued ahead where the model can (`can_queue`). `share`: the generations take turns at one
         session's state (time_share.py): each holds it for its run, handing it over at a turn
-        boundary, so a pass takes no turn of its own (the turnstile is unused)."""
+        boundary, so a pass takes no turn of its own (the turnstile is unused). `batcher`: the
+        one-token passes of generations in sessions of their own go through it (not with `share`)."""
         self.model = model
         self.queue_ahead = queue_ahead
         self.share = share
+        self.batcher = batcher if share is None else None
         self.turnstile = Turnstile()
         self._unread = 0  # a time-shared state's holder: steps queued whose logits are not read yet
         self._jobs: dict[int, Job] = {}  # worker thread -> the job it runs
@@ -258,6 +270,9 @@ class CancellableModel:
             return unpark(parked, state)
 
     def forward(self, input_ids: Any, state: Any, last_only: bool = False) -> Any:
+        if self.batcher is not None and int(input_ids.numel()) == 1 and hasattr(self.model, "decode_batch"):
+            job = self._jobs.get(threading.get_ident())  # (one token: [1, V], last_only or not)
+            return self.batcher.step(self.model, input_ids, state, job, lambda: self._turn(1))
         with self._turn(int(input_ids.numel())):
             return self.model.forward(input_ids, state, last_only)
 
