@@ -12,8 +12,16 @@ llama-bench feeds: each token routes on its own, the realistic worst case for sh
 Prints, per T, the step's median ms, its cost in one-token steps, and the tokens a second T
 batched streams would get over one stream's.
 
+With --streams N, what the server's batching gets (runtime/server/batching.py): N generations,
+each in its own session on its own thread as `ft serve` runs them on the CPU, greedy from random
+prompts, their passes through the server's model wrapper (scheduler.CancellableModel) with the
+batcher and without it (turns, one pass at a time), in alternating rounds; prints the tokens a
+second of all N together each way.
+
     python benchmarks/bench_decode_batch.py --store /tmp/race/ft --model local/qwen3-30b-a3b-8l-q4_k_m \\
         --device cpu --threads 2
+    python benchmarks/bench_decode_batch.py --store /tmp/race/ft --model local/qwen3-30b-a3b-8l-q4_k_m \\
+        --device cpu --threads 2 --streams 2
 """
 
 from __future__ import annotations
@@ -44,7 +52,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24, help="steps a way a round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--context", type=int, default=128, help="prompt tokens before each way's steps")
+    ap.add_argument("--streams", type=int, default=0, help="generations at once through the server's batching")
     args = ap.parse_args()
+    if args.streams:
+        streams(args)
+        return
     sizes = sorted({1, *(int(b) for b in args.batch.split(","))})
 
     from ftpull.run import load_for_chat
@@ -75,6 +87,49 @@ def main() -> None:
         ms = statistics.median(times[size])
         print(f"  {size} a step: {ms:7.2f} ms, {ms / one:.2f}x one token's step, "
               f"{size * one / ms:.2f}x the tokens a second of one stream")
+
+
+def _generate(session, prompt: list[int], params, made: list[int], i: int) -> None:
+    made[i] = len(session.generate(prompt, params).tokens)
+
+
+def streams(args: argparse.Namespace) -> None:
+    """--streams: N threaded generations with and without the server's batcher, alternating rounds."""
+    import threading
+
+    from ftpull.run import load_for_chat
+    from registry import Store
+    from runtime.engine import Session
+    from runtime.server.batching import DecodeBatcher
+    from runtime.server.scheduler import CancellableModel
+    from runtime.text.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.steps)
+    rates: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        loaded, chat, _ = load_for_chat(Store(args.store), args.model, dtype=None, num_ctx=args.context + args.steps + 8,
+                                        overrides={}, threads=args.threads, device=args.device, vram_gib=args.vram_gib)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(args.rounds):
+            for way, batcher in (("batched", DecodeBatcher()), ("turns", None)):
+                model = CancellableModel(loaded.model, batcher=batcher)
+                sessions = [Session(model, chat.session.tokenizer, args.context + args.steps + 8)  # type: ignore[arg-type]
+                            for _ in range(args.streams)]
+                prompts = [_random_ids(args.context, loaded.config.vocab_size, gen) for _ in sessions]
+                made = [0] * len(sessions)
+                threads = [threading.Thread(target=_generate, args=(sessions[i], prompts[i], greedy, made, i))
+                           for i in range(len(sessions))]
+                start = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                rates.setdefault(way, []).append(sum(made) / (time.perf_counter() - start))
+    print(f"{args.model} on {args.device}, {args.threads} threads, {args.streams} generations of {args.steps} tokens "
+          f"after {args.context}-token prompts, {args.rounds} rounds (prompts included in the time)")
+    for way, r in rates.items():
+        print(f"  {way:8s} {statistics.median(r):7.1f} tok/s together (rounds: {', '.join(f'{x:.1f}' for x in r)})")
+    print(f"  batched / turns: {statistics.median(rates['batched']) / statistics.median(rates['turns']):.2f}x")
 
 
 if __name__ == "__main__":
