@@ -15,8 +15,9 @@ batched streams would get over one stream's.
 With --streams N, what the server's batching gets (runtime/server/batching.py): N generations,
 each in its own session on its own thread as `ft serve` runs them on the CPU, greedy from random
 prompts, their passes through the server's model wrapper (scheduler.CancellableModel) with the
-batcher and without it (turns, one pass at a time), in alternating rounds; prints the tokens a
-second of all N together each way.
+batcher and without it (turns, one pass at a time), every pass on the wrapper's one thread as the
+server runs them, and without it too (each generation's passes on its own thread, as before), in
+alternating rounds; prints the tokens a second of all N together each way.
 
     python benchmarks/bench_decode_batch.py --store /tmp/race/ft --model local/qwen3-30b-a3b-8l-q4_k_m \\
         --device cpu --threads 2
@@ -106,13 +107,15 @@ def streams(args: argparse.Namespace) -> None:
 
     greedy = SamplingParams(temperature=0.0, max_tokens=args.steps)
     rates: dict[str, list[float]] = {}
+    batched: list[float] = []  # the share of decoded tokens whose step ran in a batch
     with torch.inference_mode():
         loaded, chat, _ = load_for_chat(Store(args.store), args.model, dtype=None, num_ctx=args.context + args.steps + 8,
                                         overrides={}, threads=args.threads, device=args.device, vram_gib=args.vram_gib)
         gen = torch.Generator().manual_seed(0)
         for _ in range(args.rounds):
-            for way, batcher in (("batched", DecodeBatcher()), ("turns", None)):
-                model = CancellableModel(loaded.model, batcher=batcher)
+            for way, batcher, one_thread in (("batched", DecodeBatcher(), True), ("turns", None, True),
+                                             ("turns, own threads", None, False)):
+                model = CancellableModel(loaded.model, batcher=batcher, one_thread=one_thread)
                 sessions = [Session(model, chat.session.tokenizer, args.context + args.steps + 8)  # type: ignore[arg-type]
                             for _ in range(args.streams)]
                 prompts = [_random_ids(args.context, loaded.config.vocab_size, gen) for _ in sessions]
@@ -125,11 +128,17 @@ def streams(args: argparse.Namespace) -> None:
                 for t in threads:
                     t.join()
                 rates.setdefault(way, []).append(sum(made) / (time.perf_counter() - start))
+                model.close()
+                if batcher is not None:
+                    batched.append(batcher.batched_steps / max(1, sum(made)))
     print(f"{args.model} on {args.device}, {args.threads} threads, {args.streams} generations of {args.steps} tokens "
           f"after {args.context}-token prompts, {args.rounds} rounds (prompts included in the time)")
     for way, r in rates.items():
-        print(f"  {way:8s} {statistics.median(r):7.1f} tok/s together (rounds: {', '.join(f'{x:.1f}' for x in r)})")
-    print(f"  batched / turns: {statistics.median(rates['batched']) / statistics.median(rates['turns']):.2f}x")
+        print(f"  {way:20s} {statistics.median(r):7.1f} tok/s together (rounds: {', '.join(f'{x:.1f}' for x in r)})")
+    print(f"  batched / turns: {statistics.median(rates['batched']) / statistics.median(rates['turns']):.2f}x, "
+          f"turns / turns on the generations' own threads (before 2026-12-08): "
+          f"{statistics.median(rates['turns']) / statistics.median(rates['turns, own threads']):.2f}x; "
+          f"steps run in batches: {statistics.median(batched):.0%} of the tokens")
 
 
 if __name__ == "__main__":

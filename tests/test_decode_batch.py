@@ -107,7 +107,7 @@ def test_concurrent_generations_decode_in_batches_and_answer_as_alone(tiny) -> N
     loaded, tokenizer = tiny
     want = _alone(loaded, tokenizer)
     paced, batcher = Paced(loaded.model, 0.005), DecodeBatcher()
-    model = CancellableModel(paced, batcher=batcher)
+    model = CancellableModel(paced, batcher=batcher, one_thread=True)  # (as a CPU model's runner makes it)
     got: dict[int, list[int]] = {}
 
     def generate(i: int) -> None:
@@ -118,9 +118,41 @@ def test_concurrent_generations_decode_in_batches_and_answer_as_alone(tiny) -> N
         t.start()
     for t in threads:
         t.join(timeout=60)
+    model.close()
     assert [got.get(i) for i in range(len(PROMPTS))] == want
     assert batcher.passes > 0 and max(paced.batch_rows) >= 2, "no two generations' steps ran together"
     assert batcher.batched_steps == sum(paced.batch_rows)
+    # once in step they stay so: most decode steps ran with company (the first ones may not, nor the
+    # last of a generation that runs longer than the others)
+    assert batcher.batched_steps >= 0.5 * sum(len(t) for t in want)
+
+
+def test_every_pass_runs_on_the_wrappers_one_thread(tiny) -> None:
+    """one_thread: prompt slices and decode steps of generations on several threads all run on the
+    wrapper's one thread (one OpenMP team), with the torch thread count of the thread that made it."""
+    loaded, tokenizer = tiny
+    seen: set[str] = set()
+
+    class Where(Paced):
+        def forward(self, input_ids: torch.Tensor, state: Any, last_only: bool = False) -> torch.Tensor:
+            seen.add(threading.current_thread().name)
+            assert torch.get_num_threads() == threads
+            return self.model.forward(input_ids, state, last_only)
+
+        def decode_batch(self, input_ids: torch.Tensor, states: list[Any]) -> torch.Tensor:
+            seen.add(threading.current_thread().name)
+            return self.model.decode_batch(input_ids, states)
+
+    threads = torch.get_num_threads()
+    model = CancellableModel(Where(loaded.model, 0.0), batcher=DecodeBatcher(), one_thread=True)
+    workers = [threading.Thread(target=lambda p=p: Session(model, tokenizer, 64).generate(p, GREEDY))  # type: ignore[arg-type]
+               for p in PROMPTS]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=60)
+    model.close()
+    assert len(seen) == 1 and next(iter(seen)).startswith("ft-passes")
 
 
 def test_a_cancelled_generations_step_leaves_the_batch_and_the_others_go_on(tiny) -> None:

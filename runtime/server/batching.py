@@ -13,16 +13,21 @@ token's: two streams together get ~1.5x the tokens a second of one.
 How a step joins a batch: it is added to the pending steps, then its generation takes its turn at
 the model as any pass does (first come, first served, prompt slices included). At its turn, a step
 another generation's turn has run meanwhile returns at once; otherwise it runs the pending steps,
-up to MAX_BATCH, as one pass and hands each its logits. So the steps of generations decoding side
-by side fall into batches by themselves, with no waiting for company: a generation alone runs its
-step as before (`forward`). A step whose job was cancelled is dropped from a batch (its state not
-moved, as a refused pass leaves it). A batch refused for a full context is run a step at a time,
-so each step gets its own answer or its own error.
+up to MAX_BATCH, as one pass and hands each its logits. Each generation samples its token on its
+own thread between passes, so two generations stepping in turns would each find the other's next
+step not yet pending and never meet: a turn first waits, up to half a pass (GATHER_SHARE of the
+last pass, at most GATHER_MAX_S), for the steps of the generations served in the last two passes'
+time that are not pending yet. Once two steps run in one pass both come back together and stay
+in step. A generation alone waits for no one and runs its step as before (`forward`). A step whose
+job was cancelled is dropped from a batch (its state not moved, as a refused pass leaves it). A
+batch refused for a full context is run a step at a time, so each step gets its own answer or
+its own error.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -35,6 +40,8 @@ from .scheduler import GenerationCancelled, Job
 # Steps a pass at most: the CPU kernel's dense products take up to 4 tokens a pass over a weight
 # (runtime/experts/cpu_kernels.DENSE_MAX_TOKENS); more would read the weights again.
 MAX_BATCH = 4
+GATHER_SHARE = 0.5  # of the last pass's time, a turn's wait for the steps of generations served lately
+GATHER_MAX_S = 0.05
 
 
 class _Step:
@@ -62,34 +69,55 @@ class DecodeBatcher:
     def __init__(self, max_batch: int = MAX_BATCH) -> None:
         self.max_batch = max_batch
         self._pending: list[_Step] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._served: dict[int, float] = {}  # id of a state -> when a pass last ran its step
+        self._pass_s = 0.0  # the last pass's time
         self.passes = 0  # batched passes run (of two steps or more): a diagnostic
         self.batched_steps = 0  # steps run in them
 
     def step(self, model: Any, input_ids: torch.Tensor, state: Any, job: Job | None,
-             turn: Callable[[], AbstractContextManager[None]]) -> torch.Tensor:
+             turn: Callable[[], AbstractContextManager[None]],
+             call: Callable[[Callable[[], Any]], Any] = lambda pass_: pass_()) -> torch.Tensor:
         """Logits [1, V] of `input_ids` (one token) following `state`'s tokens, run in a batch with
         the other generations' pending steps (by `model.decode_batch`, or `model.forward` alone).
         `turn()`: the calling generation's turn at the model (GenerationCancelled where its job was
-        cancelled: the step is withdrawn where not run)."""
+        cancelled: the step is withdrawn where not run); `call(pass_)`: where the pass runs (the
+        model wrapper's own thread, CancellableModel.one_thread)."""
         mine = _Step(input_ids, state, job)
         with self._lock:
             self._pending.append(mine)
+            self._lock.notify_all()
         try:
             with turn():
                 if not mine.done:
                     with self._lock:
+                        self._lock.wait_for(self._gathered, timeout=min(GATHER_MAX_S, GATHER_SHARE * self._pass_s))
                         others = [s for s in self._pending if s is not mine][: self.max_batch - 1]
                         batch = [mine, *others]
                         for s in batch:
                             self._pending.remove(s)
-                    self._run(model, batch)
+                    start = time.perf_counter()
+                    call(lambda: self._run(model, batch))
+                    with self._lock:
+                        self._pass_s = time.perf_counter() - start
+                        for s in batch:
+                            self._served[id(s.state)] = time.perf_counter()
         except GenerationCancelled:
             with self._lock:
                 if mine in self._pending:
                     self._pending.remove(mine)
             raise
         return mine.result()
+
+    def _gathered(self) -> bool:
+        """Whether the pass may start (under the lock): a full batch pending, or every generation
+        served within the last two passes' time has its step pending (those served longer ago are
+        forgotten: a generation that ended comes back no more)."""
+        if len(self._pending) >= self.max_batch:
+            return True
+        now, recent = time.perf_counter(), 2 * self._pass_s
+        self._served = {k: t for k, t in self._served.items() if now - t <= recent}
+        return set(self._served) <= {id(s.state) for s in self._pending}
 
     def _run(self, model: Any, batch: list[_Step]) -> None:
         live = []

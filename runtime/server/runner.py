@@ -143,7 +143,8 @@ class Runner:
         self.share = TimeShare() if size == 1 and park_bytes > 0 else None
         # several sessions (a CPU model's): their generations' decode steps run in batches (batching.py)
         batcher = DecodeBatcher() if size > 1 else None
-        self.model = CancellableModel(loaded.model, queue_ahead=size == 1, share=self.share, batcher=batcher)
+        self.model = CancellableModel(loaded.model, queue_ahead=size == 1, share=self.share, batcher=batcher,
+                                      one_thread=size > 1)
         slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else SHARED_PREFILL_SLICE_TOKENS if self.share else None
         self.sessions = SessionPool(
             lambda context: Session(cast(DecoderModel, self.model), tokenizer, context, prefill_slice=slice_tokens),
@@ -179,8 +180,11 @@ class Runner:
 
     def release(self) -> None:
         """Once no job runs: give back what the GPU runtime holds beyond Python's reach (the CPU
-        worker thread, the page-locked registration of the expert banks) and drop the weights, so
+        worker thread, the page-locked registration of the expert banks), end the passes' thread,
+        and drop the weights, so
         the caller's collection frees them (and their VRAM) now."""
+        if self.model is not None:
+            self.model.close()  # (its passes' thread)
         experts = self.loaded.experts if self.loaded is not None else None
         if experts is not None:
             experts.close()
