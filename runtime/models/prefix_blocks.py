@@ -27,6 +27,7 @@ never older than them. The budget, and when to store or take back, are the calle
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,9 +205,20 @@ class BlockStore:
         self.hit_tokens += found.length
 
     def evict(self, max_bytes: int) -> None:
-        """The least recently used leaves removed until the blocks hold at most `max_bytes`."""
-        while self.nbytes > max_bytes and self.blocks:
-            self._remove(min((b for b in self.blocks.values() if not b.children), key=lambda b: b.used))
+        """The least recently used leaves removed until the blocks hold at most `max_bytes` (a
+        parent a leaf once its last child goes; among equally old leaves the first stored), from
+        a heap of the leaves: one pass over the blocks, not one a removal."""
+        if self.nbytes <= max_bytes:
+            return
+        order = {key: i for i, key in enumerate(self.blocks)}
+        leaves = [(b.used, order[b.key], b) for b in self.blocks.values() if not b.children]
+        heapq.heapify(leaves)
+        while self.nbytes > max_bytes and leaves:
+            block = heapq.heappop(leaves)[2]
+            self._remove(block)
+            parent = block.parent
+            if parent is not None and not parent.children:
+                heapq.heappush(leaves, (parent.used, order[parent.key], parent))
 
     def clear(self) -> None:
         self.blocks, self.roots, self.nbytes = {}, {}, 0
