@@ -101,7 +101,7 @@ def streams(args: argparse.Namespace) -> None:
     from ftpull.run import load_for_chat
     from registry import Store
     from runtime.engine import Session
-    from runtime.server.batching import DecodeBatcher
+    from runtime.server.batching import DecodeBatcher, pass_thread
     from runtime.server.scheduler import CancellableModel
     from runtime.text.sampling import SamplingParams
 
@@ -115,7 +115,7 @@ def streams(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             for way, batcher, one_thread in (("batched", DecodeBatcher(), True), ("turns", None, True),
                                              ("turns, own threads", None, False)):
-                model = CancellableModel(loaded.model, batcher=batcher, one_thread=one_thread)
+                model = CancellableModel(loaded.model, batcher=batcher, passes=pass_thread() if one_thread else None)
                 sessions = [Session(model, chat.session.tokenizer, args.context + args.steps + 8)  # type: ignore[arg-type]
                             for _ in range(args.streams)]
                 prompts = [_random_ids(args.context, loaded.config.vocab_size, gen) for _ in sessions]

@@ -20,7 +20,7 @@ from runtime.engine import Session
 from runtime.loading.registered import open_model
 from runtime.loading.runnable import load
 from runtime.models import ContextOverflowError
-from runtime.server.batching import DecodeBatcher, _Step
+from runtime.server.batching import DecodeBatcher, _Step, pass_thread
 from runtime.server.scheduler import CancellableModel, GenerationCancelled, Job
 from runtime.text.sampling import SamplingParams
 from runtime.text.tokenizer import Tokenizer
@@ -107,7 +107,7 @@ def test_concurrent_generations_decode_in_batches_and_answer_as_alone(tiny) -> N
     loaded, tokenizer = tiny
     want = _alone(loaded, tokenizer)
     paced, batcher = Paced(loaded.model, 0.005), DecodeBatcher()
-    model = CancellableModel(paced, batcher=batcher, one_thread=True)  # (as a CPU model's runner makes it)
+    model = CancellableModel(paced, batcher=batcher, passes=pass_thread())  # (as a CPU model's runner makes it)
     got: dict[int, list[int]] = {}
 
     def generate(i: int) -> None:
@@ -128,7 +128,7 @@ def test_concurrent_generations_decode_in_batches_and_answer_as_alone(tiny) -> N
 
 
 def test_every_pass_runs_on_the_wrappers_one_thread(tiny) -> None:
-    """one_thread: prompt slices and decode steps of generations on several threads all run on the
+    """pass_thread: prompt slices and decode steps of generations on several threads all run on the
     wrapper's one thread (one OpenMP team), with the torch thread count of the thread that made it."""
     loaded, tokenizer = tiny
     seen: set[str] = set()
@@ -144,7 +144,7 @@ def test_every_pass_runs_on_the_wrappers_one_thread(tiny) -> None:
             return self.model.decode_batch(input_ids, states)
 
     threads = torch.get_num_threads()
-    model = CancellableModel(Where(loaded.model, 0.0), batcher=DecodeBatcher(), one_thread=True)
+    model = CancellableModel(Where(loaded.model, 0.0), batcher=DecodeBatcher(), passes=pass_thread())
     workers = [threading.Thread(target=lambda p=p: Session(model, tokenizer, 64).generate(p, GREEDY))  # type: ignore[arg-type]
                for p in PROMPTS]
     for t in workers:

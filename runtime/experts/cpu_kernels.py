@@ -58,7 +58,7 @@ BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequa
 ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4, "silu": 5}
 BIAS_DTYPES = ("f32", "f16", "bf16")
 TORCH_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-NORM_DTYPE_CODES = {torch.float32: DTYPE_CODES["f32"], torch.bfloat16: DTYPE_CODES["bf16"]}  # what ft_rms_norm and ft_rotary take
+ROW_DTYPE_CODES = {torch.float32: DTYPE_CODES["f32"], torch.bfloat16: DTYPE_CODES["bf16"]}  # what ft_rms_norm and ft_rotary take
 DENSE_MAX_TOKENS = 4  # tokens per pass over the weight (MAX_NT in moe_cpu.cpp)
 FP8_DTYPES = ("f8_e4m3", "f8_e5m2")
 
@@ -263,7 +263,7 @@ class Kernel:
         decode row's checks cost more than the norm). -> x's shape and dtype."""
         cols = x.shape[-1]
         out = torch.empty_like(x)
-        rc = self._rms_norm(x.data_ptr(), NORM_DTYPE_CODES[x.dtype], x.numel() // cols if cols else 0, cols,
+        rc = self._rms_norm(x.data_ptr(), ROW_DTYPE_CODES[x.dtype], x.numel() // cols if cols else 0, cols,
                             None if weight is None else weight.data_ptr(), eps, offset, out.data_ptr(), threads)
         if rc != 0:
             raise ValueError(f"the kernel's RMSNorm takes f32/bf16 rows, not {x.dtype}")
@@ -275,7 +275,7 @@ class Kernel:
         (rope.py's `_cpu_kernel_takes`). -> x's shape and dtype."""
         out = torch.empty_like(x)
         tokens, heads, dim = x.shape
-        rc = self._rotary(x.data_ptr(), NORM_DTYPE_CODES[x.dtype], tokens, heads, dim, cos.data_ptr(), sin.data_ptr(),
+        rc = self._rotary(x.data_ptr(), ROW_DTYPE_CODES[x.dtype], tokens, heads, dim, cos.data_ptr(), sin.data_ptr(),
                           cos.shape[-1], out.data_ptr(), threads)
         if rc != 0:
             raise ValueError(f"the kernel's rotation takes f32/bf16 heads, not {x.dtype}")

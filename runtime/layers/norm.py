@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..experts.cpu_kernels import NORM_DTYPE_CODES, native_kernel
+from ..experts.cpu_kernels import ROW_DTYPE_CODES, native_kernel
 
 # (supports, kernel): set by the GPU runtime when a model runs on the GPU (DeviceModel)
 _device_kernel: tuple[Callable[..., bool], Callable[..., torch.Tensor]] | None = None
@@ -57,7 +57,7 @@ def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, 
 def _cpu_kernel_takes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     """Whether the CPU kernel norms `x`, times `weight` where given: contiguous, one dtype it takes.
     (Checked in attributes that cost ~0.1 us: a decode row's norm is ~3 us in the kernel.)"""
-    return (x.is_cpu and x.dtype in NORM_DTYPE_CODES and x.is_contiguous()
+    return (x.is_cpu and x.dtype in ROW_DTYPE_CODES and x.is_contiguous()
             and (weight is None or (weight.is_cpu and weight.dtype == x.dtype and weight.dim() == 1
                                     and weight.shape[0] == x.shape[-1] and weight.is_contiguous())))
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, UnsupportedFamilyError
-from ..experts.cpu_kernels import NORM_DTYPE_CODES, native_kernel
+from ..experts.cpu_kernels import ROW_DTYPE_CODES, native_kernel
 
 _pass = threading.local()  # `number`: the forward pass under way on this thread (forward_begins)
 
@@ -273,7 +273,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def _cpu_kernel_takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether the CPU kernel rotates x [T, heads, D] by cos/sin [T, R]: contiguous, one dtype it
     takes, R even and at most D (csrc/rows.cpp's ft_rotary: one call where torch's form makes ~7)."""
-    return (x.is_cpu and x.dtype in NORM_DTYPE_CODES and x.dim() == 3 and x.is_contiguous()
+    return (x.is_cpu and x.dtype in ROW_DTYPE_CODES and x.dim() == 3 and x.is_contiguous()
             and cos.dtype == x.dtype and sin.dtype == x.dtype and cos.dim() == 2 and cos.shape == sin.shape
             and cos.shape[0] == x.shape[0] and cos.shape[1] % 2 == 0 and cos.shape[1] <= x.shape[2]
             and cos.is_contiguous() and sin.is_contiguous())

@@ -183,6 +183,15 @@ class Block:
     biases: tuple[ResidualBias, ResidualBias] | None = None
 
 
+def _check_room(state: DecodeState, tokens: int) -> None:
+    """ContextOverflowError, naming the fix, where `tokens` more do not fit `state`'s context."""
+    if state.length + tokens > state.max_tokens:
+        raise ContextOverflowError(
+            f"{state.length + tokens} tokens do not fit the context of {state.max_tokens}; shorten the prompt, "
+            "clear the conversation, or raise num_ctx"
+        )
+
+
 class DecoderModel:
     """Pre-norm residual decoder: x += mixer(norm(x)); x += ffn(norm(x)) (a parallel block:
     h = norm(x); x += mixer(h) + ffn(h)).
@@ -328,11 +337,7 @@ class DecoderModel:
         gigabytes, and the largest matmul of the pass). `embeds` [T, H]: their embedding rows,
         where the caller looked them up (a table kept in host memory: gpu/device_model.py)."""
         t, start = input_ids.shape[0], state.length
-        if start + t > state.max_tokens:
-            raise ContextOverflowError(
-                f"{start + t} tokens do not fit the context of {state.max_tokens}; shorten the prompt, "
-                "clear the conversation, or raise num_ctx"
-            )
+        _check_room(state, t)
         x = self._embed(input_ids, embeds)
         x = self._layers(x, torch.arange(start, start + t), state, start, input_ids)
         state.length = start + t
@@ -351,11 +356,9 @@ class DecoderModel:
         if len(states) != input_ids.shape[0] or len({id(s) for s in states}) != len(states):
             raise ValueError(f"decode_batch takes one token for each of {len(states)} distinct states, "
                              f"not {input_ids.shape[0]} tokens")
+        for state in states:
+            _check_room(state, 1)
         starts = [s.length for s in states]
-        for state, start in zip(states, starts, strict=True):
-            if start + 1 > state.max_tokens:
-                raise ContextOverflowError(f"{start + 1} tokens do not fit the context of {state.max_tokens}; "
-                                           "shorten the prompt, clear the conversation, or raise num_ctx")
         rows = [torch.tensor([start]) for start in starts]  # (each row's positions, one tensor a row for the pass)
 
         def mix(layer: int, h: torch.Tensor) -> torch.Tensor:

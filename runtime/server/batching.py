@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -42,6 +43,17 @@ from .scheduler import GenerationCancelled, Job
 MAX_BATCH = 4
 GATHER_SHARE = 0.5  # of the last pass's time, a turn's wait for the steps of generations served lately
 GATHER_MAX_S = 0.05
+
+
+def pass_thread() -> ThreadPoolExecutor:
+    """One thread for every forward pass of a model whose generations run on threads of their own
+    (CancellableModel's `passes`), with the calling thread's torch thread count (each thread's
+    own setting). OpenMP keeps a team of threads for each thread that opens a parallel region, and
+    the idle teams of the other generations' threads spin on the cores the running one needs: on
+    the 2-core VM a worker thread's decode ran at 0.6-0.8x the main thread's with the default wait
+    policy (1x with OMP_WAIT_POLICY=passive)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="ft-passes", initializer=torch.set_num_threads,
+                              initargs=(torch.get_num_threads(),))
 
 
 class _Step:
@@ -82,7 +94,7 @@ class DecodeBatcher:
         the other generations' pending steps (by `model.decode_batch`, or `model.forward` alone).
         `turn()`: the calling generation's turn at the model (GenerationCancelled where its job was
         cancelled: the step is withdrawn where not run); `call(pass_)`: where the pass runs (the
-        model wrapper's own thread, CancellableModel.one_thread)."""
+        model wrapper's passes' thread: `pass_thread`)."""
         mine = _Step(input_ids, state, job)
         with self._lock:
             self._pending.append(mine)

@@ -31,7 +31,7 @@ from runtime.planner.plan import RAM_RESERVE_BYTES, Plan
 from runtime.text.tokenizer import Tokenizer
 
 from . import models
-from .batching import DecodeBatcher
+from .batching import DecodeBatcher, pass_thread
 from .parsers import make_parser, opens_reasoning, syntax_for
 from .protocol import BadRequest, Done, Event, ServerError, ToolCallEvent
 from .scheduler import DEFAULT_KEEP_ALIVE_S, CancellableModel, GenerationCancelled, Job
@@ -144,7 +144,7 @@ class Runner:
         # several sessions (a CPU model's): their generations' decode steps run in batches (batching.py)
         batcher = DecodeBatcher() if size > 1 else None
         self.model = CancellableModel(loaded.model, queue_ahead=size == 1, share=self.share, batcher=batcher,
-                                      one_thread=size > 1)
+                                      passes=pass_thread() if size > 1 else None)
         slice_tokens = PREFILL_SLICE_TOKENS if size > 1 else SHARED_PREFILL_SLICE_TOKENS if self.share else None
         self.sessions = SessionPool(
             lambda context: Session(cast(DecoderModel, self.model), tokenizer, context, prefill_slice=slice_tokens),

@@ -180,19 +180,6 @@ class SharedState(Protocol):
     def boundary(self, num_tokens: int, may_switch: bool = True) -> None: ...  # before the holder's pass
 
 
-def torch_threads() -> int:
-    """The calling thread's torch (OpenMP) thread count: a setting of each thread's own."""
-    import torch  # (only here: this module is policy, and imports no model code)
-
-    return torch.get_num_threads()
-
-
-def set_torch_threads(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 class StepBatcher(Protocol):
     """What a model wrapper asks of the batching of concurrent generations' decode steps
     (batching.DecodeBatcher), so that this module, which batching builds on, does not import it."""
@@ -211,26 +198,19 @@ class CancellableModel:
     """
 
     def __init__(self, model: Any, queue_ahead: bool = False, share: SharedState | None = None,
-                 batcher: StepBatcher | None = None, one_thread: bool = False) -> None:
+                 batcher: StepBatcher | None = None, passes: ThreadPoolExecutor | None = None) -> None:
         """`queue_ahead`: one generation runs at a time (one session), so its decode steps may be
         queued ahead where the model can (`can_queue`). `share`: the generations take turns at one
         session's state (time_share.py): each holds it for its run, handing it over at a turn
         boundary, so a pass takes no turn of its own (the turnstile is unused). `batcher`: the
         one-token passes of generations in sessions of their own go through it (not with `share`).
-        `one_thread`: every forward pass runs on one thread of the wrapper's own, whichever
-        generation's turn it is (a CPU model's: OpenMP keeps a team of threads for each thread that
-        opens a parallel region, and the idle teams of the other generations' threads spin on the
-        cores the running one needs; on the 2-core VM a worker thread's decode ran at 0.6-0.8x the
-        main thread's with the default wait policy, 1x with OMP_WAIT_POLICY=passive)."""
+        `passes`: one thread every forward pass runs on, whichever generation's turn it is
+        (batching.pass_thread: a CPU model's); the wrapper ends it at `close`."""
         self.model = model
         self.queue_ahead = queue_ahead
         self.share = share
         self.batcher = batcher if share is None else None
-        self._thread: ThreadPoolExecutor | None = None
-        if one_thread:
-            threads = torch_threads()
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="ft-passes", initializer=set_torch_threads,
-                                              initargs=(threads,))
+        self._thread = passes
         self.turnstile = Turnstile()
         self._unread = 0  # a time-shared state's holder: steps queued whose logits are not read yet
         self._jobs: dict[int, Job] = {}  # worker thread -> the job it runs
@@ -301,7 +281,7 @@ class CancellableModel:
             return self._call(lambda: self.model.forward(input_ids, state, last_only))
 
     def _call(self, pass_: Callable[[], Any]) -> Any:
-        """`pass_()` on the passes' own thread where there is one (`one_thread`), else here."""
+        """`pass_()` on the passes' thread where there is one, else here."""
         return pass_() if self._thread is None else self._thread.submit(pass_).result()
 
     def close(self) -> None:
