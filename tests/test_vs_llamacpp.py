@@ -140,7 +140,8 @@ def test_report_pairs_ft_with_llamacpp_and_checks_the_targets(tmp_path: Path) ->
     text = report.table(back)
     assert "2.50x" in text and "2,375 / 2,370" in text
     md = report.table(back, markdown=True).splitlines()
-    assert md[0].startswith("| shape |") and len(md) == 2 + 4
+    assert md[0].startswith("| shape |") and md[0].endswith("| measured |") and len(md) == 2 + 4
+    assert all(line.count("|") == md[0].count("|") for line in md)
 
 
 def test_a_measurement_of_nothing_has_no_spread() -> None:

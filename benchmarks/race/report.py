@@ -137,17 +137,21 @@ def _ts(r: Row | None) -> str:
 
 
 def table(rows: Iterable[Row], markdown: bool = False) -> str:
-    """One line per paired measurement: setting, kind, tokens, VRAM of each, tok/s of each, ratio."""
+    """One line per paired measurement: setting, kind, tokens, VRAM of each, tok/s of each, ratio, and
+    when (the date and ft's commit: a pair is measured in one call, so its rows share them)."""
     head = ["shape", "weights", "layers", "threads", "-ncmoe", "test", "VRAM MiB llama.cpp / ft", "llama.cpp tok/s",
-            "ft tok/s", "ft / llama.cpp", "ft, trace routing"]
+            "ft tok/s", "ft / llama.cpp", "ft, trace routing", "measured"]
     lines = []
-    for p in pairs(rows):
+    # one file's rows together, from every expert in RAM (the largest -ncmoe) to the most in VRAM
+    order = sorted(pairs(rows), key=lambda p: (p.llama.shape, p.llama.dtype, p.llama.layers, p.llama.threads,
+                                                -p.llama.setting, p.llama.kind != "decode", p.llama.tokens))
+    for p in order:
         r = p.llama
         test = ("tg" if r.kind == "decode" else "pp") + str(r.tokens)
         ratio = "-" if p.ratio is None else f"{p.ratio:.2f}x"
         lines.append([r.shape, r.dtype, str(r.layers), str(r.threads), str(r.setting), test,
                       f"{_mib(r.vram_mib)} / {_mib(p.ft.vram_mib if p.ft else None)}", _ts(r), _ts(p.ft), ratio,
-                      _ts(p.ft_trace)])
+                      _ts(p.ft_trace), f"{r.date} {p.ft.commit}" if p.ft else r.date])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         out += ["| " + " | ".join(line) + " |" for line in lines]
