@@ -96,10 +96,15 @@ def q8k(x: np.ndarray) -> np.ndarray:
 def test_dequantization_is_gguf_py_bit_for_bit(kernels, variant: str, dtype: str) -> None:
     if variant not in kernels:
         pytest.skip(f"this CPU cannot run the {variant} build")
-    raw = random_blocks(dtype, 64, 512, np.random.default_rng(1))
+    raw = random_blocks(dtype, 160, 512, np.random.default_rng(1))  # past the size that takes threads
     want = gguf.quants.dequantize(raw, Q[dtype.upper()])
     got = kernels[variant].dequant_rows(torch.from_numpy(raw), dtype).numpy()
     assert np.isfinite(want).all() and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    threaded = kernels[variant].dequant_rows(torch.from_numpy(raw), dtype, threads=2).numpy()
+    assert np.array_equal(threaded.view(np.uint32), want.view(np.uint32))
+    # a CPU prompt's bf16 rows (block_weight.py): the values rounded as torch rounds them
+    as_bf16 = kernels[variant].dequant_rows(torch.from_numpy(raw), dtype, torch.bfloat16, threads=2)
+    assert torch.equal(as_bf16.view(torch.int16), torch.from_numpy(want).to(torch.bfloat16).view(torch.int16))
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])

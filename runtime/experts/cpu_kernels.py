@@ -186,7 +186,8 @@ class Kernel:
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         self._dequant_rows = lib.ft_dequant_rows
         self._dequant_rows.restype = ctypes.c_int
-        self._dequant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        self._dequant_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_int64, ctypes.c_int64]
         self._wait = lib.ft_wait_u32
         self._wait.restype = ctypes.c_int
         self._wait.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64]
@@ -281,13 +282,18 @@ class Kernel:
             raise ValueError(f"the kernel's rotation takes f32/bf16 heads, not {x.dtype}")
         return out
 
-    def dequant_rows(self, rows: torch.Tensor, dtype: str) -> torch.Tensor:
-        """K-quant or MXFP4 rows (uint8 [R, row bytes], as stored) as float32 [R, C]: the values the
-        kernel's products stand for, bit for bit gguf-py's dequantize."""
+    def dequant_rows(self, rows: torch.Tensor, dtype: str, out_dtype: torch.dtype = torch.float32,
+                     threads: int = 1) -> torch.Tensor:
+        """K-quant or MXFP4 rows (uint8 [R, row bytes], as stored) as [R, C] of `out_dtype`: float32,
+        the values the kernel's products stand for, bit for bit gguf-py's dequantize; bfloat16,
+        those rounded as torch's .to rounds them. The rows split over `threads`."""
         rows = rows.contiguous()
         cols = _block_cols(rows, dtype)
-        out = torch.empty(rows.shape[0], cols, dtype=torch.float32, device="cpu")
-        if self._dequant_rows(rows.data_ptr(), DTYPE_CODES[dtype], rows.shape[0], cols, out.data_ptr()) != 0:
+        if out_dtype not in ROW_DTYPE_CODES:
+            raise ValueError(f"dequant_rows writes {', '.join(map(str, ROW_DTYPE_CODES))}, not {out_dtype}")
+        out = torch.empty(rows.shape[0], cols, dtype=out_dtype, device="cpu")
+        if self._dequant_rows(rows.data_ptr(), DTYPE_CODES[dtype], rows.shape[0], cols, out.data_ptr(),
+                              ROW_DTYPE_CODES[out_dtype], threads) != 0:
             raise ValueError(f"dequant_rows takes {', '.join(BLOCK_ROW_DTYPES)} rows, not {dtype}")
         return out
 

@@ -10,7 +10,9 @@ VRAM is the expert cache's. Kept as blocks:
   nothing of the GPU runtime), on the CPU the expert kernel's integer products (`dense_blocks`,
   activations rounded to Q8_K as llama.cpp does);
 - a prompt's product dequantizes DEQUANT_CHUNK_BYTES of rows at a time into the activations'
-  dtype and multiplies them (the values the load-time copy held, so prompts compute as before).
+  dtype and multiplies them (the values the load-time copy held, so prompts compute as before);
+  on the CPU the kernel library dequantizes them, on the prompt's threads (torch's elementwise
+  form took ~8% of a Qwen3-30B-shaped Q4_K_M prompt there).
 Which tensors: the planner's `keeps_blocks` (runtime/planner/footprint.py, which counts them as
 stored), handed to the loader (runtime/loading/read_ftw.py, where BlockWeight is); everything
 else is dequantized at load as before.
@@ -43,9 +45,13 @@ def use_device_gemv(gemv: Callable[[torch.Tensor, BlockWeight], torch.Tensor]) -
 
 
 def block_linear(x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None,
-                 cpu_gemv: Callable[[torch.Tensor, BlockWeight], torch.Tensor | None]) -> torch.Tensor:
+                 cpu_gemv: Callable[[torch.Tensor, BlockWeight], torch.Tensor | None],
+                 cpu_values: Callable[[BlockWeight, int, int, torch.dtype], torch.Tensor | None] | None = None,
+                 ) -> torch.Tensor:
     """x [..., cols] @ weight^T (+ bias) in x's dtype. `cpu_gemv`: the CPU's in-place product of
-    x [T, cols], float32, or None where it has none (no kernel, too many tokens)."""
+    x [T, cols], float32, or None where it has none (no kernel, too many tokens). `cpu_values`:
+    the CPU's dequantization of rows [start, stop) into a dtype (the values `weight.values` gives),
+    or None where it has none; a CPU prompt's product multiplies those."""
     rows, cols = weight.shape
     if x.shape[-1] != cols:
         raise ValueError(f"a [{rows}, {cols}] weight cannot multiply inputs of {x.shape[-1]} values")
@@ -60,7 +66,8 @@ def block_linear(x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None
         step = max(1, DEQUANT_CHUNK_BYTES // (4 * cols))
         for start in range(0, rows, step):
             stop = min(start + step, rows)
-            out[:, start:stop] = flat @ weight.values(start, stop, x.dtype).T
+            values = cpu_values(weight, start, stop, x.dtype) if cpu_values is not None and not x.is_cuda else None
+            out[:, start:stop] = flat @ (weight.values(start, stop, x.dtype) if values is None else values).T
     else:
         out = out.to(x.dtype)  # (no copy where the GEMV wrote x's dtype)
     if bias is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..experts.cpu_kernels import DENSE_MAX_TOKENS, TORCH_NAMES, native_kernel
+from ..experts.cpu_kernels import BLOCK_ROW_DTYPES, DENSE_MAX_TOKENS, ROW_DTYPE_CODES, TORCH_NAMES, native_kernel
 from .block_weight import BlockWeight, block_linear
 
 # Weights smaller than this (bytes) stay on torch, where the kernel's call overhead would dominate.
@@ -26,7 +26,7 @@ DENSE_KERNEL_MIN_BYTES = 64 << 10
 def linear(x: torch.Tensor, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [T, C]; the result in x's dtype."""
     if isinstance(weight, BlockWeight):
-        return block_linear(x, weight, bias, _cpu_block_gemv)
+        return block_linear(x, weight, bias, _cpu_block_gemv, _cpu_block_values)
     if (x.device.type != "cpu" or x.dim() != 2 or not 1 <= x.shape[0] <= DENSE_MAX_TOKENS
             or x.shape[1] != weight.shape[-1] or weight.dtype not in TORCH_NAMES
             or weight.numel() * weight.element_size() < DENSE_KERNEL_MIN_BYTES or not weight.is_contiguous()):
@@ -48,3 +48,14 @@ def _cpu_block_gemv(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor | None
     if kernel is None or x.shape[0] > DENSE_MAX_TOKENS or x.dtype == torch.float32:
         return None
     return kernel.dense_blocks(x, weight.data, weight.dtype_name, torch.get_num_threads())
+
+
+def _cpu_block_values(weight: BlockWeight, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """Rows [start, stop) of a K-quant or MXFP4 weight in `dtype`, dequantized by the kernel on the
+    prompt's threads (bit for bit weight.values'); None without the kernel or for another dtype."""
+    kernel = native_kernel()
+    if kernel is None or weight.dtype_name not in BLOCK_ROW_DTYPES:
+        return None
+    if dtype in ROW_DTYPE_CODES:
+        return kernel.dequant_rows(weight.data[start:stop], weight.dtype_name, dtype, torch.get_num_threads())
+    return kernel.dequant_rows(weight.data[start:stop], weight.dtype_name, threads=torch.get_num_threads()).to(dtype)

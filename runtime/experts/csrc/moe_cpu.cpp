@@ -897,18 +897,35 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
   return 0;
 }
 
-// Rows of a K-quant or MXFP4 matrix as fp32, bit for bit gguf-py's gguf.quants.dequantize (the
-// values the kernel's products stand for; the tests hold it to that oracle). Returns 0, -2 for
-// another dtype or rows of partial (super-)blocks.
-int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_t cols, float* out) {
-  if (dtype == MXFP4) {
-    if (cols % mx::QK != 0) return -2;
-    for (int64_t r = 0; r < num_rows; ++r) mx::dequant_row(rows + r * (cols / mx::QK * mx::BLOCK_BYTES), cols, out + r * cols);
-    return 0;
+// Rows of a K-quant or MXFP4 matrix as fp32 (out_dtype F32), bit for bit gguf-py's
+// gguf.quants.dequantize (the values the kernel's products stand for; the tests hold it to that
+// oracle), or those values rounded to bf16 (BF16: as torch's .to(torch.bfloat16) rounds them), the
+// rows split over `num_threads`: a CPU prompt's product with a GGUF file's dense weights
+// dequantizes them a chunk of rows at a time (layers/block_weight.py). Returns 0, -2 for another
+// dtype or rows of partial (super-)blocks.
+int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_t cols, void* out, int64_t out_dtype,
+                    int64_t num_threads) {
+  const bool mxfp4 = dtype == MXFP4;
+  if (mxfp4 ? cols % mx::QK != 0 : !kq::is_kquant(dtype) || cols % kq::QK_K != 0) return -2;
+  if (out_dtype != F32 && out_dtype != BF16) return -2;
+  const int64_t row_bytes = mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES : cols / kq::QK_K * kq::block_bytes(dtype);
+  const int threads = num_rows * cols >= (1 << 16) ? int(std::max<int64_t>(1, num_threads)) : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> row(out_dtype == F32 ? 0 : cols);  // a bf16 row's fp32 values, then rounded
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < num_rows; ++r) {
+      float* values = out_dtype == F32 ? static_cast<float*>(out) + r * cols : row.data();
+      if (mxfp4)
+        mx::dequant_row(rows + r * row_bytes, cols, values);
+      else
+        kq::dequant_row(dtype, rows + r * row_bytes, cols, values);
+      if (out_dtype == BF16) {
+        uint16_t* to = static_cast<uint16_t*>(out) + r * cols;
+        for (int64_t c = 0; c < cols; ++c) to[c] = float_to_bf16(values[c]);
+      }
+    }
   }
-  if (!kq::is_kquant(dtype) || cols % kq::QK_K != 0) return -2;
-  const int64_t row_bytes = cols / kq::QK_K * kq::block_bytes(dtype);
-  for (int64_t r = 0; r < num_rows; ++r) kq::dequant_row(dtype, rows + r * row_bytes, cols, out + r * cols);
   return 0;
 }
 
