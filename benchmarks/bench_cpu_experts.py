@@ -19,6 +19,7 @@ activations (--compute-dtype bf16, the default) and its fp32 ones with f32.
 
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 16
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --tokens 1,4,256 --dtypes bf16
+    PYTHONPATH=. python benchmarks/bench_cpu_experts.py --tokens 128,256,512 --dtypes q4_k/q6_k --gemm --no-reference
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 1,2 --dtypes bf16,q8_0,q4_k,q6_k,q4_k/q6_k
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --build avx2 --dtypes q4_k  # another CPU's build
     PYTHONPATH=. python benchmarks/bench_cpu_experts.py --threads 1,2 --dtypes bf16,q4_k,mxfp4,mxfp4+act,bf16+act
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ref-reps", type=int, default=8)
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) reference executor")
     parser.add_argument("--dram-mib", type=int, default=2048, help="DRAM read buffer (>> LLC)")
+    parser.add_argument("--gemm", action="store_true",
+                        help="also time every call as prefill's dequantize-then-GEMM path (one bf16 GEMM per expert, "
+                             "the weights dequantized by the kernel), beside the kernel: where DEQUANT_GEMM_MIN_ROWS "
+                             "should switch")
     parser.add_argument("--dispatch", action="store_true",
                         help="also time the runtime's choice (the kernel, or dequantize + one GEMM per expert for "
                              "prefill-sized calls): 'runtime ms' and its speedup over the kernel")
@@ -154,6 +159,8 @@ def run_dtypes(args: argparse.Namespace, banks: dict, compute: torch.dtype, kern
                                  grouped_gemm_min_rows=None)  # the kernel alone
         reference = ReferenceCPUExpertExecutor({0: bank}, compute)
         runtime = CPUExpertExecutor({0: bank}, compute, threads=threads, kernel=kernel)  # as the model runs it
+        gemm = CPUExpertExecutor({0: bank}, compute, threads=threads, kernel=kernel, grouped_gemm_min_rows=0,
+                                 dequant_gemm_min_rows={"other": 0})  # every call one GEMM per expert
         for num_tokens in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(num_tokens, args.hidden).to(compute)
             weights = torch.rand(num_tokens, args.top_k).to(compute)
@@ -172,6 +179,11 @@ def run_dtypes(args: argparse.Namespace, banks: dict, compute: torch.dtype, kern
                 run_s = timed_steps(runtime, x, steps, weights, args.ref_reps, budget_s=30, warmup=1)
                 runtime_text = (f" | runtime {statistics.median(run_s) * 1e3:8.2f} ms, "
                                 f"{statistics.median(fast_s) / statistics.median(run_s):4.2f}x the kernel")
+            if args.gemm:
+                gemm_s = timed_steps(gemm, x, steps, weights, args.reps, budget_s=60)
+                rows = num_tokens * args.top_k / num_experts
+                runtime_text += (f" | gemm {statistics.median(gemm_s) * 1e3:8.2f} ms ({rows:.0f} rows an expert), "
+                                 f"{statistics.median(fast_s) / statistics.median(gemm_s):4.2f}x the kernel")
             fallback = "  (no kernel: the torch path)" if fast._layers.get(0) is None else ""
             print(f"{dtype:11} {num_tokens:4d} {step_bytes / 1e6:8.1f} | {ref_text} | {min(fast_s) * 1e3:8.2f} "
                   f"{fast_best:6.1f} {fast_median:8.1f} | {speedup:>7}{runtime_text}{fallback}")

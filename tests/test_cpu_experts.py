@@ -287,7 +287,7 @@ def test_long_prefills_on_quantized_banks_take_dequantized_gemms(kernels, monkey
     dequantized = []
     real = executor_mod.ExpertKernel.dequantized
     monkeypatch.setattr(executor_mod.ExpertKernel, "dequantized",
-                        lambda self, e, t: (dequantized.append(e), real(self, e, t))[1])
+                        lambda self, e, t, out=None: (dequantized.append(e), real(self, e, t, out))[1])
     rows = executor_mod.DEQUANT_GEMM_MIN_ROWS["other"]
     for num_tokens in (rows * NUM_EXPERTS // TOP_K - 1, rows * NUM_EXPERTS // TOP_K):
         x = torch.randn(num_tokens, 96, generator=torch.Generator().manual_seed(num_tokens)).bfloat16()
@@ -296,6 +296,21 @@ def test_long_prefills_on_quantized_banks_take_dequantized_gemms(kernels, monkey
         assert_close(fast(0, x, ids, weights.bfloat16()), kernel_only(0, x, ids, weights.bfloat16()), rel=2e-2)
         assert (len(dequantized) > before) is (num_tokens * TOP_K >= rows * NUM_EXPERTS)
     assert sorted(set(dequantized)) == list(range(NUM_EXPERTS))
+
+
+def test_a_prefills_dequantized_experts_share_one_workspace(kernels) -> None:
+    """Each expert of a grouped-GEMM call is dequantized into the same two tensors (fresh ones are
+    fresh pages to fault in), each the values bank.weights gives."""
+    bank = random_bank("q4_k", NUM_EXPERTS, 256, 256, seed=29, down_dtype="q6_k")
+    executor = CPUExpertExecutor({0: bank}, torch.bfloat16, kernel=kernels["native"])
+    executor.prepare()
+    first = executor._expert_weights(0, 0)
+    addresses = tuple(t.data_ptr() for t in first)
+    for expert in (1, 2):
+        got = executor._expert_weights(0, expert)
+        assert tuple(t.data_ptr() for t in got) == addresses
+        want = bank.weights(expert, torch.bfloat16)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])

@@ -394,19 +394,30 @@ class ExpertKernel:
                         x.data_ptr(), DTYPE_CODES[TORCH_NAMES[x.dtype]], out.data_ptr(), threads, ready, done,
                         int(timeout_s * 1e6))
 
-    def dequantized(self, expert: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def dequantized(self, expert: int, threads: int,
+                    out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [2I, H] ([I, H] where not gated), w2 [H, I]) of one expert in bf16:
-        bank.weights(expert, torch.bfloat16), fast."""
-        inter, hidden = self.layout.gate.rows, self.layout.gate.cols
-        rows = self.bank.layout.activation.w13_rows(inter)
-        w13 = torch.empty(rows, hidden, dtype=torch.bfloat16, device="cpu")
-        w2 = torch.empty(hidden, inter, dtype=torch.bfloat16, device="cpu")
+        bank.weights(expert, torch.bfloat16), fast. `out`: the two tensors to write (the shapes of
+        `dequantized_shapes`, bf16, contiguous), reused from expert to expert: fresh 9 MiB tensors
+        are fresh pages, faulted in on every call."""
+        if out is None:
+            out = tuple(torch.empty(shape, dtype=torch.bfloat16, device="cpu") for shape in self.dequantized_shapes)
+        w13, w2 = out
+        if (tuple(w13.shape), tuple(w2.shape)) != self.dequantized_shapes or w13.dtype != torch.bfloat16 \
+                or w2.dtype != torch.bfloat16 or not (w13.is_contiguous() and w2.is_contiguous()):
+            raise ValueError(f"dequantized writes bf16 tensors of {self.dequantized_shapes}")
         rc = self.kernel._dequant(self.bank.data.data_ptr(), ctypes.byref(self.layout), expert, w13.data_ptr(),
                                   w2.data_ptr(), threads)
         if rc == -1:
             raise IndexError(f"expert {expert} of layer {self.bank.layer} is out of range ({self.bank.num_experts})")
         assert rc == 0, f"ft_dequant_expert returned {rc}"
         return w13, w2
+
+    @property
+    def dequantized_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The shapes `dequantized` gives: w13's and w2's."""
+        inter, hidden = self.layout.gate.rows, self.layout.gate.cols
+        return (self.bank.layout.activation.w13_rows(inter), hidden), (hidden, inter)
 
 
 def bank_layout(bank: HostExpertBank, *, int8_activations: bool = True) -> _Layout:

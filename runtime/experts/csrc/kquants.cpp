@@ -101,6 +101,74 @@ template <int64_t T> void dequant_block(const uint8_t* b, float* y) {
   }
 }
 
+// The same values rounded to bf16 (float_to_bf16's rounding), for prefill's dequantize-then-GEMM
+// path: with AVX-512, 16 values at a time, each the same IEEE products and differences as
+// dequant_block (multiply, then subtract: never fused), so the bf16 values are the rounding of
+// gguf-py's fp32 ones bit for bit; elsewhere dequant_block, then float_to_bf16.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+
+inline __m256i bf16_of(__m512 f) {  // nearest even, NaN quieted: float_to_bf16 in 16 lanes
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+inline void store_bf16(uint16_t* y, __m512 f) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), bf16_of(f)); }
+
+template <int64_t T> void dequant_block_bf16(const uint8_t* b, uint16_t* y) {
+  if constexpr (T == Q6_K) {
+    const float d = load_half(b + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b + 64 * half;
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {  // values 32k .. 32k + 31 of the half, as in dequant_block
+        const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * (k & 1)));
+        const __m256i lo4 = _mm256_and_si256(_mm256_srli_epi16(low, 4 * (k >> 1)), _mm256_set1_epi8(0x0F));
+        const __m256i hi2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3)), 4);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo4, hi2), _mm256_set1_epi8(32));  // q - 32, int8
+        const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        for (int g = 0; g < 2; ++g) {  // one scale per 16 values
+          const __m512 ds = _mm512_set1_ps(d * float(sc[8 * half + 2 * k + g]));
+          store_bf16(y + 128 * half + 32 * k + 16 * g, _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(halves[g]))));
+        }
+      }
+    }
+  } else {
+    const float d = load_half(b), dmin = load_half(b + 2);
+    const ScalesMins sm = scales_mins(b + 4);
+    const uint8_t* qs = b + (T == Q5_K ? 48 : 16);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (T == Q5_K) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512 ds = _mm512_set1_ps(d * float(byte_of(sm, j))), dm = _mm512_set1_ps(dmin * float(byte_of(sm, 8 + j)));
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
+      __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (j % 2)), _mm256_set1_epi8(0x0F));
+      if constexpr (T == Q5_K)
+        v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1)), 4));
+      const __m128i halves[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+      for (int h = 0; h < 2; ++h) {
+        const __m512 p = _mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves[h])));
+        store_bf16(y + 32 * j + 16 * h, _mm512_sub_ps(p, dm));
+      }
+    }
+  }
+}
+
+#else
+
+template <int64_t T> void dequant_block_bf16(const uint8_t* b, uint16_t* y) {
+  float values[QK_K];
+  dequant_block<T>(b, values);
+  for (int i = 0; i < QK_K; ++i) y[i] = float_to_bf16(values[i]);
+}
+
+#endif
+
 // ---- Q8_K activations ----
 
 // x ~ d x q with d = amax / 127 (as 1 / (127 / amax)), q = x x (127 / amax) rounded to nearest
@@ -448,6 +516,19 @@ bool dequant_row(int64_t dtype, const uint8_t* row, int64_t cols, float* out) {
       case Q4_K: dequant_block<Q4_K>(row + at, out + c); break;
       case Q5_K: dequant_block<Q5_K>(row + at, out + c); break;
       case Q6_K: dequant_block<Q6_K>(row + at, out + c); break;
+      default: return false;
+    }
+  }
+  return true;
+}
+
+bool dequant_row_bf16(int64_t dtype, const uint8_t* row, int64_t cols, uint16_t* out) {
+  const int64_t bytes = block_bytes(dtype);
+  for (int64_t c = 0, at = 0; c < cols; c += QK_K, at += bytes) {
+    switch (dtype) {
+      case Q4_K: dequant_block_bf16<Q4_K>(row + at, out + c); break;
+      case Q5_K: dequant_block_bf16<Q5_K>(row + at, out + c); break;
+      case Q6_K: dequant_block_bf16<Q6_K>(row + at, out + c); break;
       default: return false;
     }
   }

@@ -43,5 +43,7 @@ void quantize_q8k(const float* x, int64_t n, Q8K* out);
 
 // One row of `cols` values as fp32, bit for bit gguf-py's gguf.quants.dequantize. False: not a K-quant.
 bool dequant_row(int64_t dtype, const uint8_t* row, int64_t cols, float* out);
+// The same values rounded to bf16 as float_to_bf16 rounds them (SIMD where the build has AVX-512).
+bool dequant_row_bf16(int64_t dtype, const uint8_t* row, int64_t cols, uint16_t* out);
 
 }  // namespace kq

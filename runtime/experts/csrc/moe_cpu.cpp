@@ -480,19 +480,9 @@ template <int D> void dequant_rows(const uint8_t* record, const Mat& m, int64_t 
   }
 }
 
-// K-quant rows the same way: each super-block as fp32 (kq::dequant_row: gguf-py's values), then
-// rounded once.
+// K-quant rows the same way: gguf-py's fp32 values, each rounded once (kq::dequant_row_bf16).
 void dequant_rows_kquant(int64_t dtype, const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
-  const int64_t bytes = kq::block_bytes(dtype);
-  float block[kq::QK_K];
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = record + m.offset + r * m.row_bytes;
-    uint16_t* o = out + r * m.cols;
-    for (int64_t c = 0; c < m.cols; c += kq::QK_K) {
-      kq::dequant_row(dtype, row + c / kq::QK_K * bytes, kq::QK_K, block);
-      for (int64_t i = 0; i < kq::QK_K; ++i) o[c + i] = float_to_bf16(block[i]);
-    }
-  }
+  for (int64_t r = r0; r < r1; ++r) kq::dequant_row_bf16(dtype, record + m.offset + r * m.row_bytes, m.cols, out + r * m.cols);
 }
 
 bool dequant_rows_of(int64_t dtype, const uint8_t* record, const Mat& m, int64_t r0, int64_t r1, uint16_t* out) {
@@ -912,14 +902,19 @@ int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_
   const int threads = num_rows * cols >= (1 << 16) ? int(std::max<int64_t>(1, num_threads)) : 1;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(out_dtype == F32 ? 0 : cols);  // a bf16 row's fp32 values, then rounded
+    std::vector<float> row(out_dtype == BF16 && mxfp4 ? cols : 0);  // an MXFP4 row's fp32 values, then rounded
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < num_rows; ++r) {
+      const uint8_t* in = rows + r * row_bytes;
+      if (out_dtype == BF16 && !mxfp4) {
+        kq::dequant_row_bf16(dtype, in, cols, static_cast<uint16_t*>(out) + r * cols);
+        continue;
+      }
       float* values = out_dtype == F32 ? static_cast<float*>(out) + r * cols : row.data();
       if (mxfp4)
-        mx::dequant_row(rows + r * row_bytes, cols, values);
+        mx::dequant_row(in, cols, values);
       else
-        kq::dequant_row(dtype, rows + r * row_bytes, cols, values);
+        kq::dequant_row(dtype, in, cols, values);
       if (out_dtype == BF16) {
         uint16_t* to = static_cast<uint16_t*>(out) + r * cols;
         for (int64_t c = 0; c < cols; ++c) to[c] = float_to_bf16(values[c]);
