@@ -17,6 +17,7 @@ from .models import ContextOverflowError, DecoderModel
 from .models.base import StateCheckpoint
 from .models.prefix_blocks import BlockStore, Found
 from .models.state import DecodeState
+from .models.state_copy import checkpoint_bytes
 from .text.detokenize import IncrementalDetokenizer, StopStringMatcher
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
@@ -26,17 +27,40 @@ OnText = Callable[[str], None]
 # prompt tokens a continuing output is decoded after (as vLLM seeds its detokenizer): enough for
 # the last word, whatever the tokenizer
 CONTEXT_TOKENS = 6
-# A model with recurrent layers keeps this many of its states saved, each where a prompt's last
-# token begins (host copies: Qwen3-Next-sized Gated DeltaNet layers hold ~2 MiB each): the
-# next turn of a conversation departs there (a reply re-rendered by the template, its thinking
-# dropped; a retried turn), and is taken back to it instead of recomputing the whole prompt.
-SAVED_STATES = 2
+# A model with recurrent layers keeps up to this many of its states saved, each where a prompt's
+# last token begins (host copies: Qwen3-Next-sized Gated DeltaNet layers hold ~2 MiB each, ~70
+# MiB a state): the next turn of a conversation departs there (a reply re-rendered by the
+# template; a retried turn), and is taken back to it instead of recomputing the whole prompt.
+# Past the count, the older ones are thinned to a ladder (`ladder`): a departure further back,
+# where a template drops the thinking of every reply since the last user message (Qwen3's) or
+# an agent edits an older tool call, recomputes about as much again as it lies back, not the
+# whole conversation since the first message.
+SAVED_STATES = 8
+SAVED_STATES_BYTES = 512 << 20  # ... and within this many bytes (at least the last two)
 # ... and one more where the prompt's first message ends (its first end-of-turn token: the system
 # prompt and tools) if that is ANCHOR_MIN_TOKENS or more, kept while the session's history holds
 # it: an edit anywhere after it, or another conversation with the same system prompt
 # (Session.take_prefix), starts from there. (The prompt's first forward pass ends there, which on
 # the GPU streams the expert banks a prompt needs once more.)
 ANCHOR_MIN_TOKENS = 64
+
+
+def ladder(lengths: list[int], keep: int, floor: int = 0) -> list[int]:
+    """Which saved states to keep (`lengths`: where each was saved, ascending), at most `keep`: the
+    newest always; the others dropped one at a time by the least loss for the distance back, where
+    dropping the state at L makes a departure just after it resume from the one before it (or
+    `floor`: the first message's end, or nothing), `L - previous` more tokens computed for a
+    departure `newest - L` back. So the states kept thin out the further back they lie."""
+    kept = sorted(lengths)
+    while len(kept) > max(1, keep):
+        newest = kept[-1]
+
+        def loss(i: int) -> float:  # the tokens recomputed more, over the distance back
+            previous = max(kept[i - 1] if i > 0 else 0, floor if floor <= kept[i] else 0)
+            return (kept[i] - previous) / (newest - kept[i] + 1)
+
+        del kept[min(range(len(kept) - 1), key=loss)]
+    return kept
 
 
 class EmptyPromptError(ValueError):
@@ -160,7 +184,10 @@ class Session:
             return
         saved = self.model.checkpoint(self.state)
         if saved is not None:
-            self.saved = [*self.saved, saved][-SAVED_STATES:]
+            states = [*self.saved, saved]
+            keep = max(2, min(SAVED_STATES, SAVED_STATES_BYTES // max(1, checkpoint_bytes(saved))))
+            kept = set(ladder([s.length for s in states], keep, self.anchored.length if self.anchored else 0))
+            self.saved = [s for s in states if s.length in kept]
 
     def reusable(self, prompt: list[int]) -> int:
         """How many of `prompt`'s first tokens this session's state can keep, less at least its last

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine import SAVED_STATES, Session
+from runtime.engine import SAVED_STATES, Session, ladder
 from runtime.text.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
@@ -77,6 +77,38 @@ def test_only_states_of_the_history_kept_are_kept(hybrid) -> None:
     assert out.stats.cached_tokens == lengths[0] and [s.length for s in session.saved] == [lengths[0], len(back) - 1]
     other = session.generate([9, 9, 9, 9], GREEDY)  # departs at once: nothing to keep
     assert other.stats.cached_tokens == 0 and [s.length for s in session.saved] == [3]
+
+
+def test_the_saved_states_thin_out_the_further_back_they_lie() -> None:
+    """`ladder`: the newest kept; each state kept further back lies at least as far from the next
+    as the one after it does; states the first message's end (`floor`) already covers go first."""
+    kept = ladder(list(range(100, 2100, 100)), 6)
+    assert len(kept) == 6 and kept[-1] == 2000 and kept == sorted(kept)
+    gaps = [b - a for a, b in zip(kept, kept[1:], strict=False)]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > gaps[-1]
+    assert min(ladder(list(range(100, 2100, 100)), 6, floor=500)) > min(kept)
+    assert ladder([10, 20, 30], 8) == [10, 20, 30] and ladder([30], 1) == [30]
+
+
+def test_a_departure_turns_back_resumes_near_it(hybrid) -> None:
+    """An agent's loop of many turns, then a prompt that departs several turns back (Qwen3's
+    template drops the thinking of every reply since the last user message): it resumes from a
+    saved state within about as many tokens again as it lies back, not from the start, and
+    decodes as a fresh session over the same prompt does."""
+    session = Session(hybrid, _Ids(), 512)  # type: ignore[arg-type]
+    prompt = list(range(5, 25))
+    turns = []
+    for turn in range(SAVED_STATES + 6):  # each turn: the reply and a tool result, 12 tokens
+        prompt = prompt + [100 + turn] * 6 + [60 + turn] * 6
+        turns.append(len(prompt))
+        session.generate(prompt, GREEDY)
+    depart = turns[-6] + 3  # six turns back
+    edited = prompt[:depart] + [7, 7, 7]
+    back = len(prompt) - depart
+    out = session.generate(edited, GREEDY)
+    assert depart - 2 * back <= out.stats.cached_tokens <= depart
+    fresh = Session(hybrid, _Ids(), 512).generate(edited, GREEDY)  # type: ignore[arg-type]
+    assert out.tokens == fresh.tokens
 
 
 def test_a_model_whose_recurrent_cache_cannot_be_saved_starts_over() -> None:
