@@ -257,7 +257,7 @@ def test_long_prefills_on_kquant_banks_take_dequantized_gemms(kernels, monkeypat
     dequantized = []
     real = executor_mod.ExpertKernel.dequantized
     monkeypatch.setattr(executor_mod.ExpertKernel, "dequantized",
-                        lambda self, e, t: (dequantized.append(e), real(self, e, t))[1])
+                        lambda self, e, t, out=None: (dequantized.append(e), real(self, e, t, out))[1])
     reference = ReferenceCPUExpertExecutor({0: bank}, torch.float32)
     rows = executor_mod.DEQUANT_GEMM_MIN_ROWS["q4_k"]
     for num_tokens in (rows * NUM_EXPERTS // TOP_K - 1, rows * NUM_EXPERTS // TOP_K):
