@@ -225,6 +225,31 @@ def test_expert_outputs_are_the_reference_within_activation_rounding(kernels, ty
             assert 0.8 <= rms <= 1.25, f"{name}, {num_tokens} tokens: RMS {rms:.2f} sigma"
 
 
+@pytest.mark.parametrize("types", [("q4_k", "q4_k", "q6_k"), ("q5_k", "q6_k", "q5_k")], ids=["q4_k_m", "q5_k/q6_k"])
+def test_a_prompts_wide_passes_give_each_tokens_decode_bits(kernels, types: tuple[str, str, str]) -> None:
+    """A prompt's K-quant rows take up to 8 tokens a pass, each row alone (kquants.h MAX_NT), where
+    decode takes up to 4 with two rows side by side: every token's arithmetic is the same, so a
+    prompt whose experts get 1 to 21 tokens each (a remainder of every size) gives each token the
+    bits its own one-token call gives, on every build."""
+    gate, up, down = types
+    bank = random_bank(gate, NUM_EXPERTS, 512, 256, seed=31, up_dtype=up, down_dtype=down)
+    gen = torch.Generator().manual_seed(8)
+    num_tokens = 21
+    rows = []
+    for t in range(num_tokens):  # expert 3 gets all 21 tokens, expert 5 13 or more, the others 4-18
+        first = [3, 5] if t < 13 else [3]
+        rest = [e for e in torch.randperm(NUM_EXPERTS, generator=gen).tolist() if e not in first]
+        rows.append(first + rest[: TOP_K - len(first)])
+    ids = torch.tensor(rows)
+    weights = torch.rand(num_tokens, TOP_K, generator=gen)
+    x = torch.randn(num_tokens, 512, generator=gen).bfloat16()
+    for name, kernel in kernels.items():
+        fast = CPUExpertExecutor({0: bank}, torch.bfloat16, threads=2, kernel=kernel, grouped_gemm_min_rows=None)
+        whole = fast(0, x, ids, weights.bfloat16())
+        alone = torch.cat([fast(0, x[t:t + 1], ids[t:t + 1], weights[t:t + 1].bfloat16()) for t in range(num_tokens)])
+        assert torch.equal(whole.view(torch.int16), alone.view(torch.int16)), name
+
+
 def test_threads_and_the_selected_pairs_entry_point(kernels) -> None:
     """Any thread count gives the same bits (activations are quantized once, in order); the hybrid
     runtime's selected-pairs entry equals the kernel run on the selected pairs alone."""

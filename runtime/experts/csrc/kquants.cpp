@@ -490,8 +490,32 @@ void dot2(const uint8_t* a, const uint8_t* b, int64_t blocks, const Q8K* const* 
   }
 }
 
+// One row against NT activation rows: a prompt's wide pass, NT independent chains without a
+// second row's accumulators beside them (two rows' of eight tokens would leave the registers).
+template <int64_t T, int NT> void dot1(const uint8_t* a, int64_t blocks, const Q8K* const* act, float* out) {
+  constexpr int64_t bytes = T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+  Acc acc[NT];
+  for (int64_t i = 0; i < blocks; ++i) {
+    prefetch_block(a + i * bytes, bytes);
+    block_dot<T, NT>(a + i * bytes, act, i, acc);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t].total();
+}
+
+template <int64_t T, int NT>
+void dot2_wide(const uint8_t* a, const uint8_t* b, int64_t blocks, const Q8K* const* act, float* out_a, float* out_b) {
+  dot1<T, NT>(a, blocks, act, out_a);
+  if (b == a) {  // (an odd last row paired with itself)
+    for (int t = 0; t < NT; ++t) out_b[t] = out_a[t];
+  } else {
+    dot1<T, NT>(b, blocks, act, out_b);
+  }
+}
+
 template <int64_t T> void table_of(Dot2* fns) {
+  static_assert(PAIRED_NT == 4 && MAX_NT == 8, "the table below");
   fns[0] = dot2<T, 1>; fns[1] = dot2<T, 2>; fns[2] = dot2<T, 3>; fns[3] = dot2<T, 4>;
+  fns[4] = dot2_wide<T, 5>; fns[5] = dot2_wide<T, 6>; fns[6] = dot2_wide<T, 7>; fns[7] = dot2_wide<T, 8>;
 }
 
 }  // namespace

@@ -35,8 +35,11 @@ int64_t block_bytes(int64_t dtype);
 // rows of `blocks` super-blocks, act[t] the Q8_K blocks of one activation row.
 using Dot2 = void (*)(const uint8_t* a, const uint8_t* b, int64_t blocks, const Q8K* const* act, float* out_a,
                       float* out_b);
-constexpr int MAX_NT = 4;
-bool dot2_table(int64_t dtype, Dot2* fns);  // false: not a K-quant
+// Up to 4 tokens the two rows share a pass (their unpacked blocks used for every token); 5 to
+// MAX_NT tokens, a prompt's, each row takes its own pass, the unpacked block used for more tokens.
+constexpr int PAIRED_NT = 4;
+constexpr int MAX_NT = 8;
+bool dot2_table(int64_t dtype, Dot2* fns);  // false: not a K-quant; fills MAX_NT entries
 
 // n values (a multiple of QK_K) as n / QK_K blocks.
 void quantize_q8k(const float* x, int64_t n, Q8K* out);

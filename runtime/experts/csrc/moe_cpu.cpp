@@ -393,14 +393,16 @@ bool dot2_table(int64_t dtype, Dot2* fns) {
   }
 }
 
-static_assert(kq::MAX_NT == MAX_NT && mx::MAX_NT == MAX_NT, "the tables serve 1..MAX_NT tokens");
+// Tokens a pass over a row may take: MAX_NT, or kq::MAX_NT for the K-quants (RowDots::max_nt)
+constexpr int PASS_NT = kq::MAX_NT;
+static_assert(kq::MAX_NT >= MAX_NT && mx::MAX_NT == MAX_NT, "the tables serve 1..max_nt() tokens");
 
-// Up to MAX_NT activation rows in the forms the row products take: fp32, Q8_K blocks, or
+// Up to PASS_NT activation rows in the forms the row products take: fp32, Q8_K blocks, or
 // MXFP4's int8 rows (mx::quantize_row); each matrix reads the one its RowDots names.
 struct Acts {
-  const float* f[MAX_NT];
-  const kq::Q8K* k[MAX_NT];
-  const uint8_t* m[MAX_NT];
+  const float* f[PASS_NT];
+  const kq::Q8K* k[PASS_NT];
+  const uint8_t* m[PASS_NT];
 };
 
 // The row products of one matrix, whatever it is stored as: fp32 activations for the float,
@@ -409,8 +411,10 @@ struct Acts {
 struct RowDots {
   enum Kind { FLOAT, Q8K, MX } kind = FLOAT;
   Dot2 f[MAX_NT] = {};
-  kq::Dot2 k[MAX_NT] = {};
+  kq::Dot2 k[kq::MAX_NT] = {};
   mx::Dot2 m[MAX_NT] = {};
+
+  int max_nt() const { return kind == Q8K ? kq::MAX_NT : MAX_NT; }  // tokens a pass takes
 
   // false: a dtype without a kernel, or block rows of partial blocks
   bool bind(const Mat& mat, bool mxfp4_int8 = false) {
@@ -657,10 +661,12 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
   const int64_t gate_chunk = std::max<int64_t>(1, gate_items / chunks);
   const int64_t down_chunk = std::max<int64_t>(1, down_items / chunks);
 
+  // tokens a pass over a row takes: a gate item's rows are gate's and up's
+  const int gate_nt = std::min(gated ? gate_dots.max_nt() : PASS_NT, up_dots.max_nt()), down_nt = down_dots.max_nt();
 #pragma omp parallel num_threads(threads)
   {
     Acts xa;
-    float ra[MAX_NT], rb[MAX_NT], rc[MAX_NT], rd[MAX_NT];
+    float ra[PASS_NT], rb[PASS_NT], rc[PASS_NT], rd[PASS_NT];
     // 0. the tokens as Q8_K (K-quant gate or up only), as int8 rows (int8 MXFP4 gate or up only)
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < num_tokens * x_blocks; ++b) kq::quantize_q8k(x + b * kq::QK_K, kq::QK_K, xq + b);
@@ -679,8 +685,8 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
         const float bg = bias_at(record, L.gate_bias, L.bias_dtype, r), bu = bias_at(record, L.up_bias, L.bias_dtype, r);
         const float bg2 = bias_at(record, L.gate_bias, L.bias_dtype, r2);
         const float bu2 = bias_at(record, L.up_bias, L.bias_dtype, r2);
-        for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
-          const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
+        for (int64_t i = run_start[run]; i < run_start[run + 1]; i += gate_nt) {
+          const int nt = int(std::min<int64_t>(gate_nt, run_start[run + 1] - i));
           for (int t = 0; t < nt; ++t) {
             const int64_t tok = pair_token[order[i + t]];
             xa.f[t] = x + tok * hidden;
@@ -726,8 +732,8 @@ int moe_pairs(const uint8_t* bank, const Layout& L, int64_t num_tokens, int64_t 
         const uint8_t* b = record + L.down.offset + r2 * L.down.row_bytes;
         const float ba = bias_at(record, L.down_bias, L.bias_dtype, r);
         const float bb = bias_at(record, L.down_bias, L.bias_dtype, r2);
-        for (int64_t i = run_start[run]; i < run_start[run + 1]; i += MAX_NT) {
-          const int nt = int(std::min<int64_t>(MAX_NT, run_start[run + 1] - i));
+        for (int64_t i = run_start[run]; i < run_start[run + 1]; i += down_nt) {
+          const int nt = int(std::min<int64_t>(down_nt, run_start[run + 1] - i));
           for (int t = 0; t < nt; ++t) {
             xa.f[t] = h + (i + t) * inter;
             xa.k[t] = hq + (i + t) * h_blocks;
