@@ -533,30 +533,30 @@ void quantize_q8k(const float* x, int64_t n, Q8K* out) {
   for (int64_t b = 0; b < n / QK_K; ++b) quantize_block(x + b * QK_K, out[b]);
 }
 
-bool dequant_row(int64_t dtype, const uint8_t* row, int64_t cols, float* out) {
+namespace {
+
+template <int64_t T> inline void block_to(const uint8_t* b, float* y) { dequant_block<T>(b, y); }
+template <int64_t T> inline void block_to(const uint8_t* b, uint16_t* y) { dequant_block_bf16<T>(b, y); }
+
+template <typename Out> bool row_to(int64_t dtype, const uint8_t* row, int64_t cols, Out* out) {
   const int64_t bytes = block_bytes(dtype);
   for (int64_t c = 0, at = 0; c < cols; c += QK_K, at += bytes) {
     switch (dtype) {
-      case Q4_K: dequant_block<Q4_K>(row + at, out + c); break;
-      case Q5_K: dequant_block<Q5_K>(row + at, out + c); break;
-      case Q6_K: dequant_block<Q6_K>(row + at, out + c); break;
+      case Q4_K: block_to<Q4_K>(row + at, out + c); break;
+      case Q5_K: block_to<Q5_K>(row + at, out + c); break;
+      case Q6_K: block_to<Q6_K>(row + at, out + c); break;
       default: return false;
     }
   }
   return true;
 }
 
+}  // namespace
+
+bool dequant_row(int64_t dtype, const uint8_t* row, int64_t cols, float* out) { return row_to(dtype, row, cols, out); }
+
 bool dequant_row_bf16(int64_t dtype, const uint8_t* row, int64_t cols, uint16_t* out) {
-  const int64_t bytes = block_bytes(dtype);
-  for (int64_t c = 0, at = 0; c < cols; c += QK_K, at += bytes) {
-    switch (dtype) {
-      case Q4_K: dequant_block_bf16<Q4_K>(row + at, out + c); break;
-      case Q5_K: dequant_block_bf16<Q5_K>(row + at, out + c); break;
-      case Q6_K: dequant_block_bf16<Q6_K>(row + at, out + c); break;
-      default: return false;
-    }
-  }
-  return true;
+  return row_to(dtype, row, cols, out);
 }
 
 }  // namespace kq
