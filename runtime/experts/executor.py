@@ -181,8 +181,10 @@ class CPUExpertExecutor(ReferenceCPUExpertExecutor):
 
     def _workspace(self, fast: ExpertKernel) -> tuple[torch.Tensor, torch.Tensor]:
         """This thread's bf16 tensors for one dequantized expert, reused by every expert of a call
-        (each is used up before the next is dequantized): fresh tensors of 9 MiB were fresh pages,
-        and faulting them in took ~a third of a 512-token Q4_K_M prompt's grouped-GEMM experts."""
+        (each is used up before the next is dequantized; held as long as the executor, ~9 MiB a
+        thread for Qwen3-30B's experts): fresh tensors were fresh pages, faulted in for every
+        expert of every call, with the scalar dequantizer ~a quarter of the grouped-GEMM path's
+        time at 15-31 rows an expert (bench_cpu_experts.py --gemm, 2-core VM)."""
         shapes = fast.dequantized_shapes
         held = getattr(self._workspaces, "held", None)
         if held is None or tuple(tuple(t.shape) for t in held) != shapes:
