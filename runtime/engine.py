@@ -37,6 +37,11 @@ CONTEXT_TOKENS = 6
 # whole conversation since the first message.
 SAVED_STATES = 8
 SAVED_STATES_BYTES = 512 << 20  # ... and within this many bytes (at least the last two)
+# A long prompt fed in slices (`prefill_slice`, the server's) also saves the state at the end of a
+# slice this many tokens or more past the last state saved (a host copy, into the same ladder):
+# an edit inside one long message (a pasted file, a 20k-token system prompt) recomputes from the
+# slice before it, not from the message's start.
+SAVE_EVERY_TOKENS = 4096
 # ... and one more where the prompt's first message ends (its first end-of-turn token: the system
 # prompt and tools) if that is ANCHOR_MIN_TOKENS or more, kept while the session's history holds
 # it: an edit anywhere after it, or another conversation with the same system prompt
@@ -149,7 +154,7 @@ class Session:
             if anchor is not None:
                 self._feed(prompt[:anchor])
                 self.anchored = self.model.checkpoint(self.state)
-            self._feed(prompt[:-1])
+            self._feed(prompt[:-1], save_every=SAVE_EVERY_TOKENS)
             self._save_state()
         logits = self._feed(prompt)
         assert logits is not None  # (`reusable` keeps the last token out: it is always fed)
@@ -157,16 +162,21 @@ class Session:
         stats.prompt_seconds = time.perf_counter() - start
         return logits
 
-    def _feed(self, prompt: list[int]) -> torch.Tensor | None:
+    def _feed(self, prompt: list[int], save_every: int | None = None) -> torch.Tensor | None:
         """Forward `prompt`'s tokens past those the state holds (`self.tokens`, a prefix of it), in
         slices of `prefill_slice`, `tokens` following each pass (so a pass refused part way, a
-        cancelled generation's, leaves them in step with the state); the last token's logits."""
+        cancelled generation's, leaves them in step with the state); the last token's logits.
+        `save_every`: a recurrent state is saved after a slice that ends this many tokens or more
+        past the last saved one (SAVE_EVERY_TOKENS)."""
         logits = None
         step = self.prefill_slice or len(prompt)
         while len(self.tokens) < len(prompt):
             piece = prompt[len(self.tokens): len(self.tokens) + step]
             logits = self.model.forward(torch.tensor(piece, dtype=torch.long), self.state, last_only=True)[-1]
             self.tokens = prompt[: len(self.tokens) + len(piece)]
+            last_saved = max((s.length for s in self.checkpoints if s.length <= len(self.tokens)), default=0)
+            if save_every and len(self.tokens) < len(prompt) and len(self.tokens) - last_saved >= save_every:
+                self._save_state()
         return logits
 
     def _first_message_end(self, prompt: list[int]) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime import engine
 from runtime.engine import SAVED_STATES, Session, ladder
 from runtime.text.sampling import SamplingParams
 
@@ -107,6 +108,22 @@ def test_a_departure_turns_back_resumes_near_it(hybrid) -> None:
     back = len(prompt) - depart
     out = session.generate(edited, GREEDY)
     assert depart - 2 * back <= out.stats.cached_tokens <= depart
+    fresh = Session(hybrid, _Ids(), 512).generate(edited, GREEDY)  # type: ignore[arg-type]
+    assert out.tokens == fresh.tokens
+
+
+def test_an_edit_inside_one_long_prompt_resumes_from_a_slice_saved_before_it(hybrid, monkeypatch) -> None:
+    """A prompt fed in slices (the server's prefill_slice) saves the state at the end of a slice
+    SAVE_EVERY_TOKENS or more past the last one saved: an edit inside one long message resumes
+    from the slice before it and decodes as a fresh session does."""
+    monkeypatch.setattr(engine, "SAVE_EVERY_TOKENS", 32)
+    session = Session(hybrid, _Ids(), 512, prefill_slice=16)  # type: ignore[arg-type]
+    prompt = [5 + i % 40 for i in range(150)]
+    session.generate(prompt, GREEDY)
+    assert [s.length for s in session.saved] == [32, 64, 96, 128, 149]
+    edited = prompt[:100] + [7, 7, 7]
+    out = session.generate(edited, GREEDY)
+    assert out.stats.cached_tokens == 96
     fresh = Session(hybrid, _Ids(), 512).generate(edited, GREEDY)  # type: ignore[arg-type]
     assert out.tokens == fresh.tokens
 
