@@ -58,14 +58,15 @@ def ladder(lengths: list[int], keep: int, floor: int = 0) -> list[int]:
     departure `newest - L` back. So the states kept thin out the further back they lie."""
     kept = sorted(lengths)
     while len(kept) > max(1, keep):
-        newest = kept[-1]
-
-        def loss(i: int) -> float:  # the tokens recomputed more, over the distance back
-            previous = max(kept[i - 1] if i > 0 else 0, floor if floor <= kept[i] else 0)
-            return (kept[i] - previous) / (newest - kept[i] + 1)
-
-        del kept[min(range(len(kept) - 1), key=loss)]
+        del kept[min(range(len(kept) - 1), key=lambda i: _drop_loss(kept, i, floor))]
     return kept
+
+
+def _drop_loss(kept: list[int], i: int, floor: int) -> float:
+    """The tokens computed more for a departure just after kept[i] were it dropped, over how far
+    back from the newest it lies."""
+    previous = max(kept[i - 1] if i > 0 else 0, floor if floor <= kept[i] else 0)
+    return (kept[i] - previous) / (kept[-1] - kept[i] + 1)
 
 
 class EmptyPromptError(ValueError):

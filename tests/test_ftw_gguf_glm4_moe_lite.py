@@ -23,7 +23,6 @@ from pathlib import Path
 
 import gguf
 import pytest
-import torch
 from gguf.constants import MODEL_ARCH
 
 from ftw import convert_checkpoint
@@ -32,7 +31,7 @@ from tests.checkpoints import FAMILY_CONFIGS, RANDOMIZED, load_all, save_checkpo
 from tests.gguf_export import add_base_keys, add_deepseek2_keys, add_padded_vocab, config_differences
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_convert import assert_round_trip
-from tests.test_ftw_gguf_hf import _gguf_name, collect_expert, write_gguf
+from tests.test_ftw_gguf_hf import add_deepseek2_tensors, with_nextn_block, write_gguf
 from tests.test_parity import PROMPT, STEPS, hf_model
 
 pytest.importorskip("transformers")
@@ -65,29 +64,9 @@ def export_glm4_moe_lite_gguf(src: Path, out: Path, *, mtp: bool = False) -> Pat
         w.add_nextn_predict_layers(1)
     add_padded_vocab(w, c["vocab_size"], "glm4", bos=GMASK, eos=c["eos_token_id"], unk=2)
     maps = [gguf.get_tensor_name_map(MODEL_ARCH.DEEPSEEK2, layers + mtp)]
-    heads, nope, v_dim = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
     tensors = load_all(src)
-    if mtp:  # a NextN block: layer 1's tensors under the next index, and NextN's own
-        tensors |= {n.replace("layers.1.", f"layers.{layers}."): t for n, t in tensors.items() if ".layers.1." in n}
-        tensors[f"model.layers.{layers}.eh_proj.weight"] = torch.zeros(c["hidden_size"], 2 * c["hidden_size"])
-        tensors[f"model.layers.{layers}.enorm.weight"] = torch.ones(c["hidden_size"])
-    experts: dict = {}
-    for name, t in tensors.items():
-        if ".mlp.experts." in name:  # (DeepseekV2Model.modify_tensors: stacked per layer)
-            collect_expert(experts, name, t)
-            continue
-        if name.endswith("kv_b_proj.weight"):
-            k_b, v_b = t.view(heads, nope + v_dim, t.shape[-1]).split([nope, v_dim], dim=1)
-            for half, data in (("k_b_proj", k_b.transpose(1, 2)), ("v_b_proj", v_b)):
-                w.add_tensor(_gguf_name(maps, name.replace("kv_b_proj", half)), data.contiguous().numpy())
-            continue
-        name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # (ModelBase.filter_tensors)
-        nextn = name.rsplit(".", 2)[-2] in ("eh_proj", "enorm")  # (llama-arch.cpp's NextN names: gguf 0.19 has
-        gname = f"blk.{layers}.nextn.{name.rsplit('.', 2)[-2]}.weight" if nextn else _gguf_name(maps, name)  # none)
-        w.add_tensor(gname, t.contiguous().numpy())
-    for (_, merged), by_expert in sorted(experts.items()):
-        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
+    add_deepseek2_tensors(w, maps, c, with_nextn_block(tensors, c, layers) if mtp else tensors,
+                          nextn_layer=layers if mtp else None)
     return write_gguf(w, out)
 
 

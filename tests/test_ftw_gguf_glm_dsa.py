@@ -43,7 +43,7 @@ from tests.gguf_export import (
 )
 from tests.parity import assert_parity, convert_and_load
 from tests.test_ftw_convert import assert_round_trip
-from tests.test_ftw_gguf_hf import _gguf_name, collect_expert, write_gguf
+from tests.test_ftw_gguf_hf import add_deepseek2_tensors, with_nextn_block, write_gguf
 from tests.test_parity_deepseek import CONFIGS, PROMPT, STEPS, hf_model
 
 pytest.importorskip("transformers")
@@ -100,27 +100,8 @@ def export_glm_dsa_gguf(src: Path, out: Path, *, indexer_types: bool = True, con
         w.add_uint32(f"{ARCH}.{key}", value)
     add_padded_vocab(w, c["vocab_size"], "glm4", bos=c["bos_token_id"], eos=c["eos_token_id"], unk=2)
     maps = [gguf.get_tensor_name_map(MODEL_ARCH.GLM_DSA, layers + mtp)]
-    heads, nope, v_dim = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
     tensors = load_all(src)
-    if mtp:  # a NextN block: layer 1's tensors under the next index, and NextN's own
-        tensors |= {n.replace("layers.1.", f"layers.{layers}."): t for n, t in tensors.items() if ".layers.1." in n}
-        tensors[f"model.layers.{layers}.eh_proj.weight"] = torch.zeros(c["hidden_size"], 2 * c["hidden_size"])
-        tensors[f"model.layers.{layers}.enorm.weight"] = torch.ones(c["hidden_size"])
-    experts: dict = {}
-    for name, t in tensors.items():
-        if ".mlp.experts." in name:  # (DeepseekV2Model.modify_tensors: stacked per layer)
-            collect_expert(experts, name, t)
-            continue
-        if name.endswith("kv_b_proj.weight"):
-            k_b, v_b = t.view(heads, nope + v_dim, t.shape[-1]).split([nope, v_dim], dim=1)
-            for half, data in (("k_b_proj", k_b.transpose(1, 2)), ("v_b_proj", v_b)):
-                w.add_tensor(_gguf_name(maps, name.replace("kv_b_proj", half)), data.contiguous().numpy())
-            continue
-        name = name.replace("e_score_correction_bias", "e_score_correction.bias")  # (ModelBase.filter_tensors)
-        w.add_tensor(_gguf_name(maps, name), t.contiguous().numpy())
-    for (_, merged), by_expert in sorted(experts.items()):
-        stacked = torch.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(_gguf_name(maps, merged), stacked.contiguous().numpy())
+    add_deepseek2_tensors(w, maps, c, with_nextn_block(tensors, c, layers) if mtp else tensors)
     return write_gguf(w, out)
 
 

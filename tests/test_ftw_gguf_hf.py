@@ -76,6 +76,41 @@ def add_stacked_experts(w: gguf.GGUFWriter, maps: list, experts: dict, *, per_ex
         add(_gguf_name(maps, merged), torch.stack([by_expert[e] for e in range(len(by_expert))]))
 
 
+def with_nextn_block(tensors: dict[str, torch.Tensor], c: dict, layers: int) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with a NextN (MTP) block after its `layers`: the last layer's tensors
+    again under the next index, and NextN's own eh_proj and enorm."""
+    last = f".layers.{layers - 1}."
+    out = tensors | {n.replace(last, f".layers.{layers}."): t for n, t in tensors.items() if last in n}
+    out[f"model.layers.{layers}.eh_proj.weight"] = torch.zeros(c["hidden_size"], 2 * c["hidden_size"])
+    out[f"model.layers.{layers}.enorm.weight"] = torch.ones(c["hidden_size"])
+    return out
+
+
+def add_deepseek2_tensors(w: gguf.GGUFWriter, maps: list, c: dict, tensors: dict[str, torch.Tensor], *,
+                          nextn_layer: int | None = None) -> None:
+    """A DeepSeek-V2-style checkpoint's tensors (DeepSeek-V3.2, GLM-4.7-Flash, GLM-5) as llama.cpp's
+    converter writes them (DeepseekV2Model.modify_tensors): each layer's experts stacked, kv_b_proj
+    split into k_b_proj (transposed) and v_b_proj, the score correction bias renamed
+    (ModelBase.filter_tensors). `nextn_layer`: the NextN block's eh_proj and enorm there under
+    llama-arch.cpp's names (gguf 0.19's map for the architecture has none)."""
+    heads, nope, v_dim = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+    experts: dict = {}
+    for name, t in tensors.items():
+        if ".mlp.experts." in name:
+            collect_expert(experts, name, t)
+            continue
+        if name.endswith("kv_b_proj.weight"):
+            k_b, v_b = t.view(heads, nope + v_dim, t.shape[-1]).split([nope, v_dim], dim=1)
+            for half, data in (("k_b_proj", k_b.transpose(1, 2)), ("v_b_proj", v_b)):
+                w.add_tensor(_gguf_name(maps, name.replace("kv_b_proj", half)), data.contiguous().numpy())
+            continue
+        name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        kind = name.rsplit(".", 2)[-2]
+        nextn = nextn_layer is not None and kind in ("eh_proj", "enorm")
+        w.add_tensor(f"blk.{nextn_layer}.nextn.{kind}.weight" if nextn else _gguf_name(maps, name), t.contiguous().numpy())
+    add_stacked_experts(w, maps, experts)
+
+
 def write_gguf(w: gguf.GGUFWriter, out: Path) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()

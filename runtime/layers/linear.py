@@ -14,7 +14,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..experts.cpu_kernels import BLOCK_ROW_DTYPES, DENSE_MAX_TOKENS, ROW_DTYPE_CODES, TORCH_NAMES, native_kernel
+from ..experts.cpu_kernels import (
+    BLOCK_ROW_DTYPES,
+    DENSE_MAX_TOKENS,
+    ROW_DTYPE_CODES,
+    TORCH_NAMES,
+    native_kernel,
+)
 from .block_weight import BlockWeight, block_linear
 
 # Weights smaller than this (bytes) stay on torch, where the kernel's call overhead would dominate.
