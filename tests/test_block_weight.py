@@ -113,16 +113,19 @@ def test_which_tensors_stay_blocks() -> None:
     assert keeps_blocks("model.layers.3.self_attn.q_proj.weight", "q4_k")
     assert keeps_blocks("lm_head.weight", "q6_k")
     assert keeps_blocks("model.layers.0.mlp.shared_experts.down_proj.weight", "q5_k")
-    assert not keeps_blocks("model.layers.3.self_attn.q_proj.weight", "q8_0")  # (no CPU kernel reads Q8_0 rows)
+    # Q8_0 where the GPU's block GEMV can read its rows (whole 256s) and they are known
+    assert keeps_blocks("model.layers.3.self_attn.q_proj.weight", "q8_0", 2048)
+    assert not keeps_blocks("model.layers.3.self_attn.q_proj.weight", "q8_0", 2880)  # gpt-oss's hidden size
+    assert not keeps_blocks("model.layers.3.self_attn.q_proj.weight", "q8_0")  # a header's: counted widened
     assert not keeps_blocks("model.embed_tokens.weight", "q4_k")  # looked up, not multiplied
     assert not keeps_blocks("model.layers.0.mlp.gate.weight", "q4_k")  # a router: its own kernel
 
 
 def test_a_q4_k_m_gguf_loads_its_k_quant_projections_as_blocks_and_decodes_as_widened() -> None:
     """tests/test_kquant_kernel.py's tiny Q4_K_M file (a Q6_K LM head, Q8_0 attention): loaded in
-    bf16, its head stays 6.56-bit blocks (what the planner counts), and its logits over a prompt
-    and 8 greedy decode steps are those of the same file with the head widened at load, to the
-    Q8_K rounding of the head's input in decode (prompts: the same values)."""
+    bf16, its head stays 6.56-bit blocks and its attention 8.5-bit ones (what the planner counts),
+    and its logits over a prompt and 8 greedy decode steps are those of the same file with them
+    widened at load, to the Q8_K rounding of the head's input in decode (prompts: the same values)."""
     from runtime.engine import Session
     from runtime.loading.registered import open_model
     from runtime.loading.runnable import load
@@ -144,12 +147,14 @@ def test_a_q4_k_m_gguf_loads_its_k_quant_projections_as_blocks_and_decodes_as_wi
         with pytest.MonkeyPatch.context() as mp:
             import runtime.loading.runnable as runnable
 
-            mp.setattr(runnable, "keeps_blocks", lambda name, dtype: False)
+            mp.setattr(runnable, "keeps_blocks", lambda name, dtype, cols=None: False)
             widened = load(store, names[0], torch.bfloat16)
         assert isinstance(widened.model.lm_head, torch.Tensor)
+        blocks = [t for t in kept.weights.dense.values() if isinstance(t, BlockWeight)]
+        assert {t.dtype_name for t in blocks} == {"q6_k", "q8_0"}  # the head, and the Q8_0 attention
         held = [sum(t.nbytes if isinstance(t, BlockWeight) else t.numel() * t.element_size()
                     for t in m.weights.dense.values()) for m in (kept, widened)]
-        assert held[1] - held[0] == head.shape[0] * head.shape[1] * 2 - entry.nbytes
+        assert held[1] - held[0] == sum(t.shape[0] * t.shape[1] * 2 - t.nbytes for t in blocks)
         assert held_dense_bytes(entry.dtype, entry.nbytes, head.shape[0] * head.shape[1], scaled=False, compute=2,
                                 name=entry.name) == entry.nbytes  # the planner counts what the loader holds
         prompt = tokenizer.encode("abc abd bbc aab")
@@ -192,7 +197,7 @@ def test_on_the_gpu_a_q4_k_m_gguf_decodes_with_its_head_in_place_as_widened() ->
                 import runtime.gpu.build as build
 
                 if widen:
-                    mp.setattr(build, "keeps_blocks", lambda name, dtype: False)
+                    mp.setattr(build, "keeps_blocks", lambda name, dtype, cols=None: False)
                 loaded = load(store, names[0], torch.float32, backend="gpu", device="cuda", mode="offload",
                               cache_slots=5)
             head = loaded.model.model.lm_head  # (a DeviceModel's DecoderModel)

@@ -122,6 +122,28 @@ def test_bf16_dequantization_for_prefill_gemms(kernels, variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", ["native", "avx512", "avx2", "scalar"])
+def test_q8_0_rows_dequantize_and_multiply_in_place(kernels, variant: str) -> None:
+    """A GGUF file's Q8_0 projections, kept as blocks (planner/footprint.keeps_blocks): their rows
+    dequantize to gguf-py's values bit for bit (a prompt's products; bf16 as torch rounds them),
+    and a decode product of 1-4 tokens is the fp32 product with those values, rows over threads."""
+    if variant not in kernels:
+        pytest.skip(f"this CPU cannot run the {variant} build")
+    rng = np.random.default_rng(9)
+    raw = gguf.quants.quantize(rng.standard_normal((301, 512)).astype(np.float32), Q.Q8_0)
+    want = gguf.quants.dequantize(raw, Q.Q8_0)
+    kernel = kernels[variant]
+    got = kernel.dequant_rows(torch.from_numpy(raw), "q8_0", threads=2).numpy()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    as_bf16 = kernel.dequant_rows(torch.from_numpy(raw), "q8_0", torch.bfloat16, threads=2)
+    assert torch.equal(as_bf16.view(torch.int16), torch.from_numpy(want).to(torch.bfloat16).view(torch.int16))
+    for num_tokens in (1, 2, 3, 4):
+        x = rng.standard_normal((num_tokens, 512)).astype(np.float32)
+        out = kernel.dense_blocks(torch.from_numpy(x), torch.from_numpy(raw), "q8_0", threads=2).numpy()
+        exact = x.astype(np.float64) @ want.astype(np.float64).T
+        assert np.all(np.abs(out - exact) <= 1e-5 * (np.abs(x) @ np.abs(want).T))
+
+
+@pytest.mark.parametrize("variant", ["native", "avx512", "avx2", "scalar"])
 @pytest.mark.parametrize("dtype", KQUANT_DTYPES)
 def test_products_are_the_q8_k_model(kernels, variant: str, dtype: str) -> None:
     """W . x~ for 1-4 activation rows (x~: x as Q8_K), random blocks with realistic scales, rows of

@@ -53,7 +53,7 @@ KQUANT_DTYPES = ("q4_k", "q5_k", "q6_k")
 # (csrc/mxfp4.cpp) against activations quantized to int8 per 32 values, as llama.cpp does
 # (tests/test_mxfp4_kernel.py bounds the rounding); without, in fp32, the reference's products.
 INT8_DTYPES = ("mxfp4",)
-BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES)  # what dense_blocks and dequant_rows take
+BLOCK_ROW_DTYPES = (*KQUANT_DTYPES, *INT8_DTYPES, "q8_0")  # what dense_blocks and dequant_rows take
 # ExpertActivation.kind -> enum Activation in moe_cpu.cpp
 ACTIVATION_CODES = {"swiglu": 0, "swiglu_clamped": 1, "swiglu_limited": 2, "geglu_tanh": 3, "relu2": 4, "silu": 5}
 BIAS_DTYPES = ("f32", "f16", "bf16")
@@ -240,9 +240,10 @@ class Kernel:
         return out
 
     def dense_blocks(self, x: torch.Tensor, rows: torch.Tensor, dtype: str, threads: int) -> torch.Tensor:
-        """x [T, C] @ W^T in float32 for K-quant or MXFP4 rows (`rows`: uint8 [R, C / block size x
-        block bytes], as stored), T <= DENSE_MAX_TOKENS, x quantized first (K-quants: to Q8_K;
-        MXFP4: int8 per 32 values): the expert kernel's integer products."""
+        """x [T, C] @ W^T in float32 for K-quant, MXFP4 or Q8_0 rows (`rows`: uint8 [R, C / block
+        size x block bytes], as stored), T <= DENSE_MAX_TOKENS, x quantized first (K-quants: to
+        Q8_K; MXFP4: int8 per 32 values; Q8_0: not, its products fp32's): the expert kernel's
+        products."""
         cols = _block_cols(rows, dtype)
         x = x.to(torch.float32).contiguous()
         rows = rows.contiguous()

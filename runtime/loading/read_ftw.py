@@ -78,10 +78,10 @@ class ModelWeights:
 
 def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = page_aligned_empty,
                  keep_float32: tuple[str, ...] = (),
-                 keep_blocks: Callable[[str, str], bool] | None = None) -> ModelWeights:
+                 keep_blocks: Callable[[str, str, int], bool] | None = None) -> ModelWeights:
     """Read every tensor of `reader`'s model: floats cast to `dtype` (except names ending in one
     of `keep_float32`, which stay float32), quantized dense weights dequantized (FP8 with its
-    `weight_scale_inv`) but for the 2-d ones `keep_blocks(name, dtype)` keeps as BlockWeight
+    `weight_scale_inv`) but for the 2-d ones `keep_blocks(name, dtype, cols)` keeps as BlockWeight
     (the planner's rule: runtime/planner/footprint.keeps_blocks), expert banks kept as stored."""
     index = reader.index
     raw: dict[str, torch.Tensor] = {}
@@ -102,7 +102,8 @@ def load_weights(reader: FTWReader, dtype: torch.dtype, allocate: Allocator = pa
         # that and every stored tensor beside it (an FP8 model's dense weights took 1.5x)
         tensor = raw.pop(name)
         scale = raw.pop(name + "_scale_inv", None) if name.endswith(".weight") else None
-        if keep_blocks is not None and scale is None and len(entry.shape) == 2 and keep_blocks(name, entry.dtype):
+        if (keep_blocks is not None and scale is None and len(entry.shape) == 2
+                and keep_blocks(name, entry.dtype, entry.shape[1])):
             dense[name] = BlockWeight(tensor, entry.dtype, (entry.shape[0], entry.shape[1]))
         elif entry.dtype in BLOCK_DTYPES or scale is not None:
             block = tuple(weight_block_size(index.source_config.get("quantization_config")))

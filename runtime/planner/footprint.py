@@ -72,8 +72,13 @@ def compute_bytes(dtype: str) -> int:
 
 # Dense weights the loader keeps as their GGML blocks (runtime/layers/block_weight.py): the linear
 # projections (only `linear` reads them; routers, embeddings and norms are read otherwise) of the
-# K-quants both in-place readers take (the CPU kernel's dense_blocks, the GPU's block_gemv).
-BLOCK_WEIGHT_DTYPES = ("q4_k", "q5_k", "q6_k")
+# quants both in-place readers take (the CPU kernel's dense_blocks, the GPU's block_gemv). The
+# GPU reads Q8_0 rows 256 values at a time, so those are kept only where their columns are whole
+# 256s, and counted widened where the columns are not known (a checkpoint's header: the count
+# errs high, never low). A Q8_0 file's projections widened to bf16 took 1.9x their bytes of RAM
+# or VRAM, and a CPU decode token read 1.7x what llama.cpp's did (0.67x its tok/s).
+BLOCK_WEIGHT_DTYPES = ("q4_k", "q5_k", "q6_k", "q8_0")
+WHOLE_SUPER_BLOCKS = {"q8_0": 256}  # columns a kept weight's rows must be a multiple of
 BLOCK_WEIGHT_SUFFIXES = tuple(f"{name}.weight" for name in (
     "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "lm_head",
     "gate_proj", "up_proj", "down_proj",
@@ -83,35 +88,41 @@ BLOCK_WEIGHT_SUFFIXES = tuple(f"{name}.weight" for name in (
                                    "out_proj"))))
 
 
-def keeps_blocks(name: str, dtype: str) -> bool:
-    """Whether the loader keeps dense tensor `name` (stored as `dtype`) as its blocks."""
+def keeps_blocks(name: str, dtype: str, cols: int | None = None) -> bool:
+    """Whether the loader keeps dense tensor `name` (stored as `dtype`, rows of `cols` values where
+    known) as its blocks."""
+    whole = WHOLE_SUPER_BLOCKS.get(dtype)
+    if whole is not None and (cols is None or cols % whole != 0):
+        return False
     return dtype in BLOCK_WEIGHT_DTYPES and name.endswith(BLOCK_WEIGHT_SUFFIXES)
 
 
-def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compute: int, name: str = "") -> int:
+def held_dense_bytes(dtype: str, nbytes: int, numel: int, *, scaled: bool, compute: int, name: str = "",
+                     cols: int | None = None) -> int:
     """Bytes one dense tensor `name` takes once loaded (runtime/loading/read_ftw.py): the block
     quants `keeps_blocks` as stored, other block quants and scaled FP8 dequantized to the compute
     dtype, 16-bit floats cast to it, float32 kept (the routers a family keeps in float32 are; the
     rest are cast: an upper bound), anything else as stored."""
-    if keeps_blocks(name, dtype) and not scaled:
+    if keeps_blocks(name, dtype, cols) and not scaled:
         return nbytes
     if dtype in BLOCK_DTYPES or scaled or dtype in ("f16", "bf16"):
         return numel * compute
     return nbytes
 
 
-def _held_dense_total(tensors: dict[str, tuple[str, int, int]], compute: int) -> int:
-    """`held_dense_bytes` over every dense tensor (name -> dtype, nbytes, numel): an FP8 weight's
-    `_scale_inv` is folded into it, and not counted."""
+def _held_dense_total(tensors: dict[str, tuple], compute: int) -> int:
+    """`held_dense_bytes` over every dense tensor (name -> dtype, nbytes, numel[, cols: a 2-d
+    tensor's row length, where known]): an FP8 weight's `_scale_inv` is folded into it, and not
+    counted."""
     def scale_of(name: str) -> bool:
         return name.endswith("_scale_inv") and name[: -len("_scale_inv")] in tensors
 
-    return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute, name=name,
+    return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute, name=name, cols=cols[0] if cols else None,
                                 scaled=name.endswith(".weight") and name + "_scale_inv" in tensors)
-               for name, (dtype, nbytes, numel) in tensors.items() if not scale_of(name))
+               for name, (dtype, nbytes, numel, *cols) in tensors.items() if not scale_of(name))
 
 
-def _held_embedding_bytes(tensors: dict[str, tuple[str, int, int]], compute: int, *, tied: bool) -> int:
+def _held_embedding_bytes(tensors: dict[str, tuple], compute: int, *, tied: bool) -> int:
     """Held bytes of the token embedding table, which the GPU path keeps in host RAM (a lookup
     reads one row a token; llama.cpp keeps `token_embd` on the host too); 0 where the table is
     also the output head (tied, or no lm_head.weight: runtime/models/base.py), which decode
@@ -119,7 +130,7 @@ def _held_embedding_bytes(tensors: dict[str, tuple[str, int, int]], compute: int
     if tied or HEAD not in tensors:
         return 0
     return sum(held_dense_bytes(dtype, nbytes, numel, compute=compute, scaled=name + "_scale_inv" in tensors)
-               for name, (dtype, nbytes, numel) in tensors.items() if name.endswith(EMBEDDINGS))
+               for name, (dtype, nbytes, numel, *_) in tensors.items() if name.endswith(EMBEDDINGS))
 
 
 def size(n: float) -> str:
@@ -458,7 +469,8 @@ class ModelFootprint:
         text = family.text_config(index.source_config) if family else index.source_config
         embed = [t.dtype for t in index.tensors if t.name.endswith(EMBEDDINGS)]
         dtype = embed[0] if embed else str(c.get("dtype") or "bf16")
-        held = {t.name: (t.dtype, t.nbytes, math.prod(t.shape)) for t in index.tensors}
+        held = {t.name: (t.dtype, t.nbytes, math.prod(t.shape), *(t.shape[1:] if len(t.shape) == 2 else ()))
+                for t in index.tensors}  # (a matrix's row length: whether its Q8_0 rows stay blocks)
         dense = _held_dense_total(held, compute_bytes(dtype))
         return ModelFootprint(
             name=name or index.family, source="ftw", family=index.family, dtype=dtype,

@@ -818,15 +818,18 @@ int ft_moe_forward_selected(const uint8_t* bank, const Layout* layout, int64_t n
 // out[T, rows] = x[T, cols] . w[rows, cols]^T for a dense weight matrix (f32, f16 or bf16, no
 // scales), T <= 4: decode's projections and the LM head, streamed once at DRAM speed (torch's
 // GEMV reads a large bf16 matrix at about half of it). Also K-quant rows (Q4_K, Q5_K, Q6_K,
-// cols a multiple of 256) against x as Q8_K, and MXFP4 rows (cols a multiple of 32) against x
-// as int8 rows, as the expert kernel computes them (MXFP4: with `mxfp4_int8`). fp32 x and
-// out, contiguous. Returns 0, -2 for an unsupported dtype or T.
+// cols a multiple of 256) against x as Q8_K, MXFP4 rows (cols a multiple of 32) against x as
+// int8 rows, as the expert kernel computes them (MXFP4: with `mxfp4_int8`), and Q8_0 rows (cols
+// a multiple of 32) against x itself, as the expert kernel's Q8_0 products. fp32 x and out,
+// contiguous. Returns 0, -2 for an unsupported dtype or T.
 int ft_dense_forward(const uint8_t* w, int64_t dtype, int64_t rows, int64_t cols, int64_t num_tokens,
                      const float* x, float* out, int64_t num_threads) {
-  if (num_tokens < 1 || num_tokens > MAX_NT || dtype == E4M3 || dtype == E5M2 || dtype == Q8_0) return -2;
+  if (num_tokens < 1 || num_tokens > MAX_NT || dtype == E4M3 || dtype == E5M2) return -2;
+  if (dtype == Q8_0 && cols % 32 != 0) return -2;
   const bool kquant = kq::is_kquant(dtype), mxfp4 = dtype == MXFP4;
   const int64_t row_bytes = kquant ? cols / kq::QK_K * kq::block_bytes(dtype)
-                            : mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES : cols * elem_bytes(dtype);
+                            : mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES
+                            : dtype == Q8_0 ? cols / 32 * 34 : cols * elem_bytes(dtype);
   Mat m{0, row_bytes, dtype, rows, cols, -1, 0, 1, 1};
   RowDots dots;
   if (!dots.bind(m, true)) return -2;
@@ -893,7 +896,33 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
   return 0;
 }
 
-// Rows of a K-quant or MXFP4 matrix as fp32 (out_dtype F32), bit for bit gguf-py's
+// Q8_0 rows (34-byte blocks: an fp16 scale d, 32 int8 q) as d x q in fp32 (exact: gguf-py's
+// values) or bf16, the rows over num_threads (ft_dequant_rows' Q8_0 half).
+int dequant_q8_0_rows(const uint8_t* rows, int64_t num_rows, int64_t cols, void* out, int64_t out_dtype,
+                      int64_t num_threads) {
+  if (cols % 32 != 0 || (out_dtype != F32 && out_dtype != BF16)) return -2;
+  const int64_t row_bytes = cols / 32 * 34;
+  const int threads = num_rows * cols >= (1 << 16) ? int(std::max<int64_t>(1, num_threads)) : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const uint8_t* row = rows + r * row_bytes;
+    for (int64_t c = 0, blk = 0; c < cols; c += 32, blk += 34) {
+      uint16_t d;
+      std::memcpy(&d, row + blk, 2);
+      const float scale = half_to_float(d);
+      for (int k = 0; k < 32; ++k) {
+        const float v = scale * float(int8_t(row[blk + 2 + k]));
+        if (out_dtype == F32)
+          static_cast<float*>(out)[r * cols + c + k] = v;
+        else
+          static_cast<uint16_t*>(out)[r * cols + c + k] = float_to_bf16(v);
+      }
+    }
+  }
+  return 0;
+}
+
+// Rows of a K-quant, MXFP4 or Q8_0 matrix as fp32 (out_dtype F32), bit for bit gguf-py's
 // gguf.quants.dequantize (the values the kernel's products stand for; the tests hold it to that
 // oracle), or those values rounded to bf16 (BF16: as torch's .to(torch.bfloat16) rounds them), the
 // rows split over `num_threads`: a CPU prompt's product with a GGUF file's dense weights
@@ -902,6 +931,7 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
 int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_t cols, void* out, int64_t out_dtype,
                     int64_t num_threads) {
   const bool mxfp4 = dtype == MXFP4;
+  if (dtype == Q8_0) return dequant_q8_0_rows(rows, num_rows, cols, out, out_dtype, num_threads);
   if (mxfp4 ? cols % mx::QK != 0 : !kq::is_kquant(dtype) || cols % kq::QK_K != 0) return -2;
   if (out_dtype != F32 && out_dtype != BF16) return -2;
   const int64_t row_bytes = mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES : cols / kq::QK_K * kq::block_bytes(dtype);
