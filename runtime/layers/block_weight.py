@@ -1,6 +1,6 @@
 """A dense weight kept as the GGML blocks its GGUF file stores (a Q4_K_M file's attention
-projections and output head: Q4_K and Q6_K), multiplied in place by `linear`, never widened to
-16 bits in memory.
+projections and output head: Q4_K and Q6_K; a Q8_0 file's, rows of whole 256s), multiplied in
+place by `linear`, never widened to 16 bits in memory.
 
 Widened at load, the dense weights of a Qwen3-30B-A3B-shaped Q4_K_M file take 2.9x their stored
 bytes of VRAM (16 layers: 1.2 GiB, against llama.cpp's 1.45 GiB for its whole process), and that
