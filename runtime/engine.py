@@ -175,9 +175,10 @@ class Session:
             piece = prompt[len(self.tokens): len(self.tokens) + step]
             logits = self.model.forward(torch.tensor(piece, dtype=torch.long), self.state, last_only=True)[-1]
             self.tokens = prompt[: len(self.tokens) + len(piece)]
-            last_saved = max((s.length for s in self.checkpoints if s.length <= len(self.tokens)), default=0)
-            if save_every and len(self.tokens) < len(prompt) and len(self.tokens) - last_saved >= save_every:
-                self._save_state()
+            if save_every and len(self.tokens) < len(prompt):
+                last_saved = max((s.length for s in self.checkpoints if s.length <= len(self.tokens)), default=0)
+                if len(self.tokens) - last_saved >= save_every:
+                    self._save_state()
         return logits
 
     def _first_message_end(self, prompt: list[int]) -> int | None:

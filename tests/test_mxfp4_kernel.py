@@ -84,6 +84,8 @@ def test_dequantization_is_gguf_py_bit_for_bit(kernels, variant: str) -> None:
     got = kernels[variant].dequant_rows(torch.from_numpy(raw), "mxfp4").numpy()
     assert np.isinf(want).any() and not np.isnan(want).any()
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    as_bf16 = kernels[variant].dequant_rows(torch.from_numpy(raw), "mxfp4", torch.bfloat16, threads=2)
+    assert torch.equal(as_bf16.view(torch.int16), torch.from_numpy(want).to(torch.bfloat16).view(torch.int16))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -285,7 +285,7 @@ class Kernel:
 
     def dequant_rows(self, rows: torch.Tensor, dtype: str, out_dtype: torch.dtype = torch.float32,
                      threads: int = 1) -> torch.Tensor:
-        """K-quant or MXFP4 rows (uint8 [R, row bytes], as stored) as [R, C] of `out_dtype`: float32,
+        """K-quant, MXFP4 or Q8_0 rows (uint8 [R, row bytes], as stored) as [R, C] of `out_dtype`: float32,
         the values the kernel's products stand for, bit for bit gguf-py's dequantize; bfloat16,
         those rounded as torch's .to rounds them. The rows split over `threads`."""
         rows = rows.contiguous()

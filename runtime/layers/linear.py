@@ -57,7 +57,7 @@ def _cpu_block_gemv(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor | None
 
 
 def _cpu_block_values(weight: BlockWeight, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """Rows [start, stop) of a K-quant or MXFP4 weight in `dtype`, dequantized by the kernel on the
+    """Rows [start, stop) of a K-quant, MXFP4 or Q8_0 weight in `dtype`, dequantized by the kernel on the
     prompt's threads (bit for bit weight.values'); None without the kernel or for another dtype."""
     kernel = native_kernel()
     if kernel is None or weight.dtype_name not in BLOCK_ROW_DTYPES:

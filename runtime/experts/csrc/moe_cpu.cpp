@@ -896,66 +896,44 @@ int ft_dequant_expert(const uint8_t* bank, const Layout* layout, int64_t expert,
   return 0;
 }
 
-// Q8_0 rows (34-byte blocks: an fp16 scale d, 32 int8 q) as d x q in fp32 (exact: gguf-py's
-// values) or bf16, the rows over num_threads (ft_dequant_rows' Q8_0 half).
-int dequant_q8_0_rows(const uint8_t* rows, int64_t num_rows, int64_t cols, void* out, int64_t out_dtype,
-                      int64_t num_threads) {
-  if (cols % 32 != 0 || (out_dtype != F32 && out_dtype != BF16)) return -2;
-  const int64_t row_bytes = cols / 32 * 34;
-  const int threads = num_rows * cols >= (1 << 16) ? int(std::max<int64_t>(1, num_threads)) : 1;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const uint8_t* row = rows + r * row_bytes;
+// One row of a K-quant, MXFP4 or Q8_0 matrix as fp32: gguf-py's values bit for bit (Q8_0's
+// d x q is exact in fp32).
+void dequant_row_f32(int64_t dtype, const uint8_t* row, int64_t cols, float* out) {
+  if (dtype == MXFP4) {
+    mx::dequant_row(row, cols, out);
+  } else if (dtype == Q8_0) {  // blocks of 34 bytes: fp16 scale d, 32 int8; weight = d x q
     for (int64_t c = 0, blk = 0; c < cols; c += 32, blk += 34) {
       uint16_t d;
       std::memcpy(&d, row + blk, 2);
       const float scale = half_to_float(d);
-      for (int k = 0; k < 32; ++k) {
-        const float v = scale * float(int8_t(row[blk + 2 + k]));
-        if (out_dtype == F32)
-          static_cast<float*>(out)[r * cols + c + k] = v;
-        else
-          static_cast<uint16_t*>(out)[r * cols + c + k] = float_to_bf16(v);
-      }
+      for (int k = 0; k < 32; ++k) out[c + k] = scale * float(int8_t(row[blk + 2 + k]));
     }
+  } else {
+    kq::dequant_row(dtype, row, cols, out);
   }
-  return 0;
 }
 
 // Rows of a K-quant, MXFP4 or Q8_0 matrix as fp32 (out_dtype F32), bit for bit gguf-py's
 // gguf.quants.dequantize (the values the kernel's products stand for; the tests hold it to that
-// oracle), or those values rounded to bf16 (BF16: as torch's .to(torch.bfloat16) rounds them), the
-// rows split over `num_threads`: a CPU prompt's product with a GGUF file's dense weights
-// dequantizes them a chunk of rows at a time (layers/block_weight.py). Returns 0, -2 for another
-// dtype or rows of partial (super-)blocks.
+// oracle), or those values rounded to bf16 (BF16: as torch's .to(torch.bfloat16) rounds them, by
+// the expert dequantizer's dequant_rows_of), the rows split over `num_threads`: a CPU prompt's
+// product with a GGUF file's dense weights dequantizes them a chunk of rows at a time
+// (layers/block_weight.py). Returns 0, -2 for another dtype or rows of partial blocks.
 int ft_dequant_rows(const uint8_t* rows, int64_t dtype, int64_t num_rows, int64_t cols, void* out, int64_t out_dtype,
                     int64_t num_threads) {
-  const bool mxfp4 = dtype == MXFP4;
-  if (dtype == Q8_0) return dequant_q8_0_rows(rows, num_rows, cols, out, out_dtype, num_threads);
-  if (mxfp4 ? cols % mx::QK != 0 : !kq::is_kquant(dtype) || cols % kq::QK_K != 0) return -2;
-  if (out_dtype != F32 && out_dtype != BF16) return -2;
-  const int64_t row_bytes = mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES : cols / kq::QK_K * kq::block_bytes(dtype);
+  const bool mxfp4 = dtype == MXFP4, q8_0 = dtype == Q8_0;
+  if (!(mxfp4 || q8_0 || kq::is_kquant(dtype)) || (out_dtype != F32 && out_dtype != BF16)) return -2;
+  if (cols % (mxfp4 ? mx::QK : q8_0 ? 32 : kq::QK_K) != 0) return -2;
+  const int64_t row_bytes = mxfp4 ? cols / mx::QK * mx::BLOCK_BYTES
+                            : q8_0 ? cols / 32 * 34 : cols / kq::QK_K * kq::block_bytes(dtype);
+  const Mat m{0, row_bytes, dtype, num_rows, cols, -1, 0, 1, 1};
   const int threads = num_rows * cols >= (1 << 16) ? int(std::max<int64_t>(1, num_threads)) : 1;
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<float> row(out_dtype == BF16 && mxfp4 ? cols : 0);  // an MXFP4 row's fp32 values, then rounded
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const uint8_t* in = rows + r * row_bytes;
-      if (out_dtype == BF16 && !mxfp4) {
-        kq::dequant_row_bf16(dtype, in, cols, static_cast<uint16_t*>(out) + r * cols);
-        continue;
-      }
-      float* values = out_dtype == F32 ? static_cast<float*>(out) + r * cols : row.data();
-      if (mxfp4)
-        mx::dequant_row(in, cols, values);
-      else
-        kq::dequant_row(dtype, in, cols, values);
-      if (out_dtype == BF16) {
-        uint16_t* to = static_cast<uint16_t*>(out) + r * cols;
-        for (int64_t c = 0; c < cols; ++c) to[c] = float_to_bf16(values[c]);
-      }
-    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (out_dtype == BF16)
+      dequant_rows_of(dtype, rows, m, r, r + 1, static_cast<uint16_t*>(out));
+    else
+      dequant_row_f32(dtype, rows + r * row_bytes, cols, static_cast<float*>(out) + r * cols);
   }
   return 0;
 }
